@@ -1,0 +1,648 @@
+//! Reading a job file: TOML text to a validated [`JobSpec`].
+//!
+//! The TOML reader checks syntax and unknown keys (every table denies unknown fields); the
+//! leaf values are read as spanned `toml::Value`s and converted here, so that a value of the
+//! wrong type is reported with its field's name and line. Then
+//! [`validate`](crate::validate) runs the checks that need the whole job.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_spanned::Spanned;
+use toml::Value;
+
+use crate::duration::parse_duration;
+use crate::error::{CoreError, JobError, Problem, Result};
+use crate::job::{
+    Defaults, Dependency, Group, JobSpec, Staging, TaskBody, TaskSpec, VariantSpec, WasmSpec,
+};
+use crate::resources::ResourceRequest;
+use crate::size::parse_size;
+use crate::source::{FieldPositions, LineIndex, SourceMap, TaskPositions};
+
+type V = Option<Spanned<Value>>;
+type SpannedMap = Spanned<BTreeMap<String, Spanned<Value>>>;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawJob {
+    name: V,
+    staging: V,
+    defaults: Option<Spanned<RawDefaults>>,
+    task: Option<Vec<Spanned<RawTask>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefaults {
+    retries: V,
+    timeout: V,
+    resources: Option<SpannedMap>,
+    priority: V,
+    env: Option<SpannedMap>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTask {
+    id: V,
+    cmd: V,
+    array: V,
+    after: Option<Spanned<Vec<Spanned<Value>>>>,
+    inputs: V,
+    outputs: V,
+    env: Option<SpannedMap>,
+    cwd: V,
+    resources: Option<SpannedMap>,
+    retries: V,
+    timeout: V,
+    priority: V,
+    variant: Option<Spanned<Vec<Spanned<RawVariant>>>>,
+    wasm: V,
+    group: V,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVariant {
+    name: V,
+    cmd: V,
+    resources: Option<SpannedMap>,
+    env: Option<SpannedMap>,
+}
+
+/// Parses and validates a job file. `file_name` is used in error messages, and its stem is
+/// the job's name when the file gives none.
+///
+/// ```
+/// let job = flotilla_core::parse_job("[[task]]\nid = \"a\"\ncmd = [\"true\"]\n", "dir/hello.toml")?;
+/// assert_eq!(job.name, "hello");
+/// # Ok::<(), flotilla_core::CoreError>(())
+/// ```
+pub fn parse_job(text: &str, file_name: &str) -> Result<JobSpec> {
+    let lines = LineIndex::new(text);
+    let raw: RawJob = toml::from_str(text).map_err(|e| toml_error(&e, &lines, file_name))?;
+    let mut cx = Cx {
+        lines: &lines,
+        source: SourceMap {
+            file: file_name.to_string(),
+            ..SourceMap::default()
+        },
+        task: None,
+        variant: None,
+    };
+    let spec = cx.job(raw, file_name)?;
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// Turns a TOML reader error into a job error with line and, when it can be told, field.
+fn toml_error(e: &toml::de::Error, lines: &LineIndex<'_>, file: &str) -> CoreError {
+    let message = e.message().trim();
+    let span = e.span();
+    let mut err = if let Some(rest) = message.strip_prefix("unknown field `") {
+        let (key, tail) = rest.split_once('`').unwrap_or((rest, ""));
+        let expected = tail
+            .trim_start_matches(", expected ")
+            .trim_start_matches("one of ")
+            .to_string();
+        JobError::new(Problem::UnknownKey { expected }).field(key)
+    } else {
+        let text = message
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("; ");
+        let mut e = JobError::new(Problem::Toml(text));
+        if let Some(key) = span.as_ref().and_then(|s| key_before(lines, s.start)) {
+            e = e.field(key);
+        }
+        e
+    };
+    if let Some(s) = &span {
+        err.task = enclosing_task(lines, s.start);
+    }
+    err.file = Some(file.to_string());
+    err.pos = span.map(|s| lines.pos(s.start));
+    err.into()
+}
+
+#[derive(Deserialize)]
+struct LooseJob {
+    task: Option<Vec<Spanned<LooseTask>>>,
+}
+
+#[derive(Deserialize)]
+struct LooseTask {
+    id: Option<Value>,
+}
+
+/// The id of the task whose table holds `offset`, found by a lenient second reading (it
+/// ignores unknown keys) and the nearest table header above `offset`.
+fn enclosing_task(lines: &LineIndex<'_>, offset: usize) -> Option<String> {
+    let loose: LooseJob = toml::from_str(lines.text()).ok()?;
+    let task = loose
+        .task?
+        .into_iter()
+        .take_while(|t| t.span().start <= offset)
+        .last()?;
+    let inside = task.span().contains(&offset) || {
+        let header = lines.text()[..offset]
+            .lines()
+            .rev()
+            .map(str::trim_start)
+            .find(|l| l.starts_with('['))
+            .unwrap_or("");
+        let header: String = header.chars().filter(|c| !c.is_whitespace()).collect();
+        ["[[task]]", "[[task.", "[task."]
+            .iter()
+            .any(|h| header.starts_with(h))
+    };
+    let id = task.into_inner().id?;
+    inside.then(|| id.as_str().map(str::to_string)).flatten()
+}
+
+/// The key of a `key = value` line when `offset` is inside the value.
+fn key_before(lines: &LineIndex<'_>, offset: usize) -> Option<String> {
+    let text = lines.line_text(offset);
+    let col = lines.pos(offset).column - 1;
+    let (key, _) = text.split_once('=')?;
+    if key.chars().count() >= col {
+        return None;
+    }
+    let key = key.trim().trim_matches(|c| c == '"' || c == '\'');
+    (!key.is_empty()).then(|| key.to_string())
+}
+
+struct Cx<'a> {
+    lines: &'a LineIndex<'a>,
+    source: SourceMap,
+    task: Option<String>,
+    variant: Option<String>,
+}
+
+type PResult<T> = std::result::Result<T, Problem>;
+
+impl Cx<'_> {
+    fn err(&self, span: Range<usize>, field: &str, problem: Problem) -> CoreError {
+        let mut e = JobError::new(problem).field(field);
+        e.task.clone_from(&self.task);
+        e.variant.clone_from(&self.variant);
+        e.file = Some(self.source.file.clone());
+        e.pos = Some(self.lines.pos(span.start));
+        e.into()
+    }
+
+    /// Converts a spanned value, reporting failure at its line under `field`.
+    fn conv<T>(
+        &self,
+        v: &Spanned<Value>,
+        field: &str,
+        f: impl FnOnce(&Value) -> PResult<T>,
+    ) -> Result<T> {
+        f(v.get_ref()).map_err(|p| self.err(v.span(), field, p))
+    }
+
+    fn opt<T>(
+        &self,
+        v: &V,
+        field: &str,
+        f: impl FnOnce(&Value) -> PResult<T>,
+    ) -> Result<Option<T>> {
+        v.as_ref().map(|v| self.conv(v, field, f)).transpose()
+    }
+
+    fn job(&mut self, raw: RawJob, file_name: &str) -> Result<JobSpec> {
+        let mut top = FieldPositions::default();
+        let name = match &raw.name {
+            Some(v) => {
+                top.fields.insert("name", self.lines.pos(v.span().start));
+                self.conv(v, "name", string)?
+            }
+            None => Path::new(file_name)
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or(file_name)
+                .to_string(),
+        };
+        let staging = match &raw.staging {
+            Some(v) => {
+                top.fields.insert("staging", self.lines.pos(v.span().start));
+                self.conv(v, "staging", |v| match string(v)?.as_str() {
+                    "shared" => Ok(Staging::Shared),
+                    "transfer" => Ok(Staging::Transfer),
+                    other => Err(Problem::BadValue {
+                        value: format!("{other:?}"),
+                        reason: "use \"shared\" or \"transfer\"".into(),
+                    }),
+                })?
+            }
+            None => Staging::default(),
+        };
+        let mut defaults = Defaults::default();
+        if let Some(d) = raw.defaults {
+            let d = d.into_inner();
+            let mut mark = |f: &'static str, v: Option<Range<usize>>| {
+                if let Some(s) = v {
+                    top.fields.insert(f, self.lines.pos(s.start));
+                }
+            };
+            mark("defaults.retries", d.retries.as_ref().map(Spanned::span));
+            mark("defaults.timeout", d.timeout.as_ref().map(Spanned::span));
+            mark("defaults.priority", d.priority.as_ref().map(Spanned::span));
+            mark(
+                "defaults.resources",
+                d.resources.as_ref().map(Spanned::span),
+            );
+            mark("defaults.env", d.env.as_ref().map(Spanned::span));
+            if let Some(r) = self.opt(&d.retries, "defaults.retries", retries)? {
+                defaults.retries = r;
+            }
+            defaults.timeout = self.opt(&d.timeout, "defaults.timeout", duration)?;
+            if let Some(p) = self.opt(&d.priority, "defaults.priority", integer)? {
+                defaults.priority = p;
+            }
+            if let Some(r) = &d.resources {
+                defaults.resources = self.resources(r, "defaults.resources")?;
+            }
+            if let Some(e) = &d.env {
+                defaults.env = self.env(e, "defaults.env")?;
+            }
+        }
+        self.source.top = top;
+        let mut tasks = Vec::new();
+        for raw_task in raw.task.unwrap_or_default() {
+            tasks.push(self.task(raw_task)?);
+        }
+        Ok(JobSpec {
+            name,
+            staging,
+            defaults,
+            tasks,
+            source: Some(std::mem::take(&mut self.source)),
+        })
+    }
+
+    fn task(&mut self, raw: Spanned<RawTask>) -> Result<TaskSpec> {
+        let start = raw.span();
+        let raw = raw.into_inner();
+        self.task = None;
+        self.variant = None;
+        let mut pos = TaskPositions::default();
+        pos.own.start = Some(self.lines.pos(start.start));
+        let id = match &raw.id {
+            Some(v) => self.conv(v, "id", string)?,
+            None => return Err(self.err(start, "id", Problem::Missing)),
+        };
+        self.task = Some(id.clone());
+        let spans: [(&'static str, Option<Range<usize>>); 15] = [
+            ("id", raw.id.as_ref().map(Spanned::span)),
+            ("cmd", raw.cmd.as_ref().map(Spanned::span)),
+            ("array", raw.array.as_ref().map(Spanned::span)),
+            ("after", raw.after.as_ref().map(Spanned::span)),
+            ("inputs", raw.inputs.as_ref().map(Spanned::span)),
+            ("outputs", raw.outputs.as_ref().map(Spanned::span)),
+            ("env", raw.env.as_ref().map(Spanned::span)),
+            ("cwd", raw.cwd.as_ref().map(Spanned::span)),
+            ("resources", raw.resources.as_ref().map(Spanned::span)),
+            ("retries", raw.retries.as_ref().map(Spanned::span)),
+            ("timeout", raw.timeout.as_ref().map(Spanned::span)),
+            ("priority", raw.priority.as_ref().map(Spanned::span)),
+            ("variant", raw.variant.as_ref().map(Spanned::span)),
+            ("wasm", raw.wasm.as_ref().map(Spanned::span)),
+            ("group", raw.group.as_ref().map(Spanned::span)),
+        ];
+        for (field, span) in spans {
+            if let Some(s) = span {
+                pos.own.fields.insert(field, self.lines.pos(s.start));
+            }
+        }
+
+        let given: Vec<(&'static str, Range<usize>)> = [
+            ("cmd", raw.cmd.as_ref().map(Spanned::span)),
+            ("variant", raw.variant.as_ref().map(Spanned::span)),
+            ("wasm", raw.wasm.as_ref().map(Spanned::span)),
+        ]
+        .into_iter()
+        .filter_map(|(k, s)| s.map(|s| (k, s)))
+        .collect();
+        if given.len() != 1 {
+            let found = given.iter().map(|(k, _)| *k).collect();
+            let problem = Problem::KindConflict { found };
+            return Err(match given.get(1) {
+                Some((field, span)) => self.err(span.clone(), field, problem),
+                None => {
+                    let mut e = JobError::new(problem).task(&id);
+                    e.file = Some(self.source.file.clone());
+                    e.pos = Some(self.lines.pos(start.start));
+                    e.into()
+                }
+            });
+        }
+        if let Some(w) = &raw.wasm {
+            self.check_keys(w, "wasm", &["module", "entry", "args", "fuel", "memory"])?;
+        }
+        if let Some(g) = &raw.group {
+            self.check_keys(g, "group", &["size"])?;
+        }
+        let body = if let Some(cmd) = &raw.cmd {
+            TaskBody::Command(self.conv(cmd, "cmd", strings)?)
+        } else if let Some(w) = &raw.wasm {
+            TaskBody::Wasm(self.conv(w, "wasm", wasm)?)
+        } else if let Some(variants) = raw.variant {
+            let mut out = Vec::new();
+            for v in variants.into_inner() {
+                let (spec, p) = self.variant(v)?;
+                out.push(spec);
+                pos.variants.push(p);
+            }
+            self.variant = None;
+            TaskBody::Variants(out)
+        } else {
+            unreachable!("exactly one of cmd, variant and wasm was checked above")
+        };
+
+        let mut after = Vec::new();
+        if let Some(list) = &raw.after {
+            for item in list.get_ref() {
+                pos.after.push(self.lines.pos(item.span().start));
+                after.push(self.conv(item, "after", |v| {
+                    let text = string(v)?;
+                    Dependency::parse(&text).ok_or(Problem::BadDependency(text))
+                })?);
+            }
+        }
+        let task = TaskSpec {
+            array: self.opt(&raw.array, "array", array)?,
+            body,
+            after,
+            inputs: self
+                .opt(&raw.inputs, "inputs", strings)?
+                .unwrap_or_default(),
+            outputs: self
+                .opt(&raw.outputs, "outputs", strings)?
+                .unwrap_or_default(),
+            env: match &raw.env {
+                Some(e) => self.env(e, "env")?,
+                None => BTreeMap::new(),
+            },
+            cwd: self.opt(&raw.cwd, "cwd", string)?,
+            resources: match &raw.resources {
+                Some(r) => self.resources(r, "resources")?,
+                None => ResourceRequest::default(),
+            },
+            retries: self.opt(&raw.retries, "retries", retries)?,
+            timeout: self.opt(&raw.timeout, "timeout", duration)?,
+            priority: self.opt(&raw.priority, "priority", integer)?,
+            group: self.opt(&raw.group, "group", group)?,
+            id,
+        };
+        self.source.tasks.push(pos);
+        Ok(task)
+    }
+
+    fn variant(&mut self, raw: Spanned<RawVariant>) -> Result<(VariantSpec, FieldPositions)> {
+        let start = raw.span();
+        let raw = raw.into_inner();
+        self.variant = None;
+        let mut pos = FieldPositions {
+            start: Some(self.lines.pos(start.start)),
+            ..FieldPositions::default()
+        };
+        for (field, span) in [
+            ("name", raw.name.as_ref().map(Spanned::span)),
+            ("cmd", raw.cmd.as_ref().map(Spanned::span)),
+            ("resources", raw.resources.as_ref().map(Spanned::span)),
+            ("env", raw.env.as_ref().map(Spanned::span)),
+        ] {
+            if let Some(s) = span {
+                pos.fields.insert(field, self.lines.pos(s.start));
+            }
+        }
+        let name = match &raw.name {
+            Some(v) => self.conv(v, "variant.name", string)?,
+            None => return Err(self.err(start, "variant.name", Problem::Missing)),
+        };
+        self.variant = Some(name.clone());
+        let cmd = match &raw.cmd {
+            Some(v) => self.conv(v, "cmd", strings)?,
+            None => return Err(self.err(start, "cmd", Problem::Missing)),
+        };
+        let resources = match &raw.resources {
+            Some(r) => self.resources(r, "resources")?,
+            None => ResourceRequest::default(),
+        };
+        let env = match &raw.env {
+            Some(e) => self.env(e, "env")?,
+            None => BTreeMap::new(),
+        };
+        Ok((
+            VariantSpec {
+                name,
+                cmd,
+                resources,
+                env,
+            },
+            pos,
+        ))
+    }
+
+    /// Rejects keys outside `allowed` in an inline table (one read as a plain value).
+    fn check_keys(&self, v: &Spanned<Value>, field: &str, allowed: &[&str]) -> Result<()> {
+        let Some(t) = v.get_ref().as_table() else {
+            return Ok(());
+        };
+        match t.keys().find(|k| !allowed.contains(&k.as_str())) {
+            Some(k) => {
+                let expected = allowed
+                    .iter()
+                    .map(|a| format!("`{a}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                Err(self.err(
+                    v.span(),
+                    &format!("{field}.{k}"),
+                    Problem::UnknownKey { expected },
+                ))
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn env(&self, map: &SpannedMap, field: &str) -> Result<BTreeMap<String, String>> {
+        map.get_ref()
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), self.conv(v, &format!("{field}.{k}"), string)?)))
+            .collect()
+    }
+
+    fn resources(&self, map: &SpannedMap, field: &str) -> Result<ResourceRequest> {
+        let mut r = ResourceRequest::default();
+        for (k, v) in map.get_ref() {
+            let f = format!("{field}.{k}");
+            match k.as_str() {
+                "cpus" => r.cpus = Some(self.conv(v, &f, number)?),
+                "gpus" => r.gpus = Some(self.conv(v, &f, number)?),
+                "mem" => r.mem = Some(self.conv(v, &f, size)?),
+                "gpu_mem" => r.gpu_mem = Some(self.conv(v, &f, size)?),
+                _ => {
+                    r.custom.insert(k.clone(), self.conv(v, &f, number)?);
+                }
+            }
+        }
+        Ok(r)
+    }
+}
+
+fn type_error(expected: &'static str, v: &Value) -> Problem {
+    Problem::Type {
+        expected,
+        found: v.type_str(),
+    }
+}
+
+fn string(v: &Value) -> PResult<String> {
+    v.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| type_error("a string", v))
+}
+
+fn strings(v: &Value) -> PResult<Vec<String>> {
+    const WHAT: &str = "an array of strings";
+    v.as_array()
+        .ok_or_else(|| type_error(WHAT, v))?
+        .iter()
+        .map(|s| {
+            s.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| type_error(WHAT, s))
+        })
+        .collect()
+}
+
+fn integer(v: &Value) -> PResult<i64> {
+    v.as_integer().ok_or_else(|| type_error("an integer", v))
+}
+
+fn non_negative<T: TryFrom<i64>>(v: &Value, expected: &'static str) -> PResult<T> {
+    let n = v.as_integer().ok_or_else(|| type_error(expected, v))?;
+    T::try_from(n).map_err(|_| Problem::BadValue {
+        value: n.to_string(),
+        reason: format!("expected {expected}"),
+    })
+}
+
+fn retries(v: &Value) -> PResult<u32> {
+    non_negative(v, "a non-negative integer")
+}
+
+fn number(v: &Value) -> PResult<f64> {
+    match v {
+        Value::Integer(i) => Ok(*i as f64),
+        Value::Float(f) => Ok(*f),
+        _ => Err(type_error("a number", v)),
+    }
+}
+
+fn size(v: &Value) -> PResult<u64> {
+    match v {
+        Value::Integer(_) => non_negative(v, "a size in bytes"),
+        Value::String(s) => parse_size(s).map_err(Problem::from_value_error),
+        _ => Err(type_error("a size (\"256MiB\" or a number of bytes)", v)),
+    }
+}
+
+fn duration(v: &Value) -> PResult<Duration> {
+    let s = v
+        .as_str()
+        .ok_or_else(|| type_error("a duration string such as \"30s\"", v))?;
+    parse_duration(s).map_err(Problem::from_value_error)
+}
+
+fn array(v: &Value) -> PResult<Range<u64>> {
+    let text = match v {
+        Value::Integer(n) => {
+            return u64::try_from(*n)
+                .map(|n| 0..n)
+                .map_err(|_| Problem::BadRange {
+                    text: n.to_string(),
+                    reason: "the length is negative".into(),
+                })
+        }
+        Value::String(s) => s.as_str(),
+        _ => return Err(type_error("a range such as \"0..64\"", v)),
+    };
+    let bad = |reason: &str| Problem::BadRange {
+        text: text.to_string(),
+        reason: reason.to_string(),
+    };
+    let (a, b) = text
+        .split_once("..")
+        .ok_or_else(|| bad("expected \"start..end\", as in \"0..64\""))?;
+    let (inclusive, b) = match b.strip_prefix('=') {
+        Some(b) => (true, b),
+        None => (false, b),
+    };
+    let num = |s: &str| -> PResult<u64> {
+        let s = s.trim();
+        if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
+            return Err(bad("start and end must be non-negative integers"));
+        }
+        s.parse().map_err(|_| bad("a bound is too large"))
+    };
+    let start = num(a)?;
+    let mut end = num(b)?;
+    if inclusive {
+        end = end
+            .checked_add(1)
+            .ok_or_else(|| bad("a bound is too large"))?;
+    }
+    Ok(start..end)
+}
+
+fn group(v: &Value) -> PResult<Group> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| type_error("a table such as { size = 4 }", v))?;
+    // Unknown keys are rejected by `Cx::check_keys` first.
+    let size = t.get("size").ok_or(Problem::BadValue {
+        value: "group".into(),
+        reason: "it needs `size`".into(),
+    })?;
+    Ok(Group {
+        size: non_negative::<u32>(size, "a group size")?,
+    })
+}
+
+fn wasm(v: &Value) -> PResult<WasmSpec> {
+    let t = match v {
+        Value::String(s) => return Ok(WasmSpec::new(s.clone())),
+        Value::Table(t) => t,
+        _ => return Err(type_error("a module path or a table { module = ... }", v)),
+    };
+    let mut module = None;
+    let mut spec = WasmSpec::new("");
+    for (k, v) in t {
+        match k.as_str() {
+            "module" => module = Some(string(v)?),
+            "entry" => spec.entry = string(v)?,
+            "args" => spec.args = strings(v)?,
+            "fuel" => spec.fuel = Some(non_negative(v, "a non-negative integer")?),
+            "memory" => spec.memory = Some(size(v)?),
+            _ => {} // Unknown keys are rejected by `Cx::check_keys` first.
+        }
+    }
+    spec.module = module.ok_or(Problem::BadValue {
+        value: "wasm".into(),
+        reason: "the table needs `module`".into(),
+    })?;
+    Ok(spec)
+}
+
+#[cfg(test)]
+#[path = "parse_tests.rs"]
+mod tests;

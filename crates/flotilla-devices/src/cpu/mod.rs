@@ -1,0 +1,359 @@
+//! The CPU backend: kernels on host memory.
+//!
+//! The runtime's CPU workers call [`kernels`] directly on the host copies of their data, one
+//! task per core, so every kernel here is single-threaded.
+//!
+//! [`HostDevice`] puts the same kernels behind the [`Device`] trait, on its own memory: a
+//! second memory node that needs no accelerator, so the runtime's data manager (transfers,
+//! coherence, eviction under [`HostDevice::new`]'s memory limit) can be exercised anywhere.
+
+pub mod kernels;
+
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::{
+    no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag, ElemType,
+    MemAccount, Reservation, Result, Side, Trans, Uplo,
+};
+
+/// The backend part of a [`DeviceBuffer`] of a [`HostDevice`]: 8-byte words, so the bytes
+/// can be viewed as `f32` or `f64` without misalignment.
+struct HostBuffer {
+    words: RwLock<Vec<u64>>,
+    _reservation: Reservation,
+}
+
+/// A device whose memory is ordinary host memory and whose kernels are [`kernels`].
+///
+/// Kernel calls are serialised (like a device's in-order compute queue), which also rules out
+/// lock-order cycles between the buffers they lock.
+pub struct HostDevice {
+    info: DeviceInfo,
+    uid: u64,
+    mem: Arc<MemAccount>,
+    compute: Mutex<()>,
+}
+
+impl HostDevice {
+    /// A host device that allocates at most `mem_limit` bytes.
+    pub fn new(mem_limit: u64) -> Self {
+        let name = "host".to_string();
+        HostDevice {
+            info: DeviceInfo {
+                kind: DeviceKind::Cpu,
+                name: name.clone(),
+                vendor: String::new(),
+                global_mem: mem_limit,
+                compute_units: 1,
+                arch: "cpu:host".to_string(),
+            },
+            uid: crate::next_device_uid(),
+            mem: MemAccount::new(name, mem_limit),
+            compute: Mutex::new(()),
+        }
+    }
+
+    fn buf<'a>(&self, op: &'static str, b: &'a DeviceBuffer) -> Result<&'a HostBuffer> {
+        b.inner_for::<HostBuffer>(op, self.uid)
+    }
+}
+
+fn bytes(words: &[u64], len: usize) -> &[u8] {
+    // SAFETY: u8 has no alignment or validity requirements and `len ≤ 8 * words.len()`.
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<u8>(), len.min(words.len() * 8)) }
+}
+
+fn bytes_mut(words: &mut [u64], len: usize) -> &mut [u8] {
+    let len = len.min(words.len() * 8);
+    // SAFETY: as in `bytes`, and the borrow of `words` is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
+}
+
+/// `&mut [T]` view of a buffer's words as elements of `T` (`f32` or `f64`).
+fn elems_mut<T: kernels::Scalar>(words: &mut [u64], len: usize) -> &mut [T] {
+    assert!(std::mem::size_of::<T>() == T::ELEM.size_of() && std::mem::align_of::<T>() <= 8);
+    let n = len.min(words.len() * 8) / std::mem::size_of::<T>();
+    // SAFETY: T is f32 or f64 (size checked above against its ElemType): valid for any bits,
+    // alignment at most 8, `n` elements fit in the words, and the borrow is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<T>(), n) }
+}
+
+/// `&[T]` view of a buffer's words as elements of `T` (`f32` or `f64`).
+fn elems<T: kernels::Scalar>(words: &[u64], len: usize) -> &[T] {
+    assert!(std::mem::size_of::<T>() == T::ELEM.size_of() && std::mem::align_of::<T>() <= 8);
+    let n = len.min(words.len() * 8) / std::mem::size_of::<T>();
+    // SAFETY: as in `elems_mut`, for a shared borrow.
+    unsafe { std::slice::from_raw_parts(words.as_ptr().cast::<T>(), n) }
+}
+
+impl Device for HostDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        let reservation = self.mem.reserve(bytes as u64)?;
+        let words = vec![0u64; bytes.div_ceil(8)];
+        Ok(DeviceBuffer::new(
+            bytes,
+            self.uid,
+            HostBuffer {
+                words: RwLock::new(words),
+                _reservation: reservation,
+            },
+        ))
+    }
+
+    fn upload(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<()> {
+        let buf = self.buf("upload", dst)?;
+        if src.len() > dst.len_bytes() {
+            return Err(DevicesError::bad_args(
+                "upload",
+                format!("{} bytes into a buffer of {}", src.len(), dst.len_bytes()),
+            ));
+        }
+        let mut words = buf.words.write();
+        bytes_mut(&mut words, src.len()).copy_from_slice(src);
+        Ok(())
+    }
+
+    fn download(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+        let buf = self.buf("download", src)?;
+        if dst.len() > src.len_bytes() {
+            return Err(DevicesError::bad_args(
+                "download",
+                format!("{} bytes from a buffer of {}", dst.len(), src.len_bytes()),
+            ));
+        }
+        let words = buf.words.read_recursive();
+        dst.copy_from_slice(bytes(&words, dst.len()));
+        Ok(())
+    }
+
+    fn gemm(
+        &self,
+        e: ElemType,
+        ta: Trans,
+        tb: Trans,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()> {
+        let (ab, bb, cb) = (
+            self.buf("gemm", a)?,
+            self.buf("gemm", b)?,
+            self.buf("gemm", c)?,
+        );
+        no_alias("gemm", c, &[a, b])?;
+        let _serial = self.compute.lock();
+        // a and b may be the same buffer: two read locks are fine.
+        let (aw, bw, mut cw) = (
+            ab.words.read_recursive(),
+            bb.words.read_recursive(),
+            cb.words.write(),
+        );
+        let (la, lb, lc) = (a.len_bytes(), b.len_bytes(), c.len_bytes());
+        match e {
+            ElemType::F32 => kernels::gemm::<f32>(
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                alpha as f32,
+                elems(&aw, la),
+                lda,
+                elems(&bw, lb),
+                ldb,
+                beta as f32,
+                elems_mut(&mut cw, lc),
+                ldc,
+            ),
+            ElemType::F64 => kernels::gemm::<f64>(
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                alpha,
+                elems(&aw, la),
+                lda,
+                elems(&bw, lb),
+                ldb,
+                beta,
+                elems_mut(&mut cw, lc),
+                ldc,
+            ),
+        }
+    }
+
+    fn syrk(
+        &self,
+        e: ElemType,
+        uplo: Uplo,
+        t: Trans,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()> {
+        let (ab, cb) = (self.buf("syrk", a)?, self.buf("syrk", c)?);
+        no_alias("syrk", c, &[a])?;
+        let _serial = self.compute.lock();
+        let (aw, mut cw) = (ab.words.read_recursive(), cb.words.write());
+        let (la, lc) = (a.len_bytes(), c.len_bytes());
+        match e {
+            ElemType::F32 => kernels::syrk::<f32>(
+                uplo,
+                t,
+                n,
+                k,
+                alpha as f32,
+                elems(&aw, la),
+                lda,
+                beta as f32,
+                elems_mut(&mut cw, lc),
+                ldc,
+            ),
+            ElemType::F64 => kernels::syrk::<f64>(
+                uplo,
+                t,
+                n,
+                k,
+                alpha,
+                elems(&aw, la),
+                lda,
+                beta,
+                elems_mut(&mut cw, lc),
+                ldc,
+            ),
+        }
+    }
+
+    fn trsm(
+        &self,
+        e: ElemType,
+        side: Side,
+        uplo: Uplo,
+        t: Trans,
+        diag: Diag,
+        m: usize,
+        n: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+    ) -> Result<()> {
+        let (ab, bb) = (self.buf("trsm", a)?, self.buf("trsm", b)?);
+        no_alias("trsm", b, &[a])?;
+        let _serial = self.compute.lock();
+        let (aw, mut bw) = (ab.words.read_recursive(), bb.words.write());
+        let (la, lb) = (a.len_bytes(), b.len_bytes());
+        match e {
+            ElemType::F32 => kernels::trsm::<f32>(
+                side,
+                uplo,
+                t,
+                diag,
+                m,
+                n,
+                alpha as f32,
+                elems(&aw, la),
+                lda,
+                elems_mut(&mut bw, lb),
+                ldb,
+            ),
+            ElemType::F64 => kernels::trsm::<f64>(
+                side,
+                uplo,
+                t,
+                diag,
+                m,
+                n,
+                alpha,
+                elems(&aw, la),
+                lda,
+                elems_mut(&mut bw, lb),
+                ldb,
+            ),
+        }
+    }
+
+    fn potrf(&self, e: ElemType, uplo: Uplo, n: usize, a: &DeviceBuffer, lda: usize) -> Result<()> {
+        let ab = self.buf("potrf", a)?;
+        let _serial = self.compute.lock();
+        let mut aw = ab.words.write();
+        let la = a.len_bytes();
+        match e {
+            ElemType::F32 => kernels::potrf::<f32>(uplo, n, elems_mut(&mut aw, la), lda),
+            ElemType::F64 => kernels::potrf::<f64>(uplo, n, elems_mut(&mut aw, la), lda),
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn supports(&self, _e: ElemType) -> bool {
+        true
+    }
+
+    fn mem_used(&self) -> u64 {
+        self.mem.used()
+    }
+}
+
+impl std::fmt::Debug for HostDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostDevice")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devtest;
+
+    #[test]
+    fn host_device_kernels_match_cpu_kernels() {
+        devtest::blas_matches_cpu(&HostDevice::new(1 << 30));
+    }
+
+    #[test]
+    fn host_device_tiled_cholesky_residual_is_tiny() {
+        devtest::tiled_cholesky_on_device(&HostDevice::new(1 << 30));
+    }
+
+    #[test]
+    fn host_device_alloc_reports_out_of_memory() {
+        devtest::out_of_memory_at_limit_1000(&HostDevice::new(1000));
+    }
+
+    #[test]
+    fn host_device_bad_arguments_are_errors() {
+        devtest::bad_arguments_are_errors(&HostDevice::new(1 << 20), &HostDevice::new(1 << 20));
+    }
+
+    #[test]
+    fn host_device_transfer_overlaps_compute_from_two_threads() {
+        let dev: Arc<dyn Device> = Arc::new(HostDevice::new(1 << 30));
+        devtest::transfer_overlaps_compute(&dev);
+    }
+}

@@ -1,0 +1,653 @@
+//! The CUDA backend (cudarc: driver, cuBLAS, cuSOLVER; all loaded at run time).
+//!
+//! cudarc panics when a library it needs cannot be loaded, so discovery first probes for the
+//! driver (`libcuda`), cuBLAS and cuSOLVER, and reports `"no CUDA driver"` (or which library
+//! is missing) instead of calling into cudarc.
+//!
+//! Each [`CudaDevice`] holds the GPU's primary context, a `transfer` stream for uploads and
+//! downloads and a `compute` stream, to which its cuBLAS and cuSOLVER handles are bound.
+//! Every call synchronises its stream before returning, so calls are blocking and cudarc's
+//! cross-stream event tracking is switched off (it would only add events to wait on).
+//! Kernel calls are serialised by a lock around the handles.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{sys as blas, CudaBlas};
+use cudarc::cusolver::{sys as solver, DnHandle};
+use cudarc::driver::{sys as drv, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
+use parking_lot::Mutex;
+
+use crate::{
+    args, no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag,
+    DiscoverOptions, Discovery, ElemType, MemAccount, Reservation, Result, Side, Trans, Uplo,
+};
+
+/// Whether the CUDA driver library can be loaded on this machine.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to open the library by name; no cudarc state is touched.
+    unsafe { drv::is_culib_present() }
+}
+
+/// Adds every CUDA GPU to `found`, or the reason there are none.
+pub(crate) fn discover_into(opts: &DiscoverOptions, found: &mut Discovery) {
+    if !driver_present() {
+        found.skipped.push("no CUDA driver".to_string());
+        return;
+    }
+    // SAFETY: as above, these only try to open the libraries.
+    if !unsafe { blas::is_culib_present() } {
+        found
+            .skipped
+            .push("cuda: no cuBLAS library (libcublas)".to_string());
+        return;
+    }
+    // SAFETY: as above.
+    if !unsafe { solver::is_culib_present() } {
+        found
+            .skipped
+            .push("cuda: no cuSOLVER library (libcusolver)".to_string());
+        return;
+    }
+    let count = match CudaContext::device_count() {
+        Ok(n) => usize::try_from(n).unwrap_or(0),
+        Err(e) => {
+            found
+                .skipped
+                .push(format!("cuda: driver initialisation failed: {e}"));
+            return;
+        }
+    };
+    if count == 0 {
+        found.skipped.push("cuda: no CUDA GPU".to_string());
+    }
+    for ordinal in 0..count {
+        match CudaDevice::new(ordinal, opts.mem_limit) {
+            Ok(dev) => found.devices.push(Arc::new(dev)),
+            Err(e) => found
+                .skipped
+                .push(format!("cuda: GPU {ordinal} skipped: {e}")),
+        }
+    }
+}
+
+/// The backend part of a [`DeviceBuffer`].
+struct CudaBuffer {
+    slice: CudaSlice<u8>,
+    _reservation: Reservation,
+}
+
+/// The handles used by kernel calls, behind the compute lock.
+struct Handles {
+    blas: CudaBlas,
+    solver: DnHandle,
+}
+
+/// One CUDA GPU.
+pub struct CudaDevice {
+    info: DeviceInfo,
+    uid: u64,
+    ctx: Arc<CudaContext>,
+    transfer: Arc<CudaStream>,
+    compute: Arc<CudaStream>,
+    handles: Mutex<Handles>,
+    mem: Arc<MemAccount>,
+}
+
+/// A size as cuBLAS's `int`, or `BadArgs`.
+fn int(op: &'static str, what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| {
+        DevicesError::bad_args(op, format!("{what} = {v} exceeds the cuBLAS int range"))
+    })
+}
+
+fn op_of(t: Trans) -> blas::cublasOperation_t {
+    match t {
+        Trans::No => blas::cublasOperation_t::CUBLAS_OP_N,
+        Trans::Yes => blas::cublasOperation_t::CUBLAS_OP_T,
+    }
+}
+
+fn fill_of(u: Uplo) -> blas::cublasFillMode_t {
+    match u {
+        Uplo::Lower => blas::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER,
+        Uplo::Upper => blas::cublasFillMode_t::CUBLAS_FILL_MODE_UPPER,
+    }
+}
+
+fn solver_fill_of(u: Uplo) -> solver::cublasFillMode_t {
+    match u {
+        Uplo::Lower => solver::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER,
+        Uplo::Upper => solver::cublasFillMode_t::CUBLAS_FILL_MODE_UPPER,
+    }
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`. Call only when [`driver_present`] is true.
+    pub fn new(ordinal: usize, mem_limit: Option<u64>) -> Result<Self> {
+        let err = |op: &'static str, e: &dyn std::fmt::Display| DevicesError::Backend {
+            backend: "cuda",
+            device: format!("GPU {ordinal}"),
+            op,
+            message: e.to_string(),
+        };
+        let ctx = CudaContext::new(ordinal).map_err(|e| err("create context", &e))?;
+        // SAFETY: every call of this backend synchronises its stream before returning, and a
+        // buffer is only freed when no call borrows it, so no cross-stream use is ever
+        // pending: the tracking events are not needed.
+        unsafe { ctx.disable_event_tracking() };
+        let name = ctx.name().map_err(|e| err("device query", &e))?;
+        let total = ctx.total_mem().map_err(|e| err("device query", &e))? as u64;
+        let sms = ctx
+            .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| err("device query", &e))?;
+        let transfer = ctx.new_stream().map_err(|e| err("create stream", &e))?;
+        let compute = ctx.new_stream().map_err(|e| err("create stream", &e))?;
+        let blas = CudaBlas::new(Arc::clone(&compute)).map_err(|e| err("create cublas", &e))?;
+        let solver = DnHandle::new(Arc::clone(&compute)).map_err(|e| err("create cusolver", &e))?;
+        let limit = mem_limit.map_or(total, |l| l.min(total));
+        let info = DeviceInfo {
+            kind: DeviceKind::Cuda,
+            name: name.clone(),
+            vendor: "NVIDIA".to_string(),
+            global_mem: limit,
+            compute_units: u32::try_from(sms).unwrap_or(0),
+            arch: format!("cuda:{name}"),
+        };
+        Ok(CudaDevice {
+            mem: MemAccount::new(name, limit),
+            info,
+            uid: crate::next_device_uid(),
+            ctx,
+            transfer,
+            compute,
+            handles: Mutex::new(Handles { blas, solver }),
+        })
+    }
+
+    fn backend_err(&self, op: &'static str, e: impl std::fmt::Display) -> DevicesError {
+        DevicesError::Backend {
+            backend: "cuda",
+            device: self.info.name.clone(),
+            op,
+            message: e.to_string(),
+        }
+    }
+
+    fn driver_err(&self, op: &'static str, e: DriverError) -> DevicesError {
+        self.backend_err(op, e)
+    }
+
+    fn buf<'a>(&self, op: &'static str, b: &'a DeviceBuffer) -> Result<&'a CudaBuffer> {
+        b.inner_for::<CudaBuffer>(op, self.uid)
+    }
+
+    fn elems(b: &DeviceBuffer, e: ElemType) -> usize {
+        b.len_bytes() / e.size_of()
+    }
+
+    /// The device address of a buffer (event tracking is off, so no event is recorded).
+    fn ptr(&self, b: &CudaBuffer, stream: &CudaStream) -> drv::CUdeviceptr {
+        let (p, _sync) = b.slice.device_ptr(stream);
+        p
+    }
+
+    /// Binds the context to this thread, for the raw calls that follow.
+    fn bind(&self, op: &'static str) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.driver_err(op, e))
+    }
+
+    fn finish(&self, op: &'static str, status: blas::cublasStatus_t) -> Result<()> {
+        status
+            .result()
+            .map_err(|e| self.backend_err(op, format!("{e:?}")))?;
+        self.compute
+            .synchronize()
+            .map_err(|e| self.driver_err(op, e))
+    }
+}
+
+impl Device for CudaDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        let reservation = self.mem.reserve(bytes as u64)?;
+        self.bind("alloc")?;
+        let slice = self
+            .transfer
+            .alloc_zeros::<u8>(bytes.max(1))
+            .map_err(|e| match e.0 {
+                drv::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => self.mem.oom(bytes as u64),
+                _ => self.driver_err("alloc", e),
+            })?;
+        self.transfer
+            .synchronize()
+            .map_err(|e| self.driver_err("alloc", e))?;
+        Ok(DeviceBuffer::new(
+            bytes,
+            self.uid,
+            CudaBuffer {
+                slice,
+                _reservation: reservation,
+            },
+        ))
+    }
+
+    fn upload(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<()> {
+        let buf = self.buf("upload", dst)?;
+        if src.len() > dst.len_bytes() {
+            return Err(DevicesError::bad_args(
+                "upload",
+                format!("{} bytes into a buffer of {}", src.len(), dst.len_bytes()),
+            ));
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind("upload")?;
+        let p = self.ptr(buf, &self.transfer);
+        // SAFETY: the destination holds at least `src.len()` bytes; the stream is synchronised
+        // before `src` can go away.
+        unsafe { cudarc::driver::result::memcpy_htod_async(p, src, self.transfer.cu_stream()) }
+            .and_then(|()| self.transfer.synchronize())
+            .map_err(|e| self.driver_err("upload", e))
+    }
+
+    fn download(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+        let buf = self.buf("download", src)?;
+        if dst.len() > src.len_bytes() {
+            return Err(DevicesError::bad_args(
+                "download",
+                format!("{} bytes from a buffer of {}", dst.len(), src.len_bytes()),
+            ));
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind("download")?;
+        let p = self.ptr(buf, &self.transfer);
+        // SAFETY: the source holds at least `dst.len()` bytes; the stream is synchronised
+        // before `dst` can go away.
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, p, self.transfer.cu_stream()) }
+            .and_then(|()| self.transfer.synchronize())
+            .map_err(|e| self.driver_err("download", e))
+    }
+
+    fn gemm(
+        &self,
+        e: ElemType,
+        ta: Trans,
+        tb: Trans,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()> {
+        const OP: &str = "gemm";
+        let (ab, bb, cb) = (self.buf(OP, a)?, self.buf(OP, b)?, self.buf(OP, c)?);
+        args::gemm(
+            ta,
+            tb,
+            m,
+            n,
+            k,
+            (lda, Self::elems(a, e)),
+            (ldb, Self::elems(b, e)),
+            (ldc, Self::elems(c, e)),
+        )?;
+        no_alias(OP, c, &[a, b])?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let (mi, ni, ki) = (int(OP, "m", m)?, int(OP, "n", n)?, int(OP, "k", k)?);
+        let (la, lb, lc) = (
+            int(OP, "lda", lda)?,
+            int(OP, "ldb", ldb)?,
+            int(OP, "ldc", ldc)?,
+        );
+        let h = self.handles.lock();
+        self.bind(OP)?;
+        let (pa, pb, pc) = (
+            self.ptr(ab, &self.compute),
+            self.ptr(bb, &self.compute),
+            self.ptr(cb, &self.compute),
+        );
+        let (oa, ob) = (op_of(ta), op_of(tb));
+        // SAFETY: the operands were checked to fit their buffers with these shapes and leading
+        // dimensions; alpha and beta are host scalars (cuBLAS's default pointer mode).
+        let status = unsafe {
+            match e {
+                ElemType::F64 => blas::cublasDgemm_v2(
+                    *h.blas.handle(),
+                    oa,
+                    ob,
+                    mi,
+                    ni,
+                    ki,
+                    &alpha,
+                    pa as *const f64,
+                    la,
+                    pb as *const f64,
+                    lb,
+                    &beta,
+                    pc as *mut f64,
+                    lc,
+                ),
+                ElemType::F32 => blas::cublasSgemm_v2(
+                    *h.blas.handle(),
+                    oa,
+                    ob,
+                    mi,
+                    ni,
+                    ki,
+                    &(alpha as f32),
+                    pa as *const f32,
+                    la,
+                    pb as *const f32,
+                    lb,
+                    &(beta as f32),
+                    pc as *mut f32,
+                    lc,
+                ),
+            }
+        };
+        self.finish(OP, status)
+    }
+
+    fn syrk(
+        &self,
+        e: ElemType,
+        uplo: Uplo,
+        t: Trans,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()> {
+        const OP: &str = "syrk";
+        let (ab, cb) = (self.buf(OP, a)?, self.buf(OP, c)?);
+        args::syrk(t, n, k, (lda, Self::elems(a, e)), (ldc, Self::elems(c, e)))?;
+        no_alias(OP, c, &[a])?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, ki) = (int(OP, "n", n)?, int(OP, "k", k)?);
+        let (la, lc) = (int(OP, "lda", lda)?, int(OP, "ldc", ldc)?);
+        let h = self.handles.lock();
+        self.bind(OP)?;
+        let (pa, pc) = (self.ptr(ab, &self.compute), self.ptr(cb, &self.compute));
+        // SAFETY: as in gemm.
+        let status = unsafe {
+            match e {
+                ElemType::F64 => blas::cublasDsyrk_v2(
+                    *h.blas.handle(),
+                    fill_of(uplo),
+                    op_of(t),
+                    ni,
+                    ki,
+                    &alpha,
+                    pa as *const f64,
+                    la,
+                    &beta,
+                    pc as *mut f64,
+                    lc,
+                ),
+                ElemType::F32 => blas::cublasSsyrk_v2(
+                    *h.blas.handle(),
+                    fill_of(uplo),
+                    op_of(t),
+                    ni,
+                    ki,
+                    &(alpha as f32),
+                    pa as *const f32,
+                    la,
+                    &(beta as f32),
+                    pc as *mut f32,
+                    lc,
+                ),
+            }
+        };
+        self.finish(OP, status)
+    }
+
+    fn trsm(
+        &self,
+        e: ElemType,
+        side: Side,
+        uplo: Uplo,
+        t: Trans,
+        diag: Diag,
+        m: usize,
+        n: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+    ) -> Result<()> {
+        const OP: &str = "trsm";
+        let (ab, bb) = (self.buf(OP, a)?, self.buf(OP, b)?);
+        args::trsm(
+            side,
+            m,
+            n,
+            (lda, Self::elems(a, e)),
+            (ldb, Self::elems(b, e)),
+        )?;
+        no_alias(OP, b, &[a])?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let (mi, ni) = (int(OP, "m", m)?, int(OP, "n", n)?);
+        let (la, lb) = (int(OP, "lda", lda)?, int(OP, "ldb", ldb)?);
+        let s = match side {
+            Side::Left => blas::cublasSideMode_t::CUBLAS_SIDE_LEFT,
+            Side::Right => blas::cublasSideMode_t::CUBLAS_SIDE_RIGHT,
+        };
+        let d = match diag {
+            Diag::NonUnit => blas::cublasDiagType_t::CUBLAS_DIAG_NON_UNIT,
+            Diag::Unit => blas::cublasDiagType_t::CUBLAS_DIAG_UNIT,
+        };
+        let h = self.handles.lock();
+        self.bind(OP)?;
+        let (pa, pb) = (self.ptr(ab, &self.compute), self.ptr(bb, &self.compute));
+        // SAFETY: as in gemm.
+        let status = unsafe {
+            match e {
+                ElemType::F64 => blas::cublasDtrsm_v2(
+                    *h.blas.handle(),
+                    s,
+                    fill_of(uplo),
+                    op_of(t),
+                    d,
+                    mi,
+                    ni,
+                    &alpha,
+                    pa as *const f64,
+                    la,
+                    pb as *mut f64,
+                    lb,
+                ),
+                ElemType::F32 => blas::cublasStrsm_v2(
+                    *h.blas.handle(),
+                    s,
+                    fill_of(uplo),
+                    op_of(t),
+                    d,
+                    mi,
+                    ni,
+                    &(alpha as f32),
+                    pa as *const f32,
+                    la,
+                    pb as *mut f32,
+                    lb,
+                ),
+            }
+        };
+        self.finish(OP, status)
+    }
+
+    fn potrf(&self, e: ElemType, uplo: Uplo, n: usize, a: &DeviceBuffer, lda: usize) -> Result<()> {
+        const OP: &str = "potrf";
+        let ab = self.buf(OP, a)?;
+        args::potrf(n, lda, Self::elems(a, e))?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (ni, la) = (int(OP, "n", n)?, int(OP, "lda", lda)?);
+        let fill = solver_fill_of(uplo);
+        let h = self.handles.lock();
+        self.bind(OP)?;
+        let pa = self.ptr(ab, &self.compute);
+        let cu = h.solver.cu();
+        let serr = |e: solver::cusolverStatus_t| self.backend_err(OP, format!("{e:?}"));
+        let mut lwork: i32 = 0;
+        // SAFETY: A was checked to hold an n×n matrix with leading dimension lda.
+        unsafe {
+            match e {
+                ElemType::F64 => solver::cusolverDnDpotrf_bufferSize(
+                    cu,
+                    fill,
+                    ni,
+                    pa as *mut f64,
+                    la,
+                    &mut lwork,
+                ),
+                ElemType::F32 => solver::cusolverDnSpotrf_bufferSize(
+                    cu,
+                    fill,
+                    ni,
+                    pa as *mut f32,
+                    la,
+                    &mut lwork,
+                ),
+            }
+        }
+        .result()
+        .map_err(|e| serr(e.0))?;
+        let lwork_elems = usize::try_from(lwork).unwrap_or(0).max(1);
+        let work = self
+            .compute
+            .alloc_zeros::<u8>(lwork_elems * e.size_of())
+            .map_err(|e| self.driver_err(OP, e))?;
+        let info = self
+            .compute
+            .alloc_zeros::<i32>(1)
+            .map_err(|e| self.driver_err(OP, e))?;
+        let (pw, _w) = work.device_ptr(&self.compute);
+        let (pi, _i) = info.device_ptr(&self.compute);
+        let lwork = int(OP, "workspace", lwork_elems)?;
+        // SAFETY: the workspace holds `lwork` elements as cuSOLVER asked; info holds one int.
+        unsafe {
+            match e {
+                ElemType::F64 => solver::cusolverDnDpotrf(
+                    cu,
+                    fill,
+                    ni,
+                    pa as *mut f64,
+                    la,
+                    pw as *mut f64,
+                    lwork,
+                    pi as *mut i32,
+                ),
+                ElemType::F32 => solver::cusolverDnSpotrf(
+                    cu,
+                    fill,
+                    ni,
+                    pa as *mut f32,
+                    la,
+                    pw as *mut f32,
+                    lwork,
+                    pi as *mut i32,
+                ),
+            }
+        }
+        .result()
+        .map_err(|e| serr(e.0))?;
+        let mut host_info = [0i32; 1];
+        // SAFETY: one int from the info buffer, on the stream that wrote it, synchronised below.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut host_info, pi, self.compute.cu_stream())
+        }
+        .and_then(|()| self.compute.synchronize())
+        .map_err(|e| self.driver_err(OP, e))?;
+        drop(h);
+        match usize::try_from(host_info[0]) {
+            Ok(0) => Ok(()),
+            Ok(col) => Err(DevicesError::NotPositiveDefinite { column: col - 1 }),
+            Err(_) => Err(DevicesError::bad_args(
+                OP,
+                format!("cuSOLVER rejected argument {}", -host_info[0]),
+            )),
+        }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.transfer
+            .synchronize()
+            .and_then(|()| self.compute.synchronize())
+            .map_err(|e| self.driver_err("synchronize", e))
+    }
+
+    fn supports(&self, _e: ElemType) -> bool {
+        true
+    }
+
+    fn mem_used(&self) -> u64 {
+        self.mem.used()
+    }
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a driver, discovery reports "no CUDA driver" and no device, and does not panic;
+    /// with one, every device found is a CUDA device.
+    #[test]
+    fn discovery_without_driver_skips_cuda() {
+        let found = crate::discover_report(&DiscoverOptions {
+            opencl: false,
+            cuda: true,
+            mem_limit: None,
+        });
+        if driver_present() {
+            eprintln!("CUDA driver present: {found:?}");
+            assert!(found
+                .devices
+                .iter()
+                .all(|d| d.info().kind == DeviceKind::Cuda));
+            // With a GPU, the same checks as every other backend.
+            for dev in &found.devices {
+                crate::devtest::blas_matches_cpu(dev.as_ref());
+                crate::devtest::transfer_overlaps_compute(dev);
+                crate::devtest::tiled_cholesky_on_device(dev.as_ref());
+            }
+        } else {
+            assert!(found.devices.is_empty());
+            assert_eq!(found.skipped, vec!["no CUDA driver".to_string()]);
+        }
+    }
+}

@@ -1,0 +1,574 @@
+//! flotilla-devices: Flotilla's device backends behind one trait, and the kernel library.
+//!
+//! It owns everything that touches an accelerator: finding devices ([`discover`]), device
+//! memory ([`DeviceBuffer`], freed on drop), blocking transfers on a transfer queue or stream,
+//! and BLAS-like kernels (`gemm`, `syrk`, `trsm`, `potrf`, column-major) on a compute queue
+//! or stream, so the runtime can overlap a copy with a kernel from two threads. It is separate
+//! from the runtime so that the scheduler and data manager never see an OpenCL or CUDA type,
+//! and so the backends can be tested on their own.
+//!
+//! Backends:
+//! - [`cpu::kernels`]: single-threaded kernels on host slices (faer), used by the runtime's
+//!   CPU workers (one task per core) and as the reference for the device backends;
+//! - `opencl` (feature `opencl`, opencl3, loads `libOpenCL` at run time): every OpenCL device,
+//!   kernels compiled from OpenCL C source at run time;
+//! - `cuda` (feature `cuda`, cudarc with dynamic loading): every CUDA GPU, cuBLAS and
+//!   cuSOLVER. The driver library is probed before any cudarc call, so a machine without
+//!   CUDA reports `"no CUDA driver"` instead of panicking;
+//! - [`cpu::HostDevice`]: the CPU kernels behind the [`Device`] trait on separate host
+//!   memory, a memory node for tests that need no accelerator (not returned by [`discover`]).
+//!
+//! # Example
+//!
+//! ```
+//! use flotilla_devices::{discover_report, DiscoverOptions, ElemType, Trans};
+//!
+//! let found = discover_report(&DiscoverOptions::default());
+//! for reason in &found.skipped {
+//!     println!("skipped: {reason}");
+//! }
+//! for dev in &found.devices {
+//!     if !dev.supports(ElemType::F64) {
+//!         continue;
+//!     }
+//!     // C := A * B for 2x2 f64 matrices, column-major.
+//!     let to_bytes = |v: &[f64]| v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+//!     let a = dev.alloc(32)?;
+//!     let b = dev.alloc(32)?;
+//!     let c = dev.alloc(32)?;
+//!     dev.upload(&a, &to_bytes(&[1.0, 0.0, 0.0, 1.0]))?;
+//!     dev.upload(&b, &to_bytes(&[1.0, 2.0, 3.0, 4.0]))?;
+//!     dev.gemm(ElemType::F64, Trans::No, Trans::No, 2, 2, 2, 1.0, &a, 2, &b, 2, 0.0, &c, 2)?;
+//!     let mut out = vec![0u8; 32];
+//!     dev.download(&c, &mut out)?;
+//!     assert_eq!(out, to_bytes(&[1.0, 2.0, 3.0, 4.0]));
+//! }
+//! # Ok::<(), flotilla_devices::DevicesError>(())
+//! ```
+
+use std::any::Any;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+pub(crate) mod args;
+pub mod cpu;
+#[cfg(test)]
+mod devtest;
+mod error;
+#[cfg(test)]
+mod testutil;
+
+// The one place where backends are switched on or off. A disabled backend is replaced by a
+// stub whose discovery only records why it is absent.
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    pub(crate) fn discover_into(_opts: &crate::DiscoverOptions, found: &mut crate::Discovery) {
+        found
+            .skipped
+            .push("cuda backend not compiled in (feature `cuda` is off)".to_string());
+    }
+}
+#[cfg(feature = "opencl")]
+pub mod opencl;
+#[cfg(not(feature = "opencl"))]
+mod opencl {
+    pub(crate) fn discover_into(_opts: &crate::DiscoverOptions, found: &mut crate::Discovery) {
+        found
+            .skipped
+            .push("opencl backend not compiled in (feature `opencl` is off)".to_string());
+    }
+}
+
+pub use cpu::kernels::Scalar;
+pub use error::{DevicesError, Result};
+
+/// The kind of a device (and of a codelet implementation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeviceKind {
+    /// Host cores.
+    Cpu,
+    /// An OpenCL device.
+    OpenCl,
+    /// A CUDA GPU.
+    Cuda,
+}
+
+impl DeviceKind {
+    /// The lowercase name: `"cpu"`, `"opencl"` or `"cuda"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::OpenCl => "opencl",
+            DeviceKind::Cuda => "cuda",
+        }
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The element type of a kernel's matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ElemType {
+    /// 32-bit IEEE float.
+    F32,
+    /// 64-bit IEEE float.
+    F64,
+}
+
+impl ElemType {
+    /// Bytes per element.
+    pub fn size_of(self) -> usize {
+        match self {
+            ElemType::F32 => 4,
+            ElemType::F64 => 8,
+        }
+    }
+}
+
+impl fmt::Display for ElemType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ElemType::F32 => "f32",
+            ElemType::F64 => "f64",
+        })
+    }
+}
+
+/// Whether an operand is used as stored or transposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Trans {
+    /// `op(X) = X`.
+    No,
+    /// `op(X) = Xᵀ`.
+    Yes,
+}
+
+/// Which triangle of a matrix is referenced or updated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Uplo {
+    /// The lower triangle (with the diagonal).
+    Lower,
+    /// The upper triangle (with the diagonal).
+    Upper,
+}
+
+impl Uplo {
+    /// The other triangle.
+    pub fn flip(self) -> Uplo {
+        match self {
+            Uplo::Lower => Uplo::Upper,
+            Uplo::Upper => Uplo::Lower,
+        }
+    }
+}
+
+/// On which side the triangular matrix of `trsm` stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Side {
+    /// Solve `op(A) X = alpha B`.
+    Left,
+    /// Solve `X op(A) = alpha B`.
+    Right,
+}
+
+/// Whether a triangular matrix has an implicit unit diagonal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Diag {
+    /// The diagonal is read from the matrix.
+    NonUnit,
+    /// The diagonal is taken as all ones and not read.
+    Unit,
+}
+
+/// What a device is, for logs and for the performance model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The backend.
+    pub kind: DeviceKind,
+    /// The device's name as the driver reports it.
+    pub name: String,
+    /// The vendor as the driver reports it.
+    pub vendor: String,
+    /// Usable device memory in bytes (the driver's figure, or the limit set in
+    /// [`DiscoverOptions::mem_limit`] if lower); allocations beyond it fail with
+    /// [`DevicesError::OutOfMemory`].
+    pub global_mem: u64,
+    /// Compute units (OpenCL) or streaming multiprocessors (CUDA).
+    pub compute_units: u32,
+    /// The performance-model key: `"opencl:<device name>"` or `"cuda:<device name>"`.
+    pub arch: String,
+}
+
+/// Memory owned by one device; freed when dropped.
+///
+/// The contents are bytes; kernels interpret them as column-major `f32` or `f64` matrices.
+/// A buffer may only be passed to the device that allocated it.
+pub struct DeviceBuffer {
+    len: usize,
+    device_uid: u64,
+    inner: Box<dyn Any + Send + Sync>,
+}
+
+impl DeviceBuffer {
+    /// Wraps a backend allocation. `inner` frees the memory (and its accounting) on drop.
+    pub(crate) fn new(len: usize, device_uid: u64, inner: impl Any + Send + Sync) -> Self {
+        DeviceBuffer {
+            len,
+            device_uid,
+            inner: Box::new(inner),
+        }
+    }
+
+    /// Size in bytes, as requested from [`Device::alloc`].
+    pub fn len_bytes(&self) -> usize {
+        self.len
+    }
+
+    /// The backend allocation, if this buffer belongs to the device `device_uid` and has
+    /// the backend type `T`.
+    pub(crate) fn inner_for<T: Any>(&self, op: &'static str, device_uid: u64) -> Result<&T> {
+        if self.device_uid != device_uid {
+            return Err(DevicesError::bad_args(
+                op,
+                "buffer was allocated by another device",
+            ));
+        }
+        self.inner
+            .downcast_ref::<T>()
+            .ok_or_else(|| DevicesError::bad_args(op, "buffer has another backend's type"))
+    }
+}
+
+impl fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("len", &self.len)
+            .field("device_uid", &self.device_uid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One accelerator: memory, transfers, and BLAS-like kernels.
+///
+/// Matrices are column-major with a leading dimension (`ld ≥ rows`), in buffers of this
+/// device. Every call is blocking: when it returns, the work is complete. Transfers use a
+/// queue/stream separate from the kernels', so one thread may copy while another computes.
+/// Kernel calls are serialised on the compute queue.
+pub trait Device: Send + Sync {
+    /// What this device is.
+    fn info(&self) -> &DeviceInfo;
+
+    /// Allocates `bytes` bytes of device memory (contents unspecified).
+    /// Fails with [`DevicesError::OutOfMemory`] when the device's memory is full.
+    fn alloc(&self, bytes: usize) -> Result<DeviceBuffer>;
+
+    /// Copies `src` into the start of `dst` (`src.len() ≤ dst.len_bytes()`), blocking.
+    fn upload(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<()>;
+
+    /// Copies the start of `src` into `dst` (`dst.len() ≤ src.len_bytes()`), blocking.
+    fn download(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()>;
+
+    /// `C := alpha op(A) op(B) + beta C` with `op(A)` m×k, `op(B)` k×n, C m×n.
+    /// When `beta` is 0, C is not read.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        &self,
+        e: ElemType,
+        ta: Trans,
+        tb: Trans,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()>;
+
+    /// `C := alpha A Aᵀ + beta C` (`t = No`, A n×k) or `C := alpha Aᵀ A + beta C`
+    /// (`t = Yes`, A k×n); only the `uplo` triangle of the n×n matrix C is updated.
+    #[allow(clippy::too_many_arguments)]
+    fn syrk(
+        &self,
+        e: ElemType,
+        uplo: Uplo,
+        t: Trans,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()>;
+
+    /// Solves `op(A) X = alpha B` (left) or `X op(A) = alpha B` (right) for X, overwriting
+    /// the m×n matrix B; A is triangular (`uplo`, `diag`), m×m on the left, n×n on the right.
+    #[allow(clippy::too_many_arguments)]
+    fn trsm(
+        &self,
+        e: ElemType,
+        side: Side,
+        uplo: Uplo,
+        t: Trans,
+        diag: Diag,
+        m: usize,
+        n: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+    ) -> Result<()>;
+
+    /// Cholesky factorisation in place: `A = L Lᵀ` (lower) or `A = Uᵀ U` (upper), reading
+    /// and writing only the `uplo` triangle of the n×n matrix A.
+    /// Fails with [`DevicesError::NotPositiveDefinite`] on a non-positive pivot.
+    fn potrf(&self, e: ElemType, uplo: Uplo, n: usize, a: &DeviceBuffer, lda: usize) -> Result<()>;
+
+    /// Waits until all work submitted to this device has completed.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Whether kernels of element type `e` can run here.
+    fn supports(&self, e: ElemType) -> bool;
+
+    /// Bytes currently allocated through [`Device::alloc`] and not yet freed.
+    fn mem_used(&self) -> u64;
+}
+
+/// What [`discover`] looks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoverOptions {
+    /// Look for OpenCL devices (all platforms, all device types).
+    pub opencl: bool,
+    /// Look for CUDA GPUs.
+    pub cuda: bool,
+    /// Cap each device's usable memory at this many bytes (to exercise eviction on a small
+    /// budget); `None` uses what the driver reports.
+    pub mem_limit: Option<u64>,
+}
+
+impl Default for DiscoverOptions {
+    fn default() -> Self {
+        DiscoverOptions {
+            opencl: true,
+            cuda: true,
+            mem_limit: None,
+        }
+    }
+}
+
+/// The outcome of discovery: the devices found and why others were not.
+#[derive(Default)]
+pub struct Discovery {
+    /// Usable devices, OpenCL first, then CUDA.
+    pub devices: Vec<Arc<dyn Device>>,
+    /// One line per backend, platform or device that was skipped, e.g. `"no CUDA driver"`,
+    /// `"no OpenCL platform"`.
+    pub skipped: Vec<String>,
+}
+
+impl fmt::Debug for Discovery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let infos: Vec<&DeviceInfo> = self.devices.iter().map(|d| d.info()).collect();
+        f.debug_struct("Discovery")
+            .field("devices", &infos)
+            .field("skipped", &self.skipped)
+            .finish()
+    }
+}
+
+/// Finds every OpenCL device and every CUDA GPU. Never panics: a backend that is missing
+/// or fails is skipped, with the reason in [`Discovery::skipped`].
+pub fn discover_report(opts: &DiscoverOptions) -> Discovery {
+    let mut found = Discovery::default();
+    if opts.opencl {
+        guarded("opencl", &mut found, |found| {
+            opencl::discover_into(opts, found)
+        });
+    }
+    if opts.cuda {
+        guarded("cuda", &mut found, |found| cuda::discover_into(opts, found));
+    }
+    found
+}
+
+/// [`discover_report`] without the skip reasons.
+pub fn discover(opts: &DiscoverOptions) -> Vec<Arc<dyn Device>> {
+    discover_report(opts).devices
+}
+
+/// Runs one backend's discovery, turning a panic inside a driver binding into a skip reason.
+fn guarded(backend: &str, found: &mut Discovery, f: impl FnOnce(&mut Discovery)) {
+    let mut local = Discovery::default();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut local)));
+    match outcome {
+        Ok(()) => {
+            found.devices.append(&mut local.devices);
+            found.skipped.append(&mut local.skipped);
+        }
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            found
+                .skipped
+                .push(format!("{backend} discovery panicked: {msg}"));
+        }
+    }
+}
+
+/// Fails with `BadArgs` if the output buffer `out` is also one of the `inputs`.
+pub(crate) fn no_alias(
+    op: &'static str,
+    out: &DeviceBuffer,
+    inputs: &[&DeviceBuffer],
+) -> Result<()> {
+    if inputs.iter().any(|i| std::ptr::eq(*i, out)) {
+        return Err(DevicesError::bad_args(
+            op,
+            "the output buffer is also an input",
+        ));
+    }
+    Ok(())
+}
+
+/// A process-wide unique id for each device instance, so a buffer of one device is never
+/// used by another.
+pub(crate) fn next_device_uid() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Byte accounting of one device's allocations against its capacity.
+#[derive(Debug)]
+pub(crate) struct MemAccount {
+    device: String,
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl MemAccount {
+    pub(crate) fn new(device: String, limit: u64) -> Arc<Self> {
+        Arc::new(MemAccount {
+            device,
+            limit,
+            used: AtomicU64::new(0),
+        })
+    }
+
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Reserves `bytes`, or fails with `OutOfMemory` when they would exceed the limit.
+    pub(crate) fn reserve(self: &Arc<Self>, bytes: u64) -> Result<Reservation> {
+        let mut cur = self.used.load(Ordering::Acquire);
+        loop {
+            let next = cur.checked_add(bytes).filter(|&n| n <= self.limit);
+            let Some(next) = next else {
+                return Err(self.oom(bytes));
+            };
+            match self
+                .used
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    return Ok(Reservation {
+                        account: Arc::clone(self),
+                        bytes,
+                    })
+                }
+                Err(seen) => cur = seen,
+            }
+        }
+    }
+
+    /// The `OutOfMemory` error for a request of `bytes`.
+    pub(crate) fn oom(&self, bytes: u64) -> DevicesError {
+        DevicesError::OutOfMemory {
+            device: self.device.clone(),
+            requested: bytes,
+            available: self.limit.saturating_sub(self.used()),
+        }
+    }
+}
+
+/// Bytes held in a [`MemAccount`]; given back on drop.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    account: Arc<MemAccount>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.account.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_and_devices_cross_threads() {
+        fn send_sync<T: Send + Sync + ?Sized>() {}
+        send_sync::<DeviceBuffer>();
+        send_sync::<dyn Device>();
+        send_sync::<Discovery>();
+    }
+
+    #[test]
+    fn kinds_display_lowercase() {
+        assert_eq!(DeviceKind::Cpu.to_string(), "cpu");
+        assert_eq!(DeviceKind::OpenCl.to_string(), "opencl");
+        assert_eq!(DeviceKind::Cuda.to_string(), "cuda");
+        assert_eq!(ElemType::F32.size_of(), 4);
+        assert_eq!(ElemType::F64.size_of(), 8);
+    }
+
+    #[test]
+    fn mem_account_refuses_past_limit_and_frees_on_drop() {
+        let acc = MemAccount::new("dev".into(), 100);
+        let r1 = acc.reserve(60).expect("fits");
+        let err = acc.reserve(50).expect_err("over the limit");
+        assert_eq!(
+            err,
+            DevicesError::OutOfMemory {
+                device: "dev".into(),
+                requested: 50,
+                available: 40
+            }
+        );
+        drop(r1);
+        assert_eq!(acc.used(), 0);
+        let _r2 = acc.reserve(100).expect("fits after free");
+        assert!(acc.reserve(u64::MAX).is_err());
+    }
+
+    #[test]
+    fn discovery_without_backends_is_empty() {
+        let found = discover_report(&DiscoverOptions {
+            opencl: false,
+            cuda: false,
+            mem_limit: None,
+        });
+        assert!(found.devices.is_empty());
+        assert!(found.skipped.is_empty());
+    }
+}

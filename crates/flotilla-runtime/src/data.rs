@@ -1,0 +1,655 @@
+//! The data manager: registered data, its replicas on memory nodes, and their coherence.
+//!
+//! # Memory nodes
+//! Node 0 is host memory; each device (an OpenCL device, a CUDA GPU) is one more node.
+//! Every piece of registered data has one replica slot per node.
+//!
+//! # The MSI state machine (per data, per node)
+//! - `Modified`: the only valid copy.
+//! - `Shared`: valid, and at least one other node holds a valid copy too.
+//! - `Invalid`: absent or stale.
+//!
+//! Transitions, all made under the data's `coherence` lock:
+//! - *read on node n* (`R`): if n is `Invalid`, copy from a valid node (the host if it is
+//!   valid, else any device; a device→device copy goes through the host, which becomes
+//!   `Shared` too). The source, if `Modified`, becomes `Shared`; n becomes `Shared`.
+//! - *write on node n* (`W`): n gets a buffer and becomes `Modified`; every other node
+//!   becomes `Invalid` (device buffers are freed).
+//! - *read-write on node n* (`RW`): a read, then a write.
+//! - *eviction from device node n* (only unpinned replicas, least recently used first):
+//!   a `Modified` replica is first written back to the host (host becomes `Modified`);
+//!   then n becomes `Invalid` and its buffer is freed. If only one valid copy is left, it
+//!   becomes `Modified`.
+//! - *unregister*: the data is brought home (a read on node 0), device buffers are freed.
+//!
+//! # Why this is race free
+//! The task graph orders every writer after every earlier reader and writer of the same
+//! data (RAW, WAR, WAW), and a task is placed only when its predecessors are done. So when
+//! a task's inputs are acquired, no task that could observe the change is running: readers
+//! of one version run concurrently on any nodes (they only add `Shared` replicas), and a
+//! writer runs alone. A replica is pinned from the moment its task's inputs are acquired
+//! on a device until the task completes, and eviction skips pinned replicas, so a buffer
+//! never disappears under a running task. Host memory is never evicted. Each device node's
+//! fetches are made by that device's one prefetch thread; eviction only `try_lock`s its
+//! victims, so two data locks are never waited on in opposite orders.
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use flotilla_core::DataId;
+use flotilla_devices::{Device, DeviceBuffer, DevicesError};
+use parking_lot::Mutex;
+
+use crate::error::{Result, RuntimeError};
+use crate::task::TaskNode;
+
+/// The index of host memory among the memory nodes.
+pub(crate) const HOST: usize = 0;
+
+/// How a task uses a piece of data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Read only.
+    R,
+    /// Written entirely; the previous contents are not read.
+    W,
+    /// Read and written.
+    RW,
+}
+
+impl Access {
+    /// Whether the task reads the previous contents.
+    pub fn reads(self) -> bool {
+        matches!(self, Access::R | Access::RW)
+    }
+    /// Whether the task writes.
+    pub fn writes(self) -> bool {
+        matches!(self, Access::W | Access::RW)
+    }
+}
+
+/// A replica's coherence state on one memory node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Msi {
+    /// Absent or stale.
+    Invalid,
+    /// Valid; another node holds a valid copy too.
+    Shared,
+    /// The only valid copy.
+    Modified,
+}
+
+/// Host storage of a piece of data, type-erased.
+pub(crate) trait HostData: Send + Sync {
+    fn bytes(&self) -> Option<&[u8]>;
+    fn bytes_mut(&mut self) -> Option<&mut [u8]>;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+    fn take_any(&mut self) -> Box<dyn Any + Send>;
+}
+
+struct PodVec<T: bytemuck::Pod + Send + Sync>(Vec<T>);
+
+impl<T: bytemuck::Pod + Send + Sync> HostData for PodVec<T> {
+    fn bytes(&self) -> Option<&[u8]> {
+        Some(bytemuck::cast_slice(&self.0))
+    }
+    fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        Some(bytemuck::cast_slice_mut(&mut self.0))
+    }
+    fn as_any(&self) -> &dyn Any {
+        &self.0
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        &mut self.0
+    }
+    fn take_any(&mut self) -> Box<dyn Any + Send> {
+        Box::new(std::mem::take(&mut self.0))
+    }
+}
+
+struct Object<T: Send + Sync + 'static>(Option<T>);
+
+impl<T: Send + Sync + 'static> HostData for Object<T> {
+    fn bytes(&self) -> Option<&[u8]> {
+        None
+    }
+    fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        None
+    }
+    fn as_any(&self) -> &dyn Any {
+        match &self.0 {
+            Some(v) => v,
+            None => &(),
+        }
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        match &mut self.0 {
+            Some(v) => v,
+            None => unreachable!("an object is taken only by unregister, after its last use"),
+        }
+    }
+    fn take_any(&mut self) -> Box<dyn Any + Send> {
+        match self.0.take() {
+            Some(v) => Box::new(v),
+            None => Box::new(()),
+        }
+    }
+}
+
+/// Replicas and their states, guarded by the data's coherence lock.
+pub(crate) struct Coherence {
+    pub(crate) states: Vec<Msi>,
+    pub(crate) buffers: Vec<Option<Arc<DeviceBuffer>>>,
+    pub(crate) pins: Vec<u32>,
+    pub(crate) last_use: Vec<u64>,
+}
+
+/// The task-graph bookkeeping of a piece of data: who wrote it last, who read it since.
+#[derive(Default)]
+///
+/// The links are weak: a finished task is dropped once nothing else needs it, and a data
+/// whose last writer failed is marked `poisoned` so later readers fail too.
+pub(crate) struct DepState {
+    pub(crate) last_writer: Option<Weak<TaskNode>>,
+    pub(crate) readers: Vec<Weak<TaskNode>>,
+}
+
+/// One registered piece of data.
+pub(crate) struct DataCell {
+    pub(crate) id: DataId,
+    pub(crate) bytes: usize,
+    pub(crate) type_name: &'static str,
+    pub(crate) deps: Mutex<DepState>,
+    /// Set when the last writer failed: the contents are not what the program expects.
+    pub(crate) poisoned: AtomicBool,
+    pub(crate) coherence: Mutex<Coherence>,
+    /// Bit n set when node n holds a valid replica (a lock-free copy for the scheduler).
+    pub(crate) valid_mask: AtomicU64,
+    host: UnsafeCell<Box<dyn HostData>>,
+}
+
+// SAFETY: the host storage is read concurrently only by tasks reading the same version, and
+// written only by one writer task or by the data manager under the coherence lock while no
+// task uses the host replica; the task graph guarantees both (see the module docs).
+unsafe impl Sync for DataCell {}
+
+impl DataCell {
+    /// The host storage for reading. Callers hold a read access granted by the task graph.
+    pub(crate) fn host(&self) -> &dyn HostData {
+        // SAFETY: see the `Sync` impl: no writer exists while readers run.
+        unsafe { &**self.host.get() }
+    }
+    /// The host storage for writing.
+    ///
+    /// # Safety
+    /// The caller must be the only user of the host replica: a task holding a write access,
+    /// or the data manager under the coherence lock while the host replica is not in use.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn host_mut(&self) -> &mut dyn HostData {
+        // SAFETY: exclusivity is the caller's obligation (see above).
+        unsafe { &mut **self.host.get() }
+    }
+    fn set_mask(&self, c: &Coherence) {
+        let mut m = 0u64;
+        for (i, s) in c.states.iter().enumerate() {
+            if *s != Msi::Invalid && i < 64 {
+                m |= 1 << i;
+            }
+        }
+        self.valid_mask.store(m, Ordering::Release);
+    }
+}
+
+/// A typed handle to registered data of type `T` (`Vec<E>` for plain data registered with
+/// `Runtime::register`). Cloning it clones the handle, not the data.
+pub struct Data<T> {
+    pub(crate) cell: Arc<DataCell>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Data<T> {
+    fn clone(&self) -> Self {
+        Self {
+            cell: self.cell.clone(),
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T> Data<T> {
+    /// The data's id.
+    pub fn id(&self) -> DataId {
+        self.cell.id
+    }
+    /// Its size in bytes (0 for host-only objects).
+    pub fn bytes(&self) -> usize {
+        self.cell.bytes
+    }
+    /// The coherence state of its replica on each memory node (node 0 is the host).
+    pub fn states(&self) -> Vec<Msi> {
+        self.cell.coherence.lock().states.clone()
+    }
+}
+
+impl<T> std::fmt::Debug for Data<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Data({}, {} bytes)", self.cell.id, self.cell.bytes)
+    }
+}
+
+/// One device memory node as the data manager sees it.
+pub(crate) struct NodeMem {
+    pub(crate) device: Arc<dyn Device>,
+    pub(crate) capacity: u64,
+    pub(crate) used: Mutex<u64>,
+    pub(crate) resident: Mutex<Vec<Weak<DataCell>>>,
+}
+
+/// Counters of what the data manager did, for tests, traces and benchmarks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TransferStats {
+    /// Host → device copies.
+    pub uploads: u64,
+    /// Device → host copies.
+    pub downloads: u64,
+    /// Bytes copied either way.
+    pub bytes: u64,
+    /// Replicas evicted from device memory.
+    pub evictions: u64,
+    /// Evictions that first wrote a modified replica back to the host.
+    pub writebacks: u64,
+}
+
+/// One completed copy, reported to the tracer and the transfer model.
+pub(crate) struct TransferEvent {
+    pub(crate) node: usize,
+    pub(crate) upload: bool,
+    pub(crate) bytes: usize,
+    pub(crate) start: Instant,
+    pub(crate) end: Instant,
+}
+
+/// Owns the memory nodes and the registry of data.
+pub(crate) struct DataManager {
+    pub(crate) nodes: Vec<Option<NodeMem>>,
+    next_id: AtomicU32,
+    clock: AtomicU64,
+    stats: Mutex<TransferStats>,
+    pub(crate) on_transfer: Option<Box<dyn Fn(TransferEvent) + Send + Sync>>,
+}
+
+impl DataManager {
+    /// A data manager with host memory and one node per device, each device's memory
+    /// capped at `limit` bytes when given (else the device's own size).
+    pub(crate) fn new(devices: &[Arc<dyn Device>], limit: Option<u64>) -> Self {
+        let mut nodes = vec![None];
+        for d in devices {
+            let own = d.info().global_mem;
+            let capacity = match limit {
+                Some(l) => l.min(own.max(l)),
+                None => own,
+            };
+            nodes.push(Some(NodeMem {
+                device: d.clone(),
+                capacity,
+                used: Mutex::new(0),
+                resident: Mutex::new(Vec::new()),
+            }));
+        }
+        Self {
+            nodes,
+            next_id: AtomicU32::new(0),
+            clock: AtomicU64::new(0),
+            stats: Mutex::new(TransferStats::default()),
+            on_transfer: None,
+        }
+    }
+
+    pub(crate) fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub(crate) fn stats(&self) -> TransferStats {
+        self.stats.lock().clone()
+    }
+
+    fn new_cell(
+        &self,
+        host: Box<dyn HostData>,
+        bytes: usize,
+        type_name: &'static str,
+    ) -> Arc<DataCell> {
+        let n = self.nodes.len();
+        let mut states = vec![Msi::Invalid; n];
+        states[HOST] = Msi::Modified;
+        Arc::new(DataCell {
+            id: DataId::new(self.next_id.fetch_add(1, Ordering::Relaxed)),
+            bytes,
+            type_name,
+            deps: Mutex::new(DepState::default()),
+            poisoned: AtomicBool::new(false),
+            coherence: Mutex::new(Coherence {
+                states,
+                buffers: vec![None; n],
+                pins: vec![0; n],
+                last_use: vec![0; n],
+            }),
+            valid_mask: AtomicU64::new(1),
+            host: UnsafeCell::new(host),
+        })
+    }
+
+    /// Registers a vector of plain data (it may move to devices).
+    pub(crate) fn register<T: bytemuck::Pod + Send + Sync>(&self, v: Vec<T>) -> Data<Vec<T>> {
+        let bytes = std::mem::size_of_val(v.as_slice());
+        Data {
+            cell: self.new_cell(Box::new(PodVec(v)), bytes, std::any::type_name::<T>()),
+            _t: PhantomData,
+        }
+    }
+
+    /// Registers any value; it stays in host memory.
+    pub(crate) fn register_object<T: Send + Sync + 'static>(&self, v: T) -> Data<T> {
+        Data {
+            cell: self.new_cell(Box::new(Object(Some(v))), 0, std::any::type_name::<T>()),
+            _t: PhantomData,
+        }
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn device_err(&self, node: usize, e: DevicesError) -> RuntimeError {
+        let device = match &self.nodes[node] {
+            Some(n) => n.device.info().name.clone(),
+            None => "host".to_string(),
+        };
+        RuntimeError::Device { device, source: e }
+    }
+
+    /// Makes the data valid on `node` for `mode` and, on a device node, pins the replica
+    /// and returns its buffer. Called by the thread that runs or prefetches the task.
+    pub(crate) fn acquire(
+        &self,
+        cell: &Arc<DataCell>,
+        node: usize,
+        mode: Access,
+    ) -> Result<Option<Arc<DeviceBuffer>>> {
+        let mut c = cell.coherence.lock();
+        if node != HOST && cell.host().bytes().is_none() {
+            return Err(RuntimeError::Config(format!(
+                "data {} ({}) is a host-only object and cannot move to a device",
+                cell.id, cell.type_name
+            )));
+        }
+        if mode.reads() && c.states[node] == Msi::Invalid {
+            self.fetch(cell, &mut c, node)?;
+        }
+        if mode.writes() {
+            if node != HOST && c.buffers[node].is_none() {
+                let buf = self.alloc_on(cell, node)?;
+                c.buffers[node] = Some(Arc::new(buf));
+            }
+            for other in 0..c.states.len() {
+                if other != node && c.states[other] != Msi::Invalid {
+                    c.states[other] = Msi::Invalid;
+                    if other != HOST {
+                        self.free_replica(cell, &mut c, other);
+                    }
+                }
+            }
+            c.states[node] = Msi::Modified;
+        }
+        c.last_use[node] = self.tick();
+        let buf = if node == HOST {
+            None
+        } else {
+            c.pins[node] += 1;
+            c.buffers[node].clone()
+        };
+        cell.set_mask(&c);
+        Ok(buf)
+    }
+
+    /// Unpins a device replica after its task completed.
+    pub(crate) fn release(&self, cell: &DataCell, node: usize) {
+        if node != HOST {
+            let mut c = cell.coherence.lock();
+            c.pins[node] = c.pins[node].saturating_sub(1);
+        }
+    }
+
+    /// Copies a valid replica to `node` (which is invalid).
+    fn fetch(&self, cell: &Arc<DataCell>, c: &mut Coherence, node: usize) -> Result<()> {
+        let src = if c.states[HOST] != Msi::Invalid {
+            HOST
+        } else {
+            match (0..c.states.len()).find(|&i| c.states[i] != Msi::Invalid) {
+                Some(i) => i,
+                None => {
+                    return Err(RuntimeError::Config(format!(
+                        "data {} has no valid replica (a writer failed before producing it)",
+                        cell.id
+                    )))
+                }
+            }
+        };
+        if src != HOST {
+            // Device → host first (also the way between two devices).
+            self.download(cell, c, src)?;
+            c.states[HOST] = Msi::Shared;
+            c.states[src] = Msi::Shared;
+            if node == HOST {
+                return Ok(());
+            }
+        }
+        if node != HOST {
+            if c.buffers[node].is_none() {
+                let buf = self.alloc_on(cell, node)?;
+                c.buffers[node] = Some(Arc::new(buf));
+            }
+            self.upload(cell, c, node)?;
+        }
+        c.states[node] = Msi::Shared;
+        for s in c.states.iter_mut() {
+            if *s == Msi::Modified {
+                *s = Msi::Shared;
+            }
+        }
+        Ok(())
+    }
+
+    fn upload(&self, cell: &DataCell, c: &Coherence, node: usize) -> Result<()> {
+        let (Some(mem), Some(buf)) = (&self.nodes[node], &c.buffers[node]) else {
+            return Err(RuntimeError::Config(format!(
+                "no buffer for data {} on node {node}",
+                cell.id
+            )));
+        };
+        let Some(src) = cell.host().bytes() else {
+            return Err(RuntimeError::Config(format!(
+                "data {} has no bytes to upload",
+                cell.id
+            )));
+        };
+        let start = Instant::now();
+        mem.device
+            .upload(buf, src)
+            .map_err(|e| self.device_err(node, e))?;
+        self.count(node, true, cell.bytes, start);
+        Ok(())
+    }
+
+    fn download(&self, cell: &DataCell, c: &Coherence, node: usize) -> Result<()> {
+        let (Some(mem), Some(buf)) = (&self.nodes[node], &c.buffers[node]) else {
+            return Err(RuntimeError::Config(format!(
+                "no buffer for data {} on node {node}",
+                cell.id
+            )));
+        };
+        // SAFETY: the host replica is invalid (or being written back by eviction while the
+        // host is not in use), so no task reads it; we hold the coherence lock.
+        let host = unsafe { cell.host_mut() };
+        let Some(dst) = host.bytes_mut() else {
+            return Err(RuntimeError::Config(format!(
+                "data {} has no bytes to download",
+                cell.id
+            )));
+        };
+        let start = Instant::now();
+        mem.device
+            .download(buf, dst)
+            .map_err(|e| self.device_err(node, e))?;
+        self.count(node, false, cell.bytes, start);
+        Ok(())
+    }
+
+    fn count(&self, node: usize, upload: bool, bytes: usize, start: Instant) {
+        {
+            let mut s = self.stats.lock();
+            if upload {
+                s.uploads += 1;
+            } else {
+                s.downloads += 1;
+            }
+            s.bytes += bytes as u64;
+        }
+        if let Some(f) = &self.on_transfer {
+            f(TransferEvent {
+                node,
+                upload,
+                bytes,
+                start,
+                end: Instant::now(),
+            });
+        }
+    }
+
+    /// Allocates room for `cell` on device `node`, evicting least recently used unpinned
+    /// replicas when the node is full.
+    fn alloc_on(&self, cell: &Arc<DataCell>, node: usize) -> Result<DeviceBuffer> {
+        let Some(mem) = &self.nodes[node] else {
+            return Err(RuntimeError::Config(format!("node {node} is not a device")));
+        };
+        let need = cell.bytes as u64;
+        if need > mem.capacity {
+            return Err(RuntimeError::Config(format!(
+                "data {} ({} bytes) is larger than device {}'s memory ({} bytes)",
+                cell.id,
+                need,
+                mem.device.info().name,
+                mem.capacity
+            )));
+        }
+        loop {
+            let fits = *mem.used.lock() + need <= mem.capacity;
+            if fits {
+                match mem.device.alloc(cell.bytes.max(1)) {
+                    Ok(buf) => {
+                        *mem.used.lock() += need;
+                        mem.resident.lock().push(Arc::downgrade(cell));
+                        return Ok(buf);
+                    }
+                    Err(DevicesError::OutOfMemory { .. }) => {}
+                    Err(e) => return Err(self.device_err(node, e)),
+                }
+            }
+            if !self.evict_one(node, cell.id)? {
+                return Err(RuntimeError::DeviceFull {
+                    device: mem.device.info().name.clone(),
+                    data: cell.id.to_string(),
+                    bytes: need,
+                    used: *mem.used.lock(),
+                    capacity: mem.capacity,
+                });
+            }
+        }
+    }
+
+    /// Evicts the least recently used unpinned replica on `node` (never `except`'s).
+    /// Returns false when nothing could be evicted.
+    fn evict_one(&self, node: usize, except: DataId) -> Result<bool> {
+        let Some(mem) = &self.nodes[node] else {
+            return Ok(false);
+        };
+        let candidates: Vec<Arc<DataCell>> = {
+            let mut r = mem.resident.lock();
+            r.retain(|w| w.strong_count() > 0);
+            r.iter().filter_map(Weak::upgrade).collect()
+        };
+        let mut best: Option<(u64, &Arc<DataCell>)> = None;
+        for cand in &candidates {
+            if cand.id == except {
+                continue;
+            }
+            let Some(c) = cand.coherence.try_lock() else {
+                continue;
+            };
+            if c.buffers[node].is_some() && c.pins[node] == 0 {
+                let t = c.last_use[node];
+                if best.is_none_or(|(bt, _)| t < bt) {
+                    best = Some((t, cand));
+                }
+            }
+        }
+        let Some((_, victim)) = best else {
+            return Ok(false);
+        };
+        let Some(mut c) = victim.coherence.try_lock() else {
+            return Ok(true); // it became busy; the caller looks again
+        };
+        if c.pins[node] != 0 || c.buffers[node].is_none() {
+            return Ok(true);
+        }
+        if c.states[node] == Msi::Modified {
+            self.download(victim, &c, node)?;
+            c.states[HOST] = Msi::Modified;
+            self.stats.lock().writebacks += 1;
+        }
+        c.states[node] = Msi::Invalid;
+        self.free_replica(victim, &mut c, node);
+        let valid: Vec<usize> = (0..c.states.len())
+            .filter(|&i| c.states[i] != Msi::Invalid)
+            .collect();
+        if valid.len() == 1 {
+            c.states[valid[0]] = Msi::Modified;
+        }
+        victim.set_mask(&c);
+        self.stats.lock().evictions += 1;
+        Ok(true)
+    }
+
+    fn free_replica(&self, cell: &DataCell, c: &mut Coherence, node: usize) {
+        if c.buffers[node].take().is_some() {
+            if let Some(mem) = &self.nodes[node] {
+                let mut used = mem.used.lock();
+                *used = used.saturating_sub(cell.bytes as u64);
+                let id = cell.id;
+                mem.resident
+                    .lock()
+                    .retain(|w| w.upgrade().is_some_and(|d| d.id != id));
+            }
+        }
+    }
+
+    /// Brings the data home and frees its device replicas.
+    pub(crate) fn bring_home(&self, cell: &Arc<DataCell>) -> Result<()> {
+        if cell.host().bytes().is_some() {
+            self.acquire(cell, HOST, Access::R)?;
+        }
+        let mut c = cell.coherence.lock();
+        for node in 1..c.states.len() {
+            c.states[node] = Msi::Invalid;
+            self.free_replica(cell, &mut c, node);
+        }
+        c.states[HOST] = Msi::Modified;
+        cell.set_mask(&c);
+        Ok(())
+    }
+}

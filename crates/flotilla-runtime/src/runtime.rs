@@ -1,0 +1,669 @@
+//! The runtime handle and its builder.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_deque::{Injector, Worker};
+use flotilla_devices::{Device, DeviceKind, DiscoverOptions};
+use flotilla_sched::{BuiltinPolicy, Link, PerfModel, Platform, PolicyKind, UnitKind};
+use parking_lot::{Condvar, Mutex};
+
+use crate::data::{Data, DataManager, TransferStats, HOST};
+use crate::device;
+use crate::error::{Result, RuntimeError};
+use crate::job::Job;
+use crate::place::{SchedState, UnitTable};
+use crate::registry::Registry;
+use crate::scope::{self, Schedule, Scope};
+use crate::sleep::Sleep;
+use crate::task::{Codelet, TaskBuilder};
+use crate::trace::{Tracer, Track};
+
+/// Which devices a runtime uses besides its CPU workers.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum DeviceSelection {
+    /// CPU workers only.
+    #[default]
+    None,
+    /// Every OpenCL device and CUDA GPU found.
+    All,
+    /// The devices of these kinds.
+    Kinds(Vec<DeviceKind>),
+}
+
+impl DeviceSelection {
+    /// Parses `cpu`, `all`, `none` or a comma list such as `cpu,opencl,cuda`
+    /// (`cpu` adds nothing: CPU workers are always there unless `cpus(0)`).
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        let s = s.trim();
+        match s {
+            "" | "none" | "cpu" => return Ok(DeviceSelection::None),
+            "all" => return Ok(DeviceSelection::All),
+            _ => {}
+        }
+        let mut kinds = Vec::new();
+        for part in s.split(',') {
+            match part.trim() {
+                "cpu" => {}
+                "opencl" => kinds.push(DeviceKind::OpenCl),
+                "cuda" => kinds.push(DeviceKind::Cuda),
+                other => {
+                    return Err(format!(
+                        "unknown device kind {other:?} (expected cpu, opencl, cuda, all)"
+                    ))
+                }
+            }
+        }
+        Ok(if kinds.is_empty() {
+            DeviceSelection::None
+        } else {
+            DeviceSelection::Kinds(kinds)
+        })
+    }
+}
+
+/// Configures a [`Runtime`].
+#[derive(Debug, Clone)]
+pub struct RuntimeBuilder {
+    cpus: Option<usize>,
+    policy: Option<PolicyKind>,
+    devices: DeviceSelection,
+    trace: Option<PathBuf>,
+    model_path: Option<Option<PathBuf>>,
+    pin: bool,
+    device_mem_limit: Option<u64>,
+    seed: u64,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        Self {
+            cpus: None,
+            policy: None,
+            devices: DeviceSelection::None,
+            trace: None,
+            model_path: None,
+            pin: true,
+            device_mem_limit: None,
+            seed: 0x5eed,
+        }
+    }
+}
+
+impl RuntimeBuilder {
+    /// The number of CPU workers (default: one per core, less one per device).
+    pub fn cpus(mut self, n: usize) -> Self {
+        self.cpus = Some(n);
+        self
+    }
+    /// The placement policy (default: `FLOTILLA_SCHED`, else `dmda` with devices and `ws`
+    /// without).
+    pub fn policy(mut self, p: PolicyKind) -> Self {
+        self.policy = Some(p);
+        self
+    }
+    /// Which devices to use (default: `FLOTILLA_DEVICES`, else none).
+    pub fn devices(mut self, d: DeviceSelection) -> Self {
+        self.devices = d;
+        self
+    }
+    /// Writes a Chrome/Perfetto trace here at shutdown (default: `FLOTILLA_TRACE`).
+    pub fn trace(mut self, path: impl Into<PathBuf>) -> Self {
+        self.trace = Some(path.into());
+        self
+    }
+    /// Where the performance models persist; `None` keeps them in memory only. Default:
+    /// `$FLOTILLA_HOME/perfmodels/<host>.json`, `FLOTILLA_HOME` defaulting to `~/.flotilla`.
+    pub fn model_path(mut self, p: Option<PathBuf>) -> Self {
+        self.model_path = Some(p);
+        self
+    }
+    /// Whether CPU workers are pinned to cores (default: yes, where the OS allows).
+    pub fn pin(mut self, on: bool) -> Self {
+        self.pin = on;
+        self
+    }
+    /// Caps the memory the runtime uses on each device (to test eviction, or to share).
+    pub fn device_mem_limit(mut self, bytes: u64) -> Self {
+        self.device_mem_limit = Some(bytes);
+        self
+    }
+    /// The seed of randomized policies.
+    pub fn seed(mut self, s: u64) -> Self {
+        self.seed = s;
+        self
+    }
+
+    /// Discovers the devices, loads the models and starts the workers.
+    pub fn build(self) -> Result<Runtime> {
+        let env_sched = std::env::var("FLOTILLA_SCHED").ok();
+        let devices_sel = match (&self.devices, std::env::var("FLOTILLA_DEVICES").ok()) {
+            (DeviceSelection::None, Some(s)) => {
+                DeviceSelection::parse(&s).map_err(RuntimeError::Config)?
+            }
+            (d, _) => d.clone(),
+        };
+        let devices: Vec<Arc<dyn Device>> = match &devices_sel {
+            DeviceSelection::None => Vec::new(),
+            sel => {
+                let found = flotilla_devices::discover_report(&DiscoverOptions::default());
+                let wanted: Vec<Arc<dyn Device>> = found
+                    .devices
+                    .into_iter()
+                    .filter(|d| match sel {
+                        DeviceSelection::All => true,
+                        DeviceSelection::Kinds(k) => k.contains(&d.info().kind),
+                        DeviceSelection::None => false,
+                    })
+                    .collect();
+                if let DeviceSelection::Kinds(kinds) = sel {
+                    for k in kinds {
+                        if !wanted.iter().any(|d| d.info().kind == *k) {
+                            return Err(RuntimeError::Config(format!(
+                                "no {k} device found ({})",
+                                if found.skipped.is_empty() {
+                                    "none reported".to_string()
+                                } else {
+                                    found.skipped.join("; ")
+                                }
+                            )));
+                        }
+                    }
+                }
+                wanted
+            }
+        };
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let n_cpu = self
+            .cpus
+            .unwrap_or_else(|| cores.saturating_sub(devices.len()).max(1));
+        let policy_kind = match (self.policy, env_sched) {
+            (Some(p), _) => p,
+            (None, Some(s)) => s
+                .parse::<PolicyKind>()
+                .map_err(|e| RuntimeError::Config(format!("FLOTILLA_SCHED={s}: {e}")))?,
+            (None, None) => {
+                if devices.is_empty() {
+                    PolicyKind::Ws
+                } else {
+                    PolicyKind::Dmda
+                }
+            }
+        };
+
+        // Platform: CPU workers on node 0, one node per device.
+        let mut platform = Platform::new();
+        let host = platform.add_node("host");
+        let mut kinds = Vec::new();
+        let mut archs = Vec::new();
+        let mut names = Vec::new();
+        for i in 0..n_cpu {
+            platform.add_unit(UnitKind::Cpu, host, "cpu");
+            kinds.push(DeviceKind::Cpu);
+            archs.push("cpu".to_string());
+            names.push(format!("cpu{i}"));
+        }
+        for d in &devices {
+            let info = d.info();
+            let node = platform.add_node(&info.name);
+            let kind = match info.kind {
+                DeviceKind::Cuda => UnitKind::Cuda,
+                DeviceKind::OpenCl => UnitKind::OpenCl,
+                DeviceKind::Cpu => UnitKind::Cpu,
+            };
+            platform.add_unit(kind, node, &info.arch);
+            // A first guess, replaced by measured transfers as they happen.
+            platform.set_link(
+                host,
+                node,
+                Link {
+                    bandwidth: 8e9,
+                    latency: 20e-6,
+                },
+            );
+            kinds.push(info.kind);
+            archs.push(info.arch.clone());
+            names.push(format!("{} ({})", info.name, info.kind));
+        }
+
+        let model_path = match self.model_path {
+            Some(p) => p,
+            None => default_model_path(),
+        };
+        let model = match &model_path {
+            Some(p) => load_model(p)?,
+            None => PerfModel::new(),
+        };
+        let trace_path = self
+            .trace
+            .or_else(|| std::env::var_os("FLOTILLA_TRACE").map(PathBuf::from));
+        let tracer = trace_path.map(|p| Arc::new(Tracer::new(&p, names.clone())));
+
+        let links = Arc::new(LinkObservations::new(devices.len() + 1));
+        let mut data = DataManager::new(&devices, self.device_mem_limit);
+        {
+            let tracer = tracer.clone();
+            let links = links.clone();
+            data.on_transfer = Some(Box::new(move |ev| {
+                links.observe(ev.node, ev.bytes, (ev.end - ev.start).as_secs_f64());
+                if let Some(t) = &tracer {
+                    let name = if ev.upload { "upload" } else { "download" };
+                    t.span(Track::Transfers(ev.node), name, ev.start, ev.end);
+                }
+            }));
+        }
+
+        let (sleep, parkers) = Sleep::new(n_cpu);
+        let locals: Vec<Worker<Job>> = (0..n_cpu).map(|_| Worker::new_lifo()).collect();
+        let stealers = locals.iter().map(|w| w.stealer()).collect();
+        let mut dev_queues = Vec::new();
+        let mut dev_threads = Vec::new();
+        for d in &devices {
+            let (q, t) = device::queue(d.info().kind);
+            dev_queues.push(q);
+            dev_threads.push(t);
+        }
+        let n_units = n_cpu + devices.len();
+        let registry = Arc::new(Registry {
+            injector: Injector::new(),
+            stealers,
+            mailboxes: (0..n_cpu).map(|_| Injector::new()).collect(),
+            sleep,
+            terminate: AtomicBool::new(false),
+            n_cpu,
+            devices: dev_queues,
+            policy_kind,
+            units: UnitTable { kinds, archs },
+            sched: Mutex::new(SchedState {
+                policy: BuiltinPolicy::from_kind(policy_kind, self.seed),
+                platform,
+                model,
+                backlog: vec![0.0; n_units],
+                epoch: Instant::now(),
+                links_seen: 0,
+            }),
+            links,
+            data,
+            tracer: tracer.clone(),
+            outstanding: AtomicUsize::new(0),
+            idle_lock: Mutex::new(()),
+            idle_cv: Condvar::new(),
+            failures: Mutex::new(Vec::new()),
+            failure_count: AtomicUsize::new(0),
+            executed: (0..n_units).map(|_| AtomicU64::new(0)).collect(),
+        });
+
+        let core_ids = if self.pin {
+            core_affinity::get_core_ids().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let mut threads = Vec::new();
+        for (i, (local, parker)) in locals.into_iter().zip(parkers).enumerate() {
+            let reg = registry.clone();
+            let core = if core_ids.is_empty() {
+                None
+            } else {
+                Some(core_ids[i % core_ids.len()])
+            };
+            let h = std::thread::Builder::new()
+                .name(format!("flotilla-cpu{i}"))
+                .spawn(move || crate::worker::run(reg, i, local, parker, core))
+                .map_err(|source| RuntimeError::Io {
+                    path: "spawning a worker thread".into(),
+                    source,
+                })?;
+            threads.push(h);
+        }
+        for (i, (d, t)) in devices.iter().zip(dev_threads).enumerate() {
+            let hs = device::start(registry.clone(), d.clone(), i, n_cpu + i, 1 + i, t).map_err(
+                |source| RuntimeError::Io {
+                    path: "spawning a device thread".into(),
+                    source,
+                },
+            )?;
+            threads.extend(hs);
+        }
+        Ok(Runtime {
+            registry,
+            threads,
+            seq: AtomicU64::new(0),
+            model_path,
+            devices,
+            policy_kind,
+        })
+    }
+}
+
+/// Measured transfer rates per memory node, folded into the platform model.
+pub(crate) struct LinkObservations {
+    per_node: Vec<Mutex<(u64, f64)>>,
+    version: AtomicU64,
+}
+
+impl LinkObservations {
+    fn new(nodes: usize) -> Self {
+        Self {
+            per_node: (0..nodes).map(|_| Mutex::new((0, 0.0))).collect(),
+            version: AtomicU64::new(0),
+        }
+    }
+    fn observe(&self, node: usize, bytes: usize, secs: f64) {
+        if let Some(m) = self.per_node.get(node) {
+            let mut g = m.lock();
+            g.0 += bytes as u64;
+            g.1 += secs;
+            self.version.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    /// Bytes per second seen on `node`'s link, once enough bytes moved to say.
+    pub(crate) fn bandwidth(&self, node: usize) -> Option<f64> {
+        let g = self.per_node.get(node)?.lock();
+        (g.0 >= 1 << 20 && g.1 > 0.0).then(|| g.0 as f64 / g.1)
+    }
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::Relaxed)
+    }
+}
+
+fn default_model_path() -> Option<PathBuf> {
+    let home = match std::env::var_os("FLOTILLA_HOME") {
+        Some(h) => PathBuf::from(h),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".flotilla"),
+    };
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    Some(home.join("perfmodels").join(format!("{host}.json")))
+}
+
+fn load_model(path: &Path) -> Result<PerfModel> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => PerfModel::from_json(&s).map_err(|e| {
+            RuntimeError::Config(format!(
+                "{}: corrupt performance model: {e}",
+                path.display()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(PerfModel::new()),
+        Err(source) => Err(RuntimeError::Io {
+            path: path.display().to_string(),
+            source,
+        }),
+    }
+}
+
+fn save_model(path: &Path, model: &PerfModel) -> Result<()> {
+    let io = |source| RuntimeError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, model.to_json()).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// A description of one processing unit of a runtime.
+#[derive(Clone, Debug)]
+pub struct UnitInfo {
+    /// The unit's id (CPU workers first, then devices).
+    pub id: flotilla_core::UnitId,
+    /// Its kind.
+    pub kind: DeviceKind,
+    /// Its performance-model key.
+    pub arch: String,
+    /// Its memory node (0 is the host).
+    pub mem_node: usize,
+}
+
+/// Flotilla's in-process runtime: CPU workers with work stealing, device workers, the data
+/// manager and the scheduler. Dropping it waits for submitted tasks, stops the workers,
+/// saves the performance models and writes the trace.
+pub struct Runtime {
+    registry: Arc<Registry>,
+    threads: Vec<JoinHandle<()>>,
+    seq: AtomicU64,
+    model_path: Option<PathBuf>,
+    devices: Vec<Arc<dyn Device>>,
+    policy_kind: PolicyKind,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("cpus", &self.registry.n_cpu)
+            .field("devices", &self.devices.len())
+            .field("policy", &self.policy_kind)
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// A builder with defaults.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+
+    /// The number of CPU workers.
+    pub fn cpu_workers(&self) -> usize {
+        self.registry.n_cpu
+    }
+
+    /// The devices in use.
+    pub fn devices(&self) -> &[Arc<dyn Device>] {
+        &self.devices
+    }
+
+    /// The placement policy.
+    pub fn policy(&self) -> PolicyKind {
+        self.policy_kind
+    }
+
+    /// Every processing unit.
+    pub fn units(&self) -> Vec<UnitInfo> {
+        let t = &self.registry.units;
+        (0..t.kinds.len())
+            .map(|u| UnitInfo {
+                id: flotilla_core::UnitId::new(u as u32),
+                kind: t.kinds[u],
+                arch: t.archs[u].clone(),
+                mem_node: if u < self.registry.n_cpu {
+                    HOST
+                } else {
+                    1 + u - self.registry.n_cpu
+                },
+            })
+            .collect()
+    }
+
+    /// Runs `f` on a CPU worker, detached. A panic in it is caught and dropped.
+    pub fn spawn(&self, f: impl FnOnce() + Send + 'static) {
+        let job = Box::new(move || {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        });
+        self.registry.push_closure(Job::Closure(job));
+    }
+
+    /// Runs `f` in a scope whose spawned closures may borrow from the caller; returns when
+    /// all of them have finished.
+    pub fn scope<'scope, R: Send>(&self, f: impl FnOnce(&Scope<'scope>) -> R + Send) -> R {
+        scope::scope(&self.registry, f)
+    }
+
+    /// Calls `f(i)` for each `i` in `range` on the CPU workers.
+    pub fn parallel_for(
+        &self,
+        range: Range<usize>,
+        schedule: Schedule,
+        f: impl Fn(usize) + Sync + Send,
+    ) {
+        scope::parallel_for(&self.registry, range, schedule, f)
+    }
+
+    /// Registers a vector of plain data; tasks access it through the returned handle and
+    /// it may move to devices.
+    pub fn register<T: bytemuck::Pod + Send + Sync>(&self, v: Vec<T>) -> Data<Vec<T>> {
+        self.registry.data.register(v)
+    }
+
+    /// Registers any value; it stays in host memory (CPU tasks only).
+    pub fn register_object<T: Send + Sync + 'static>(&self, v: T) -> Data<T> {
+        self.registry.data.register_object(v)
+    }
+
+    /// Starts a task submission for `codelet`.
+    pub fn task(&self, codelet: &Arc<Codelet>) -> TaskBuilder<'_> {
+        TaskBuilder {
+            registry: &self.registry,
+            seq: &self.seq,
+            codelet: codelet.clone(),
+            accesses: Vec::new(),
+            priority: 0,
+        }
+    }
+
+    /// Waits for every submitted task; reports failures since the last call.
+    pub fn wait_all(&self) -> Result<()> {
+        let reg = &self.registry;
+        {
+            let mut g = reg.idle_lock.lock();
+            while reg.outstanding.load(Ordering::Acquire) != 0 {
+                reg.idle_cv.wait(&mut g);
+            }
+        }
+        let count = reg.failure_count.swap(0, Ordering::AcqRel);
+        let mut failures = std::mem::take(&mut *reg.failures.lock());
+        match count {
+            0 => Ok(()),
+            1 if failures.len() == 1 => Err(failures.remove(0)),
+            _ => Err(RuntimeError::Many {
+                count,
+                first: Box::new(if failures.is_empty() {
+                    RuntimeError::Config("failures were not recorded".into())
+                } else {
+                    failures.remove(0)
+                }),
+            }),
+        }
+    }
+
+    fn wait_for_data<T>(&self, data: &Data<T>) {
+        let tasks: Vec<_> = {
+            let d = data.cell.deps.lock();
+            d.last_writer
+                .iter()
+                .chain(d.readers.iter())
+                .filter_map(std::sync::Weak::upgrade)
+                .collect()
+        };
+        for t in tasks {
+            crate::task::TaskHandle::from_node(t).wait();
+        }
+    }
+
+    /// Waits for the tasks using `data`, brings it home and returns a copy.
+    pub fn read<T: bytemuck::Pod + Send + Sync>(&self, data: &Data<Vec<T>>) -> Result<Vec<T>> {
+        self.wait_for_data(data);
+        self.registry
+            .data
+            .acquire(&data.cell, HOST, crate::data::Access::R)?;
+        match data.cell.host().as_any().downcast_ref::<Vec<T>>() {
+            Some(v) => Ok(v.clone()),
+            None => Err(RuntimeError::Config(format!(
+                "data {} is not a Vec",
+                data.id()
+            ))),
+        }
+    }
+
+    /// Waits for the tasks using `data`, brings it home, frees its device replicas and
+    /// returns it.
+    pub fn unregister<T: Send + 'static>(&self, data: Data<T>) -> Result<T> {
+        self.wait_for_data(&data);
+        self.registry.data.bring_home(&data.cell)?;
+        // SAFETY: every task using the data has finished and the handle is consumed, so
+        // nothing else reads or writes its host storage any more.
+        let host = unsafe { data.cell.host_mut() };
+        match host.take_any().downcast::<T>() {
+            Ok(v) => Ok(*v),
+            Err(_) => Err(RuntimeError::Config(format!(
+                "data {} holds {}, not {}",
+                data.id(),
+                data.cell.type_name,
+                std::any::type_name::<T>()
+            ))),
+        }
+    }
+
+    /// How many codelet tasks each unit has executed (indexed like [`Runtime::units`]).
+    pub fn executed_per_unit(&self) -> Vec<u64> {
+        self.registry
+            .executed
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// What the data manager has moved so far.
+    pub fn transfer_stats(&self) -> TransferStats {
+        self.registry.data.stats()
+    }
+
+    /// A copy of the current performance model.
+    pub fn perf_model(&self) -> PerfModel {
+        self.registry.sched.lock().model.clone()
+    }
+
+    /// Saves the performance model now (it is also saved at shutdown).
+    pub fn save_model(&self) -> Result<()> {
+        match &self.model_path {
+            Some(p) => save_model(p, &self.registry.sched.lock().model),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every task, stops the workers, saves the model, writes the trace.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        if self.threads.is_empty() {
+            return Ok(());
+        }
+        let waited = self.wait_all();
+        let reg = &self.registry;
+        reg.terminate.store(true, Ordering::Release);
+        reg.sleep.wake_all();
+        // Closing the device queues ends the device threads.
+        for q in &reg.devices {
+            q.close();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let saved = self.save_model();
+        let traced = match &reg.tracer {
+            Some(t) => t.write(),
+            None => Ok(()),
+        };
+        waited.and(saved).and(traced)
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}

@@ -1,0 +1,99 @@
+//! Idle CPU workers park here and are woken when work arrives.
+//!
+//! # Protocol
+//! A worker that found no work marks itself sleeping (`SeqCst`), looks for work once more,
+//! and only then parks. Whoever pushes work issues a `SeqCst` fence and, if any worker is
+//! marked sleeping, unparks one (or the one it targeted). `crossbeam_utils::sync::Parker`
+//! keeps the unpark token, so an unpark that lands between the last look and `park` is not
+//! lost: `park` returns at once. Either the worker's second look sees the push, or the
+//! pusher sees the sleeping mark; the `SeqCst` ordering of the mark, the fence and the
+//! loads rules out both missing each other.
+//!
+//! Waking costs a system call, so (as in rayon) a push wakes nobody while some worker is
+//! *awake but idle* (spinning before it parks): that worker will find the job. A worker
+//! stops counting as idle-awake only after it has marked itself sleeping and before its
+//! last look, so a pusher that saw it idle-awake pushed before that last look.
+
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
+
+use crossbeam_utils::sync::{Parker, Unparker};
+
+/// The sleeping state of all CPU workers.
+pub(crate) struct Sleep {
+    sleeping: Vec<AtomicBool>,
+    n_sleeping: AtomicUsize,
+    idle_awake: AtomicUsize,
+    unparkers: Vec<Unparker>,
+}
+
+impl Sleep {
+    /// Makes the state for `n` workers, returning the parkers each worker keeps.
+    pub(crate) fn new(n: usize) -> (Self, Vec<Parker>) {
+        let parkers: Vec<Parker> = (0..n).map(|_| Parker::new()).collect();
+        let unparkers = parkers.iter().map(|p| p.unparker().clone()).collect();
+        let sleeping = (0..n).map(|_| AtomicBool::new(false)).collect();
+        (
+            Self {
+                sleeping,
+                n_sleeping: AtomicUsize::new(0),
+                idle_awake: AtomicUsize::new(0),
+                unparkers,
+            },
+            parkers,
+        )
+    }
+
+    /// A worker found no work and starts spinning.
+    pub(crate) fn start_idle(&self) {
+        self.idle_awake.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A spinning worker found work.
+    pub(crate) fn end_idle(&self) {
+        self.idle_awake.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Parks idle worker `idx` unless `has_work` finds something after the sleeping mark is
+    /// set. The worker must have called `start_idle`; it is no longer idle-awake after this.
+    pub(crate) fn sleep(&self, idx: usize, parker: &Parker, has_work: impl Fn() -> bool) {
+        self.sleeping[idx].store(true, Ordering::SeqCst);
+        self.n_sleeping.fetch_add(1, Ordering::SeqCst);
+        self.idle_awake.fetch_sub(1, Ordering::SeqCst);
+        if !has_work() {
+            parker.park();
+        }
+        self.n_sleeping.fetch_sub(1, Ordering::SeqCst);
+        self.sleeping[idx].store(false, Ordering::SeqCst);
+    }
+
+    /// After pushing shared work: wakes one sleeping worker, if any.
+    pub(crate) fn wake_any(&self) {
+        fence(Ordering::SeqCst);
+        if self.n_sleeping.load(Ordering::SeqCst) == 0 || self.idle_awake.load(Ordering::SeqCst) > 0
+        {
+            return;
+        }
+        for (i, s) in self.sleeping.iter().enumerate() {
+            if s.load(Ordering::SeqCst) {
+                self.unparkers[i].unpark();
+                return;
+            }
+        }
+    }
+
+    /// After pushing work only worker `idx` may take: wakes it.
+    pub(crate) fn wake(&self, idx: usize) {
+        fence(Ordering::SeqCst);
+        if self.sleeping[idx].load(Ordering::SeqCst) {
+            self.unparkers[idx].unpark();
+        }
+    }
+
+    /// Wakes every worker (shutdown).
+    pub(crate) fn wake_all(&self) {
+        fence(Ordering::SeqCst);
+        for u in &self.unparkers {
+            u.unpark();
+        }
+    }
+}

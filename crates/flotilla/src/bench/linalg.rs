@@ -1,0 +1,323 @@
+//! `flotilla bench cholesky` and `flotilla bench gemm`: tiled dense linear algebra through
+//! the runtime on the chosen devices, with the accuracy of the result.
+
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use flotilla_runtime::linalg::{cholesky, gemm, Element, Kernels, TiledMatrix};
+use flotilla_runtime::{DeviceSelection, PolicyKind, Runtime, RuntimeError};
+
+/// f32 or f64.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Single precision.
+    F32,
+    /// Double precision.
+    F64,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "f64" => Ok(Precision::F64),
+            o => Err(format!("unknown precision {o:?} (expected f32 or f64)")),
+        }
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct LinalgConfig {
+    /// Matrix size.
+    pub n: usize,
+    /// Tile size (must divide `n`).
+    pub tile: usize,
+    /// Devices besides the CPU workers, as `cpu,opencl,cuda`.
+    pub devices: String,
+    /// CPU workers (default: one per core, less one per device).
+    pub cpus: Option<usize>,
+    /// The placement policy (default: the runtime's).
+    pub policy: Option<PolicyKind>,
+    /// Element type.
+    pub precision: Precision,
+    /// Timed runs after one calibration run; the best is reported.
+    pub reps: usize,
+    /// Skip the residual check (it costs about as much as the factorization).
+    pub no_check: bool,
+    /// Write a Chrome/Perfetto trace of the runs here.
+    pub trace: Option<std::path::PathBuf>,
+}
+
+/// One result line.
+#[derive(Clone, Debug, Serialize)]
+pub struct LinalgResult {
+    /// "cholesky" or "gemm".
+    pub bench: &'static str,
+    /// Matrix size.
+    pub n: usize,
+    /// Tile size.
+    pub tile: usize,
+    /// Element type.
+    pub precision: Precision,
+    /// The devices asked for.
+    pub devices: String,
+    /// The policy used.
+    pub policy: String,
+    /// CPU workers.
+    pub cpus: usize,
+    /// Best run's GFLOP/s (n³/3 for Cholesky, 2n³ for GEMM).
+    pub gflops: f64,
+    /// Best run's seconds.
+    pub seconds: f64,
+    /// Median run's seconds.
+    pub median_seconds: f64,
+    /// Cholesky: ‖L·Lᵀ − A‖_F/‖A‖_F. GEMM: ‖C·x − A·(B·x)‖/(‖A‖‖B‖‖x‖) for a random x.
+    pub residual: Option<f64>,
+    /// Tasks run per unit kind in the timed runs, e.g. {"cpu": 1200, "opencl": 300}.
+    pub tasks_per_kind: std::collections::BTreeMap<String, u64>,
+}
+
+fn build_runtime(cfg: &LinalgConfig) -> Result<Runtime, RuntimeError> {
+    let sel = DeviceSelection::parse(&cfg.devices).map_err(RuntimeError::Config)?;
+    let mut b = Runtime::builder().devices(sel);
+    if let Some(c) = cfg.cpus {
+        b = b.cpus(c);
+    }
+    if let Some(p) = cfg.policy {
+        b = b.policy(p);
+    }
+    if let Some(t) = &cfg.trace {
+        b = b.trace(t.clone());
+    }
+    b.build()
+}
+
+/// A random symmetric, strictly diagonally dominant (hence positive definite) matrix,
+/// column-major; O(n²) to make.
+pub fn spd_matrix<T: Element>(n: usize, seed: u64) -> Vec<T> {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut a = vec![T::from_f64(0.0); n * n];
+    for j in 0..n {
+        for i in j + 1..n {
+            let v = T::from_f64(rng.gen_range(-1.0..1.0));
+            a[j * n + i] = v;
+            a[i * n + j] = v;
+        }
+        a[j * n + j] = T::from_f64(n as f64 + rng.gen_range(0.0..1.0));
+    }
+    a
+}
+
+fn tasks_per_kind(rt: &Runtime, before: &[u64]) -> std::collections::BTreeMap<String, u64> {
+    let after = rt.executed_per_unit();
+    let mut out = std::collections::BTreeMap::new();
+    for (u, info) in rt.units().iter().enumerate() {
+        let d = after[u] - before.get(u).copied().unwrap_or(0);
+        *out.entry(info.kind.to_string()).or_insert(0) += d;
+    }
+    out
+}
+
+/// Runs the tiled Cholesky benchmark.
+pub fn run_cholesky(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> {
+    match cfg.precision {
+        Precision::F64 => cholesky_t::<f64>(cfg),
+        Precision::F32 => cholesky_t::<f32>(cfg),
+    }
+}
+
+/// Runs the tiled GEMM benchmark.
+pub fn run_gemm(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> {
+    match cfg.precision {
+        Precision::F64 => gemm_t::<f64>(cfg),
+        Precision::F32 => gemm_t::<f32>(cfg),
+    }
+}
+
+fn cholesky_t<T: Element>(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> {
+    let rt = build_runtime(cfg)?;
+    let n = cfg.n;
+    let a = spd_matrix::<T>(n, 42);
+    // One untimed run calibrates the performance models (dmda needs them).
+    {
+        let t = TiledMatrix::from_dense(&rt, &a, n, cfg.tile)?;
+        cholesky(&rt, &t)?;
+        rt.wait_all()?;
+        drop(t.into_dense(&rt)?);
+    }
+    let before = rt.executed_per_unit();
+    let mut times = Vec::new();
+    let mut last = None;
+    for _ in 0..cfg.reps.max(1) {
+        let t = TiledMatrix::from_dense(&rt, &a, n, cfg.tile)?;
+        let start = Instant::now();
+        cholesky(&rt, &t)?;
+        rt.wait_all()?;
+        times.push(start.elapsed().as_secs_f64());
+        last = Some(t);
+    }
+    let per_kind = tasks_per_kind(&rt, &before);
+    let residual = match last {
+        Some(t) if !cfg.no_check => Some(tiled_residual(&rt, &a, t)?),
+        Some(t) => {
+            drop(t.into_dense(&rt)?);
+            None
+        }
+        None => None,
+    };
+    Ok(result(
+        "cholesky",
+        cfg,
+        &rt,
+        (n as f64).powi(3) / 3.0,
+        times,
+        residual,
+        per_kind,
+    ))
+}
+
+fn result(
+    bench: &'static str,
+    cfg: &LinalgConfig,
+    rt: &Runtime,
+    flops: f64,
+    mut times: Vec<f64>,
+    residual: Option<f64>,
+    tasks_per_kind: std::collections::BTreeMap<String, u64>,
+) -> LinalgResult {
+    times.sort_by(f64::total_cmp);
+    let best = times[0];
+    LinalgResult {
+        bench,
+        n: cfg.n,
+        tile: cfg.tile,
+        precision: cfg.precision,
+        devices: cfg.devices.clone(),
+        policy: rt.policy().to_string(),
+        cpus: rt.cpu_workers(),
+        gflops: flops / best / 1e9,
+        seconds: best,
+        median_seconds: times[times.len() / 2],
+        residual,
+        tasks_per_kind,
+    }
+}
+
+/// ‖L·Lᵀ − A‖_F/‖A‖_F computed with the runtime itself (tiled, in parallel), so checking
+/// n = 8192 costs about as much as factorizing it.
+fn tiled_residual<T: Element>(
+    rt: &Runtime,
+    a: &[T],
+    l: TiledMatrix<T>,
+) -> Result<f64, RuntimeError> {
+    let (n, tile, nt) = (l.n(), l.tile_size(), l.tiles_per_dim());
+    let mut ld = l.into_dense(rt)?;
+    for j in 0..n {
+        for i in 0..j {
+            ld[j * n + i] = T::from_f64(0.0);
+        }
+    }
+    let lt = TiledMatrix::from_dense(rt, &ld, n, tile)?;
+    drop(ld);
+    let r = TiledMatrix::from_dense(rt, a, n, tile)?;
+    let k = Kernels::new::<T>(tile);
+    for i in 0..nt {
+        for j in 0..=i {
+            for s in 0..=j {
+                rt.task(&k.gemm_nt)
+                    .read(lt.tile(i, s))
+                    .read(lt.tile(j, s))
+                    .rw(r.tile(i, j))
+                    .submit()?;
+            }
+        }
+    }
+    rt.wait_all()?;
+    let rd = r.into_dense(rt)?;
+    drop(lt);
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for j in 0..n {
+        for i in j..n {
+            let w = if i == j { 1.0 } else { 2.0 };
+            let x = rd[j * n + i].to_f64();
+            let y = a[j * n + i].to_f64();
+            num += w * x * x;
+            den += w * y * y;
+        }
+    }
+    Ok((num / den).sqrt())
+}
+
+fn gemm_t<T: Element>(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> {
+    let rt = build_runtime(cfg)?;
+    let n = cfg.n;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+    let a: Vec<T> = (0..n * n)
+        .map(|_| T::from_f64(rng.gen_range(-1.0..1.0)))
+        .collect();
+    let b: Vec<T> = (0..n * n)
+        .map(|_| T::from_f64(rng.gen_range(-1.0..1.0)))
+        .collect();
+    let zero = vec![T::from_f64(0.0); n * n];
+    let ta = TiledMatrix::from_dense(&rt, &a, n, cfg.tile)?;
+    let tb = TiledMatrix::from_dense(&rt, &b, n, cfg.tile)?;
+    let mut times = Vec::new();
+    let mut before = None;
+    let mut c = Vec::new();
+    for rep in 0..=cfg.reps.max(1) {
+        if rep == 1 {
+            before = Some(rt.executed_per_unit());
+        }
+        let tc = TiledMatrix::from_dense(&rt, &zero, n, cfg.tile)?;
+        let start = Instant::now();
+        gemm(&rt, &ta, &tb, &tc)?;
+        rt.wait_all()?;
+        if rep > 0 {
+            times.push(start.elapsed().as_secs_f64());
+        }
+        c = tc.into_dense(&rt)?;
+    }
+    let per_kind = match &before {
+        Some(b) => tasks_per_kind(&rt, b),
+        None => Default::default(),
+    };
+    let residual = (!cfg.no_check).then(|| {
+        let x: Vec<f64> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mv = |m: &[T], v: &[f64]| -> Vec<f64> {
+            let mut y = vec![0.0; n];
+            for (j, vj) in v.iter().enumerate() {
+                for i in 0..n {
+                    y[i] += m[j * n + i].to_f64() * vj;
+                }
+            }
+            y
+        };
+        let cx = mv(&c, &x);
+        let abx = mv(&a, &mv(&b, &x));
+        let norm = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let fro = |m: &[T]| {
+            m.iter()
+                .map(|x| x.to_f64() * x.to_f64())
+                .sum::<f64>()
+                .sqrt()
+        };
+        let diff: Vec<f64> = cx.iter().zip(&abx).map(|(p, q)| p - q).collect();
+        norm(&diff) / (fro(&a) * fro(&b) * norm(&x))
+    });
+    drop(ta.into_dense(&rt)?);
+    drop(tb.into_dense(&rt)?);
+    Ok(result(
+        "gemm",
+        cfg,
+        &rt,
+        2.0 * (n as f64).powi(3),
+        times,
+        residual,
+        per_kind,
+    ))
+}

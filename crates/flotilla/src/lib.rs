@@ -1,0 +1,40 @@
+//! Flotilla: one parallel, heterogeneous computer from one machine, a rack or a shared
+//! pool of machines.
+//!
+//! This crate is the facade: it re-exports the layers (the job model, the scheduler, the
+//! in-process runtime and the device backends) and holds the benchmarks behind
+//! `flotilla bench`. The `flotilla` binary is a thin command line over it.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use flotilla::runtime::{Codelet, Runtime};
+//!
+//! let rt = Runtime::builder().cpus(2).model_path(None).build()?;
+//! let v = rt.register((0..1000u32).collect::<Vec<_>>());
+//! let sum = rt.register(vec![0u64]);
+//! let add = Arc::new(Codelet::new("sum").cpu(|ctx| {
+//!     let s: u64 = ctx.data::<u32>(0).iter().map(|&x| x as u64).sum();
+//!     ctx.data_mut::<u64>(1)[0] = s;
+//!     Ok(())
+//! }));
+//! rt.task(&add).read(&v).write(&sum).submit()?;
+//! assert_eq!(rt.unregister(sum)?, vec![499_500]);
+//! # Ok::<(), flotilla::runtime::RuntimeError>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod bench;
+
+/// The job model: ids, resources, job files (parse, validate, expand).
+pub use flotilla_core as core;
+/// Device backends (cpu, opencl, cuda) and the kernel library.
+pub use flotilla_devices as devices;
+/// The in-process runtime.
+pub use flotilla_runtime as runtime;
+/// Placement policies, performance models and the simulator.
+pub use flotilla_sched as sched;
+
+/// The README's example, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,209 @@
+//! The `flotilla` command line: a thin layer over the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use flotilla::bench::{linalg, overhead};
+use flotilla::sched::PolicyKind;
+
+#[derive(Parser)]
+#[command(
+    name = "flotilla",
+    version,
+    about = "Turn a machine, a rack or a pool into one parallel, heterogeneous computer"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a benchmark (one line per result; --json for one JSON object per line).
+    #[command(subcommand)]
+    Bench(Bench),
+    /// Run a placement policy on a DAG in virtual time and print the schedule.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Nanoseconds per empty task, next to rayon's scope.spawn in the same run.
+    Overhead(OverheadArgs),
+    /// Tiled Cholesky factorization through the runtime.
+    Cholesky(LinalgArgs),
+    /// Tiled matrix multiplication through the runtime.
+    Gemm(LinalgArgs),
+}
+
+#[derive(Args)]
+struct OverheadArgs {
+    /// Tasks per run.
+    #[arg(long, default_value_t = 100_000)]
+    tasks: usize,
+    /// none (independent) or chain (each after the previous).
+    #[arg(long, default_value = "none")]
+    deps: overhead::Deps,
+    /// Workers (default: one per core).
+    #[arg(long)]
+    cpus: Option<usize>,
+    /// Timed runs; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct LinalgArgs {
+    /// Matrix size.
+    #[arg(long, default_value_t = 2048)]
+    n: usize,
+    /// Tile size (must divide n).
+    #[arg(long, default_value_t = 256)]
+    tile: usize,
+    /// Devices: cpu, opencl, cuda, or a comma list (cpu,opencl).
+    #[arg(long, default_value = "cpu")]
+    devices: String,
+    /// CPU workers (default: one per core, less one per device).
+    #[arg(long)]
+    cpus: Option<usize>,
+    /// Placement policy: eager, ws, random, dmda, heft (default: FLOTILLA_SCHED, else
+    /// dmda with devices, ws without).
+    #[arg(long)]
+    policy: Option<PolicyKind>,
+    /// f64 or f32.
+    #[arg(long, default_value = "f64")]
+    precision: linalg::Precision,
+    /// Timed runs after one calibration run; the best is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Skip the accuracy check.
+    #[arg(long)]
+    no_check: bool,
+    /// Write a Chrome/Perfetto trace here.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// The DAG: {"processors": [...], "bandwidth": B, "tasks": [{"id", "cost": [...]}], "edges": [{"from", "to", "data"}]}.
+    #[arg(long)]
+    dag: PathBuf,
+    /// heft, dmda, eager, ws or random.
+    #[arg(long, default_value = "heft")]
+    policy: PolicyKind,
+    /// Seed for the random policy.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print the schedule as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce(&T) -> String) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(v)?);
+    } else {
+        println!("{}", human(v));
+    }
+    Ok(())
+}
+
+fn linalg_config(a: &LinalgArgs) -> linalg::LinalgConfig {
+    linalg::LinalgConfig {
+        n: a.n,
+        tile: a.tile,
+        devices: a.devices.clone(),
+        cpus: a.cpus,
+        policy: a.policy,
+        precision: a.precision,
+        reps: a.reps,
+        no_check: a.no_check,
+        trace: a.trace.clone(),
+    }
+}
+
+fn human_linalg(r: &linalg::LinalgResult) -> String {
+    format!(
+        "{} n={} tile={} {:?} devices={} policy={} cpus={}: {:.2} GFLOP/s (best {:.3} s, median {:.3} s), residual {}, tasks {:?}",
+        r.bench,
+        r.n,
+        r.tile,
+        r.precision,
+        r.devices,
+        r.policy,
+        r.cpus,
+        r.gflops,
+        r.seconds,
+        r.median_seconds,
+        r.residual.map(|x| format!("{x:.3e}")).unwrap_or_else(|| "not checked".into()),
+        r.tasks_per_kind
+    )
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Bench(Bench::Overhead(a)) => {
+            let cpus = a.cpus.unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map(|n| n.get())
+                    .unwrap_or(1)
+            });
+            let r = overhead::run(&overhead::OverheadConfig {
+                tasks: a.tasks,
+                deps: a.deps,
+                cpus,
+                reps: a.reps,
+            })?;
+            print(a.json, &r, |r| {
+                format!(
+                    "overhead deps={:?} tasks={} cpus={}: flotilla {:.1} ns/task, rayon {:.1} ns/task, ratio {:.2}; codelet tasks with dependency inference {:.1} ns/task",
+                    r.deps, r.tasks, r.cpus, r.ns_per_task, r.rayon_ns_per_task, r.ratio, r.codelet_ns_per_task
+                )
+            })
+        }
+        Command::Bench(Bench::Cholesky(a)) => {
+            let r = linalg::run_cholesky(&linalg_config(&a))?;
+            print(a.json, &r, human_linalg)
+        }
+        Command::Bench(Bench::Gemm(a)) => {
+            let r = linalg::run_gemm(&linalg_config(&a))?;
+            print(a.json, &r, human_linalg)
+        }
+        Command::Simulate(a) => {
+            let text = std::fs::read_to_string(&a.dag)
+                .with_context(|| format!("reading {}", a.dag.display()))?;
+            let dag = flotilla::sched::parse_dag(&text)
+                .with_context(|| format!("{}", a.dag.display()))?;
+            let s = flotilla::sched::simulate(&dag, a.policy, a.seed)?;
+            print(a.json, &s, |s| {
+                let mut out = format!("policy {}: makespan {}\n", s.policy, s.makespan);
+                for p in &s.placements {
+                    out.push_str(&format!(
+                        "  {:<12} on {:<8} {:>10.3} .. {:>10.3}\n",
+                        p.task, p.processor, p.start, p.end
+                    ));
+                }
+                out.trim_end().to_string()
+            })
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("flotilla: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! The `flotilla` binary: `simulate` and `bench` end to end, as a user runs them.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+fn flotilla(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla"))
+        .args(args)
+        .env(
+            "FLOTILLA_HOME",
+            std::env::temp_dir().join(format!("flotilla-cli-test-{}", std::process::id())),
+        )
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn paper_dag() -> String {
+    format!(
+        "{}/../flotilla-sched/tests/data/topcuoglu2002.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn simulate_reproduces_the_heft_paper_example() {
+    let (ok, out, err) = flotilla(&[
+        "simulate",
+        "--dag",
+        &paper_dag(),
+        "--policy",
+        "heft",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["policy"], "heft");
+    assert_eq!(v["makespan"], 80.0);
+    assert_eq!(v["placements"].as_array().unwrap().len(), 10);
+    for p in v["placements"].as_array().unwrap() {
+        assert!(p["task"].is_string() && p["processor"].is_string());
+        assert!(p["end"].as_f64().unwrap() >= p["start"].as_f64().unwrap());
+    }
+}
+
+#[test]
+fn simulate_runs_every_policy() {
+    for policy in ["dmda", "eager", "ws", "random"] {
+        let (ok, out, err) = flotilla(&[
+            "simulate",
+            "--dag",
+            &paper_dag(),
+            "--policy",
+            policy,
+            "--json",
+        ]);
+        assert!(ok, "{policy}: {err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        // No policy can beat the critical path on the fastest processors (t1→t3→t7→t10
+        // at the per-task minimum costs is 9+11+7+7 = 34).
+        assert!(v["makespan"].as_f64().unwrap() >= 34.0, "{policy}: {out}");
+    }
+}
+
+#[test]
+fn simulate_rejects_a_cyclic_dag_with_the_cycle_named() {
+    let dir = std::env::temp_dir().join(format!("flotilla-cli-cycle-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("cycle.json");
+    std::fs::write(
+        &f,
+        r#"{"processors": ["p"], "bandwidth": 1, "tasks": [{"id": "a", "cost": [1]}, {"id": "b", "cost": [1]}],
+            "edges": [{"from": "a", "to": "b", "data": 1}, {"from": "b", "to": "a", "data": 1}]}"#,
+    )
+    .unwrap();
+    let (ok, _, err) = flotilla(&["simulate", "--dag", f.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("cycle") && err.contains("cycle.json"), "{err}");
+    let f2 = dir.join("arity.json");
+    std::fs::write(&f2, r#"{"processors": ["p", "q"], "bandwidth": 1, "tasks": [{"id": "a", "cost": [1]}], "edges": []}"#).unwrap();
+    let (ok, _, err) = flotilla(&["simulate", "--dag", f2.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("`a`") && err.contains("2 processors"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bench_overhead_prints_one_json_line_with_the_ratio() {
+    for deps in ["none", "chain"] {
+        let (ok, out, err) = flotilla(&[
+            "bench", "overhead", "--tasks", "2000", "--deps", deps, "--reps", "1", "--json",
+        ]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        let ours = v["ns_per_task"].as_f64().unwrap();
+        let rayon = v["rayon_ns_per_task"].as_f64().unwrap();
+        assert!(ours > 0.0 && rayon > 0.0);
+        assert!((v["ratio"].as_f64().unwrap() - ours / rayon).abs() < 1e-9);
+        assert!(v["codelet_ns_per_task"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn bench_cholesky_and_gemm_report_accurate_results() {
+    let (ok, out, err) = flotilla(&[
+        "bench", "cholesky", "--n", "256", "--tile", "64", "--reps", "1", "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v["residual"].as_f64().unwrap() < 1e-12, "{out}");
+    assert!(v["gflops"].as_f64().unwrap() > 0.0);
+    // 4 tiles per side: 4 potrf + 6 trsm + 6 syrk + 4 gemm.
+    assert_eq!(v["tasks_per_kind"]["cpu"], 20);
+    let (ok, out, err) = flotilla(&[
+        "bench",
+        "gemm",
+        "--n",
+        "128",
+        "--tile",
+        "32",
+        "--reps",
+        "1",
+        "--precision",
+        "f32",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert!(v["residual"].as_f64().unwrap() < 1e-5, "{out}");
+    assert_eq!(v["tasks_per_kind"]["cpu"], 64);
+}
+
+#[test]
+fn bench_rejects_bad_arguments_clearly() {
+    let (ok, _, err) = flotilla(&["bench", "cholesky", "--n", "100", "--tile", "64"]);
+    assert!(!ok);
+    assert!(err.contains("not a multiple"), "{err}");
+    let (ok, _, err) = flotilla(&["bench", "cholesky", "--devices", "tpu"]);
+    assert!(!ok);
+    assert!(err.contains("tpu"), "{err}");
+}

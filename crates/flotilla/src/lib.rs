@@ -25,6 +25,8 @@
 
 pub mod bench;
 
+/// The cluster: coordinator, workers, protocol, client API.
+pub use flotilla_cluster as cluster;
 /// The job model: ids, resources, job files (parse, validate, expand).
 pub use flotilla_core as core;
 /// Device backends (cpu, opencl, cuda) and the kernel library.

@@ -1,5 +1,7 @@
 //! The `flotilla` command line: a thin layer over the library.
 
+mod cluster_cmd;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -21,6 +23,22 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a job file on this machine: an in-process coordinator and a local worker.
+    Run(cluster_cmd::RunArgs),
+    /// Start a coordinator.
+    Server(cluster_cmd::ServerArgs),
+    /// Start a worker that takes tasks from a coordinator.
+    Worker(cluster_cmd::WorkerArgs),
+    /// Submit a job file to a coordinator; prints the job id on the last line.
+    Submit(cluster_cmd::SubmitArgs),
+    /// Show a job's status, or every job and worker.
+    Status(cluster_cmd::StatusArgs),
+    /// Follow a job to its end; exit code 0 only if every task succeeded.
+    Wait(cluster_cmd::JobArgs),
+    /// Cancel a job.
+    Cancel(cluster_cmd::JobArgs),
+    /// Print a task's captured output.
+    Logs(cluster_cmd::LogsArgs),
     /// Run a benchmark (one line per result; --json for one JSON object per line).
     #[command(subcommand)]
     Bench(Bench),
@@ -149,8 +167,30 @@ fn human_linalg(r: &linalg::LinalgResult) -> String {
     )
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// Runs a command; `Ok(false)` means it ran but the job did not succeed.
+fn run(cli: Cli) -> Result<bool> {
+    let ok = |r: Result<()>| r.map(|()| true);
     match cli.command {
+        Command::Run(a) => tokio_runtime()?.block_on(cluster_cmd::run(a)),
+        Command::Server(a) => ok(tokio_runtime()?.block_on(cluster_cmd::server(a))),
+        Command::Worker(a) => ok(tokio_runtime()?.block_on(cluster_cmd::worker(a))),
+        Command::Submit(a) => tokio_runtime()?.block_on(cluster_cmd::submit(a)),
+        Command::Status(a) => ok(tokio_runtime()?.block_on(cluster_cmd::status(a))),
+        Command::Wait(a) => tokio_runtime()?.block_on(cluster_cmd::wait(a)),
+        Command::Cancel(a) => ok(tokio_runtime()?.block_on(cluster_cmd::cancel(a))),
+        Command::Logs(a) => ok(tokio_runtime()?.block_on(cluster_cmd::logs(a))),
+        other => ok(run_local(other)),
+    }
+}
+
+fn run_local(command: Command) -> Result<()> {
+    match command {
         Command::Bench(Bench::Overhead(a)) => {
             let cpus = a.cpus.unwrap_or_else(|| {
                 std::thread::available_parallelism()
@@ -195,12 +235,20 @@ fn run(cli: Cli) -> Result<()> {
                 out.trim_end().to_string()
             })
         }
+        _ => unreachable!("cluster commands are dispatched in run()"),
     }
 }
 
 fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("flotilla: {e:#}");
             ExitCode::FAILURE

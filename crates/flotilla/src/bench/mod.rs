@@ -4,6 +4,7 @@
 
 pub mod linalg;
 pub mod overhead;
+pub mod wfcommons;
 
 use std::time::{Duration, Instant};
 

@@ -1,0 +1,146 @@
+//! Access tokens: the server writes a random token to `STATE_DIR/token` (mode 0600) on first
+//! start; workers and clients present it as `authorization: Bearer <token>` on every call.
+//! Requests without a valid token are refused (`UNAUTHENTICATED`) and logged.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use rand::RngCore;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Status};
+
+use crate::error::{ClusterError, Result};
+
+/// The token file's name inside a server's state directory.
+pub const TOKEN_FILE: &str = "token";
+
+/// Reads the server's token, creating a random one (mode 0600) if there is none.
+pub fn load_or_create_token(state_dir: &Path) -> Result<String> {
+    let path = state_dir.join(TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(t) => {
+            let t = t.trim().to_string();
+            if t.len() < 16 {
+                return Err(ClusterError::Config(format!(
+                    "{}: token too short (at least 16 characters)",
+                    path.display()
+                )));
+            }
+            Ok(t)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut bytes = [0u8; 32];
+            rand::rngs::OsRng.fill_bytes(&mut bytes);
+            let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| ClusterError::io(&path, e))?;
+            f.write_all(token.as_bytes())
+                .map_err(|e| ClusterError::io(&path, e))?;
+            f.sync_all().map_err(|e| ClusterError::io(&path, e))?;
+            Ok(token)
+        }
+        Err(e) => Err(ClusterError::io(&path, e)),
+    }
+}
+
+/// Reads a token from a file given with `--token-file`.
+pub fn read_token_file(path: &Path) -> Result<String> {
+    let t = std::fs::read_to_string(path).map_err(|e| ClusterError::io(path, e))?;
+    Ok(t.trim().to_string())
+}
+
+/// Where a client finds its token: `FLOTILLA_TOKEN`, then `--token-file`, then the state
+/// directory of a local server.
+pub fn find_token(token_file: Option<&Path>, state_dir: Option<&Path>) -> Result<String> {
+    if let Ok(t) = std::env::var("FLOTILLA_TOKEN") {
+        if !t.trim().is_empty() {
+            return Ok(t.trim().to_string());
+        }
+    }
+    if let Some(f) = token_file {
+        return read_token_file(f);
+    }
+    let candidates: Vec<PathBuf> = state_dir
+        .map(|d| vec![d.join(TOKEN_FILE)])
+        .unwrap_or_default();
+    for c in candidates {
+        if c.exists() {
+            return read_token_file(&c);
+        }
+    }
+    Err(ClusterError::Config(
+        "no access token: set FLOTILLA_TOKEN or pass --token-file (the server writes STATE_DIR/token)".into(),
+    ))
+}
+
+/// Checks the bearer token of incoming requests (constant-time comparison).
+#[derive(Clone)]
+pub struct TokenCheck {
+    token: std::sync::Arc<String>,
+}
+
+impl TokenCheck {
+    /// A check against `token`.
+    pub fn new(token: String) -> Self {
+        Self {
+            token: std::sync::Arc::new(token),
+        }
+    }
+}
+
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        let ok = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| ct_eq(t.as_bytes(), self.token.as_bytes()));
+        if ok {
+            Ok(req)
+        } else {
+            let peer = req
+                .remote_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "unknown peer".into());
+            tracing::warn!(%peer, "refused a request without a valid token");
+            Err(Status::unauthenticated("invalid or missing access token"))
+        }
+    }
+}
+
+/// Adds the bearer token to outgoing requests.
+#[derive(Clone)]
+pub struct TokenAdd {
+    header: MetadataValue<tonic::metadata::Ascii>,
+}
+
+impl TokenAdd {
+    /// Presents `token`.
+    pub fn new(token: &str) -> Result<Self> {
+        let header = format!("Bearer {token}").parse().map_err(|_| {
+            ClusterError::Config("the access token has characters not allowed in a header".into())
+        })?;
+        Ok(Self { header })
+    }
+}
+
+impl tonic::service::Interceptor for TokenAdd {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        req.metadata_mut()
+            .insert("authorization", self.header.clone());
+        Ok(req)
+    }
+}

@@ -1,0 +1,194 @@
+//! Conversions between the wire types (`proto`) and the state machine's types.
+
+use flotilla_core::{JobId, Resources, TaskId, WorkerId};
+
+use crate::proto;
+use crate::state::{self, AssignedKind, Event, TaskRef};
+
+pub(crate) fn key(task: TaskRef, attempt: u32) -> proto::TaskKey {
+    proto::TaskKey {
+        job: task.job.0,
+        task: task.task.0,
+        attempt,
+    }
+}
+
+pub(crate) fn task_key(k: &proto::TaskKey) -> (TaskRef, u32) {
+    (
+        TaskRef {
+            job: JobId::new(k.job),
+            task: TaskId::new(k.task),
+        },
+        k.attempt,
+    )
+}
+
+pub(crate) fn resources_to_proto(r: &Resources) -> proto::ResourceSet {
+    proto::ResourceSet {
+        cpus: r.cpus,
+        gpus: r.gpus,
+        mem: r.mem,
+        gpu_mem: r.gpu_mem,
+        custom: r
+            .custom
+            .iter()
+            .map(|(n, a)| proto::CustomResource {
+                name: n.clone(),
+                amount: *a,
+            })
+            .collect(),
+    }
+}
+
+pub(crate) fn resources_from_proto(r: &proto::ResourceSet) -> Resources {
+    let mut out = Resources::zero();
+    out.cpus = r.cpus;
+    out.gpus = r.gpus;
+    out.mem = r.mem;
+    out.gpu_mem = r.gpu_mem;
+    out.custom = r
+        .custom
+        .iter()
+        .map(|c| (c.name.clone(), c.amount))
+        .collect();
+    out
+}
+
+fn object_from(o: &proto::Object) -> state::ObjectRef {
+    state::ObjectRef {
+        path: o.path.clone(),
+        hash: o.hash.clone(),
+        size: o.size,
+    }
+}
+
+fn object_to(o: &state::ObjectRef) -> proto::Object {
+    proto::Object {
+        path: o.path.clone(),
+        hash: o.hash.clone(),
+        size: o.size,
+    }
+}
+
+pub(crate) fn worker_joined(worker: WorkerId, req: proto::RegisterRequest) -> Event {
+    let resources = req
+        .resources
+        .as_ref()
+        .map(resources_from_proto)
+        .unwrap_or_else(Resources::zero);
+    let spec = state::WorkerSpec {
+        name: req.name,
+        hostname: req.hostname,
+        hw_class: req.hw_class,
+        resources,
+        gpus: req
+            .gpus
+            .iter()
+            .map(|g| state::GpuInfo {
+                index: g.index,
+                model: g.model.clone(),
+                mem_bytes: g.mem_bytes,
+            })
+            .collect(),
+        data_addr: req.data_addr,
+    };
+    let running = req.running.iter().map(task_key).collect();
+    let held = req
+        .held
+        .iter()
+        .filter_map(|h| {
+            let (t, _) = task_key(h.task.as_ref()?);
+            Some((t, object_from(h.object.as_ref()?)))
+        })
+        .collect();
+    Event::WorkerJoined {
+        worker,
+        spec,
+        running,
+        held,
+    }
+}
+
+pub(crate) fn task_finished(worker: WorkerId, r: proto::TaskResult) -> Option<Event> {
+    let (task, attempt) = task_key(r.task.as_ref()?);
+    let outcome = match proto::task_result::Outcome::try_from(r.outcome) {
+        Ok(proto::task_result::Outcome::Succeeded) => state::AttemptOutcome::Succeeded,
+        Ok(proto::task_result::Outcome::Cancelled) => state::AttemptOutcome::Cancelled,
+        _ => state::AttemptOutcome::Failed {
+            message: r.message.clone(),
+            retryable: r.retryable,
+        },
+    };
+    let usage = r
+        .usage
+        .map(|u| state::Usage {
+            cpu_seconds: u.cpu_seconds,
+            peak_rss_bytes: u.peak_rss_bytes,
+            wall_seconds: u.wall_seconds,
+        })
+        .unwrap_or_default();
+    Some(Event::TaskFinished {
+        worker,
+        task,
+        attempt,
+        result: state::AttemptResult {
+            outcome,
+            usage,
+            outputs: r.outputs.iter().map(object_from).collect(),
+            variant: (!r.variant.is_empty()).then_some(r.variant),
+        },
+    })
+}
+
+pub(crate) fn assignment(a: state::Assignment) -> proto::Assignment {
+    let mut out = proto::Assignment {
+        task: Some(key(a.task, a.attempt)),
+        name: a.name,
+        job_name: a.job_name,
+        job_dir: a.job_dir,
+        transfer: a.staging == flotilla_core::Staging::Transfer,
+        variant: a.variant.unwrap_or_default(),
+        resources: Some(resources_to_proto(&a.resources)),
+        gpu_indices: a.gpu_indices,
+        timeout_ms: a.timeout_ms,
+        index: a.index,
+        inputs: a
+            .inputs
+            .iter()
+            .map(|(o, from)| proto::Input {
+                object: Some(object_to(o)),
+                from: from.clone(),
+            })
+            .collect(),
+        outputs: a.outputs,
+        ..Default::default()
+    };
+    let env = |env: Vec<(String, String)>| -> Vec<proto::EnvVar> {
+        env.into_iter()
+            .map(|(name, value)| proto::EnvVar { name, value })
+            .collect()
+    };
+    match a.kind {
+        AssignedKind::Command { cmd, env: e, cwd } => {
+            out.cmd = cmd;
+            out.env = env(e);
+            out.cwd = cwd.unwrap_or_default();
+        }
+        AssignedKind::Wasm {
+            module,
+            entry,
+            args,
+            env: e,
+            fuel,
+            memory,
+        } => {
+            out.wasm_module = module;
+            out.wasm_entry = entry;
+            out.wasm_args = args;
+            out.env = env(e);
+            out.wasm_fuel = fuel;
+            out.wasm_memory = memory;
+        }
+    }
+    out
+}

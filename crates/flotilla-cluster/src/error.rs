@@ -1,0 +1,73 @@
+//! The cluster's errors.
+
+use std::path::Path;
+
+use thiserror::Error;
+
+/// What went wrong in the coordinator, a worker or a client.
+#[derive(Debug, Error)]
+pub enum ClusterError {
+    /// A file or directory could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Bad configuration or arguments.
+    #[error("{0}")]
+    Config(String),
+    /// The job file was refused.
+    #[error("{0}")]
+    Job(#[from] flotilla_core::CoreError),
+    /// Could not reach the other side.
+    #[error("cannot connect to {addr}: {message}")]
+    Connect {
+        /// The address.
+        addr: String,
+        /// Why.
+        message: String,
+    },
+    /// The other side answered with an error.
+    #[error("{0}")]
+    Rpc(String),
+    /// The peer speaks another protocol version.
+    #[error("protocol version mismatch: this side speaks {ours}, the other {theirs}")]
+    Version {
+        /// Ours.
+        ours: u32,
+        /// Theirs.
+        theirs: u32,
+    },
+    /// The journal failed.
+    #[error("journal: {0}")]
+    Journal(String),
+    /// Something unexpected in the state machine.
+    #[error("{0}")]
+    State(String),
+}
+
+impl ClusterError {
+    /// An I/O error on `path`.
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        ClusterError::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+impl From<tonic::Status> for ClusterError {
+    fn from(s: tonic::Status) -> Self {
+        match s.code() {
+            tonic::Code::Unauthenticated => ClusterError::Rpc(format!("refused: {}", s.message())),
+            tonic::Code::Unavailable => ClusterError::Rpc(format!("unavailable: {}", s.message())),
+            _ => ClusterError::Rpc(s.message().to_string()),
+        }
+    }
+}
+
+/// The cluster's result type.
+pub type Result<T> = std::result::Result<T, ClusterError>;

@@ -1,0 +1,330 @@
+//! Objects: task outputs as content-addressed files (blake3), held by the worker that made
+//! them and fetched peer to peer by the workers that need them (staging = "transfer").
+//!
+//! Each worker serves `Objects.Fetch` on its data address, behind the same token as the
+//! coordinator. Fetched and produced objects live in `WORK/objects/<hash>`; a task's
+//! sandbox gets hard links (or copies) at the paths the job expects.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use parking_lot::Mutex;
+use tonic::{Request, Response, Status};
+
+use crate::auth::{TokenAdd, TokenCheck};
+use crate::error::{ClusterError, Result};
+use crate::proto::objects_client::ObjectsClient;
+use crate::proto::objects_server::{Objects, ObjectsServer};
+use crate::proto::{self, Assignment};
+use crate::transport::Remote;
+
+const CHUNK: usize = 1 << 20;
+
+/// A directory of content-addressed files.
+pub struct ObjectStore {
+    dir: PathBuf,
+    /// Objects produced here, by the task that made them (reported at registration).
+    produced: Mutex<Vec<proto::HeldObject>>,
+    sizes: Mutex<HashMap<String, u64>>,
+}
+
+impl ObjectStore {
+    /// Opens (creating) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| ClusterError::io(dir, e))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            produced: Mutex::new(Vec::new()),
+            sizes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The file of an object.
+    pub fn path(&self, hash: &str) -> PathBuf {
+        self.dir.join(hash)
+    }
+
+    /// Whether the object is here.
+    pub fn has(&self, hash: &str) -> bool {
+        valid_hash(hash) && self.path(hash).is_file()
+    }
+
+    /// Outputs produced here, for re-registration.
+    pub fn held(&self) -> Vec<proto::HeldObject> {
+        self.produced.lock().clone()
+    }
+
+    /// Hashes `file` and stores a copy (a hard link when possible) under its hash.
+    pub fn put_file(&self, file: &Path) -> Result<(String, u64)> {
+        let mut f = std::fs::File::open(file).map_err(|e| ClusterError::io(file, e))?;
+        let mut h = blake3::Hasher::new();
+        let mut buf = vec![0u8; CHUNK];
+        let mut size = 0u64;
+        loop {
+            let n = f.read(&mut buf).map_err(|e| ClusterError::io(file, e))?;
+            if n == 0 {
+                break;
+            }
+            size += n as u64;
+            h.update(&buf[..n]);
+        }
+        let hash = h.finalize().to_hex().to_string();
+        let dst = self.path(&hash);
+        if !dst.exists() {
+            let tmp = self.dir.join(format!(".{hash}.tmp{}", std::process::id()));
+            if std::fs::hard_link(file, &tmp).is_err() {
+                std::fs::copy(file, &tmp).map_err(|e| ClusterError::io(&tmp, e))?;
+            }
+            std::fs::rename(&tmp, &dst).map_err(|e| ClusterError::io(&dst, e))?;
+        }
+        self.sizes.lock().insert(hash.clone(), size);
+        Ok((hash, size))
+    }
+
+    fn note_produced(&self, task: Option<proto::TaskKey>, obj: &proto::Object) {
+        self.produced.lock().push(proto::HeldObject {
+            task,
+            object: Some(obj.clone()),
+        });
+    }
+}
+
+fn valid_hash(h: &str) -> bool {
+    h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+struct ObjectsService {
+    store: Arc<ObjectStore>,
+}
+
+type ChunkStream =
+    Pin<Box<dyn Stream<Item = std::result::Result<proto::ObjectChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Objects for ObjectsService {
+    type FetchStream = ChunkStream;
+    async fn fetch(
+        &self,
+        req: Request<proto::FetchRequest>,
+    ) -> std::result::Result<Response<ChunkStream>, Status> {
+        let hash = req.into_inner().hash;
+        if !self.store.has(&hash) {
+            return Err(Status::not_found(format!("object {hash} is not held here")));
+        }
+        let path = self.store.path(&hash);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let mut f = match std::fs::File::open(&path) {
+                Ok(f) => f,
+                Err(e) => {
+                    let _ =
+                        tx.blocking_send(Err(Status::internal(format!("{}: {e}", path.display()))));
+                    return;
+                }
+            };
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                match f.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        if tx
+                            .blocking_send(Ok(proto::ObjectChunk {
+                                data: buf[..n].to_vec(),
+                            }))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(Status::internal(e.to_string())));
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+/// Serves `store` on `addr` (port 0 picks one); returns the bound address.
+pub async fn serve_objects(
+    addr: SocketAddr,
+    store: Arc<ObjectStore>,
+    token: String,
+) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| ClusterError::Config(format!("cannot listen on {addr}: {e}")))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
+    let svc = ObjectsServer::with_interceptor(ObjectsService { store }, TokenCheck::new(token));
+    tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        if let Err(e) = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(svc)
+            .serve_with_incoming(incoming)
+            .await
+        {
+            tracing::error!("object server stopped: {e}");
+        }
+    });
+    Ok(local)
+}
+
+/// Fetches `hash` from the worker at `from` into the store.
+async fn fetch_from(store: &ObjectStore, from: &str, hash: &str, token: &str) -> Result<()> {
+    let remote = Remote::new(from, token);
+    let ch = remote.channel().await?;
+    let mut client = ObjectsClient::with_interceptor(ch, TokenAdd::new(token)?);
+    let mut s = client
+        .fetch(proto::FetchRequest {
+            hash: hash.to_string(),
+        })
+        .await?
+        .into_inner();
+    let tmp = store
+        .dir
+        .join(format!(".{hash}.fetch{}", rand::random::<u32>()));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| ClusterError::io(&tmp, e))?;
+    let mut h = blake3::Hasher::new();
+    while let Some(c) = s.message().await? {
+        h.update(&c.data);
+        f.write_all(&c.data)
+            .map_err(|e| ClusterError::io(&tmp, e))?;
+    }
+    f.sync_all().map_err(|e| ClusterError::io(&tmp, e))?;
+    let got = h.finalize().to_hex().to_string();
+    if got != hash {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(ClusterError::Rpc(format!(
+            "object from {from} has hash {got}, expected {hash}"
+        )));
+    }
+    let dst = store.path(hash);
+    std::fs::rename(&tmp, &dst).map_err(|e| ClusterError::io(&dst, e))
+}
+
+/// Makes the sandbox of an attempt and puts each input at its path, fetching what is not
+/// held here from the worker that holds it.
+pub(crate) fn stage_inputs(
+    store: &ObjectStore,
+    work: &Path,
+    a: &Assignment,
+    token: &str,
+) -> Result<PathBuf> {
+    let k = a.task.unwrap_or_default();
+    let dir = work
+        .join("sandbox")
+        .join(format!("{}-{}-{}", k.job, k.task, k.attempt));
+    if dir.exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| ClusterError::io(&dir, e))?;
+    for input in &a.inputs {
+        let Some(obj) = &input.object else { continue };
+        if !valid_hash(&obj.hash) {
+            return Err(ClusterError::Rpc(format!(
+                "bad object hash {:?} for {}",
+                obj.hash, obj.path
+            )));
+        }
+        if !store.has(&obj.hash) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| ClusterError::Config(format!("runtime for a fetch: {e}")))?;
+            rt.block_on(fetch_from(store, &input.from, &obj.hash, token))?;
+        }
+        let rel = safe_relative(&obj.path)?;
+        let dst = dir.join(rel);
+        if let Some(p) = dst.parent() {
+            std::fs::create_dir_all(p).map_err(|e| ClusterError::io(p, e))?;
+        }
+        let src = store.path(&obj.hash);
+        if std::fs::hard_link(&src, &dst).is_err() {
+            std::fs::copy(&src, &dst).map_err(|e| ClusterError::io(&dst, e))?;
+        }
+    }
+    Ok(dir)
+}
+
+/// A job-relative path that stays inside the job folder.
+fn safe_relative(p: &str) -> Result<PathBuf> {
+    let path = Path::new(p);
+    if path.is_absolute()
+        || path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(ClusterError::Rpc(format!(
+            "object path {p:?} leaves the job folder"
+        )));
+    }
+    Ok(path.to_path_buf())
+}
+
+/// Checks that every declared output exists under `root` (patterns may use `*`, `?`, `[..]`)
+/// and, in transfer staging, hashes each into the store.
+pub(crate) fn collect_outputs(
+    store: &ObjectStore,
+    root: &Path,
+    declared: &[String],
+    transfer: bool,
+) -> Result<Vec<proto::Object>> {
+    let mut out = Vec::new();
+    for pat in declared {
+        safe_relative(pat)?;
+        let full = root.join(pat);
+        let full_s = full.display().to_string();
+        let matches: Vec<PathBuf> = if pat.contains(['*', '?', '[']) {
+            glob::glob(&full_s)
+                .map_err(|e| ClusterError::Config(format!("output pattern {pat:?}: {e}")))?
+                .filter_map(|m| m.ok())
+                .filter(|p| p.is_file())
+                .collect()
+        } else if full.is_file() {
+            vec![full.clone()]
+        } else {
+            Vec::new()
+        };
+        if matches.is_empty() {
+            return Err(ClusterError::Rpc(format!(
+                "missing declared output {pat:?} (looked in {})",
+                root.display()
+            )));
+        }
+        for m in matches {
+            let rel = m.strip_prefix(root).unwrap_or(&m).display().to_string();
+            let obj = if transfer {
+                let (hash, size) = store.put_file(&m)?;
+                proto::Object {
+                    path: rel,
+                    hash,
+                    size,
+                }
+            } else {
+                let size = std::fs::metadata(&m).map(|md| md.len()).unwrap_or(0);
+                proto::Object {
+                    path: rel,
+                    hash: String::new(),
+                    size,
+                }
+            };
+            if transfer {
+                store.note_produced(None, &obj);
+            }
+            out.push(obj);
+        }
+    }
+    Ok(out)
+}

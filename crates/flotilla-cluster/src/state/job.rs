@@ -1,0 +1,288 @@
+//! One job's runtime state: a [`TaskRt`] per instance of its [`TaskGraph`], ready sets per
+//! task class, counters per state, and (transfer staging) who holds which outputs.
+//!
+//! Per-event work is O(log n): successors come from the graph's adjacency lists, each task
+//! keeps its count of unfinished predecessors (`unmet`), and ready tasks sit in one ordered
+//! set per *class* (the instances of one `[[task]]`, which share resources, variants and
+//! priority), so placement pops the next task of a class in O(log n) and stops trying a
+//! class as soon as one of its tasks does not fit anywhere.
+//!
+//! | transition helper | effect |
+//! | --- | --- |
+//! | [`Job::set_state`] | moves a task, keeps counters and ready sets, notifies |
+//! | [`Job::mark_done`] | `Done`, then successors with no unmet predecessor become `Ready` |
+//! | [`Job::runnable`] | `Ready` if every predecessor is `Done`, else `Waiting` |
+//! | [`Job::undo_done`] | lineage: `Done` tasks back to `Ready`/`Waiting`, successors' `unmet` raised |
+
+use std::collections::{BTreeSet, HashMap};
+
+use flotilla_core::{JobId, Staging, TaskGraph, TaskId, TaskKind, WorkerId};
+
+use super::{
+    Command, JobState, Millis, Notification, ObjectRef, Placement, TaskRef, TaskState, Usage,
+};
+
+/// The instances of one `[[task]]`: consecutive ids sharing resources, variants, priority.
+#[derive(Debug)]
+pub(crate) struct Class {
+    pub(crate) first: u32,
+    pub(crate) end: u32,
+    pub(crate) priority: i64,
+    /// Ready tasks, lowest id first.
+    pub(crate) ready: BTreeSet<u32>,
+    /// Round-robin counter for exploring uncalibrated variants.
+    pub(crate) explore: usize,
+    /// `"<job>/<base>"`, the performance model's codelet prefix.
+    pub(crate) codelet: String,
+}
+
+/// What is rarely needed, boxed to keep [`TaskRt`] small.
+#[derive(Debug, Default)]
+pub(crate) struct TaskExt {
+    pub(crate) usage: Option<Usage>,
+    pub(crate) message: Option<String>,
+    /// Why it was placed where it was, unless it was a plain eager placement.
+    pub(crate) reason: Option<Placement>,
+}
+
+/// One task instance's state.
+#[derive(Debug)]
+pub(crate) struct TaskRt {
+    pub(crate) state: TaskState,
+    /// Latest attempt number (0 before the first assignment).
+    pub(crate) attempt: u32,
+    /// Failed attempts counted against `retries`.
+    pub(crate) failures: u32,
+    /// Predecessors not `Done`.
+    pub(crate) unmet: u32,
+    /// The worker of the latest attempt (a ghost id while reconciling after a restart).
+    pub(crate) worker: Option<WorkerId>,
+    /// The variant of the latest attempt.
+    pub(crate) variant: Option<u16>,
+    pub(crate) ext: Option<Box<TaskExt>>,
+}
+
+impl TaskRt {
+    pub(crate) fn ext(&mut self) -> &mut TaskExt {
+        self.ext.get_or_insert_with(Box::default)
+    }
+}
+
+/// A job.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub(crate) id: JobId,
+    pub(crate) name: String,
+    pub(crate) dir: String,
+    pub(crate) tenant: String,
+    pub(crate) staging: Staging,
+    pub(crate) graph: TaskGraph,
+    pub(crate) tasks: Vec<TaskRt>,
+    pub(crate) classes: Vec<Class>,
+    /// Class indices by priority (higher first), then first id.
+    pub(crate) class_order: Vec<usize>,
+    pub(crate) counts: [u64; 8],
+    pub(crate) state: JobState,
+    pub(crate) submitted: Millis,
+    pub(crate) finished: Option<Millis>,
+    /// Failed attempts that were retried.
+    pub(crate) retries: u32,
+    /// Transfer staging: outputs of `Done` tasks.
+    pub(crate) outputs: HashMap<TaskId, Vec<ObjectRef>>,
+    /// Transfer staging: workers (live or not) holding a task's outputs.
+    pub(crate) holders: HashMap<TaskId, Vec<WorkerId>>,
+}
+
+impl Job {
+    /// A job whose tasks are `Ready` (no predecessors) or `Waiting`; no notifications.
+    pub(crate) fn new(
+        id: JobId,
+        name: String,
+        dir: String,
+        tenant: String,
+        staging: Staging,
+        graph: TaskGraph,
+        now: Millis,
+    ) -> Job {
+        let n = graph.len();
+        let mut classes: Vec<Class> = Vec::new();
+        for t in graph.tasks() {
+            let i = t.id.0;
+            match classes.last_mut() {
+                Some(c) if graph.task(TaskId::new(c.first)).base == t.base => c.end = i + 1,
+                _ => classes.push(Class {
+                    first: i,
+                    end: i + 1,
+                    priority: t.priority,
+                    ready: BTreeSet::new(),
+                    explore: 0,
+                    codelet: format!("{name}/{}", t.base),
+                }),
+            }
+        }
+        let mut class_order: Vec<usize> = (0..classes.len()).collect();
+        class_order.sort_by_key(|&c| (std::cmp::Reverse(classes[c].priority), classes[c].first));
+        let mut counts = [0u64; 8];
+        let mut tasks = Vec::with_capacity(n);
+        for c in classes.iter_mut() {
+            for i in c.first..c.end {
+                let unmet = graph.preds(TaskId::new(i)).len() as u32;
+                let state = if unmet == 0 {
+                    c.ready.insert(i);
+                    TaskState::Ready
+                } else {
+                    TaskState::Waiting
+                };
+                counts[state.index()] += 1;
+                tasks.push(TaskRt {
+                    state,
+                    attempt: 0,
+                    failures: 0,
+                    unmet,
+                    worker: None,
+                    variant: None,
+                    ext: None,
+                });
+            }
+        }
+        Job {
+            id,
+            name,
+            dir,
+            tenant,
+            staging,
+            graph,
+            tasks,
+            classes,
+            class_order,
+            counts,
+            state: JobState::Running,
+            submitted: now,
+            finished: None,
+            retries: 0,
+            outputs: HashMap::new(),
+            holders: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub(crate) fn is_active(&self) -> bool {
+        self.state == JobState::Running
+    }
+
+    pub(crate) fn tref(&self, t: TaskId) -> TaskRef {
+        TaskRef {
+            job: self.id,
+            task: t,
+        }
+    }
+
+    /// The class of a task (binary search over the classes' first ids).
+    pub(crate) fn class_of(&self, t: TaskId) -> usize {
+        self.classes.partition_point(|c| c.first <= t.0) - 1
+    }
+
+    /// The variant names of a task, if it has variants.
+    pub(crate) fn variant_name(&self, t: TaskId, v: Option<u16>) -> Option<String> {
+        match (&self.graph.task(t).kind, v) {
+            (TaskKind::Variants(vs), Some(v)) => vs.get(usize::from(v)).map(|x| x.name.clone()),
+            _ => None,
+        }
+    }
+
+    /// Moves a task to `new`, keeping counters and ready sets, and notifies.
+    pub(crate) fn set_state(
+        &mut self,
+        t: TaskId,
+        new: TaskState,
+        message: Option<String>,
+        out: &mut Vec<Command>,
+    ) {
+        let old = self.tasks[t.index()].state;
+        if old == new && message.is_none() {
+            return;
+        }
+        if old != new {
+            let c = self.class_of(t);
+            if old == TaskState::Ready {
+                self.classes[c].ready.remove(&t.0);
+            }
+            if new == TaskState::Ready {
+                self.classes[c].ready.insert(t.0);
+            }
+            self.counts[old.index()] -= 1;
+            self.counts[new.index()] += 1;
+        }
+        let task = self.tref(t);
+        let rt = &mut self.tasks[t.index()];
+        rt.state = new;
+        if let Some(m) = &message {
+            rt.ext().message = Some(m.clone());
+        }
+        out.push(Command::Notify(Notification::TaskState {
+            task,
+            name: self.graph.task(t).name.clone(),
+            state: new,
+            attempt: rt.attempt,
+            worker: rt.worker,
+            message,
+        }));
+    }
+
+    /// `Ready` when every predecessor is `Done`, `Waiting` otherwise.
+    pub(crate) fn runnable(&mut self, t: TaskId, message: Option<String>, out: &mut Vec<Command>) {
+        let s = if self.tasks[t.index()].unmet == 0 {
+            TaskState::Ready
+        } else {
+            TaskState::Waiting
+        };
+        self.set_state(t, s, message, out);
+    }
+
+    /// Marks a task `Done`; successors with no unmet predecessor become `Ready`.
+    pub(crate) fn mark_done(&mut self, t: TaskId, out: &mut Vec<Command>) {
+        self.set_state(t, TaskState::Done, None, out);
+        let n = self.graph.succs(t).len();
+        for k in 0..n {
+            let s = self.graph.succs(t)[k];
+            let rt = &mut self.tasks[s.index()];
+            rt.unmet = rt.unmet.saturating_sub(1);
+            if rt.unmet == 0 && rt.state == TaskState::Waiting {
+                self.set_state(s, TaskState::Ready, None, out);
+            }
+        }
+    }
+
+    /// Lineage: puts `Done` tasks back (each to `Ready` or `Waiting`); successors of each get
+    /// one more unmet predecessor, and `Ready` ones go back to `Waiting`.
+    pub(crate) fn undo_done(&mut self, set: &[TaskId], message: &str, out: &mut Vec<Command>) {
+        let members: BTreeSet<TaskId> = set.iter().copied().collect();
+        for &p in set {
+            self.outputs.remove(&p);
+            self.holders.remove(&p);
+            let n = self.graph.succs(p).len();
+            for k in 0..n {
+                let s = self.graph.succs(p)[k];
+                self.tasks[s.index()].unmet += 1;
+                if self.tasks[s.index()].state == TaskState::Ready && !members.contains(&s) {
+                    self.set_state(s, TaskState::Waiting, Some(message.to_string()), out);
+                }
+            }
+        }
+        for &p in set {
+            self.runnable(p, Some(message.to_string()), out);
+        }
+    }
+
+    /// Every task in a final state.
+    #[cfg(test)]
+    pub(crate) fn all_final(&self) -> bool {
+        let f = self.counts[TaskState::Done.index()]
+            + self.counts[TaskState::Failed.index()]
+            + self.counts[TaskState::Cancelled.index()];
+        f == self.len() as u64
+    }
+}

@@ -1,0 +1,749 @@
+//! The coordinator's state machine: jobs, tasks, workers and the scheduling loop, as pure
+//! code. No I/O, no async, no clocks, no threads: the server feeds [`Event`]s with the time
+//! (milliseconds, injected) into [`Coordinator::handle`] and carries out the [`Command`]s it
+//! appends. Every transition and failure path is a unit test (`state/tests.rs`) and the
+//! scheduler's guarantees are property-tested (`state/props.rs`).
+//!
+//! # Task states
+//!
+//! | from | event | to |
+//! | --- | --- | --- |
+//! | (submitted) | no predecessors | `Ready` |
+//! | (submitted) | has predecessors | `Waiting` |
+//! | `Waiting` | last predecessor `Done` | `Ready` |
+//! | `Ready` | placed on a worker (attempt + 1, journaled as `TaskAssigned`) | `Assigned` |
+//! | `Ready` | transfer staging: an input's only holders are gone (lineage) | `Waiting` |
+//! | `Assigned` | `TaskStarted` | `Running` |
+//! | `Assigned`, `Running` | `TaskFinished` succeeded | `Done` |
+//! | `Assigned`, `Running` | `TaskFinished` failed, retryable, retries left | `Backoff` |
+//! | `Assigned`, `Running` | `TaskFinished` failed otherwise | `Failed` (the job fails) |
+//! | `Assigned`, `Running` | `TaskFinished` cancelled (job still running) | `Ready`/`Waiting`, no retry counted |
+//! | `Assigned`, `Running` | `WorkerLost` | `Ready`/`Waiting`, no retry counted |
+//! | `Assigned` | `TaskReturned` (after a `Retract`) | `Ready`/`Waiting`, no retry counted |
+//! | `Assigned` (replayed) | grace expired, its worker did not come back | `Ready`/`Waiting` |
+//! | `Backoff` | `now` ≥ now + min(base·2^(failures−1), max) | `Ready`/`Waiting` |
+//! | `Done` | transfer staging: outputs lost and still needed | `Ready`/`Waiting` (rerun) |
+//! | `Waiting`, `Ready`, `Backoff` | job failed or cancelled | `Cancelled` |
+//! | `Assigned`, `Running` | job failed or cancelled | stays, `Cancel` sent; `Cancelled` (or `Done`) when the worker reports |
+//!
+//! `Ready`/`Waiting` means `Ready` when every predecessor is `Done`, `Waiting` otherwise.
+//! The attempt number grows with every assignment, so each `(task, attempt)` names one
+//! placement; a report for any other attempt is stale and ignored. Only failures count
+//! against a task's `retries`; a lost worker, a retraction or a cancelled attempt do not
+//! (a task that kills every worker it lands on is rerun until the job is cancelled).
+//!
+//! # Job states
+//!
+//! | from | when | to |
+//! | --- | --- | --- |
+//! | `Running` | every task `Done` (at once for an empty job) | `Succeeded` |
+//! | `Running` | a task failed for good | `Failed` |
+//! | `Running` | `JobCancelled` | `Cancelled` |
+//!
+//! `JobFinished` is notified once, when the job leaves `Running`.
+//!
+//! # Worker slots and batched dispatch (the contract with the worker agent)
+//!
+//! Each task on a worker holds a *slot*, either **reserved** (its resources count against
+//! the worker's capacity; GPU indices chosen) or **queued** (up to `queue_depth` per worker,
+//! assigned beyond the free resources so the worker never idles waiting for the next
+//! message). Invariant: the reserved slots of a worker fit in its capacity, and every
+//! `Running` task holds a reserved slot. Queued tasks never use GPUs or GPU memory.
+//! The worker must start its tasks in the order it received them, a task starting only when
+//! its resources fit in what is free locally (it may skip over a task that does not fit yet).
+//! The coordinator mirrors this: when a slot is released it promotes queued tasks, first fit
+//! in assignment order. A `TaskStarted` for a queued task that does not fit is refused.
+//! A slot is released only when the worker reports the attempt (`TaskFinished` — also the
+//! answer to `Cancel` — or `TaskReturned`) or is lost, so resources of a cancelled attempt stay
+//! reserved until the worker confirms. Workers should send `TaskStarted` after staging inputs.
+//!
+//! # Restart
+//!
+//! Journaled events ([`JournalRecord`]) are written before they are applied; assignments are
+//! journaled by the server from [`Coordinator::take_journal_records`] before it sends the
+//! `Assign` commands. After a crash the server replays the records with
+//! [`Coordinator::replay`] and calls [`Coordinator::recovered`]. A replayed assignment leaves
+//! its task `Assigned` to a *ghost* (the worker id from before the restart): it is not placed
+//! again until a worker joins reporting that `(task, attempt)` running (the task becomes
+//! `Running` there), a `TaskFinished` for it arrives (applied once, from any worker id), or
+//! `reconcile_grace_ms` pass (the task becomes `Ready`).
+
+mod coordinator;
+mod job;
+mod sched;
+mod status;
+mod worker;
+
+#[cfg(test)]
+mod props;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+use flotilla_core::{JobId, JobSpec, Resources, Staging, TaskId, WorkerId};
+use serde::{Deserialize, Serialize};
+
+pub use coordinator::Coordinator;
+pub use status::{JobStatus, JobSummary, TaskCounts, TaskStatus, WorkerStatus};
+
+/// Monotonic milliseconds, injected by the caller.
+pub type Millis = u64;
+
+/// What the coordinator refuses: the event named is invalid and changed nothing.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StateError {
+    /// No job with this id.
+    #[error("unknown job {0}")]
+    UnknownJob(JobId),
+    /// A job with this id exists already.
+    #[error("job {0} exists already")]
+    DuplicateJob(JobId),
+    /// The job's spec did not expand.
+    #[error("job {job}: {source}")]
+    BadJob {
+        /// The job.
+        job: JobId,
+        /// Why.
+        #[source]
+        source: flotilla_core::CoreError,
+    },
+    /// The job has no such task.
+    #[error("unknown task {0}")]
+    UnknownTask(TaskRef),
+    /// No live worker with this id.
+    #[error("unknown worker {0}")]
+    UnknownWorker(WorkerId),
+    /// A worker with this id joined already (or was lost: ids are not reused).
+    #[error("worker {0} joined already")]
+    DuplicateWorker(WorkerId),
+    /// The worker's description is unusable.
+    #[error("worker {worker}: {reason}")]
+    BadWorker {
+        /// The worker.
+        worker: WorkerId,
+        /// Why.
+        reason: String,
+    },
+    /// The event contradicts what the coordinator knows of this attempt.
+    #[error("task {task} attempt {attempt} on worker {worker}: {reason}")]
+    Conflict {
+        /// The task.
+        task: TaskRef,
+        /// The attempt.
+        attempt: u32,
+        /// The worker that sent the event.
+        worker: WorkerId,
+        /// Why it was refused.
+        reason: String,
+    },
+}
+
+/// The state machine's result type.
+pub type Result<T, E = StateError> = std::result::Result<T, E>;
+
+/// One GPU of a worker.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GpuInfo {
+    /// The device index (what `CUDA_VISIBLE_DEVICES` names).
+    pub index: u32,
+    /// The model, e.g. `"NVIDIA H200"`.
+    pub model: String,
+    /// Its memory in bytes.
+    pub mem_bytes: u64,
+}
+
+/// What a worker offers, as it registers.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WorkerSpec {
+    /// Its name (as given on the command line, or the host name).
+    pub name: String,
+    /// The host it runs on.
+    pub hostname: String,
+    /// Its hardware class: the `arch` key of the performance model.
+    pub hw_class: String,
+    /// Its resources: cpus, mem, custom. `gpus` and `gpu_mem` are taken from [`gpus`]
+    /// when that list is not empty.
+    ///
+    /// [`gpus`]: WorkerSpec::gpus
+    pub resources: Resources,
+    /// Its GPUs.
+    pub gpus: Vec<GpuInfo>,
+    /// `host:port` of its object server, for transfer staging.
+    pub data_addr: String,
+}
+
+/// A task of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+pub struct TaskRef {
+    /// The job.
+    pub job: JobId,
+    /// The task instance in the job's graph.
+    pub task: TaskId,
+}
+
+impl fmt::Display for TaskRef {
+    /// `job-3/t5`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.job, self.task)
+    }
+}
+
+/// A file a task produced (transfer staging).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRef {
+    /// Relative to the job folder.
+    pub path: String,
+    /// blake3, hex.
+    pub hash: String,
+    /// Bytes.
+    pub size: u64,
+}
+
+/// What an attempt used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// User plus system CPU time.
+    pub cpu_seconds: f64,
+    /// Peak resident memory.
+    pub peak_rss_bytes: u64,
+    /// Wall-clock time of the attempt.
+    pub wall_seconds: f64,
+}
+
+/// How an attempt ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum AttemptOutcome {
+    /// It succeeded.
+    Succeeded,
+    /// It failed.
+    Failed {
+        /// Why.
+        message: String,
+        /// Whether another attempt may succeed (a crash, a timeout) or not (a bad command).
+        retryable: bool,
+    },
+    /// It was cancelled (or returned unrun after a `Cancel`).
+    Cancelled,
+}
+
+/// The report of one attempt.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptResult {
+    /// How it ended.
+    pub outcome: AttemptOutcome,
+    /// What it used.
+    pub usage: Usage,
+    /// The files it produced (transfer staging), now held by the worker.
+    pub outputs: Vec<ObjectRef>,
+    /// The variant it ran, for a task with variants.
+    pub variant: Option<String>,
+}
+
+/// Everything that can happen to the coordinator. Journaled ones (J) are written to the
+/// journal before they are applied, and replayed after a restart.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Event {
+    /// A job was accepted (J).
+    JobSubmitted {
+        /// Its id, from [`Coordinator::next_job_id`].
+        job: JobId,
+        /// The job.
+        spec: JobSpec,
+        /// The job folder.
+        dir: String,
+        /// Who owns it.
+        tenant: String,
+    },
+    /// A job was cancelled (J).
+    JobCancelled {
+        /// The job.
+        job: JobId,
+    },
+    /// A worker registered.
+    WorkerJoined {
+        /// Its id, from [`Coordinator::next_worker_id`].
+        worker: WorkerId,
+        /// What it offers.
+        spec: WorkerSpec,
+        /// Attempts it is running (after a coordinator restart or a reconnect).
+        running: Vec<(TaskRef, u32)>,
+        /// Outputs it still holds (transfer staging).
+        held: Vec<(TaskRef, ObjectRef)>,
+    },
+    /// A worker missed its heartbeats or its stream closed.
+    WorkerLost {
+        /// The worker.
+        worker: WorkerId,
+        /// Why, for the messages.
+        reason: String,
+    },
+    /// A worker started an attempt.
+    TaskStarted {
+        /// The worker.
+        worker: WorkerId,
+        /// The task.
+        task: TaskRef,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// An attempt ended (J).
+    TaskFinished {
+        /// The worker.
+        worker: WorkerId,
+        /// The task.
+        task: TaskRef,
+        /// The attempt.
+        attempt: u32,
+        /// The report.
+        result: AttemptResult,
+    },
+    /// A worker gave back a queued, not-started attempt (after a `Retract`).
+    TaskReturned {
+        /// The worker.
+        worker: WorkerId,
+        /// The task.
+        task: TaskRef,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// An assignment the coordinator made before a restart (J). Produced by the coordinator
+    /// (see [`Coordinator::take_journal_records`]) and only ever replayed.
+    TaskAssigned {
+        /// The worker, an id from before the restart.
+        worker: WorkerId,
+        /// The task.
+        task: TaskRef,
+        /// The attempt.
+        attempt: u32,
+        /// The variant chosen, for a task with variants.
+        variant: Option<String>,
+        /// The GPU indices given.
+        gpu_indices: Vec<u32>,
+        /// The worker's hardware class (to record its time in the model when it finishes).
+        hw_class: String,
+    },
+    /// Time passed: backoffs, grace periods.
+    Tick,
+}
+
+impl Event {
+    /// Whether the server must journal this event before applying it.
+    pub fn journaled(&self) -> bool {
+        matches!(
+            self,
+            Event::JobSubmitted { .. }
+                | Event::JobCancelled { .. }
+                | Event::TaskFinished { .. }
+                | Event::TaskAssigned { .. }
+        )
+    }
+}
+
+/// A journaled event: what the journal holds, in order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum JournalRecord {
+    /// See [`Event::JobSubmitted`].
+    JobSubmitted {
+        /// The job's id.
+        job: JobId,
+        /// The job (boxed: it dwarfs the other records).
+        spec: Box<JobSpec>,
+        /// The job folder.
+        dir: String,
+        /// Who owns it.
+        tenant: String,
+    },
+    /// See [`Event::JobCancelled`].
+    JobCancelled {
+        /// The job.
+        job: JobId,
+    },
+    /// See [`Event::TaskFinished`].
+    TaskFinished {
+        /// The worker.
+        worker: WorkerId,
+        /// The task.
+        task: TaskRef,
+        /// The attempt.
+        attempt: u32,
+        /// The report.
+        result: AttemptResult,
+    },
+    /// See [`Event::TaskAssigned`].
+    TaskAssigned {
+        /// The worker.
+        worker: WorkerId,
+        /// The task.
+        task: TaskRef,
+        /// The attempt.
+        attempt: u32,
+        /// The variant chosen.
+        variant: Option<String>,
+        /// The GPU indices given.
+        gpu_indices: Vec<u32>,
+        /// The worker's hardware class.
+        hw_class: String,
+    },
+}
+
+impl JournalRecord {
+    /// The record of a journaled event; `None` for the others.
+    pub fn from_event(event: &Event) -> Option<JournalRecord> {
+        Some(match event {
+            Event::JobSubmitted {
+                job,
+                spec,
+                dir,
+                tenant,
+            } => JournalRecord::JobSubmitted {
+                job: *job,
+                spec: Box::new(spec.clone()),
+                dir: dir.clone(),
+                tenant: tenant.clone(),
+            },
+            Event::JobCancelled { job } => JournalRecord::JobCancelled { job: *job },
+            Event::TaskFinished {
+                worker,
+                task,
+                attempt,
+                result,
+            } => JournalRecord::TaskFinished {
+                worker: *worker,
+                task: *task,
+                attempt: *attempt,
+                result: result.clone(),
+            },
+            Event::TaskAssigned {
+                worker,
+                task,
+                attempt,
+                variant,
+                gpu_indices,
+                hw_class,
+            } => JournalRecord::TaskAssigned {
+                worker: *worker,
+                task: *task,
+                attempt: *attempt,
+                variant: variant.clone(),
+                gpu_indices: gpu_indices.clone(),
+                hw_class: hw_class.clone(),
+            },
+            Event::WorkerJoined { .. }
+            | Event::WorkerLost { .. }
+            | Event::TaskStarted { .. }
+            | Event::TaskReturned { .. }
+            | Event::Tick => return None,
+        })
+    }
+}
+
+impl From<JournalRecord> for Event {
+    fn from(r: JournalRecord) -> Event {
+        match r {
+            JournalRecord::JobSubmitted {
+                job,
+                spec,
+                dir,
+                tenant,
+            } => Event::JobSubmitted {
+                job,
+                spec: *spec,
+                dir,
+                tenant,
+            },
+            JournalRecord::JobCancelled { job } => Event::JobCancelled { job },
+            JournalRecord::TaskFinished {
+                worker,
+                task,
+                attempt,
+                result,
+            } => Event::TaskFinished {
+                worker,
+                task,
+                attempt,
+                result,
+            },
+            JournalRecord::TaskAssigned {
+                worker,
+                task,
+                attempt,
+                variant,
+                gpu_indices,
+                hw_class,
+            } => Event::TaskAssigned {
+                worker,
+                task,
+                attempt,
+                variant,
+                gpu_indices,
+                hw_class,
+            },
+        }
+    }
+}
+
+/// What the coordinator wants done. The server turns these into messages.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// Run these attempts; at most one per worker per `handle` call.
+    Assign {
+        /// The worker.
+        worker: WorkerId,
+        /// The attempts, in the order the worker should start them.
+        tasks: Vec<Assignment>,
+    },
+    /// Stop this attempt; the worker answers with `TaskFinished` (cancelled, or its real
+    /// outcome if it had ended).
+    Cancel {
+        /// The worker.
+        worker: WorkerId,
+        /// The task.
+        task: TaskRef,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// Give back this queued, not-started attempt (work stealing); the worker answers with
+    /// `TaskReturned`, or `TaskStarted` if it had started it already.
+    Retract {
+        /// The worker.
+        worker: WorkerId,
+        /// The task.
+        task: TaskRef,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// For watchers (`flotilla status/wait`) and the progress bar.
+    Notify(Notification),
+}
+
+/// What one attempt runs, the variant already resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AssignedKind {
+    /// A process.
+    Command {
+        /// Program and arguments.
+        cmd: Vec<String>,
+        /// Environment.
+        env: Vec<(String, String)>,
+        /// Working directory, relative to the job folder.
+        cwd: Option<String>,
+    },
+    /// A WASI module.
+    Wasm {
+        /// Path of the module.
+        module: String,
+        /// Exported function to call.
+        entry: String,
+        /// Arguments.
+        args: Vec<String>,
+        /// Environment.
+        env: Vec<(String, String)>,
+        /// Fuel limit.
+        fuel: Option<u64>,
+        /// Memory limit in bytes.
+        memory: Option<u64>,
+    },
+}
+
+/// One attempt sent to a worker.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assignment {
+    /// The task.
+    pub task: TaskRef,
+    /// The attempt.
+    pub attempt: u32,
+    /// The instance's name, `"tile[3]"`.
+    pub name: String,
+    /// The job's name.
+    pub job_name: String,
+    /// The job folder.
+    pub job_dir: String,
+    /// How files reach the worker.
+    pub staging: Staging,
+    /// What to run.
+    pub kind: AssignedKind,
+    /// The variant chosen, for a task with variants.
+    pub variant: Option<String>,
+    /// What it may use (a whole number of GPUs when it takes whole GPUs).
+    pub resources: Resources,
+    /// Which of the worker's GPUs; a fractional task shares its index.
+    pub gpu_indices: Vec<u32>,
+    /// Time limit.
+    pub timeout_ms: Option<u64>,
+    /// Array index.
+    pub index: Option<u64>,
+    /// Transfer staging: predecessors' outputs to fetch, each with the `data_addr` of a live
+    /// worker holding it.
+    pub inputs: Vec<(ObjectRef, String)>,
+    /// Declared output paths.
+    pub outputs: Vec<String>,
+    /// Why it was placed there.
+    pub reason: Placement,
+}
+
+/// Why a task was placed where it was.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    /// `"eager"`, `"locality"`, `"dmda"` or `"explore"`.
+    pub policy: String,
+    /// Predicted execution time there, if the model knows.
+    pub predicted_s: Option<f64>,
+    /// Other candidates (`"w2"` or `"w2/gpu"`) with their predicted finish.
+    pub alternatives: Vec<(String, Option<f64>)>,
+    /// In words.
+    pub why: String,
+}
+
+/// A change for watchers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Notification {
+    /// A task changed state.
+    TaskState {
+        /// The task.
+        task: TaskRef,
+        /// Its name.
+        name: String,
+        /// The new state.
+        state: TaskState,
+        /// Its latest attempt (0 before the first).
+        attempt: u32,
+        /// The worker, when it has one.
+        worker: Option<WorkerId>,
+        /// Why, when there is something to say (an error, a lost worker).
+        message: Option<String>,
+    },
+    /// A job ended.
+    JobFinished {
+        /// The job.
+        job: JobId,
+        /// How.
+        state: JobState,
+    },
+}
+
+/// The state of a task; see the [module docs](self).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    /// Waiting for predecessors.
+    Waiting,
+    /// Waiting for a worker.
+    Ready,
+    /// Sent to a worker, not started.
+    Assigned,
+    /// Running on a worker.
+    Running,
+    /// Succeeded.
+    Done,
+    /// Failed for good.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+    /// Failed, waiting to be retried.
+    Backoff,
+}
+
+impl TaskState {
+    /// Every state, in the order of [`TaskState::index`].
+    pub const ALL: [TaskState; 8] = [
+        TaskState::Waiting,
+        TaskState::Ready,
+        TaskState::Assigned,
+        TaskState::Running,
+        TaskState::Done,
+        TaskState::Failed,
+        TaskState::Cancelled,
+        TaskState::Backoff,
+    ];
+
+    /// A dense index, for counters.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether nothing more will happen to it (`Done`, `Failed`, `Cancelled`).
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            TaskState::Done | TaskState::Failed | TaskState::Cancelled
+        )
+    }
+
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Waiting => "waiting",
+            TaskState::Ready => "ready",
+            TaskState::Assigned => "assigned",
+            TaskState::Running => "running",
+            TaskState::Done => "done",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+            TaskState::Backoff => "backoff",
+        }
+    }
+}
+
+impl fmt::Display for TaskState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The state of a job; see the [module docs](self).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Not finished.
+    Running,
+    /// Every task succeeded.
+    Succeeded,
+    /// A task failed for good.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl JobState {
+    /// The lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How the coordinator behaves.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// Base of the retry backoff, doubled per failure.
+    pub retry_backoff_ms: u64,
+    /// Cap of the retry backoff.
+    pub max_backoff_ms: u64,
+    /// After a restart, how long tasks journaled as assigned wait for their worker to rejoin.
+    pub reconcile_grace_ms: u64,
+    /// Tasks queued on a worker beyond its free resources (batched dispatch).
+    pub queue_depth: usize,
+}
+
+impl Default for Config {
+    /// 1 s backoff doubling up to 1 min, 30 s grace, 2 queued tasks per worker.
+    fn default() -> Self {
+        Config {
+            retry_backoff_ms: 1_000,
+            max_backoff_ms: 60_000,
+            reconcile_grace_ms: 30_000,
+            queue_depth: 2,
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Placement, problem → solution: a pure function from one task's options (its resources,
+//! or one per variant) and a snapshot of the workers to a decision. No state changes here;
+//! the coordinator applies the [`Decision`].
+//!
+//! | task | rule |
+//! | --- | --- |
+//! | plain | a worker where it fits in the free resources: most input bytes held there (transfer staging), then most free CPUs, then lowest id; else queue it (no GPUs) on the worker with room in its queue: most input bytes, then shortest queue, then lowest id |
+//! | variants | every (worker, variant) pair that fits free or may queue; an uncalibrated pair (the model says Unknown) that fits free is explored first, round-robin (StarPU's calibration); otherwise the earliest predicted finish (a queued start waits `(queue length + 1) × prediction`), ties to most input bytes, then lowest id, then variant order; only when no pair is known, an uncalibrated queued pair |
+
+use std::collections::{BTreeMap, HashMap};
+
+use flotilla_core::{Resources, WorkerId};
+use flotilla_sched::Prediction;
+
+use super::worker::Worker;
+use super::Placement;
+
+/// Where and how to run one task.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Decision {
+    pub(crate) worker: WorkerId,
+    /// Index of the variant, for a task with variants.
+    pub(crate) variant: Option<usize>,
+    /// GPU positions and shares (empty when queued).
+    pub(crate) gpus: Vec<(usize, f64)>,
+    /// Fits in the free resources (else queued).
+    pub(crate) reserved: bool,
+    /// An uncalibrated pair was explored (advance the round-robin).
+    pub(crate) explored: bool,
+    pub(crate) reason: Placement,
+}
+
+/// One task's placement problem.
+pub(crate) struct Problem<'a> {
+    /// `(variant name, resources)`: one entry with no name for a plain task.
+    pub(crate) options: Vec<(Option<&'a str>, &'a Resources)>,
+    /// Input bytes each worker holds (transfer staging; empty otherwise).
+    pub(crate) local_bytes: &'a HashMap<WorkerId, u64>,
+    /// The worker queue depth.
+    pub(crate) queue_depth: usize,
+    /// The round-robin position for exploring.
+    pub(crate) explore: usize,
+}
+
+/// Solves one placement problem over the live workers; `None` when the task fits nowhere
+/// now. `predict(variant, hw_class)` asks the performance model.
+pub(crate) fn place(
+    p: &Problem<'_>,
+    workers: &BTreeMap<WorkerId, Worker>,
+    predict: &dyn Fn(Option<usize>, &str) -> Prediction,
+) -> Option<Decision> {
+    if p.options.len() == 1 && p.options[0].0.is_none() {
+        place_plain(p, p.options[0].1, workers, predict)
+    } else {
+        place_variants(p, workers, predict)
+    }
+}
+
+fn local(p: &Problem<'_>, w: WorkerId) -> u64 {
+    p.local_bytes.get(&w).copied().unwrap_or(0)
+}
+
+fn place_plain(
+    p: &Problem<'_>,
+    need: &Resources,
+    workers: &BTreeMap<WorkerId, Worker>,
+    predict: &dyn Fn(Option<usize>, &str) -> Prediction,
+) -> Option<Decision> {
+    struct Fit<'w> {
+        worker: &'w Worker,
+        gpus: Vec<(usize, f64)>,
+        bytes: u64,
+        free: f64,
+    }
+    let mut best: Option<Fit<'_>> = None;
+    for w in workers.values() {
+        let Some(gpus) = w.fit_free(need) else {
+            continue;
+        };
+        let (bytes, free) = (local(p, w.id), w.free_cpus());
+        let better = match &best {
+            None => true,
+            Some(b) => bytes > b.bytes || (bytes == b.bytes && free > b.free + 1e-9),
+        };
+        if better {
+            best = Some(Fit {
+                worker: w,
+                gpus,
+                bytes,
+                free,
+            });
+        }
+    }
+    if let Some(Fit {
+        worker: w,
+        gpus,
+        bytes,
+        free,
+    }) = best
+    {
+        let predicted_s = predict(None, &w.spec.hw_class).seconds();
+        let (policy, why) = if bytes > 0 {
+            ("locality", format!("{} holds {bytes} input bytes", w.id))
+        } else {
+            (
+                "eager",
+                format!("{}: most free cpus ({free} of {})", w.id, w.cap.cpus),
+            )
+        };
+        return Some(Decision {
+            worker: w.id,
+            variant: None,
+            gpus,
+            reserved: true,
+            explored: false,
+            reason: Placement {
+                policy: policy.into(),
+                predicted_s,
+                alternatives: Vec::new(),
+                why,
+            },
+        });
+    }
+    let mut best: Option<(&Worker, u64, usize)> = None;
+    for w in workers.values() {
+        if !w.can_queue(need, p.queue_depth) {
+            continue;
+        }
+        let (bytes, q) = (local(p, w.id), w.queue.len());
+        let better = match &best {
+            None => true,
+            Some((_, b, bq)) => bytes > *b || (bytes == *b && q < *bq),
+        };
+        if better {
+            best = Some((w, bytes, q));
+        }
+    }
+    let (w, bytes, q) = best?;
+    Some(Decision {
+        worker: w.id,
+        variant: None,
+        gpus: Vec::new(),
+        reserved: false,
+        explored: false,
+        reason: Placement {
+            policy: if bytes > 0 { "locality" } else { "eager" }.into(),
+            predicted_s: predict(None, &w.spec.hw_class).seconds(),
+            alternatives: Vec::new(),
+            why: format!(
+                "{}: queued behind {q} (no worker has free resources; it holds {bytes} input bytes)",
+                w.id
+            ),
+        },
+    })
+}
+
+struct Pair<'w> {
+    worker: &'w Worker,
+    variant: usize,
+    gpus: Option<Vec<(usize, f64)>>,
+    pred: Prediction,
+    /// Predicted finish, seconds from now, when the model knows.
+    finish: Option<f64>,
+    bytes: u64,
+}
+
+impl Pair<'_> {
+    fn label(&self, p: &Problem<'_>) -> String {
+        format!(
+            "{}/{}",
+            self.worker.id,
+            p.options[self.variant].0.unwrap_or_default()
+        )
+    }
+}
+
+fn place_variants(
+    p: &Problem<'_>,
+    workers: &BTreeMap<WorkerId, Worker>,
+    predict: &dyn Fn(Option<usize>, &str) -> Prediction,
+) -> Option<Decision> {
+    let mut pairs: Vec<Pair<'_>> = Vec::new();
+    for w in workers.values() {
+        for (vi, (_, need)) in p.options.iter().enumerate() {
+            let gpus = w.fit_free(need);
+            if gpus.is_none() && !w.can_queue(need, p.queue_depth) {
+                continue;
+            }
+            let pred = predict(Some(vi), &w.spec.hw_class);
+            let finish = pred.seconds().map(|s| match gpus {
+                Some(_) => s,
+                None => (w.queue.len() as f64 + 1.0) * s + s,
+            });
+            pairs.push(Pair {
+                worker: w,
+                variant: vi,
+                gpus,
+                pred,
+                finish,
+                bytes: local(p, w.id),
+            });
+        }
+    }
+    if pairs.is_empty() {
+        return None;
+    }
+    let alternatives: Vec<(String, Option<f64>)> =
+        pairs.iter().map(|x| (x.label(p), x.finish)).collect();
+    let unknown_free: Vec<usize> = (0..pairs.len())
+        .filter(|&i| pairs[i].pred == Prediction::Unknown && pairs[i].gpus.is_some())
+        .collect();
+    let (chosen, explored, policy) = if !unknown_free.is_empty() {
+        (
+            unknown_free[p.explore % unknown_free.len()],
+            true,
+            "explore",
+        )
+    } else {
+        let mut best: Option<usize> = None;
+        for (i, x) in pairs.iter().enumerate() {
+            let Some(f) = x.finish else { continue };
+            let better = match best {
+                None => true,
+                Some(b) => {
+                    let (bf, bb) = (pairs[b].finish.unwrap_or(f64::INFINITY), pairs[b].bytes);
+                    f < bf - 1e-12 || ((f - bf).abs() <= 1e-12 && x.bytes > bb)
+                }
+            };
+            if better {
+                best = Some(i);
+            }
+        }
+        match best {
+            Some(b) => (b, false, "dmda"),
+            None => {
+                let unknown: Vec<usize> = (0..pairs.len()).collect();
+                (unknown[p.explore % unknown.len()], true, "explore")
+            }
+        }
+    };
+    let x = &pairs[chosen];
+    let label = x.label(p);
+    let why = match (explored, x.gpus.is_some()) {
+        (true, _) => format!("{label}: not calibrated yet, run it to learn"),
+        (false, true) => format!(
+            "{label}: earliest predicted finish ({:.3}s)",
+            x.finish.unwrap_or_default()
+        ),
+        (false, false) => format!(
+            "{label}: earliest predicted finish ({:.3}s) even queued",
+            x.finish.unwrap_or_default()
+        ),
+    };
+    Some(Decision {
+        worker: x.worker.id,
+        variant: Some(x.variant),
+        reserved: x.gpus.is_some(),
+        gpus: x.gpus.clone().unwrap_or_default(),
+        explored,
+        reason: Placement {
+            policy: policy.into(),
+            predicted_s: x.pred.seconds(),
+            alternatives,
+            why,
+        },
+    })
+}

@@ -1,0 +1,48 @@
+//! Flotilla's executor for one task attempt on the local machine.
+//!
+//! A worker agent hands each attempt to this crate from a thread of its own and gets back an
+//! [`Outcome`]: how the attempt ended ([`Termination`]) and what it used ([`Usage`]). Two kinds
+//! of attempt exist:
+//!
+//! - a **process** ([`run_process`]): its own process group, environment and working folder,
+//!   stdout/stderr to files, rlimits, a cgroup v2 where one is available
+//!   ([`cgroup_available`]), a timeout enforced with SIGTERM then SIGKILL on the whole group;
+//! - a **WASM module** ([`WasmRunner`], feature `wasm`, on by default): WASI preview 1 under
+//!   wasmtime with the job folder preopened, fuel and memory limits, and a timeout.
+//!
+//! It is separate from the worker so that the parts that touch the operating system (fork,
+//! signals, cgroups, a JIT) sit behind a small blocking API with no async runtime, and can be
+//! tested on their own. Any attempt can be stopped from another thread with a
+//! [`CancelHandle`].
+//!
+//! ```
+//! use flotilla_exec::{run_process, CancelHandle, ProcessSpec, Termination};
+//! use std::time::Duration;
+//!
+//! let mut spec = ProcessSpec::new(["sh", "-c", "exit 3"], std::env::temp_dir());
+//! spec.env.push(("FLOTILLA_TASK".into(), "tile[3]".into()));
+//! spec.timeout = Some(Duration::from_secs(10));
+//! let outcome = run_process(&spec, &CancelHandle::new())?;
+//! assert_eq!(outcome.termination, Termination::Exited(3));
+//! assert_eq!(outcome.describe(), "exited with code 3");
+//! # Ok::<(), flotilla_exec::Error>(())
+//! ```
+
+mod cancel;
+mod cgroup;
+mod error;
+mod outcome;
+mod output;
+mod process;
+mod reaper;
+#[cfg(feature = "wasm")]
+mod wasm;
+
+pub use cancel::CancelHandle;
+pub use cgroup::{cgroup_available, is_cgroup2, CgroupSpec, CGROUP_ROOT};
+pub use error::{Error, Result};
+pub use outcome::{Outcome, Termination, Usage};
+pub use output::Output;
+pub use process::{run_process, task_env, Limits, ProcessSpec, DEFAULT_KILL_GRACE};
+#[cfg(feature = "wasm")]
+pub use wasm::{WasmRunner, WasmSpec, EPOCH_TICK};

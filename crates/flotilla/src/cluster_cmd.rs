@@ -1,0 +1,460 @@
+//! The cluster commands of the `flotilla` binary: run, server, worker, submit, status, wait,
+//! cancel, logs. Argument parsing and printing only; the work is in `flotilla-cluster`.
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use flotilla::cluster::{
+    proto, run_worker, Client, Remote, Server, ServerConfig, ServerTls, WorkerConfig, WorkerGpu,
+};
+use flotilla::core::JobId;
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::sync::watch;
+
+/// How a client reaches the coordinator.
+#[derive(Args, Clone, Debug)]
+pub(crate) struct RemoteArgs {
+    /// The coordinator's address (host:port).
+    #[arg(long, env = "FLOTILLA_SERVER", default_value = "127.0.0.1:7070")]
+    server: String,
+    /// A file holding the access token (default: FLOTILLA_TOKEN, then ./.flotilla/token).
+    #[arg(long)]
+    token_file: Option<PathBuf>,
+    /// A CA certificate (PEM) to verify the coordinator's TLS certificate; enables TLS.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+}
+
+impl RemoteArgs {
+    pub(crate) fn remote(&self) -> Result<Remote> {
+        let token = flotilla::cluster::auth::find_token(
+            self.token_file.as_deref(),
+            Some(Path::new(".flotilla")),
+        )?;
+        Ok(Remote {
+            addr: self.server.clone(),
+            token,
+            tls_ca: self.tls_ca.clone(),
+        })
+    }
+    pub(crate) async fn client(&self) -> Result<Client> {
+        Ok(Client::connect(&self.remote()?).await?)
+    }
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ServerArgs {
+    /// Where to listen.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// The state directory (journal, token, logs).
+    #[arg(long, default_value = ".flotilla")]
+    state: PathBuf,
+    /// TLS certificate (PEM); with --tls-key, the server speaks TLS only.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Heartbeat timeout in milliseconds: a worker silent this long is declared lost.
+    #[arg(long, default_value_t = 5000)]
+    heartbeat_timeout_ms: u64,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WorkerArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// CPUs to offer (default: all cores).
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Memory to offer, e.g. 8GiB (default: not accounted).
+    #[arg(long)]
+    mem: Option<String>,
+    /// GPUs to offer: all, none, or indices (0,1).
+    #[arg(long, default_value = "all")]
+    gpus: String,
+    /// A name (default: the hostname).
+    #[arg(long)]
+    name: Option<String>,
+    /// Work directory (logs, sandboxes, held outputs).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Where to serve held outputs to other workers.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    data_listen: SocketAddr,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    /// The job file.
+    job: PathBuf,
+    /// CPUs for the local worker (default: all cores).
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// GPUs for the local worker: all, none, or indices.
+    #[arg(long, default_value = "all")]
+    gpus: String,
+    /// State directory (default: .flotilla beside the job file).
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SubmitArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// The job file.
+    job: PathBuf,
+    /// Follow the job to its end (exit code 0 only if every task succeeded).
+    #[arg(long)]
+    wait: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// A job id; without it, every job and worker.
+    job: Option<u64>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct JobArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// The job id.
+    job: u64,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct LogsArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// The job id.
+    job: u64,
+    /// The task's name, e.g. tile[3].
+    task: String,
+    /// Keep printing until the task ends.
+    #[arg(long, short)]
+    follow: bool,
+    /// Print its standard error instead of its standard output.
+    #[arg(long)]
+    stderr: bool,
+}
+
+pub(crate) fn gpus_from(spec: &str) -> Result<Vec<WorkerGpu>> {
+    if spec == "none" {
+        return Ok(Vec::new());
+    }
+    let found: Vec<WorkerGpu> = flotilla::devices::discover(&flotilla::devices::DiscoverOptions {
+        opencl: false,
+        cuda: true,
+        mem_limit: None,
+    })
+    .iter()
+    .enumerate()
+    .map(|(i, d)| WorkerGpu {
+        index: i as u32,
+        model: d.info().name.clone(),
+        mem_bytes: d.info().global_mem,
+    })
+    .collect();
+    if spec == "all" {
+        return Ok(found);
+    }
+    let mut out = Vec::new();
+    for part in spec.split(',') {
+        let i: u32 = part
+            .trim()
+            .parse()
+            .with_context(|| format!("--gpus: {part:?} is not a GPU index (or all, none)"))?;
+        match found.iter().find(|g| g.index == i) {
+            Some(g) => out.push(g.clone()),
+            None => bail!("--gpus: no GPU {i} on this machine ({} found)", found.len()),
+        }
+    }
+    Ok(out)
+}
+
+pub(crate) async fn server(a: ServerArgs) -> Result<()> {
+    let mut cfg = ServerConfig::new(a.listen, &a.state);
+    cfg.heartbeat_timeout = Duration::from_millis(a.heartbeat_timeout_ms);
+    if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {
+        cfg.tls = Some(ServerTls { cert, key });
+    }
+    let server = Server::start(cfg).await?;
+    eprintln!(
+        "flotilla server listening on {} (token in {})",
+        server.addr(),
+        a.state.join("token").display()
+    );
+    let stop = server.stop_handle();
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
+        }
+        stop.stop();
+    });
+    server.wait().await?;
+    Ok(())
+}
+
+pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
+    let remote = a.remote.remote()?;
+    let mut cfg = WorkerConfig::local(remote);
+    if let Some(c) = a.cpus {
+        cfg.cpus = c;
+    }
+    if let Some(m) = &a.mem {
+        cfg.mem = flotilla::core::size::parse_size(m).with_context(|| format!("--mem {m}"))?;
+    }
+    cfg.gpus = gpus_from(&a.gpus)?;
+    if let Some(n) = a.name {
+        cfg.name = n;
+    }
+    if let Some(w) = a.work_dir {
+        cfg.work_dir = w;
+    }
+    cfg.data_listen = a.data_listen;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        let _ = tx.send(true);
+    });
+    run_worker(cfg, rx).await?;
+    Ok(())
+}
+
+/// Follows a job with a progress bar (or plain lines when stdout is not a terminal);
+/// returns whether it succeeded.
+async fn follow(client: &mut Client, job: JobId, label: &str) -> Result<bool> {
+    let tty = std::io::stdout().is_terminal();
+    let bar = if tty {
+        let b = ProgressBar::new(0);
+        b.set_style(
+            ProgressStyle::with_template(
+                "{spinner} {prefix} [{bar:40}] {pos}/{len} tasks {elapsed} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b.set_prefix(label.to_string());
+        b.enable_steady_tick(Duration::from_millis(120));
+        Some(b)
+    } else {
+        None
+    };
+    let mut last_line = Instant::now() - Duration::from_secs(10);
+    let finished = client
+        .wait(job, |ev: &proto::JobEvent| {
+            if let Some(b) = &bar {
+                b.set_length(ev.total as u64);
+                b.set_position(ev.done as u64);
+                if ev.state == "failed" || ev.state == "backoff" {
+                    b.println(format!("  {} {}: {}", ev.name, ev.state, ev.message));
+                }
+            } else {
+                if ev.state == "failed" || ev.state == "backoff" {
+                    println!(
+                        "  {} {} (attempt {}): {}",
+                        ev.name, ev.state, ev.attempt, ev.message
+                    );
+                }
+                if ev.job_finished || last_line.elapsed() >= Duration::from_secs(1) {
+                    last_line = Instant::now();
+                    println!("{label}: {}/{} tasks done", ev.done, ev.total);
+                }
+            }
+        })
+        .await?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(finished.succeeded())
+}
+
+fn fmt_secs(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0} ms", s * 1e3)
+    } else if s < 120.0 {
+        format!("{s:.2} s")
+    } else {
+        format!("{:.1} min", s / 60.0)
+    }
+}
+
+/// Prints the end-of-job summary from the status document.
+fn print_summary(status: &serde_json::Value) {
+    let get = |k: &str| status.get(k).cloned().unwrap_or(serde_json::Value::Null);
+    let name = get("name");
+    let state = get("state");
+    println!(
+        "job {} ({}): {}",
+        get("id"),
+        name.as_str().unwrap_or("?"),
+        state.as_str().unwrap_or("?")
+    );
+    if let Some(c) = status.get("counts") {
+        println!("  tasks: {c}");
+    }
+    if let Some(r) = status.get("retries") {
+        println!("  retries: {r}");
+    }
+    if let Some(m) = status.get("makespan_s").and_then(|v| v.as_f64()) {
+        println!("  makespan: {}", fmt_secs(m));
+    }
+    if let Some(cp) = status.get("critical_path_s").and_then(|v| v.as_f64()) {
+        println!("  critical path: {}", fmt_secs(cp));
+    }
+    if let Some(ws) = status.get("workers").and_then(|w| w.as_array()) {
+        for w in ws {
+            println!("  worker {w}");
+        }
+    }
+    if let Some(tasks) = status.get("tasks").and_then(|t| t.as_array()) {
+        let failed: Vec<_> = tasks
+            .iter()
+            .filter(|t| t.get("state").and_then(|s| s.as_str()) == Some("failed"))
+            .collect();
+        for t in failed.iter().take(10) {
+            println!(
+                "  failed: {} — {}",
+                t.get("name").and_then(|s| s.as_str()).unwrap_or("?"),
+                t.get("message").and_then(|s| s.as_str()).unwrap_or("")
+            );
+        }
+    }
+}
+
+pub(crate) async fn run(a: RunArgs) -> Result<bool> {
+    let job_path = a.job.clone();
+    let text = std::fs::read_to_string(&job_path)
+        .with_context(|| format!("reading {}", job_path.display()))?;
+    let file_name = job_path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "job.toml".into());
+    // Refuse a bad job file before starting anything.
+    flotilla::core::parse_job(&text, &job_path.display().to_string())
+        .and_then(|s| s.expand().map(|_| ()))
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let _ = file_name;
+    let job_dir = std::fs::canonicalize(&job_path)?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    let state = a.state.clone().unwrap_or_else(|| job_dir.join(".flotilla"));
+    let server = Server::start(ServerConfig::new(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        &state,
+    ))
+    .await?;
+    let remote = Remote::new(server.addr().to_string(), server.token().to_string());
+    let mut wcfg = WorkerConfig::local(remote.clone());
+    if let Some(c) = a.cpus {
+        wcfg.cpus = c;
+    }
+    wcfg.gpus = gpus_from(&a.gpus)?;
+    wcfg.name = "local".into();
+    wcfg.work_dir = state.join("worker");
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let worker = tokio::spawn(run_worker(wcfg, stop_rx));
+    let mut client = Client::connect(&remote).await?;
+    let started = Instant::now();
+    let submitted = client.submit_file(&job_path).await?;
+    let label = format!("{} ({})", submitted.name, submitted.job);
+    let ok = follow(&mut client, submitted.job, &label).await?;
+    let status = client.status(Some(submitted.job)).await?;
+    if a.json {
+        println!("{}", serde_json::to_string(&status)?);
+    } else {
+        print_summary(&status);
+        println!("  wall time: {}", fmt_secs(started.elapsed().as_secs_f64()));
+        println!("  outputs in {}", job_dir.display());
+    }
+    let _ = stop_tx.send(true);
+    let _ = worker.await;
+    server.stop();
+    server.wait().await?;
+    std::io::stdout().flush()?;
+    Ok(ok)
+}
+
+pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
+    let mut client = a.remote.client().await?;
+    let s = client.submit_file(&a.job).await?;
+    eprintln!("submitted {} ({} tasks)", s.name, s.tasks);
+    let mut ok = true;
+    if a.wait {
+        ok = follow(&mut client, s.job, &s.name).await?;
+    }
+    // The job id alone on the last line of stdout, for scripts.
+    println!("{}", s.job.0);
+    Ok(ok)
+}
+
+pub(crate) async fn status(a: StatusArgs) -> Result<()> {
+    let mut client = a.remote.client().await?;
+    let s = client.status(a.job.map(JobId::new)).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else if a.job.is_some() {
+        print_summary(&s);
+    } else {
+        if let Some(jobs) = s.get("jobs").and_then(|j| j.as_array()) {
+            println!("jobs:");
+            for j in jobs {
+                println!("  {j}");
+            }
+        }
+        if let Some(ws) = s.get("workers").and_then(|j| j.as_array()) {
+            println!("workers:");
+            for w in ws {
+                println!("  {w}");
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
+    let mut client = a.remote.client().await?;
+    let job = JobId::new(a.job);
+    let ok = follow(&mut client, job, &format!("{job}")).await?;
+    print_summary(&client.status(Some(job)).await?);
+    Ok(ok)
+}
+
+pub(crate) async fn cancel(a: JobArgs) -> Result<()> {
+    let mut client = a.remote.client().await?;
+    client.cancel(JobId::new(a.job)).await?;
+    eprintln!("cancelled job {}", a.job);
+    Ok(())
+}
+
+pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
+    let mut client = a.remote.client().await?;
+    let mut s = client
+        .logs(JobId::new(a.job), &a.task, a.follow, a.stderr)
+        .await?;
+    let mut out = std::io::stdout().lock();
+    while let Some(c) = s.message().await? {
+        out.write_all(&c.data)?;
+        out.flush()?;
+    }
+    Ok(())
+}

@@ -215,8 +215,70 @@ enum Out {
     Log(proto::TaskLog),
 }
 
+/// Threads that run task attempts: an idle one takes the next attempt, a new one is
+/// started when none is idle (attempts block in `wait`, so each needs its own thread), and
+/// idle ones exit after a minute.
+struct Pool {
+    tx: crossbeam_channel::Sender<Box<dyn FnOnce() + Send>>,
+    rx: crossbeam_channel::Receiver<Box<dyn FnOnce() + Send>>,
+    idle: std::sync::atomic::AtomicUsize,
+}
+
+impl Pool {
+    fn new() -> Arc<Self> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        Arc::new(Self {
+            tx,
+            rx,
+            idle: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    fn spawn(self: &Arc<Self>, job: impl FnOnce() + Send + 'static) {
+        use std::sync::atomic::Ordering;
+        let claimed = self
+            .idle
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if self.tx.send(Box::new(job)).is_err() {
+            return;
+        }
+        if !claimed {
+            let me = self.clone();
+            let r = std::thread::Builder::new()
+                .name("flotilla-task".into())
+                .spawn(move || loop {
+                    match me.rx.recv_timeout(Duration::from_secs(60)) {
+                        Ok(job) => {
+                            job();
+                            me.idle.fetch_add(1, Ordering::AcqRel);
+                        }
+                        Err(_) => {
+                            // Leave only if no job was handed to us meanwhile.
+                            if me
+                                .idle
+                                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                                    n.checked_sub(1)
+                                })
+                                .is_ok()
+                            {
+                                return;
+                            }
+                        }
+                    }
+                });
+            if let Err(e) = r {
+                tracing::error!("cannot start a task thread: {e}");
+            }
+        }
+    }
+}
+
 /// Everything a task thread needs.
 struct Shared {
+    pool: Arc<Pool>,
+    /// The id of the last registration, reported at the next one.
+    previous: Mutex<Option<u32>>,
     config: WorkerConfig,
     local: Mutex<Local>,
     out: mpsc::UnboundedSender<Out>,
@@ -261,6 +323,8 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         custom: config.custom.iter().cloned().collect(),
     };
     let shared = Arc::new(Shared {
+        pool: Pool::new(),
+        previous: Mutex::new(None),
         config,
         local: Mutex::new(Local {
             free,
@@ -343,6 +407,10 @@ async fn session(
         .max_encoding_message_size(256 << 20);
     let (running, resend) = {
         let mut l = shared.local.lock();
+        // Attempts queued but not started are dropped: the coordinator places again every
+        // attempt this worker does not report running (it declared the old session lost,
+        // or, after its own restart, learns it from `previous_worker`).
+        l.queue.clear();
         let now = Instant::now();
         while l
             .recent
@@ -365,8 +433,29 @@ async fn session(
             l.recent.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(),
         )
     };
+    // What finished while there was no session is reported with the registration, before
+    // the coordinator decides which of the old id's attempts never reached us. (A task that
+    // is no longer in `running` has already queued its result: both happen under the lock.)
+    let mut resend = resend;
+    let mut carried_logs = Vec::new();
+    while let Ok(o) = out_rx.try_recv() {
+        match o {
+            Out::Finished(r) => {
+                shared
+                    .local
+                    .lock()
+                    .recent
+                    .push_back((Instant::now(), r.clone()));
+                resend.push(r);
+            }
+            Out::Log(l) => carried_logs.push(l),
+            // Starts are implied by `running`; returns by the cleared queue.
+            Out::Started(_) | Out::Returned(_) => {}
+        }
+    }
     let held = shared.objects.held();
     let resources = resource_set(cfg);
+    let previous_worker = *shared.previous.lock();
     let reply = client
         .register(proto::RegisterRequest {
             protocol_version: proto::PROTOCOL_VERSION,
@@ -386,6 +475,8 @@ async fn session(
             data_addr: shared.data_addr.clone(),
             running,
             held,
+            previous_worker,
+            finished: resend,
         })
         .await?
         .into_inner();
@@ -396,14 +487,15 @@ async fn session(
         });
     }
     let me = reply.worker;
+    *shared.previous.lock() = Some(me);
     let heartbeat = Duration::from_millis(reply.heartbeat_ms.max(50));
     tracing::info!(worker = me, "registered with the coordinator");
 
     let (tx, rx) = mpsc::unbounded_channel::<proto::WorkerMessage>();
-    // The first message names us and re-sends recent results.
+    // The first message names us (and carries the output written while away).
     let _ = tx.send(proto::WorkerMessage {
         worker: me,
-        finished: resend,
+        logs: carried_logs,
         ..Default::default()
     });
     let mut inbound = client
@@ -494,11 +586,12 @@ fn tail_logs(shared: &Shared) {
 /// Reads at most `max` new bytes of `path` from `*off`, advancing it.
 fn read_from(path: &Path, off: &mut u64, max: u64) -> Option<Vec<u8>> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path).ok()?;
-    let len = f.metadata().ok()?.len();
+    // One stat for the common case of nothing new (most tasks print nothing).
+    let len = std::fs::metadata(path).ok()?.len();
     if len <= *off {
         return None;
     }
+    let mut f = std::fs::File::open(path).ok()?;
     f.seek(SeekFrom::Start(*off)).ok()?;
     let n = (len - *off).min(max);
     let mut buf = vec![0u8; n as usize];
@@ -570,33 +663,31 @@ fn start_ready(shared: &Arc<Shared>) {
         );
         let _ = shared.out.send(Out::Started(key));
         let sh = shared.clone();
-        std::thread::Builder::new()
-            .name(format!("flotilla-task-{}", a.name))
-            .spawn(move || {
-                let result = execute(&sh, &a, &key, &cancel, &logs);
-                let r = a.resources.clone().unwrap_or_default();
-                {
-                    let mut l = sh.local.lock();
-                    // Final log bytes, then the result.
-                    if let Some(run) = l.running.remove(&key3(&key)) {
-                        for (i, (path, mut off)) in run.logs.into_iter().enumerate() {
-                            while let Some(data) = read_from(&path, &mut off, 4 << 20) {
-                                let _ = sh.out.send(Out::Log(proto::TaskLog {
-                                    task: Some(key),
-                                    data,
-                                    stderr: i == 1,
-                                }));
-                            }
-                            let _ = std::fs::remove_file(&path);
+        shared.pool.spawn(move || {
+            let result = execute(&sh, &a, &key, &cancel, &logs);
+            let r = a.resources.clone().unwrap_or_default();
+            {
+                let mut l = sh.local.lock();
+                // Final log bytes, then the result.
+                if let Some(run) = l.running.remove(&key3(&key)) {
+                    for (i, (path, mut off)) in run.logs.into_iter().enumerate() {
+                        while let Some(data) = read_from(&path, &mut off, 4 << 20) {
+                            let _ = sh.out.send(Out::Log(proto::TaskLog {
+                                task: Some(key),
+                                data,
+                                stderr: i == 1,
+                            }));
                         }
+                        let _ = std::fs::remove_file(&path);
                     }
-                    l.free.take(&r, &a.gpu_indices, &sh.config.gpus, 1.0);
                 }
+                l.free.take(&r, &a.gpu_indices, &sh.config.gpus, 1.0);
+                // Sent under the lock: the coordinator must hear of this finish before
+                // any start that uses what it freed.
                 let _ = sh.out.send(Out::Finished(result));
-                start_ready(&sh);
-            })
-            .map_err(|e| tracing::error!("cannot start a task thread: {e}"))
-            .ok();
+            }
+            start_ready(&sh);
+        });
     }
 }
 

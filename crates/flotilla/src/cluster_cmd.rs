@@ -63,6 +63,10 @@ pub(crate) struct ServerArgs {
     /// Heartbeat timeout in milliseconds: a worker silent this long is declared lost.
     #[arg(long, default_value_t = 5000)]
     heartbeat_timeout_ms: u64,
+    /// fsync the journal before acknowledging anything: survives a crash of the machine, not
+    /// only of the coordinator (costs an fsync per batch of events).
+    #[arg(long)]
+    fsync: bool,
 }
 
 #[derive(Args, Debug)]
@@ -190,6 +194,7 @@ pub(crate) fn gpus_from(spec: &str) -> Result<Vec<WorkerGpu>> {
 pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     let mut cfg = ServerConfig::new(a.listen, &a.state);
     cfg.heartbeat_timeout = Duration::from_millis(a.heartbeat_timeout_ms);
+    cfg.fsync = a.fsync;
     if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {
         cfg.tls = Some(ServerTls { cert, key });
     }
@@ -401,6 +406,9 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     let mut ok = true;
     if a.wait {
         ok = follow(&mut client, s.job, &s.name).await?;
+        // The summary names failed tasks and why, even those that failed before the event
+        // stream was opened (the stream does not replay them).
+        print_summary(&client.status(Some(s.job)).await?);
     }
     // The job id alone on the last line of stdout, for scripts.
     println!("{}", s.job.0);

@@ -54,6 +54,36 @@ enum Bench {
     Cholesky(LinalgArgs),
     /// Tiled matrix multiplication through the runtime.
     Gemm(LinalgArgs),
+    /// Trivial tasks through a coordinator and workers (gRPC over loopback).
+    Cluster(ClusterArgs),
+}
+
+#[derive(Args)]
+struct ClusterArgs {
+    /// true (N × /bin/true), wasm (N × a WASM no-op), chain (N tasks in a row), fanout (N + 1 reduce).
+    #[arg(long, default_value = "true")]
+    workload: String,
+    /// For chain and fanout: true or wasm.
+    #[arg(long, default_value = "true")]
+    kind: String,
+    /// Tasks.
+    #[arg(long, default_value_t = 10_000)]
+    tasks: usize,
+    /// Workers.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// CPUs per worker.
+    #[arg(long, default_value_t = 1.0)]
+    cpus: f64,
+    /// Timed jobs; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Skip timing xargs -P on the same processes.
+    #[arg(long)]
+    no_xargs: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -185,6 +215,38 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Wait(a) => tokio_runtime()?.block_on(cluster_cmd::wait(a)),
         Command::Cancel(a) => ok(tokio_runtime()?.block_on(cluster_cmd::cancel(a))),
         Command::Logs(a) => ok(tokio_runtime()?.block_on(cluster_cmd::logs(a))),
+        Command::Bench(Bench::Cluster(a)) => {
+            let cfg = flotilla::bench::cluster::ClusterBenchConfig {
+                workload: a.workload.clone(),
+                kind: a.kind.clone(),
+                tasks: a.tasks,
+                workers: a.workers,
+                cpus_per_worker: a.cpus,
+                reps: a.reps,
+                xargs: !a.no_xargs,
+            };
+            let r = tokio_runtime()?
+                .block_on(flotilla::bench::cluster::run(&cfg))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            print(a.json, &r, |r| {
+                format!(
+                    "cluster {} ({}) tasks={} workers={}x{}: {:.0} tasks/s, {:.3} ms/task, median {:.3} s{}",
+                    r.workload,
+                    r.kind,
+                    r.tasks,
+                    r.workers,
+                    r.cpus_per_worker,
+                    r.tasks_per_s,
+                    r.ms_per_task,
+                    r.seconds,
+                    match (r.xargs_tasks_per_s, r.ratio_to_xargs) {
+                        (Some(x), Some(q)) => format!("; xargs -P {:.0} tasks/s, ratio {q:.2}", x),
+                        _ => String::new(),
+                    }
+                )
+            })
+            .map(|()| true)
+        }
         other => ok(run_local(other)),
     }
 }

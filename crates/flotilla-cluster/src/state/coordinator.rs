@@ -208,6 +208,29 @@ impl Coordinator {
                 self.now = now;
                 self.worker_joined(w, running, held, out);
             }
+            Event::WorkerReconciled { worker, previous } => {
+                if !self.workers.contains_key(&worker) {
+                    return Err(StateError::UnknownWorker(worker));
+                }
+                self.now = now;
+                let prev = previous;
+                if prev != worker {
+                    let unreported: Vec<(TaskRef, u32)> = self
+                        .ghosts
+                        .iter()
+                        .filter(|(_, g)| g.worker == prev)
+                        .map(|(t, g)| (*t, g.attempt))
+                        .collect();
+                    for (t, attempt) in unreported {
+                        self.release_ghost(
+                            t,
+                            attempt,
+                            format!("{prev} came back as {worker} without it"),
+                            out,
+                        );
+                    }
+                }
+            }
             Event::WorkerLost { worker, reason } => {
                 if !self.workers.contains_key(&worker) {
                     return Err(StateError::UnknownWorker(worker));
@@ -925,6 +948,25 @@ impl Coordinator {
 
     // ---- timers ----
 
+    /// A task journaled as assigned to a worker that is gone, and not reported by anyone:
+    /// it is placed again.
+    fn release_ghost(&mut self, tref: TaskRef, attempt: u32, msg: String, out: &mut Vec<Command>) {
+        if self.ghosts.get(&tref).is_none_or(|g| g.attempt != attempt) {
+            return;
+        }
+        self.ghosts.remove(&tref);
+        let j = self.job(tref.job);
+        let rt = &mut j.tasks[tref.task.index()];
+        if rt.attempt == attempt && matches!(rt.state, TaskState::Assigned | TaskState::Running) {
+            rt.worker = None;
+            if j.is_active() {
+                j.runnable(tref.task, Some(msg), out);
+            } else {
+                j.set_state(tref.task, TaskState::Cancelled, Some(msg), out);
+            }
+        }
+    }
+
     fn run_timers(&mut self, out: &mut Vec<Command>) {
         let now = self.now;
         while let Some(&Reverse((due, tref, attempt))) = self.backoff.peek() {
@@ -951,19 +993,8 @@ impl Coordinator {
             if g.attempt != attempt {
                 continue;
             }
-            let g = self.ghosts.remove(&tref).expect("present above");
-            let j = self.job(tref.job);
-            let rt = &mut j.tasks[tref.task.index()];
-            if rt.attempt == attempt && matches!(rt.state, TaskState::Assigned | TaskState::Running)
-            {
-                rt.worker = None;
-                let msg = format!("worker {} did not come back after the restart", g.worker);
-                if j.is_active() {
-                    j.runnable(tref.task, Some(msg), out);
-                } else {
-                    j.set_state(tref.task, TaskState::Cancelled, Some(msg), out);
-                }
-            }
+            let msg = format!("worker {} did not come back after the restart", g.worker);
+            self.release_ghost(tref, attempt, msg, out);
         }
         if self.grace_until.is_some_and(|g| g <= now) {
             self.grace_until = None;

@@ -271,6 +271,16 @@ pub enum Event {
         /// Outputs it still holds (transfer staging).
         held: Vec<(TaskRef, ObjectRef)>,
     },
+    /// A worker that rejoined under a new id has reported everything it ran (its running
+    /// attempts in `WorkerJoined`, then what finished while it was away as `TaskFinished`).
+    /// Attempts still journaled as assigned to its `previous` id never reached it (or it
+    /// dropped them unstarted): they are placed again at once instead of after the grace.
+    WorkerReconciled {
+        /// Its id now.
+        worker: WorkerId,
+        /// Its id before.
+        previous: WorkerId,
+    },
     /// A worker missed its heartbeats or its stream closed.
     WorkerLost {
         /// The worker.
@@ -430,6 +440,7 @@ impl JournalRecord {
                 hw_class: hw_class.clone(),
             },
             Event::WorkerJoined { .. }
+            | Event::WorkerReconciled { .. }
             | Event::WorkerLost { .. }
             | Event::TaskStarted { .. }
             | Event::TaskReturned { .. }

@@ -1682,3 +1682,66 @@ fn replay_accepts_what_was_accepted_live() {
     );
     assert!(c.next_worker_id() > w2);
 }
+
+/// Regression (coordinator SIGKILLed between journaling an assignment and sending it): the
+/// worker comes back under a new id naming its previous one; the attempts journaled for the
+/// old id that it does not report are placed again at once, not after the grace.
+#[test]
+fn a_rejoining_worker_releases_the_assignments_it_never_received() {
+    let mut sim = Sim::new(0);
+    let mut journal: Vec<JournalRecord> = Vec::new();
+    let text = "[[task]]\nid = \"t\"\narray = \"0..2\"\ncmd = [\"x\"]\n";
+    let spec = parse_job(text, "job.toml").unwrap();
+    let job = sim.c.next_job_id();
+    let ev = Event::JobSubmitted {
+        job,
+        spec,
+        dir: "/d".into(),
+        tenant: "t".into(),
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    let (w1, _) = sim.join(wspec(2.0, &[]));
+    journal.extend(sim.c.take_journal_records());
+    let t = |i: u32| TaskRef {
+        job,
+        task: TaskId::new(i),
+    };
+    let mut c = replayed(&journal, 10_000);
+    // w1 comes back as a new worker: it runs t[0]; t[1]'s assignment never reached it.
+    let w2 = c.next_worker_id();
+    let mut out = Vec::new();
+    c.handle(
+        10_001,
+        Event::WorkerJoined {
+            worker: w2,
+            spec: wspec(2.0, &[]),
+            running: vec![(t(0), 1)],
+            held: vec![],
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert!(
+        assigns(&out).is_empty(),
+        "nothing moves during the grace yet"
+    );
+    c.handle(
+        10_001,
+        Event::WorkerReconciled {
+            worker: w2,
+            previous: w1,
+        },
+        &mut out,
+    )
+    .unwrap();
+    let s = c.job_status(job).unwrap();
+    assert_eq!(s.tasks[0].state, TaskState::Running);
+    assert_eq!(s.tasks[0].worker, Some(w2));
+    // t[1] is placed again at once, on w2, with a new attempt (well before the grace ends).
+    let a = assigns(&out);
+    assert_eq!(a.len(), 1, "{out:?}");
+    assert_eq!(a[0].0, w2);
+    assert_eq!(a[0].1.task, t(1));
+    assert_eq!(c.job_status(job).unwrap().tasks[1].attempts, 2);
+}

@@ -1,0 +1,237 @@
+//! `flotilla bench cluster`: trivial tasks through a coordinator and two workers (all in this
+//! process, talking gRPC over loopback), next to `xargs -P 2` running the same processes in
+//! the same run.
+//!
+//! Workloads: `true` (N × `/bin/true`), `wasm` (N × a WASM no-op), `chain` (N tasks, each
+//! after the previous; `--kind true|wasm`), `fanout` (N independent tasks + 1 reduce).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use flotilla_cluster::{run_worker, Client, Remote, Server, ServerConfig, WorkerConfig};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct ClusterBenchConfig {
+    /// `true`, `wasm`, `chain` or `fanout`.
+    pub workload: String,
+    /// For chain and fanout: `true` (processes) or `wasm`.
+    pub kind: String,
+    /// Tasks.
+    pub tasks: usize,
+    /// Workers (each with `cpus_per_worker`).
+    pub workers: usize,
+    /// CPUs per worker.
+    pub cpus_per_worker: f64,
+    /// Timed repetitions (one job each); the median is reported.
+    pub reps: usize,
+    /// Also time `seq N | xargs -P <workers×cpus> -n 1 /bin/true` in the same run.
+    pub xargs: bool,
+}
+
+/// One result line.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterBenchResult {
+    /// Always "cluster".
+    pub bench: &'static str,
+    /// The workload.
+    pub workload: String,
+    /// Task kind.
+    pub kind: String,
+    /// Tasks per job.
+    pub tasks: usize,
+    /// Workers × CPUs.
+    pub workers: usize,
+    /// CPUs per worker.
+    pub cpus_per_worker: f64,
+    /// Median seconds from submission to the job's end.
+    pub seconds: f64,
+    /// Every repetition's seconds.
+    pub runs: Vec<f64>,
+    /// Tasks per second (median).
+    pub tasks_per_s: f64,
+    /// Milliseconds per task on the critical path (chain: per hop).
+    pub ms_per_task: f64,
+    /// `xargs -P` on the same processes, tasks per second, same run (true workloads).
+    pub xargs_tasks_per_s: Option<f64>,
+    /// Our rate over xargs's.
+    pub ratio_to_xargs: Option<f64>,
+}
+
+const NOOP_WAT: &str = "(module (memory (export \"memory\") 1) (func (export \"_start\")))\n";
+
+fn task_line(kind: &str) -> String {
+    match kind {
+        "wasm" => "wasm = \"noop.wat\"\n".to_string(),
+        _ => "cmd = [\"/bin/true\"]\n".to_string(),
+    }
+}
+
+/// The job file for a workload.
+pub fn job_text(workload: &str, kind: &str, n: usize) -> Result<String, String> {
+    let mut t = format!(
+        "name = \"bench-{workload}\"\n[defaults]\nretries = 0\nresources = {{ cpus = 1 }}\n"
+    );
+    match workload {
+        "true" | "wasm" => {
+            let k = if workload == "wasm" { "wasm" } else { "true" };
+            t.push_str(&format!(
+                "\n[[task]]\nid = \"t\"\narray = \"0..{n}\"\n{}",
+                task_line(k)
+            ));
+        }
+        "chain" => {
+            for i in 0..n {
+                t.push_str(&format!("\n[[task]]\nid = \"c{i}\"\n{}", task_line(kind)));
+                if i > 0 {
+                    t.push_str(&format!("after = [\"c{}\"]\n", i - 1));
+                }
+            }
+        }
+        "fanout" => {
+            t.push_str(&format!(
+                "\n[[task]]\nid = \"map\"\narray = \"0..{n}\"\n{}",
+                task_line(kind)
+            ));
+            t.push_str(&format!(
+                "\n[[task]]\nid = \"reduce\"\nafter = [\"map\"]\n{}",
+                task_line(kind)
+            ));
+        }
+        o => {
+            return Err(format!(
+                "unknown workload {o:?} (true, wasm, chain, fanout)"
+            ))
+        }
+    }
+    Ok(t)
+}
+
+fn xargs_rate(n: usize, parallel: usize) -> std::io::Result<f64> {
+    let start = Instant::now();
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("seq {n} | xargs -P {parallel} -n 1 /bin/true"))
+        .status()?;
+    if !status.success() {
+        return Err(std::io::Error::other("xargs failed"));
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Runs the benchmark (needs a tokio runtime).
+pub async fn run(
+    cfg: &ClusterBenchConfig,
+) -> Result<ClusterBenchResult, Box<dyn std::error::Error + Send + Sync>> {
+    let dir = tempdir()?;
+    let job_dir = dir.join("job");
+    std::fs::create_dir_all(&job_dir)?;
+    std::fs::write(job_dir.join("noop.wat"), NOOP_WAT)?;
+    let text = job_text(&cfg.workload, &cfg.kind, cfg.tasks)?;
+    std::fs::write(job_dir.join("job.toml"), &text)?;
+
+    let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), dir.join("state"));
+    scfg.coordinator.queue_depth = 64;
+    let server = Server::start(scfg).await?;
+    let remote = Remote::new(server.addr().to_string(), server.token().to_string());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut handles = Vec::new();
+    for w in 0..cfg.workers {
+        let mut wc = WorkerConfig::local(remote.clone());
+        wc.name = format!("bench-{w}");
+        wc.cpus = cfg.cpus_per_worker;
+        wc.work_dir = dir.join(format!("worker{w}"));
+        handles.push(tokio::spawn(run_worker(wc, stop_rx.clone())));
+    }
+    let mut client = Client::connect(&remote).await?;
+    // Wait until both workers registered.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = client.status(None).await?;
+        let n = s
+            .get("workers")
+            .and_then(|w| w.as_array())
+            .map(|a| a.len())
+            .unwrap_or(0);
+        if n >= cfg.workers {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err("workers did not register within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // One warm-up job (small), then the timed ones.
+    let warm = job_text(&cfg.workload, &cfg.kind, cfg.tasks.min(50))?;
+    let dir_s = job_dir.display().to_string();
+    let s = client.submit_text("warmup.toml", &warm, &dir_s).await?;
+    client.wait(s.job, |_| {}).await?;
+    let mut runs = Vec::new();
+    for _ in 0..cfg.reps.max(1) {
+        let start = Instant::now();
+        let s = client.submit_text("job.toml", &text, &dir_s).await?;
+        let f = client.wait(s.job, |_| {}).await?;
+        let secs = start.elapsed().as_secs_f64();
+        if !f.succeeded() {
+            return Err(format!("benchmark job {} ended {}", s.job, f.state).into());
+        }
+        runs.push(secs);
+    }
+    let _ = stop_tx.send(true);
+    for h in handles {
+        let _ = h.await;
+    }
+    server.stop();
+    let _ = server.wait().await;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let mut sorted = runs.clone();
+    sorted.sort_by(f64::total_cmp);
+    let med = sorted[sorted.len() / 2];
+    let n_tasks = match cfg.workload.as_str() {
+        "fanout" => cfg.tasks + 1,
+        _ => cfg.tasks,
+    };
+    let is_proc = cfg.workload == "true" || (cfg.workload != "wasm" && cfg.kind != "wasm");
+    let xargs = if cfg.xargs && is_proc && cfg.workload != "chain" {
+        let par = ((cfg.workers as f64) * cfg.cpus_per_worker)
+            .round()
+            .max(1.0) as usize;
+        Some(xargs_rate(n_tasks, par)?)
+    } else {
+        None
+    };
+    let rate = n_tasks as f64 / med;
+    Ok(ClusterBenchResult {
+        bench: "cluster",
+        workload: cfg.workload.clone(),
+        kind: if cfg.workload == "true" || cfg.workload == "wasm" {
+            cfg.workload.clone()
+        } else {
+            cfg.kind.clone()
+        },
+        tasks: n_tasks,
+        workers: cfg.workers,
+        cpus_per_worker: cfg.cpus_per_worker,
+        seconds: med,
+        runs,
+        tasks_per_s: rate,
+        ms_per_task: med * 1e3 / n_tasks as f64,
+        xargs_tasks_per_s: xargs,
+        ratio_to_xargs: xargs.map(|x| rate / x),
+    })
+}
+
+fn tempdir() -> std::io::Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!(
+        "flotilla-bench-{}-{}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}

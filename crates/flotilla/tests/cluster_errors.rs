@@ -1,0 +1,376 @@
+//! What goes wrong, end to end through the `flotilla` binary and a real coordinator and
+//! worker: failing, timed-out, memory-hungry tasks, missing outputs, retries, malformed job
+//! files, a wrong token, cancellation, and captured logs. Each case checks the exit code
+//! and that the message names what went wrong.
+
+#![allow(clippy::unwrap_used)]
+
+mod kit;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use flotilla::cluster::state::{JobState, TaskState};
+use kit::{assert_succeeded, job_id_of, task, wait_until, Cluster};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn submit_wait(c: &Cluster, name: &str, toml: &str) -> Output {
+    let path = c.job_dir().join(name);
+    std::fs::write(&path, toml).unwrap();
+    c.cli(&["submit", "--wait", &path.display().to_string()])
+}
+
+#[test]
+fn failing_task_fails_the_job_names_its_exit_code_and_submit_wait_exits_nonzero() {
+    let c = Cluster::start(1, 2);
+    let out = submit_wait(
+        &c,
+        "fail.toml",
+        r#"
+name = "fail"
+[defaults]
+retries = 0
+[[task]]
+id = "bad"
+cmd = ["sh", "-c", "echo about to fail; exit 7"]
+[[task]]
+id = "next"
+after = ["bad"]
+cmd = ["touch", "next-ran"]
+"#,
+    );
+    assert!(
+        !out.status.success(),
+        "submit --wait succeeded on a failing job"
+    );
+    let job = job_id_of(&out);
+    let s = c.wait_job(job, WAIT);
+    assert_eq!(s.state, JobState::Failed);
+    let bad = task(&s, "bad");
+    assert_eq!(bad.state, TaskState::Failed);
+    let msg = bad.message.clone().unwrap_or_default();
+    assert!(
+        msg.contains("code 7"),
+        "message {msg:?} does not name the exit code"
+    );
+    assert!(
+        text(&out.stdout).contains("code 7"),
+        "submit --wait did not report the failure: {}",
+        text(&out.stdout)
+    );
+    assert_ne!(task(&s, "next").state, TaskState::Done);
+    assert!(
+        !c.job_dir().join("next-ran").exists(),
+        "a dependent of a failed task ran"
+    );
+    // `flotilla wait` on the finished job agrees.
+    let w = c.cli(&["wait", &job.0.to_string()]);
+    assert!(!w.status.success());
+}
+
+#[test]
+fn task_over_its_timeout_is_killed_and_says_timeout() {
+    let c = Cluster::start(1, 2);
+    let started = Instant::now();
+    let out = submit_wait(
+        &c,
+        "slow.toml",
+        r#"
+name = "slow"
+[defaults]
+retries = 0
+[[task]]
+id = "sleeper"
+cmd = ["sleep", "30"]
+timeout = "300ms"
+"#,
+    );
+    assert!(!out.status.success());
+    let s = c.wait_job(job_id_of(&out), WAIT);
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the task was not stopped at its timeout"
+    );
+    assert_eq!(s.state, JobState::Failed);
+    let t = task(&s, "sleeper");
+    assert_eq!(t.state, TaskState::Failed);
+    let msg = t.message.clone().unwrap_or_default();
+    assert!(
+        msg.contains("timeout"),
+        "message {msg:?} does not say timeout"
+    );
+}
+
+#[test]
+fn task_over_its_memory_limit_fails() {
+    let c = Cluster::start(1, 2);
+    let out = submit_wait(
+        &c,
+        "mem.toml",
+        r#"
+name = "mem"
+[defaults]
+retries = 0
+resources = { mem = "64MiB" }
+[[task]]
+id = "small"
+cmd = ["python3", "-c", "x = bytearray(1024); open('small-ok', 'w').write('ok')"]
+[[task]]
+id = "hog"
+after = ["small"]
+cmd = ["python3", "-c", "x = bytearray(512*1024*1024); open('hog-ok', 'w').write('ok')"]
+"#,
+    );
+    assert!(!out.status.success());
+    let s = c.wait_job(job_id_of(&out), WAIT);
+    assert_eq!(s.state, JobState::Failed);
+    // The same interpreter under the same limit ran (before the hog, which fails the job):
+    // the hog failed for its memory.
+    assert_eq!(
+        task(&s, "small").state,
+        TaskState::Done,
+        "{:?}",
+        task(&s, "small")
+    );
+    let hog = task(&s, "hog");
+    assert_eq!(hog.state, TaskState::Failed);
+    assert!(!c.job_dir().join("hog-ok").exists());
+    // It failed because the allocation was refused, and its log says so.
+    let err = c.cli(&["logs", &s.id.0.to_string(), "hog", "--stderr"]);
+    assert!(
+        text(&err.stdout).contains("MemoryError"),
+        "the hog failed for another reason: {:?}, stderr {:?}",
+        hog.message,
+        text(&err.stdout)
+    );
+}
+
+#[test]
+fn missing_declared_output_fails_the_task_and_is_named() {
+    let c = Cluster::start(1, 2);
+    let out = submit_wait(
+        &c,
+        "outputs.toml",
+        r#"
+name = "outputs"
+[defaults]
+retries = 0
+[[task]]
+id = "forgetful"
+cmd = ["sh", "-c", "mkdir -p result && echo ok > result/written.txt"]
+outputs = ["result/written.txt", "result/never.txt"]
+"#,
+    );
+    assert!(!out.status.success());
+    let s = c.wait_job(job_id_of(&out), WAIT);
+    assert_eq!(s.state, JobState::Failed);
+    let t = task(&s, "forgetful");
+    assert_eq!(t.state, TaskState::Failed);
+    let msg = t.message.clone().unwrap_or_default();
+    assert!(
+        msg.contains("result/never.txt"),
+        "message {msg:?} does not name the output"
+    );
+    assert!(
+        !msg.contains("written.txt"),
+        "message {msg:?} names an output that exists"
+    );
+}
+
+#[test]
+fn failed_attempt_is_retried_and_the_job_succeeds() {
+    let c = Cluster::start(1, 2);
+    let out = submit_wait(
+        &c,
+        "retry.toml",
+        r#"
+name = "retry"
+[[task]]
+id = "flaky"
+retries = 1
+cmd = ["sh", "-c", "if [ -e marker ]; then echo second >> attempts; exit 0; fi; touch marker; echo first >> attempts; exit 1"]
+"#,
+    );
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let s = c.wait_job(job_id_of(&out), WAIT);
+    assert_succeeded(&s);
+    let t = task(&s, "flaky");
+    assert_eq!(t.attempts, 2);
+    assert_eq!(t.failures, 1);
+    assert_eq!(s.retries, 1);
+    let attempts = std::fs::read_to_string(c.job_dir().join("attempts")).unwrap();
+    assert_eq!(attempts, "first\nsecond\n");
+}
+
+#[test]
+fn malformed_job_file_is_refused_naming_file_line_and_field() {
+    let c = Cluster::start(1, 1);
+    // (file, text, line, field): a wrong type, an unknown key.
+    let cases = [
+        (
+            "wrongtype.toml",
+            "name = \"bad\"\n\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\ntimeout = 5\n",
+            6,
+            "timeout",
+        ),
+        (
+            "unknownkey.toml",
+            "name = \"bad\"\n\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n\n[[task]]\nid = \"b\"\ncommand = [\"true\"]\n",
+            9,
+            "command",
+        ),
+    ];
+    for (file, toml, line, field) in cases {
+        let path = c.job_dir().join(file);
+        std::fs::write(&path, toml).unwrap();
+        let p = path.display().to_string();
+        let submit = c.cli(&["submit", &p]);
+        let run = Command::new(kit::BIN)
+            .args(["run", &p, "--gpus", "none", "--cpus", "1"])
+            .current_dir(c.job_dir())
+            .output()
+            .unwrap();
+        for (what, out) in [("submit", &submit), ("run", &run)] {
+            assert!(!out.status.success(), "flotilla {what} accepted {file}");
+            let err = text(&out.stderr);
+            assert!(
+                err.contains(&format!("{file}:{line}")),
+                "flotilla {what}: {err:?} does not name {file}:{line}"
+            );
+            assert!(
+                err.contains(field),
+                "flotilla {what}: {err:?} does not name the field {field}"
+            );
+        }
+    }
+    // Nothing reached the coordinator; `flotilla run` started nothing either.
+    let jobs = c.overview().unwrap()["jobs"].as_array().unwrap().len();
+    assert_eq!(jobs, 0);
+    assert!(!c.job_dir().join(".flotilla").exists());
+}
+
+#[test]
+fn client_with_a_wrong_token_is_refused() {
+    let c = Cluster::start(1, 1);
+    let path = c.job_dir().join("ok.toml");
+    std::fs::write(
+        &path,
+        "name = \"ok\"\n[[task]]\nid = \"a\"\ncmd = [\"touch\", \"ran\"]\n",
+    )
+    .unwrap();
+    let wrong = "0123456789abcdef-not-the-token";
+    for args in [
+        vec!["status"],
+        vec!["submit", path.to_str().unwrap()],
+        vec!["cancel", "1"],
+    ] {
+        let out = c.cli_with_token(&args, wrong);
+        assert!(
+            !out.status.success(),
+            "flotilla {args:?} with a wrong token succeeded"
+        );
+        let err = text(&out.stderr).to_lowercase();
+        assert!(
+            err.contains("token") || err.contains("unauthenticated"),
+            "flotilla {args:?}: {err:?} does not say the token was refused"
+        );
+    }
+    // The refused submit did nothing; the right token works.
+    assert!(c.overview().unwrap()["jobs"].as_array().unwrap().is_empty());
+    let ok = c.cli(&["status"]);
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+}
+
+#[test]
+fn cancel_stops_a_running_job() {
+    let c = Cluster::start(1, 2);
+    let job = c.submit_toml(
+        "long.toml",
+        r#"
+name = "long"
+[[task]]
+id = "long"
+cmd = ["sh", "-c", "echo $$ > long.pid; exec sleep 30"]
+[[task]]
+id = "later"
+after = ["long"]
+cmd = ["touch", "later-ran"]
+"#,
+    );
+    c.wait_status(job, "the long task to run", WAIT, |s| {
+        task(s, "long").state == TaskState::Running
+    });
+    let pid: String = wait_until("the task's pid file", WAIT, || {
+        std::fs::read_to_string(c.job_dir().join("long.pid"))
+            .ok()
+            .filter(|p| p.ends_with('\n'))
+    });
+    let pid = pid.trim().to_string();
+    let started = Instant::now();
+    let out = c.cli(&["cancel", &job.0.to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = c.wait_job(job, WAIT);
+    assert_eq!(s.state, JobState::Cancelled);
+    assert_eq!(task(&s, "later").state, TaskState::Cancelled);
+    // The running task ends cancelled once its worker has stopped it.
+    c.wait_status(job, "the running task to end cancelled", WAIT, |s| {
+        task(s, "long").state == TaskState::Cancelled
+    });
+    // The process is gone well before its 30 s.
+    wait_until(
+        "the cancelled task's process to end",
+        Duration::from_secs(15),
+        || {
+            let alive = Command::new("kill")
+                .args(["-0", &pid])
+                .stderr(std::process::Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            (!alive).then_some(())
+        },
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(!c.job_dir().join("later-ran").exists());
+}
+
+#[test]
+fn logs_print_what_the_task_wrote() {
+    let c = Cluster::start(1, 1);
+    let out = submit_wait(
+        &c,
+        "talk.toml",
+        r#"
+name = "talk"
+[[task]]
+id = "talker"
+array = "0..2"
+cmd = ["sh", "-c", "echo hello from talker {i}; echo line two; echo complaint {i} >&2"]
+"#,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let job = job_id_of(&out).0.to_string();
+    let logs = c.cli(&["logs", &job, "talker[1]"]);
+    assert!(logs.status.success(), "{}", text(&logs.stderr));
+    assert_eq!(text(&logs.stdout), "hello from talker 1\nline two\n");
+    let err = c.cli(&["logs", &job, "talker[1]", "--stderr"]);
+    assert_eq!(text(&err.stdout), "complaint 1\n");
+    // An unknown task is an error that names it.
+    let none = c.cli(&["logs", &job, "nobody"]);
+    assert!(!none.status.success());
+    assert!(
+        text(&none.stderr).contains("nobody"),
+        "{}",
+        text(&none.stderr)
+    );
+}

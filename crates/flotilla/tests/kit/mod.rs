@@ -1,0 +1,523 @@
+//! The process-level test kit: a real coordinator and real workers (the `flotilla` binary)
+//! on 127.0.0.1 with ephemeral ports, each in its own temporary folder, killed on purpose
+//! (SIGKILL) and restarted on the same state directory and port. Everything waits on events
+//! (a line on a process's stderr, a status document reaching a state), with deadlines,
+//! never on fixed sleeps. Dropping a [`Cluster`] kills every process it started.
+//!
+//! Also the hash DAG shared by the DAG and fault tests: a seeded random DAG whose tasks each
+//! write `out/<id>` = sha256(id ++ parents' outputs) with coreutils, so the test can
+//! recompute every file in Rust and prove both order and data.
+
+#![allow(dead_code)] // each test file uses a part of the kit
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use flotilla::cluster::state::{JobState, JobStatus, TaskState};
+use flotilla::cluster::{Client, Remote};
+use flotilla::core::{JobId, WorkerId};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use sha2::{Digest, Sha256};
+
+/// The binary under test.
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_flotilla");
+
+/// The heartbeat timeout the kit's servers run with.
+pub(crate) const HEARTBEAT_TIMEOUT_MS: u64 = 1500;
+
+/// Polls `f` every 20 ms until it returns `Some`, or panics naming `what` after `timeout`.
+pub(crate) fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= end {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A child process, killed (SIGKILL) and reaped when dropped.
+pub(crate) struct Proc {
+    child: Child,
+    name: String,
+}
+
+impl Proc {
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, then reap.
+    pub(crate) fn kill(mut self) {
+        self.kill_now();
+    }
+
+    fn kill_now(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill_now();
+    }
+}
+
+/// Starts `cmd` with stderr piped; a thread forwards each stderr line to the test's output
+/// (shown when a test fails) and to the returned channel, which closes at EOF.
+fn spawn_logged(mut cmd: Command, name: &str) -> (Proc, mpsc::Receiver<String>) {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+    let stderr = child.stderr.take().expect("stderr was piped");
+    let (tx, rx) = mpsc::channel();
+    let label = name.to_string();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("[{label}] {line}");
+            let _ = tx.send(line);
+        }
+    });
+    (
+        Proc {
+            child,
+            name: name.to_string(),
+        },
+        rx,
+    )
+}
+
+/// A coordinator and its workers, as processes, in one temporary folder:
+/// `state/` (the coordinator's), `job/` (the job folder), `w<i>/` (each worker's).
+pub(crate) struct Cluster {
+    root: tempfile::TempDir,
+    /// The coordinator's state directory.
+    pub(crate) state: PathBuf,
+    /// Where it listens.
+    pub(crate) addr: SocketAddr,
+    /// Its access token.
+    pub(crate) token: String,
+    server: Option<Proc>,
+    workers: Vec<Option<Proc>>,
+    rt: tokio::runtime::Runtime,
+    client: std::cell::RefCell<Option<Client>>,
+}
+
+impl Cluster {
+    /// A coordinator and `workers` workers offering `cpus` CPUs each; returns once every
+    /// worker has registered.
+    pub(crate) fn start(workers: usize, cpus: u32) -> Cluster {
+        let root = tempfile::Builder::new()
+            .prefix("flotilla-cluster-test")
+            .tempdir()
+            .expect("a temporary folder");
+        let state = root.path().join("state");
+        std::fs::create_dir_all(root.path().join("job")).expect("job folder");
+        let (server, addr) = start_server(&state, "127.0.0.1:0".parse().expect("an address"));
+        let token = std::fs::read_to_string(state.join("token"))
+            .expect("the server wrote its token")
+            .trim()
+            .to_string();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime");
+        let mut c = Cluster {
+            root,
+            state,
+            addr,
+            token,
+            server: Some(server),
+            workers: Vec::new(),
+            rt,
+            client: std::cell::RefCell::new(None),
+        };
+        for _ in 0..workers {
+            c.add_worker(cpus);
+        }
+        c.wait_workers(workers);
+        c
+    }
+
+    /// The job folder (`staging = "shared"`: every worker sees it).
+    pub(crate) fn job_dir(&self) -> PathBuf {
+        self.root.path().join("job")
+    }
+
+    /// Starts one more worker named `w<i>`; returns `i`. Does not wait for it to register.
+    pub(crate) fn add_worker(&mut self, cpus: u32) -> usize {
+        let i = self.workers.len();
+        let work = self.root.path().join(format!("w{i}"));
+        let mut cmd = Command::new(BIN);
+        cmd.args(["worker", "--server", &self.addr.to_string()])
+            .args(["--cpus", &cpus.to_string(), "--gpus", "none"])
+            .args(["--name", &format!("w{i}")])
+            .arg("--work-dir")
+            .arg(&work)
+            .env("FLOTILLA_TOKEN", &self.token)
+            .env_remove("FLOTILLA_SERVER");
+        let (p, _lines) = spawn_logged(cmd, &format!("w{i}"));
+        self.workers.push(Some(p));
+        i
+    }
+
+    /// Waits until `n` workers are registered with the coordinator.
+    pub(crate) fn wait_workers(&self, n: usize) {
+        wait_until(
+            &format!("{n} workers to register"),
+            Duration::from_secs(20),
+            || (self.live_workers().len() >= n).then_some(()),
+        );
+    }
+
+    /// The registered workers: id → name.
+    pub(crate) fn live_workers(&self) -> HashMap<WorkerId, String> {
+        let Some(doc) = self.overview() else {
+            return HashMap::new();
+        };
+        doc.get("workers")
+            .and_then(|w| w.as_array())
+            .map(|ws| {
+                ws.iter()
+                    .filter_map(|w| {
+                        Some((
+                            WorkerId::new(u32::try_from(w.get("id")?.as_u64()?).ok()?),
+                            w.get("name")?.as_str()?.to_string(),
+                        ))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// SIGKILLs worker `i`.
+    pub(crate) fn kill_worker(&mut self, i: usize) {
+        if let Some(p) = self.workers.get_mut(i).and_then(Option::take) {
+            p.kill();
+        }
+    }
+
+    /// SIGKILLs the coordinator.
+    pub(crate) fn kill_server(&mut self) {
+        if let Some(p) = self.server.take() {
+            p.kill();
+        }
+        *self.client.borrow_mut() = None;
+    }
+
+    /// Starts the coordinator again on the same state directory and the same port.
+    pub(crate) fn restart_server(&mut self) {
+        assert!(self.server.is_none(), "the coordinator is still running");
+        let (p, addr) = start_server(&self.state, self.addr);
+        assert_eq!(
+            addr, self.addr,
+            "the coordinator came back on another address"
+        );
+        self.server = Some(p);
+    }
+
+    /// Runs the CLI against this cluster (FLOTILLA_SERVER and FLOTILLA_TOKEN set), in the
+    /// job folder.
+    pub(crate) fn cli(&self, args: &[&str]) -> Output {
+        self.cli_with_token(args, &self.token)
+    }
+
+    /// Runs the CLI presenting `token`.
+    pub(crate) fn cli_with_token(&self, args: &[&str], token: &str) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .current_dir(self.job_dir())
+            .env("FLOTILLA_SERVER", self.addr.to_string())
+            .env("FLOTILLA_TOKEN", token)
+            .stdin(Stdio::null())
+            .output()
+            .expect("the flotilla binary runs")
+    }
+
+    /// `flotilla submit FILE`: the job id from the last line of its output.
+    pub(crate) fn submit(&self, file: &Path) -> JobId {
+        let out = self.cli(&["submit", &file.display().to_string()]);
+        assert!(
+            out.status.success(),
+            "flotilla submit failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        job_id_of(&out)
+    }
+
+    /// Writes `toml` as `name` in the job folder and submits it.
+    pub(crate) fn submit_toml(&self, name: &str, toml: &str) -> JobId {
+        let path = self.job_dir().join(name);
+        std::fs::write(&path, toml).expect("write the job file");
+        self.submit(&path)
+    }
+
+    fn with_client<T>(
+        &self,
+        f: impl FnOnce(
+            &mut Client,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = flotilla::cluster::Result<T>> + '_>,
+        >,
+    ) -> Option<T> {
+        let mut slot = self.client.borrow_mut();
+        if slot.is_none() {
+            let remote = Remote::new(self.addr.to_string(), self.token.clone());
+            *slot = self.rt.block_on(Client::connect(&remote)).ok();
+        }
+        let client = slot.as_mut()?;
+        match self.rt.block_on(f(client)) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                *slot = None;
+                None
+            }
+        }
+    }
+
+    /// A job's status document; `None` while the coordinator is unreachable.
+    pub(crate) fn status(&self, job: JobId) -> Option<JobStatus> {
+        let v = self.with_client(|c| Box::pin(c.status(Some(job))))?;
+        Some(serde_json::from_value(v).expect("a JobStatus document"))
+    }
+
+    /// Every job and worker; `None` while the coordinator is unreachable.
+    pub(crate) fn overview(&self) -> Option<serde_json::Value> {
+        self.with_client(|c| Box::pin(c.status(None)))
+    }
+
+    /// Polls the job's status until `pred` holds.
+    pub(crate) fn wait_status(
+        &self,
+        job: JobId,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&JobStatus) -> bool,
+    ) -> JobStatus {
+        wait_until(what, timeout, || self.status(job).filter(|s| pred(s)))
+    }
+
+    /// Waits until the job has a final state; returns its status.
+    pub(crate) fn wait_job(&self, job: JobId, timeout: Duration) -> JobStatus {
+        self.wait_status(job, &format!("{job} to finish"), timeout, |s| {
+            s.finished_state().is_some()
+        })
+    }
+}
+
+impl Drop for Cluster {
+    /// Kills the workers, then the coordinator, before the folder is removed.
+    fn drop(&mut self) {
+        for w in self.workers.drain(..).flatten() {
+            w.kill();
+        }
+        if let Some(p) = self.server.take() {
+            p.kill();
+        }
+    }
+}
+
+/// Starts `flotilla server` on `listen` and waits for its "listening on ADDR" line. When
+/// the port is not yet free again (a restart), retries until a deadline.
+fn start_server(state: &Path, listen: SocketAddr) -> (Proc, SocketAddr) {
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["server", "--listen", &listen.to_string()])
+            .arg("--state")
+            .arg(state)
+            .args(["--heartbeat-timeout-ms", &HEARTBEAT_TIMEOUT_MS.to_string()]);
+        let (p, lines) = spawn_logged(cmd, "server");
+        let mut seen = Vec::new();
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.split("listening on ").nth(1) {
+                        let addr = rest
+                            .split_whitespace()
+                            .next()
+                            .and_then(|a| a.parse().ok())
+                            .unwrap_or_else(|| panic!("no address in {line:?}"));
+                        return (p, addr);
+                    }
+                    seen.push(line);
+                }
+                // The process ended (stderr closed) without listening.
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("the coordinator did not start listening: {seen:?}")
+                }
+            }
+        }
+        drop(p);
+        assert!(
+            Instant::now() < end,
+            "the coordinator could not start on {listen}: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The job id on the last line of `flotilla submit`'s standard output.
+pub(crate) fn job_id_of(out: &Output) -> JobId {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().unwrap_or("").trim();
+    JobId::new(
+        last.parse()
+            .unwrap_or_else(|_| panic!("no job id on the last line of {stdout:?}")),
+    )
+}
+
+/// The status of task `name`.
+pub(crate) fn task<'a>(s: &'a JobStatus, name: &str) -> &'a flotilla::cluster::state::TaskStatus {
+    s.tasks
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no task {name} in {}", s.name))
+}
+
+/// Asserts the job succeeded, listing the tasks that did not.
+pub(crate) fn assert_succeeded(s: &JobStatus) {
+    if s.state != JobState::Succeeded {
+        let bad: Vec<String> = s
+            .tasks
+            .iter()
+            .filter(|t| t.state != TaskState::Done)
+            .take(10)
+            .map(|t| format!("{} {:?}: {:?}", t.name, t.state, t.message))
+            .collect();
+        panic!("job {} ended {:?}: {bad:?}", s.name, s.state);
+    }
+}
+
+/// A seeded random DAG: task `i` has 0–3 distinct parents among the tasks before it,
+/// in ascending order.
+pub(crate) struct HashDag {
+    /// Each task's parents.
+    pub(crate) parents: Vec<Vec<usize>>,
+}
+
+impl HashDag {
+    /// `n` tasks from `seed`.
+    pub(crate) fn random(n: usize, seed: u64) -> HashDag {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let parents = (0..n)
+            .map(|i| {
+                let k = rng.gen_range(0..=3usize).min(i);
+                let mut ps = rand::seq::index::sample(&mut rng, i.max(1), k).into_vec();
+                ps.sort_unstable();
+                ps
+            })
+            .collect();
+        HashDag { parents }
+    }
+
+    /// Task `i`'s id.
+    pub(crate) fn id(i: usize) -> String {
+        format!("t{i:03}")
+    }
+
+    /// The job file: each task (after an optional `sleep`) writes `out/<id>` =
+    /// `sha256sum` of its id followed by its parents' outputs in order (atomically, by a
+    /// rename), then appends its id to `runs/<id>`.
+    pub(crate) fn job_toml(&self, name: &str, sleep: Option<&str>) -> String {
+        let mut t = format!(
+            "name = \"{name}\"\nstaging = \"shared\"\n\n[defaults]\nretries = 2\ntimeout = \"2m\"\n"
+        );
+        for (i, ps) in self.parents.iter().enumerate() {
+            let id = Self::id(i);
+            let pre = sleep.map(|s| format!("sleep {s}; ")).unwrap_or_default();
+            let source = if ps.is_empty() {
+                format!("printf %s {id}")
+            } else {
+                let files: Vec<String> =
+                    ps.iter().map(|&p| format!("out/{}", Self::id(p))).collect();
+                format!("{{ printf %s {id}; cat {}; }}", files.join(" "))
+            };
+            let script = format!(
+                "{pre}{source} | sha256sum > out/.{id}.$$ && mv out/.{id}.$$ out/{id} && echo {id} >> runs/{id}"
+            );
+            t.push_str(&format!(
+                "\n[[task]]\nid = \"{id}\"\ncmd = [\"sh\", \"-c\", \"{script}\"]\noutputs = [\"out/{id}\"]\n"
+            ));
+            if !ps.is_empty() {
+                let after: Vec<String> =
+                    ps.iter().map(|&p| format!("\"{}\"", Self::id(p))).collect();
+                t.push_str(&format!("after = [{}]\n", after.join(", ")));
+            }
+        }
+        t
+    }
+
+    /// Writes the job file and the `out/` and `runs/` folders into `dir`; returns the file.
+    pub(crate) fn write(&self, dir: &Path, name: &str, sleep: Option<&str>) -> PathBuf {
+        std::fs::create_dir_all(dir.join("out")).expect("out/");
+        std::fs::create_dir_all(dir.join("runs")).expect("runs/");
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, self.job_toml(name, sleep)).expect("write the job file");
+        path
+    }
+
+    /// What each `out/<id>` must hold: `sha256sum`'s line for id ++ parents' outputs.
+    pub(crate) fn expected(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::with_capacity(self.parents.len());
+        for (i, ps) in self.parents.iter().enumerate() {
+            let mut h = Sha256::new();
+            h.update(Self::id(i).as_bytes());
+            for &p in ps {
+                h.update(out[p].as_bytes());
+            }
+            out.push(format!("{:x}  -\n", h.finalize()));
+        }
+        out
+    }
+
+    /// Asserts every `out/<id>` in `dir` holds the expected hash.
+    pub(crate) fn check_outputs(&self, dir: &Path) {
+        let want = self.expected();
+        let mut wrong = Vec::new();
+        for (i, w) in want.iter().enumerate() {
+            let id = Self::id(i);
+            match std::fs::read_to_string(dir.join("out").join(&id)) {
+                Ok(got) if &got == w => {}
+                Ok(got) => wrong.push(format!("{id}: {got:?} != {w:?}")),
+                Err(e) => wrong.push(format!("{id}: {e}")),
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "{} of {} outputs are wrong: {:?}",
+            wrong.len(),
+            want.len(),
+            &wrong[..wrong.len().min(10)]
+        );
+    }
+
+    /// How many times each task completed (lines of `runs/<id>`).
+    pub(crate) fn completed_runs(&self, dir: &Path) -> Vec<usize> {
+        (0..self.parents.len())
+            .map(|i| {
+                std::fs::read_to_string(dir.join("runs").join(Self::id(i)))
+                    .map(|s| s.lines().count())
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+}

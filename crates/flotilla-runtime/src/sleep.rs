@@ -23,6 +23,9 @@ pub(crate) struct Sleep {
     sleeping: Vec<AtomicBool>,
     n_sleeping: AtomicUsize,
     idle_awake: AtomicUsize,
+    /// Counts pushes; an idle worker that sees it move stays awake instead of parking
+    /// (work is flowing, so it will likely be needed soon, and a wake-up is a system call).
+    posted: std::sync::atomic::AtomicU64,
     unparkers: Vec<Unparker>,
 }
 
@@ -37,6 +40,7 @@ impl Sleep {
                 sleeping,
                 n_sleeping: AtomicUsize::new(0),
                 idle_awake: AtomicUsize::new(0),
+                posted: std::sync::atomic::AtomicU64::new(0),
                 unparkers,
             },
             parkers,
@@ -67,7 +71,13 @@ impl Sleep {
     }
 
     /// After pushing shared work: wakes one sleeping worker, if any.
+    /// How many pushes there have been.
+    pub(crate) fn posted(&self) -> u64 {
+        self.posted.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn wake_any(&self) {
+        self.posted.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         if self.n_sleeping.load(Ordering::SeqCst) == 0 || self.idle_awake.load(Ordering::SeqCst) > 0
         {

@@ -36,6 +36,7 @@ pub(crate) fn run(
 fn main_loop(me: &WorkerThread, parker: &Parker) {
     let reg = &*me.registry;
     let mut idle_rounds = 0u32;
+    let mut seen_posted = 0u64;
     loop {
         if let Some(job) = me.find_work() {
             if idle_rounds > 0 {
@@ -53,11 +54,17 @@ fn main_loop(me: &WorkerThread, parker: &Parker) {
         }
         if idle_rounds == 0 {
             reg.sleep.start_idle();
+            seen_posted = reg.sleep.posted();
         }
         idle_rounds += 1;
         if idle_rounds <= SPINS {
             std::hint::spin_loop();
         } else if idle_rounds <= SPINS + YIELDS {
+            std::thread::yield_now();
+        } else if reg.sleep.posted() != seen_posted {
+            // Others are pushing work: stay awake (rayon does the same).
+            seen_posted = reg.sleep.posted();
+            idle_rounds = SPINS;
             std::thread::yield_now();
         } else {
             reg.sleep.sleep(me.index, parker, || {

@@ -143,8 +143,18 @@ struct LinalgArgs {
 #[derive(Args)]
 struct SimulateArgs {
     /// The DAG: {"processors": [...], "bandwidth": B, "tasks": [{"id", "cost": [...]}], "edges": [{"from", "to", "data"}]}.
-    #[arg(long)]
-    dag: PathBuf,
+    #[arg(long, required_unless_present = "cholesky")]
+    dag: Option<PathBuf>,
+    /// Instead of a file: the tiled Cholesky DAG with this many tiles per side, on
+    /// `--sim-cpus` CPU cores and `--sim-gpus` GPUs (kernel costs from flotilla-sched).
+    #[arg(long, conflicts_with = "dag")]
+    cholesky: Option<usize>,
+    /// CPU cores of the simulated platform (with --cholesky).
+    #[arg(long, default_value_t = 2)]
+    sim_cpus: usize,
+    /// GPUs of the simulated platform (with --cholesky).
+    #[arg(long, default_value_t = 0)]
+    sim_gpus: usize,
     /// heft, dmda, eager, ws or random.
     #[arg(long, default_value = "heft")]
     policy: PolicyKind,
@@ -281,10 +291,19 @@ fn run_local(command: Command) -> Result<()> {
             print(a.json, &r, human_linalg)
         }
         Command::Simulate(a) => {
-            let text = std::fs::read_to_string(&a.dag)
-                .with_context(|| format!("reading {}", a.dag.display()))?;
-            let dag = flotilla::sched::parse_dag(&text)
-                .with_context(|| format!("{}", a.dag.display()))?;
+            let dag = match (&a.dag, a.cholesky) {
+                (Some(path), _) => {
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    flotilla::sched::parse_dag(&text)
+                        .with_context(|| format!("{}", path.display()))?
+                }
+                (None, Some(nt)) => flotilla::sched::cholesky_dag(
+                    nt,
+                    &flotilla::sched::CholeskyPlatform::new(a.sim_cpus, a.sim_gpus),
+                )?,
+                (None, None) => anyhow::bail!("give --dag FILE or --cholesky NT"),
+            };
             let s = flotilla::sched::simulate(&dag, a.policy, a.seed)?;
             print(a.json, &s, |s| {
                 let mut out = format!("policy {}: makespan {}\n", s.policy, s.makespan);

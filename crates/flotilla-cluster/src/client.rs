@@ -27,6 +27,12 @@ use crate::transport::Remote;
 #[derive(Clone)]
 pub struct Client {
     inner: CoordinatorClient<InterceptedService<Channel, TokenAdd>>,
+    /// The coordinator's address, for error messages.
+    addr: String,
+    /// Whether the connection uses TLS.
+    tls: bool,
+    /// The access token (also presented to workers' object servers by [`Client::gather`]).
+    token: String,
 }
 
 /// A job the coordinator accepted.
@@ -38,6 +44,19 @@ pub struct Submitted {
     pub name: String,
     /// How many task instances it has.
     pub tasks: u32,
+}
+
+/// An output of a job (transfer staging) and where it is held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatheredOutput {
+    /// Relative to the job folder.
+    pub path: String,
+    /// blake3, hex.
+    pub hash: String,
+    /// Bytes.
+    pub size: u64,
+    /// The data address of a worker holding it.
+    pub from: String,
 }
 
 /// How a job ended.
@@ -61,7 +80,18 @@ impl Client {
         let inner = CoordinatorClient::with_interceptor(channel, TokenAdd::new(&remote.token)?)
             .max_decoding_message_size(256 << 20)
             .max_encoding_message_size(256 << 20);
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            addr: remote.addr.clone(),
+            tls: remote.tls_ca.is_some(),
+            token: remote.token.clone(),
+        })
+    }
+
+    /// An RPC's error; a plain-TCP client that got no HTTP/2 answer is told that the
+    /// server probably speaks TLS.
+    fn rpc_err(&self, s: tonic::Status) -> ClusterError {
+        plain_to_tls_hint(&self.addr, self.tls, s)
     }
 
     /// Validates the job file here (so errors name the file and line at once), then submits
@@ -77,8 +107,21 @@ impl Client {
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_else(|| "job.toml".into());
-        flotilla_core::parse_job(&text, &file_name)?.expand()?;
-        self.submit_text(&file_name, &text, &dir).await
+        let spec = flotilla_core::parse_job(&text, &file_name)?;
+        let graph = spec.expand()?;
+        let files = if spec.staging == flotilla_core::Staging::Transfer {
+            uploads(&graph, Path::new(&dir))?
+        } else {
+            Vec::new()
+        };
+        self.submit_request(proto::SubmitRequest {
+            file_name,
+            toml: text,
+            dir,
+            tenant: String::new(),
+            files,
+        })
+        .await
     }
 
     /// Submits a job built in code; `dir` is its folder.
@@ -99,15 +142,22 @@ impl Client {
         toml: &str,
         dir: &str,
     ) -> Result<Submitted> {
+        self.submit_request(proto::SubmitRequest {
+            file_name: file_name.to_string(),
+            toml: toml.to_string(),
+            dir: dir.to_string(),
+            tenant: String::new(),
+            files: Vec::new(),
+        })
+        .await
+    }
+
+    async fn submit_request(&mut self, req: proto::SubmitRequest) -> Result<Submitted> {
         let r = self
             .inner
-            .submit(proto::SubmitRequest {
-                file_name: file_name.to_string(),
-                toml: toml.to_string(),
-                dir: dir.to_string(),
-                tenant: String::new(),
-            })
-            .await?
+            .submit(req)
+            .await
+            .map_err(|e| self.rpc_err(e))?
             .into_inner();
         Ok(Submitted {
             job: JobId::new(r.job),
@@ -124,7 +174,8 @@ impl Client {
             .status(proto::StatusRequest {
                 job: job.map(|j| j.0),
             })
-            .await?
+            .await
+            .map_err(|e| self.rpc_err(e))?
             .into_inner();
         serde_json::from_str(&r.json)
             .map_err(|e| ClusterError::Rpc(format!("bad status document: {e}")))
@@ -135,7 +186,8 @@ impl Client {
         Ok(self
             .inner
             .watch(proto::WatchRequest { job: job.0 })
-            .await?
+            .await
+            .map_err(|e| self.rpc_err(e))?
             .into_inner())
     }
 
@@ -146,7 +198,7 @@ impl Client {
         mut on_event: impl FnMut(&JobEvent),
     ) -> Result<Finished> {
         let mut s = self.watch(job).await?;
-        while let Some(ev) = s.message().await? {
+        while let Some(ev) = s.message().await.map_err(|e| self.rpc_err(e))? {
             on_event(&ev);
             if ev.job_finished {
                 return Ok(Finished {
@@ -163,7 +215,8 @@ impl Client {
     pub async fn cancel(&mut self, job: JobId) -> Result<()> {
         self.inner
             .cancel(proto::CancelRequest { job: job.0 })
-            .await?;
+            .await
+            .map_err(|e| self.rpc_err(e))?;
         Ok(())
     }
 
@@ -184,13 +237,146 @@ impl Client {
                 follow,
                 stderr,
             })
-            .await?
+            .await
+            .map_err(|e| self.rpc_err(e))?
             .into_inner())
+    }
+
+    /// Transfer staging: every output of the job's done tasks (path relative to the job
+    /// folder, blake3 hash, size) with the data address of a live worker holding it.
+    pub async fn outputs(&mut self, job: JobId) -> Result<Vec<GatheredOutput>> {
+        let r = self
+            .inner
+            .outputs(proto::OutputsRequest { job: job.0 })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        Ok(r.outputs
+            .into_iter()
+            .filter_map(|i| {
+                let o = i.object?;
+                Some(GatheredOutput {
+                    path: o.path,
+                    hash: o.hash,
+                    size: o.size,
+                    from: i.from,
+                })
+            })
+            .collect())
+    }
+
+    /// Transfer staging: fetches every output of `job` from the worker holding it into
+    /// `dir/<path>`, each through a temporary file in the same folder, its blake3 hash checked
+    /// before it is renamed into place. Returns what was written.
+    pub async fn gather(&mut self, job: JobId, dir: &Path) -> Result<Vec<GatheredOutput>> {
+        let outs = self.outputs(job).await?;
+        for o in &outs {
+            let rel = crate::objects::safe_relative(&o.path)?;
+            let dst = dir.join(rel);
+            let parent = dst.parent().unwrap_or(dir).to_path_buf();
+            std::fs::create_dir_all(&parent).map_err(|e| ClusterError::io(&parent, e))?;
+            let name = dst
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let tmp = parent.join(format!(".{name}.gather{}", rand::random::<u32>()));
+            let from = Remote::new(o.from.clone(), self.token.clone());
+            crate::objects::fetch_to(&from, &o.hash, &tmp, &dst)
+                .await
+                .map_err(|e| {
+                    ClusterError::Rpc(format!("cannot gather {} from {}: {e}", o.path, o.from))
+                })?;
+        }
+        Ok(outs)
     }
 
     /// Asks the coordinator to stop (used by `flotilla run` for its in-process server).
     pub async fn shutdown(&mut self) -> Result<()> {
-        self.inner.shutdown(proto::ShutdownRequest {}).await?;
+        self.inner
+            .shutdown(proto::ShutdownRequest {})
+            .await
+            .map_err(|e| self.rpc_err(e))?;
         Ok(())
+    }
+}
+
+/// Transfer staging: the declared inputs that no task declares as an output and that are
+/// plain files of the job folder `dir`, read for upload with the job (each once).
+fn uploads(graph: &flotilla_core::TaskGraph, dir: &Path) -> Result<Vec<proto::UploadedFile>> {
+    let produced: std::collections::HashSet<&str> = graph
+        .tasks()
+        .iter()
+        .flat_map(|t| t.outputs.iter().map(String::as_str))
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut files = Vec::new();
+    for t in graph.tasks() {
+        for p in &t.inputs {
+            if produced.contains(p.as_str()) || !seen.insert(p.clone()) {
+                continue;
+            }
+            let rel = crate::objects::safe_relative(p)?;
+            let full = dir.join(rel);
+            if full.is_file() {
+                let data = std::fs::read(&full).map_err(|e| ClusterError::io(&full, e))?;
+                files.push(proto::UploadedFile {
+                    path: p.clone(),
+                    data,
+                });
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// Turns a transport-level HTTP/2 failure of a plain-TCP client into a connection error that
+/// says the server may want TLS; other errors are converted as usual.
+fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> ClusterError {
+    let chain = crate::transport::error_chain(&s);
+    // Errors the transport made up (not sent by the server) carry their cause as a source.
+    let transport = matches!(
+        s.code(),
+        tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::Unavailable
+            | tonic::Code::Cancelled
+    ) && (std::error::Error::source(&s).is_some()
+        || chain.contains("h2 protocol error")
+        || chain.contains("operation was canceled"));
+    if !tls && transport {
+        ClusterError::Connect {
+            addr: addr.to_string(),
+            message: format!(
+                "{chain} (no HTTP/2 answer over plain TCP: the server may speak TLS; \
+                 pass --tls-ca with the CA certificate that signed its certificate)"
+            ),
+        }
+    } else {
+        s.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_client_transport_failure_says_the_server_may_speak_tls() {
+        let s = tonic::Status::cancelled("operation was canceled");
+        let e = plain_to_tls_hint("127.0.0.1:7070", false, s).to_string();
+        assert!(e.contains("127.0.0.1:7070") && e.contains("TLS"), "{e}");
+        let s = tonic::Status::unknown("h2 protocol error: http2 error");
+        let e = plain_to_tls_hint("h:1", false, s).to_string();
+        assert!(e.contains("--tls-ca"), "{e}");
+    }
+
+    #[test]
+    fn server_errors_and_tls_clients_get_no_tls_hint() {
+        let s = tonic::Status::unauthenticated("invalid token");
+        let e = plain_to_tls_hint("h:1", false, s).to_string();
+        assert!(e.contains("invalid token") && !e.contains("TLS"), "{e}");
+        let s = tonic::Status::unknown("h2 protocol error: http2 error");
+        let e = plain_to_tls_hint("h:1", true, s).to_string();
+        assert!(!e.contains("--tls-ca"), "{e}");
     }
 }

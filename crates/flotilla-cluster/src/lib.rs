@@ -19,7 +19,7 @@ pub mod state;
 pub mod transport;
 pub mod worker;
 
-pub use client::{Client, Finished, Submitted};
+pub use client::{Client, Finished, GatheredOutput, Submitted};
 pub use error::{ClusterError, Result};
 pub use server::{Server, ServerConfig};
 pub use transport::{Remote, ServerTls};

@@ -86,6 +86,21 @@ impl ObjectStore {
         Ok((hash, size))
     }
 
+    /// Stores `data` under its hash; returns (hash, size).
+    pub fn put_bytes(&self, data: &[u8]) -> Result<(String, u64)> {
+        let hash = blake3::hash(data).to_hex().to_string();
+        let dst = self.path(&hash);
+        if !dst.exists() {
+            let tmp = self
+                .dir
+                .join(format!(".{hash}.put{}", rand::random::<u32>()));
+            std::fs::write(&tmp, data).map_err(|e| ClusterError::io(&tmp, e))?;
+            std::fs::rename(&tmp, &dst).map_err(|e| ClusterError::io(&dst, e))?;
+        }
+        self.sizes.lock().insert(hash.clone(), data.len() as u64);
+        Ok((hash, data.len() as u64))
+    }
+
     fn note_produced(&self, task: Option<proto::TaskKey>, obj: &proto::Object) {
         self.produced.lock().push(proto::HeldObject {
             task,
@@ -98,7 +113,8 @@ fn valid_hash(h: &str) -> bool {
     h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-struct ObjectsService {
+/// The `Objects` service over a store (workers' data servers and the coordinator).
+pub(crate) struct ObjectsService {
     store: Arc<ObjectStore>,
 }
 
@@ -154,6 +170,14 @@ impl Objects for ObjectsService {
     }
 }
 
+/// The `Objects` service over `store`, behind `check`.
+pub(crate) fn objects_service(
+    store: Arc<ObjectStore>,
+    check: TokenCheck,
+) -> tonic::codegen::InterceptedService<ObjectsServer<ObjectsService>, TokenCheck> {
+    ObjectsServer::with_interceptor(ObjectsService { store }, check)
+}
+
 /// Serves `store` on `addr` (port 0 picks one); returns the bound address.
 pub async fn serve_objects(
     addr: SocketAddr,
@@ -182,45 +206,61 @@ pub async fn serve_objects(
 }
 
 /// Fetches `hash` from the worker at `from` into the store.
-async fn fetch_from(store: &ObjectStore, from: &str, hash: &str, token: &str) -> Result<()> {
-    let remote = Remote::new(from, token);
-    let ch = remote.channel().await?;
-    let mut client = ObjectsClient::with_interceptor(ch, TokenAdd::new(token)?);
+async fn fetch_from(store: &ObjectStore, from: &Remote, hash: &str) -> Result<()> {
+    let tmp = store
+        .dir
+        .join(format!(".{hash}.fetch{}", rand::random::<u32>()));
+    fetch_to(from, hash, &tmp, &store.path(hash)).await
+}
+
+/// Fetches object `hash` from `from` (a worker's data server or the coordinator) into `tmp`,
+/// checks its blake3 hash, then renames it to `dst` (same folder as `tmp`): `dst` is never
+/// partial.
+pub(crate) async fn fetch_to(from: &Remote, hash: &str, tmp: &Path, dst: &Path) -> Result<()> {
+    if !valid_hash(hash) {
+        return Err(ClusterError::Rpc(format!("bad object hash {hash:?}")));
+    }
+    let ch = from.channel().await?;
+    let mut client = ObjectsClient::with_interceptor(ch, TokenAdd::new(&from.token)?);
     let mut s = client
         .fetch(proto::FetchRequest {
             hash: hash.to_string(),
         })
         .await?
         .into_inner();
-    let tmp = store
-        .dir
-        .join(format!(".{hash}.fetch{}", rand::random::<u32>()));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| ClusterError::io(&tmp, e))?;
+    let mut f = std::fs::File::create(tmp).map_err(|e| ClusterError::io(tmp, e))?;
     let mut h = blake3::Hasher::new();
-    while let Some(c) = s.message().await? {
-        h.update(&c.data);
-        f.write_all(&c.data)
-            .map_err(|e| ClusterError::io(&tmp, e))?;
+    let copied: Result<()> = async {
+        while let Some(c) = s.message().await? {
+            h.update(&c.data);
+            f.write_all(&c.data).map_err(|e| ClusterError::io(tmp, e))?;
+        }
+        f.sync_all().map_err(|e| ClusterError::io(tmp, e))
     }
-    f.sync_all().map_err(|e| ClusterError::io(&tmp, e))?;
+    .await;
+    if let Err(e) = copied {
+        let _ = std::fs::remove_file(tmp);
+        return Err(e);
+    }
     let got = h.finalize().to_hex().to_string();
     if got != hash {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(tmp);
         return Err(ClusterError::Rpc(format!(
-            "object from {from} has hash {got}, expected {hash}"
+            "object from {} has hash {got}, expected {hash}",
+            from.addr
         )));
     }
-    let dst = store.path(hash);
-    std::fs::rename(&tmp, &dst).map_err(|e| ClusterError::io(&dst, e))
+    std::fs::rename(tmp, dst).map_err(|e| ClusterError::io(dst, e))
 }
 
 /// Makes the sandbox of an attempt and puts each input at its path, fetching what is not
-/// held here from the worker that holds it.
+/// held here from the worker that holds it (or, for an uploaded file of the job folder, from
+/// the coordinator, `coordinator`).
 pub(crate) fn stage_inputs(
     store: &ObjectStore,
     work: &Path,
     a: &Assignment,
-    token: &str,
+    coordinator: &Remote,
 ) -> Result<PathBuf> {
     let k = a.task.unwrap_or_default();
     let dir = work
@@ -243,7 +283,12 @@ pub(crate) fn stage_inputs(
                 .enable_all()
                 .build()
                 .map_err(|e| ClusterError::Config(format!("runtime for a fetch: {e}")))?;
-            rt.block_on(fetch_from(store, &input.from, &obj.hash, token))?;
+            let from = if input.from.is_empty() {
+                coordinator.clone()
+            } else {
+                Remote::new(input.from.clone(), coordinator.token.clone())
+            };
+            rt.block_on(fetch_from(store, &from, &obj.hash))?;
         }
         let rel = safe_relative(&obj.path)?;
         let dst = dir.join(rel);
@@ -259,7 +304,7 @@ pub(crate) fn stage_inputs(
 }
 
 /// A job-relative path that stays inside the job folder.
-fn safe_relative(p: &str) -> Result<PathBuf> {
+pub(crate) fn safe_relative(p: &str) -> Result<PathBuf> {
     let path = Path::new(p);
     if path.is_absolute()
         || path
@@ -274,12 +319,14 @@ fn safe_relative(p: &str) -> Result<PathBuf> {
 }
 
 /// Checks that every declared output exists under `root` (patterns may use `*`, `?`, `[..]`)
-/// and, in transfer staging, hashes each into the store.
+/// and, in transfer staging, hashes each into the store, noted as produced by `task` (so a
+/// re-registration after a coordinator restart reports it held).
 pub(crate) fn collect_outputs(
     store: &ObjectStore,
     root: &Path,
     declared: &[String],
     transfer: bool,
+    task: Option<proto::TaskKey>,
 ) -> Result<Vec<proto::Object>> {
     let mut out = Vec::new();
     for pat in declared {
@@ -321,7 +368,7 @@ pub(crate) fn collect_outputs(
                 }
             };
             if transfer {
-                store.note_produced(None, &obj);
+                store.note_produced(task, &obj);
             }
             out.push(obj);
         }

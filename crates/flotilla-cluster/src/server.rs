@@ -110,10 +110,14 @@ impl Server {
             .local_addr()
             .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
         let check = TokenCheck::new(token.clone());
+        let store = Arc::new(crate::objects::ObjectStore::open(
+            &config.state_dir.join("objects"),
+        )?);
         let api = Api {
             core: req_tx.clone(),
             sessions,
             state_dir: config.state_dir.clone(),
+            store: store.clone(),
         };
         let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
         if let Some(tls) = &config.tls {
@@ -132,8 +136,9 @@ impl Server {
                 WorkersServer::new(api)
                     .max_decoding_message_size(256 << 20)
                     .max_encoding_message_size(256 << 20),
-                check,
-            ));
+                check.clone(),
+            ))
+            .add_service(crate::objects::objects_service(store, check));
         let mut stop_wait = stop_rx.clone();
         let req_for_stop = req_tx;
         tokio::spawn(async move {
@@ -211,6 +216,8 @@ enum Req {
         spec: flotilla_core::JobSpec,
         dir: String,
         tenant: String,
+        /// Uploaded job-folder files (transfer staging), already in the store.
+        files: Vec<proto::Object>,
         reply: Reply<proto::SubmitReply>,
     },
     Cancel {
@@ -220,6 +227,10 @@ enum Req {
     Status {
         job: Option<JobId>,
         reply: Reply<String>,
+    },
+    Outputs {
+        job: JobId,
+        reply: Reply<Vec<proto::Input>>,
     },
     Watch {
         job: JobId,
@@ -265,9 +276,135 @@ struct Core {
     heartbeat: Duration,
     heartbeat_timeout: Duration,
     stop: watch::Sender<bool>,
+    /// Transfer staging: files uploaded with each job, by path.
+    uploads: HashMap<JobId, HashMap<String, proto::Object>>,
+    /// Where `uploads` is kept across restarts (`<job>.json`).
+    uploads_dir: PathBuf,
 }
 
 impl Core {
+    /// Records (in memory and on disk) the files uploaded with `job`.
+    fn note_uploads(&mut self, job: JobId, files: Vec<proto::Object>) {
+        if files.is_empty() {
+            return;
+        }
+        let list: Vec<(String, String, u64)> = files
+            .iter()
+            .map(|o| (o.path.clone(), o.hash.clone(), o.size))
+            .collect();
+        let path = self.uploads_dir.join(format!("{}.json", job.0));
+        let r = std::fs::create_dir_all(&self.uploads_dir).and_then(|()| {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&list).unwrap_or_default())?;
+            std::fs::rename(&tmp, &path)
+        });
+        if let Err(e) = r {
+            tracing::warn!("{}: {e}", path.display());
+        }
+        self.uploads.insert(
+            job,
+            files.into_iter().map(|o| (o.path.clone(), o)).collect(),
+        );
+    }
+
+    /// Reads the uploads of every job from `uploads_dir`.
+    fn load_uploads(&mut self) {
+        let Ok(rd) = std::fs::read_dir(&self.uploads_dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let Some(job) = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".json"))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let list: Vec<(String, String, u64)> = match std::fs::read(&p)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!("{}: {e}", p.display());
+                    continue;
+                }
+            };
+            self.uploads.insert(
+                JobId::new(job),
+                list.into_iter()
+                    .map(|(path, hash, size)| (path.clone(), proto::Object { path, hash, size }))
+                    .collect(),
+            );
+        }
+    }
+
+    /// Adds the uploaded files among the task's declared inputs to its assignment (fetched
+    /// from the coordinator: `from` is empty).
+    fn add_uploaded_inputs(&self, a: &mut proto::Assignment) {
+        let Some(k) = a.task else { return };
+        let job = JobId::new(k.job);
+        let Some(files) = self.uploads.get(&job) else {
+            return;
+        };
+        let Some(j) = self.coord.jobs_map().get(&job) else {
+            return;
+        };
+        let t = TaskId::new(k.task);
+        if t.index() >= j.graph.len() {
+            return;
+        }
+        for p in &j.graph.task(t).inputs {
+            if let Some(o) = files.get(p) {
+                a.inputs.push(proto::Input {
+                    object: Some(o.clone()),
+                    from: String::new(),
+                });
+            }
+        }
+    }
+
+    /// Transfer staging: every output of the job's done tasks, in task order, with the data
+    /// address of a live worker holding it.
+    fn outputs(&self, job: JobId) -> std::result::Result<Vec<proto::Input>, Status> {
+        let Some(j) = self.coord.jobs_map().get(&job) else {
+            return Err(Status::not_found(format!("no job {job}")));
+        };
+        let workers = self.coord.workers_map();
+        let mut tasks: Vec<TaskId> = j.outputs.keys().copied().collect();
+        tasks.sort_unstable();
+        let mut out = Vec::new();
+        for t in tasks {
+            let objs = &j.outputs[&t];
+            if objs.is_empty() {
+                continue;
+            }
+            let holder = j
+                .holders
+                .get(&t)
+                .and_then(|hs| hs.iter().find_map(|h| workers.get(h)));
+            let Some(w) = holder else {
+                return Err(Status::unavailable(format!(
+                    "the outputs of {job}/{t} ({}) are held by no live worker",
+                    objs[0].path
+                )));
+            };
+            for o in objs {
+                out.push(proto::Input {
+                    object: Some(proto::Object {
+                        path: o.path.clone(),
+                        hash: o.hash.clone(),
+                        size: o.size,
+                    }),
+                    from: w.spec.data_addr.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
     fn now(&self) -> Millis {
         self.epoch.elapsed().as_millis() as Millis
     }
@@ -291,7 +428,10 @@ impl Core {
             heartbeat: config.heartbeat,
             heartbeat_timeout: config.heartbeat_timeout,
             stop,
+            uploads: HashMap::new(),
+            uploads_dir: config.state_dir.join("uploads"),
         };
+        core.load_uploads();
         let records = core
             .journal
             .replay()
@@ -401,6 +541,7 @@ impl Core {
                 spec,
                 dir,
                 tenant,
+                files,
                 reply,
             } => {
                 let job = self.coord.next_job_id();
@@ -415,6 +556,7 @@ impl Core {
                 let now = self.now();
                 match self.coord.handle(now, ev, cmds) {
                     Ok(()) => {
+                        self.note_uploads(job, files);
                         records.extend(rec);
                         records.extend(self.coord.take_journal_records());
                         let tasks = self
@@ -460,6 +602,9 @@ impl Core {
                     })),
                 };
                 let _ = reply.send(json.map_err(|e| Status::internal(e.to_string())));
+            }
+            Req::Outputs { job, reply } => {
+                let _ = reply.send(self.outputs(job));
             }
             Req::Watch { job, tx } => match self.coord.job_summary(job) {
                 None => {
@@ -666,8 +811,11 @@ impl Core {
             match c {
                 Command::Assign { worker, tasks } => {
                     let m = per_worker.entry(worker).or_default();
-                    m.assign
-                        .extend(tasks.into_iter().map(crate::convert::assignment));
+                    for t in tasks {
+                        let mut a = crate::convert::assignment(t);
+                        self.add_uploaded_inputs(&mut a);
+                        m.assign.push(a);
+                    }
                 }
                 Command::Cancel {
                     worker,
@@ -804,6 +952,8 @@ struct Api {
     core: Sender<Req>,
     sessions: Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
     state_dir: PathBuf,
+    /// Files uploaded with transfer jobs, served to workers by `Objects.Fetch`.
+    store: Arc<crate::objects::ObjectStore>,
 }
 
 impl Api {
@@ -834,11 +984,26 @@ impl CoordinatorRpc for Api {
                 r.dir
             )));
         }
+        let mut files = Vec::with_capacity(r.files.len());
+        for f in &r.files {
+            crate::objects::safe_relative(&f.path)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let (hash, size) = self
+                .store
+                .put_bytes(&f.data)
+                .map_err(|e| Status::internal(format!("storing {}: {e}", f.path)))?;
+            files.push(proto::Object {
+                path: f.path.clone(),
+                hash,
+                size,
+            });
+        }
         let reply = self
             .ask(|reply| Req::Submit {
                 spec,
                 dir: r.dir,
                 tenant: r.tenant,
+                files,
                 reply,
             })
             .await?;
@@ -956,6 +1121,15 @@ impl CoordinatorRpc for Api {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
+    }
+
+    async fn outputs(
+        &self,
+        req: Request<proto::OutputsRequest>,
+    ) -> std::result::Result<Response<proto::OutputsReply>, Status> {
+        let job = JobId::new(req.into_inner().job);
+        let outputs = self.ask(|reply| Req::Outputs { job, reply }).await?;
+        Ok(Response::new(proto::OutputsReply { outputs }))
     }
 
     async fn shutdown(

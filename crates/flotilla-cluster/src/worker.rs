@@ -728,12 +728,7 @@ fn execute(
     }
     // Where the task runs: the shared job folder, or a sandbox with its inputs staged.
     let root = if a.transfer {
-        match crate::objects::stage_inputs(
-            &sh.objects,
-            &sh.config.work_dir,
-            a,
-            &sh.config.remote.token,
-        ) {
+        match crate::objects::stage_inputs(&sh.objects, &sh.config.work_dir, a, &sh.config.remote) {
             Ok(dir) => dir,
             Err(e) => return failed(key, format!("staging inputs: {e}"), true),
         }
@@ -834,8 +829,13 @@ fn execute(
         return r;
     }
     // Declared outputs must exist; in transfer staging they are hashed and kept here.
-    let outputs = match crate::objects::collect_outputs(&sh.objects, &root, &a.outputs, a.transfer)
-    {
+    let outputs = match crate::objects::collect_outputs(
+        &sh.objects,
+        &root,
+        &a.outputs,
+        a.transfer,
+        Some(*key),
+    ) {
         Ok(o) => o,
         Err(e) => {
             let mut r = failed(key, e.to_string(), false);

@@ -384,6 +384,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let label = format!("{} ({})", submitted.name, submitted.job);
     let ok = follow(&mut client, submitted.job, &label).await?;
     let status = client.status(Some(submitted.job)).await?;
+    gather_if_transfer(&mut client, submitted.job, &status, ok).await?;
     if a.json {
         println!("{}", serde_json::to_string(&status)?);
     } else {
@@ -399,6 +400,30 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     Ok(ok)
 }
 
+/// Transfer staging: when the job succeeded, fetches its outputs from the workers holding
+/// them into the job folder (the `dir` of its status document).
+async fn gather_if_transfer(
+    client: &mut Client,
+    job: JobId,
+    status: &serde_json::Value,
+    ok: bool,
+) -> Result<()> {
+    if !ok || status.get("staging").and_then(|s| s.as_str()) != Some("transfer") {
+        return Ok(());
+    }
+    let dir = status
+        .get("dir")
+        .and_then(|d| d.as_str())
+        .with_context(|| format!("the status of {job} names no job folder"))?;
+    let got = client
+        .gather(job, Path::new(dir))
+        .await
+        .with_context(|| format!("gathering the outputs of {job} into {dir}"))?;
+    let bytes: u64 = got.iter().map(|o| o.size).sum();
+    eprintln!("gathered {} outputs ({bytes} bytes) into {dir}", got.len());
+    Ok(())
+}
+
 pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let s = client.submit_file(&a.job).await?;
@@ -408,7 +433,9 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
         ok = follow(&mut client, s.job, &s.name).await?;
         // The summary names failed tasks and why, even those that failed before the event
         // stream was opened (the stream does not replay them).
-        print_summary(&client.status(Some(s.job)).await?);
+        let status = client.status(Some(s.job)).await?;
+        print_summary(&status);
+        gather_if_transfer(&mut client, s.job, &status, ok).await?;
     }
     // The job id alone on the last line of stdout, for scripts.
     println!("{}", s.job.0);
@@ -443,7 +470,9 @@ pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let job = JobId::new(a.job);
     let ok = follow(&mut client, job, &format!("{job}")).await?;
-    print_summary(&client.status(Some(job)).await?);
+    let status = client.status(Some(job)).await?;
+    print_summary(&status);
+    gather_if_transfer(&mut client, job, &status, ok).await?;
     Ok(ok)
 }
 

@@ -116,19 +116,40 @@ pub(crate) struct Cluster {
     workers: Vec<Option<Proc>>,
     rt: tokio::runtime::Runtime,
     client: std::cell::RefCell<Option<Client>>,
+    opts: Opts,
+}
+
+/// Extra arguments for the processes of a [`Cluster`] (e.g. TLS).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Opts {
+    /// Appended to `flotilla server`.
+    pub(crate) server_args: Vec<String>,
+    /// Appended to `flotilla worker` and to every CLI call made with [`Cluster::cli`].
+    pub(crate) remote_args: Vec<String>,
+    /// The CA the kit's own client verifies the coordinator with (TLS when set).
+    pub(crate) tls_ca: Option<PathBuf>,
 }
 
 impl Cluster {
     /// A coordinator and `workers` workers offering `cpus` CPUs each; returns once every
     /// worker has registered.
     pub(crate) fn start(workers: usize, cpus: u32) -> Cluster {
+        Self::start_with(workers, cpus, Opts::default())
+    }
+
+    /// [`Cluster::start`] with extra process arguments.
+    pub(crate) fn start_with(workers: usize, cpus: u32, opts: Opts) -> Cluster {
         let root = tempfile::Builder::new()
             .prefix("flotilla-cluster-test")
             .tempdir()
             .expect("a temporary folder");
         let state = root.path().join("state");
         std::fs::create_dir_all(root.path().join("job")).expect("job folder");
-        let (server, addr) = start_server(&state, "127.0.0.1:0".parse().expect("an address"));
+        let (server, addr) = start_server(
+            &state,
+            "127.0.0.1:0".parse().expect("an address"),
+            &opts.server_args,
+        );
         let token = std::fs::read_to_string(state.join("token"))
             .expect("the server wrote its token")
             .trim()
@@ -147,6 +168,7 @@ impl Cluster {
             workers: Vec::new(),
             rt,
             client: std::cell::RefCell::new(None),
+            opts,
         };
         for _ in 0..workers {
             c.add_worker(cpus);
@@ -162,6 +184,11 @@ impl Cluster {
 
     /// Starts one more worker named `w<i>`; returns `i`. Does not wait for it to register.
     pub(crate) fn add_worker(&mut self, cpus: u32) -> usize {
+        self.add_worker_with(cpus, &[])
+    }
+
+    /// [`Cluster::add_worker`] with extra `flotilla worker` arguments (e.g. `--mem 1GiB`).
+    pub(crate) fn add_worker_with(&mut self, cpus: u32, extra: &[&str]) -> usize {
         let i = self.workers.len();
         let work = self.root.path().join(format!("w{i}"));
         let mut cmd = Command::new(BIN);
@@ -170,6 +197,8 @@ impl Cluster {
             .args(["--name", &format!("w{i}")])
             .arg("--work-dir")
             .arg(&work)
+            .args(&self.opts.remote_args)
+            .args(extra)
             .env("FLOTILLA_TOKEN", &self.token)
             .env_remove("FLOTILLA_SERVER");
         let (p, _lines) = spawn_logged(cmd, &format!("w{i}"));
@@ -183,6 +212,15 @@ impl Cluster {
             &format!("{n} workers to register"),
             Duration::from_secs(20),
             || (self.live_workers().len() >= n).then_some(()),
+        );
+    }
+
+    /// Waits until exactly `n` workers are registered (e.g. after a kill).
+    pub(crate) fn wait_until_workers(&self, n: usize) {
+        wait_until(
+            &format!("exactly {n} workers"),
+            Duration::from_secs(20),
+            || (self.live_workers().len() == n).then_some(()),
         );
     }
 
@@ -224,7 +262,7 @@ impl Cluster {
     /// Starts the coordinator again on the same state directory and the same port.
     pub(crate) fn restart_server(&mut self) {
         assert!(self.server.is_none(), "the coordinator is still running");
-        let (p, addr) = start_server(&self.state, self.addr);
+        let (p, addr) = start_server(&self.state, self.addr, &self.opts.server_args);
         assert_eq!(
             addr, self.addr,
             "the coordinator came back on another address"
@@ -240,8 +278,15 @@ impl Cluster {
 
     /// Runs the CLI presenting `token`.
     pub(crate) fn cli_with_token(&self, args: &[&str], token: &str) -> Output {
+        self.cli_raw(args, &self.opts.remote_args, token)
+    }
+
+    /// Runs the CLI with `args`, then `extra` (instead of the cluster's remote arguments),
+    /// presenting `token`.
+    pub(crate) fn cli_raw(&self, args: &[&str], extra: &[String], token: &str) -> Output {
         Command::new(BIN)
             .args(args)
+            .args(extra)
             .current_dir(self.job_dir())
             .env("FLOTILLA_SERVER", self.addr.to_string())
             .env("FLOTILLA_TOKEN", token)
@@ -278,7 +323,8 @@ impl Cluster {
     ) -> Option<T> {
         let mut slot = self.client.borrow_mut();
         if slot.is_none() {
-            let remote = Remote::new(self.addr.to_string(), self.token.clone());
+            let mut remote = Remote::new(self.addr.to_string(), self.token.clone());
+            remote.tls_ca = self.opts.tls_ca.clone();
             *slot = self.rt.block_on(Client::connect(&remote)).ok();
         }
         let client = slot.as_mut()?;
@@ -335,14 +381,15 @@ impl Drop for Cluster {
 
 /// Starts `flotilla server` on `listen` and waits for its "listening on ADDR" line. When
 /// the port is not yet free again (a restart), retries until a deadline.
-fn start_server(state: &Path, listen: SocketAddr) -> (Proc, SocketAddr) {
+fn start_server(state: &Path, listen: SocketAddr, extra: &[String]) -> (Proc, SocketAddr) {
     let end = Instant::now() + Duration::from_secs(20);
     loop {
         let mut cmd = Command::new(BIN);
         cmd.args(["server", "--listen", &listen.to_string()])
             .arg("--state")
             .arg(state)
-            .args(["--heartbeat-timeout-ms", &HEARTBEAT_TIMEOUT_MS.to_string()]);
+            .args(["--heartbeat-timeout-ms", &HEARTBEAT_TIMEOUT_MS.to_string()])
+            .args(extra);
         let (p, lines) = spawn_logged(cmd, "server");
         let mut seen = Vec::new();
         loop {

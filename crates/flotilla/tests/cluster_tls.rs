@@ -1,0 +1,120 @@
+//! TLS end to end: a coordinator with a self-signed certificate (rcgen, for `localhost` and
+//! 127.0.0.1), a worker and the CLI verifying it with `--tls-ca`; a plain-TCP client and a
+//! client with the right CA but a wrong token are both refused with a clear error.
+
+#![allow(clippy::unwrap_used)]
+
+mod kit;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kit::{assert_succeeded, job_id_of, Cluster, Opts};
+
+/// Writes a self-signed certificate and its key (PEM) into `dir`; returns (cert, key).
+fn self_signed(dir: &std::path::Path) -> (PathBuf, PathBuf) {
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    (cert, key)
+}
+
+fn tls_cluster(certs: &std::path::Path) -> (Cluster, PathBuf) {
+    let (cert, key) = self_signed(certs);
+    let s = |p: &PathBuf| p.display().to_string();
+    let opts = Opts {
+        server_args: vec!["--tls-cert".into(), s(&cert), "--tls-key".into(), s(&key)],
+        remote_args: vec!["--tls-ca".into(), s(&cert)],
+        tls_ca: Some(cert.clone()),
+    };
+    (Cluster::start_with(1, 2, opts), cert)
+}
+
+#[test]
+fn job_runs_over_tls_and_plain_or_wrong_token_clients_are_refused() {
+    let certs = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let (c, cert) = tls_cluster(certs.path());
+    // The worker registered over TLS (start_with waits for it, through the kit's TLS client).
+    assert_eq!(c.live_workers().len(), 1);
+
+    let toml = "name = \"tls\"\nstaging = \"shared\"\n\n\
+        [[task]]\nid = \"a\"\ncmd = [\"sh\", \"-c\", \"echo over-tls > a.txt\"]\noutputs = [\"a.txt\"]\n\n\
+        [[task]]\nid = \"b\"\ncmd = [\"sh\", \"-c\", \"cat a.txt a.txt > b.txt\"]\nafter = [\"a\"]\noutputs = [\"b.txt\"]\n";
+    let file = c.job_dir().join("tls.toml");
+    std::fs::write(&file, toml).unwrap();
+    let out = c.cli(&["submit", "--wait", &file.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "submit --wait over TLS failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job = job_id_of(&out);
+    let s = c.wait_job(job, Duration::from_secs(30));
+    assert_succeeded(&s);
+    assert_eq!(
+        std::fs::read_to_string(c.job_dir().join("b.txt")).unwrap(),
+        "over-tls\nover-tls\n"
+    );
+
+    // Transfer staging over TLS: the worker fetches an uploaded job-folder file from the
+    // coordinator (TLS), and `submit --wait` gathers the output back.
+    std::fs::write(c.job_dir().join("in.txt"), "uploaded\n").unwrap();
+    let toml = "name = \"tls-transfer\"\nstaging = \"transfer\"\n\n\
+        [[task]]\nid = \"t\"\ninputs = [\"in.txt\"]\n\
+        cmd = [\"sh\", \"-c\", \"cat in.txt in.txt > t.txt\"]\noutputs = [\"t.txt\"]\n";
+    let file = c.job_dir().join("tls-transfer.toml");
+    std::fs::write(&file, toml).unwrap();
+    let out = c.cli(&["submit", "--wait", &file.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "transfer job over TLS failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(c.job_dir().join("t.txt")).unwrap(),
+        "uploaded\nuploaded\n"
+    );
+
+    // Plain HTTP against the TLS port: refused, and the error names the connection.
+    let out = c.cli_raw(&["status"], &[], &c.token);
+    assert!(!out.status.success(), "a plain-TCP client was served");
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(
+        err.contains("tls") && err.contains(&c.addr.to_string()),
+        "plain client: {err:?} does not say that the server wants TLS"
+    );
+
+    // The right CA with a wrong token: refused by the token check.
+    let ca = vec!["--tls-ca".to_string(), cert.display().to_string()];
+    let out = c.cli_raw(&["status"], &ca, "0123456789abcdef-not-the-token");
+    assert!(!out.status.success(), "a wrong token was accepted over TLS");
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(
+        err.contains("token") || err.contains("unauthenticated"),
+        "wrong token over TLS: {err:?} does not say the token was refused"
+    );
+
+    // A CA that did not sign the server's certificate: refused by the TLS handshake.
+    let other = tempfile::tempdir().unwrap();
+    let (other_cert, _) = self_signed(other.path());
+    let bad_ca = vec!["--tls-ca".to_string(), other_cert.display().to_string()];
+    let out = c.cli_raw(&["status"], &bad_ca, &c.token);
+    assert!(
+        !out.status.success(),
+        "a server with an unknown CA was trusted"
+    );
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(
+        err.contains("certificate"),
+        "unknown CA: {err:?} does not name the certificate"
+    );
+    eprintln!(
+        "tls test: {:.2} s; unknown CA error: {}",
+        started.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+}

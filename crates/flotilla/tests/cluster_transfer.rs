@@ -1,0 +1,289 @@
+//! Transfer staging end to end: tasks run in sandboxes in their workers' work folders (not in
+//! the job folder), their declared outputs travel peer to peer between two workers, and
+//! `flotilla submit --wait` gathers every output back into the job folder, hash-checked.
+
+#![allow(clippy::unwrap_used)]
+
+mod kit;
+
+use std::time::{Duration, Instant};
+
+use kit::{assert_succeeded, job_id_of, Cluster};
+
+/// A chain a → b → c: each reads its predecessor's output and appends its own line; each
+/// also writes an undeclared `scratch-<id>` that must not reach the job folder. With the
+/// workers of [`two_workers`], a and c need 2 CPUs (only w0 has them) and b needs 2 GiB of
+/// memory (only w1 has it), so every edge crosses workers.
+const CHAIN: &str = r#"name = "chain"
+staging = "transfer"
+
+[[task]]
+id = "a"
+resources = { cpus = 2 }
+cmd = ["sh", "-c", "echo a > scratch-a && mkdir -p out && echo line-a > out/a.txt"]
+outputs = ["out/a.txt"]
+
+[[task]]
+id = "b"
+after = ["a"]
+resources = { cpus = 1, mem = "2GiB" }
+cmd = ["sh", "-c", "echo b > scratch-b && cat out/a.txt > b.txt && echo line-b >> b.txt"]
+outputs = ["b.txt"]
+
+[[task]]
+id = "c"
+after = ["b"]
+resources = { cpus = 2 }
+cmd = ["sh", "-c", "echo c > scratch-c && mkdir -p deep/er && cat b.txt > deep/er/c.txt && echo line-c >> deep/er/c.txt"]
+outputs = ["deep/er/c.txt"]
+"#;
+
+/// w0: 2 CPUs, 1 GiB; w1: 1 CPU, 4 GiB.
+fn two_workers() -> Cluster {
+    let mut c = Cluster::start(0, 1);
+    c.add_worker_with(2, &["--mem", "1GiB"]);
+    c.add_worker_with(1, &["--mem", "4GiB"]);
+    c.wait_workers(2);
+    c
+}
+
+#[test]
+fn transfer_chain_outputs_are_gathered_into_the_job_folder() {
+    let c = two_workers();
+    let dir = c.job_dir();
+    let file = dir.join("chain.toml");
+    std::fs::write(&file, CHAIN).unwrap();
+    let started = Instant::now();
+    let out = c.cli(&["submit", "--wait", &file.display().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "submit --wait failed: {stderr}");
+    assert!(
+        stderr.contains("gathered 3 outputs"),
+        "no gather reported: {stderr}"
+    );
+    let job = job_id_of(&out);
+    let s = c.wait_job(job, Duration::from_secs(30));
+    assert_succeeded(&s);
+    // Each task ran where its resources forced it: a and c on w0, b on w1.
+    let names = c.live_workers();
+    let ran_on = |t: &str| names[&kit::task(&s, t).worker.unwrap()].clone();
+    assert_eq!(
+        [ran_on("a"), ran_on("b"), ran_on("c")],
+        ["w0", "w1", "w0"],
+        "placement"
+    );
+    eprintln!(
+        "transfer chain: {:.2} s wall",
+        started.elapsed().as_secs_f64()
+    );
+
+    let read = |p: &str| std::fs::read_to_string(dir.join(p)).unwrap();
+    assert_eq!(read("out/a.txt"), "line-a\n");
+    assert_eq!(read("b.txt"), "line-a\nline-b\n");
+    assert_eq!(read("deep/er/c.txt"), "line-a\nline-b\nline-c\n");
+    // The tasks did not run in the job folder, and only declared outputs came back (no
+    // temporary files left either).
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["b.txt", "chain.toml", "deep", "out"], "job folder");
+    assert_eq!(
+        std::fs::read_dir(dir.join("out")).unwrap().count(),
+        1,
+        "out/ holds only a.txt"
+    );
+}
+
+#[test]
+fn gather_refuses_an_output_whose_only_holder_is_gone() {
+    // One worker: after the job, killing it leaves the outputs with no live holder; the
+    // gather (via `flotilla wait`) must fail naming the output, not write partial files.
+    let mut c = Cluster::start(0, 2);
+    c.add_worker_with(2, &["--mem", "4GiB"]);
+    c.wait_workers(1);
+    let dir = c.job_dir();
+    let file = dir.join("chain.toml");
+    std::fs::write(&file, CHAIN).unwrap();
+    let job = c.submit(&file);
+    let s = c.wait_job(job, Duration::from_secs(30));
+    assert_succeeded(&s);
+    c.kill_worker(0);
+    c.wait_until_workers(0);
+    let out = c.cli(&["wait", &job.0.to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "gather without a holder succeeded");
+    assert!(
+        err.contains("held by no live worker"),
+        "the error does not say the outputs are lost: {err}"
+    );
+    assert!(!dir.join("b.txt").exists() && !dir.join("out").exists());
+}
+
+#[test]
+fn lost_holder_of_a_needed_output_reruns_its_producer_then_gathers() {
+    // w0: 2 CPUs, 1 GiB; w1: 1 CPU, 4 GiB. a runs on w0, b on w1; c needs 3 CPUs, which no
+    // worker has yet, so it waits. Then w1 (the only holder of b's output) is killed: b must
+    // rerun (from a's output, still on w0) on w2 (3 CPUs, 4 GiB), which then runs c.
+    let mut c = two_workers();
+    let runs = tempfile::tempdir().unwrap();
+    let log = |id: &str| format!("echo {id} >> {}/{id}", runs.path().display());
+    let toml = format!(
+        r#"name = "lineage"
+staging = "transfer"
+
+[[task]]
+id = "a"
+resources = {{ cpus = 2 }}
+cmd = ["sh", "-c", "echo line-a > a.txt && {}"]
+outputs = ["a.txt"]
+
+[[task]]
+id = "b"
+after = ["a"]
+resources = {{ cpus = 1, mem = "2GiB" }}
+cmd = ["sh", "-c", "cat a.txt > b.txt && echo line-b >> b.txt && {}"]
+outputs = ["b.txt"]
+
+[[task]]
+id = "c"
+after = ["b"]
+resources = {{ cpus = 3 }}
+cmd = ["sh", "-c", "cat b.txt > c.txt && echo line-c >> c.txt && {}"]
+outputs = ["c.txt"]
+"#,
+        log("a"),
+        log("b"),
+        log("c")
+    );
+    let started = Instant::now();
+    let job = c.submit_toml("lineage.toml", &toml);
+    c.wait_status(job, "b to finish", Duration::from_secs(30), |s| {
+        kit::task(s, "b").state == flotilla::cluster::state::TaskState::Done
+    });
+    c.kill_worker(1);
+    c.wait_until_workers(1);
+    c.add_worker_with(3, &["--mem", "4GiB"]);
+    let s = c.wait_job(job, Duration::from_secs(30));
+    assert_succeeded(&s);
+    let out = c.cli(&["wait", &job.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "wait (and gather) failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("lineage: {:.2} s wall", started.elapsed().as_secs_f64());
+    let ran = |id: &str| {
+        std::fs::read_to_string(runs.path().join(id))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    assert_eq!([ran("a"), ran("b"), ran("c")], [1, 2, 1], "runs of a, b, c");
+    let dir = c.job_dir();
+    let read = |p: &str| std::fs::read_to_string(dir.join(p)).unwrap();
+    assert_eq!(read("a.txt"), "line-a\n");
+    assert_eq!(read("b.txt"), "line-a\nline-b\n");
+    assert_eq!(read("c.txt"), "line-a\nline-b\nline-c\n");
+}
+
+#[test]
+fn plain_input_files_of_the_job_folder_are_uploaded_and_staged() {
+    // data/in.txt is a file of the job folder, not produced by any task: `submit` uploads it,
+    // the coordinator serves it, and tasks on both workers (a on w0, b on w1) read it in
+    // their sandboxes.
+    let c = two_workers();
+    let dir = c.job_dir();
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    std::fs::write(dir.join("data/in.txt"), "from-the-job-folder\n").unwrap();
+    let toml = r#"name = "uploads"
+staging = "transfer"
+
+[[task]]
+id = "a"
+resources = { cpus = 2 }
+inputs = ["data/in.txt"]
+cmd = ["sh", "-c", "cat data/in.txt > a.txt && echo line-a >> a.txt"]
+outputs = ["a.txt"]
+
+[[task]]
+id = "b"
+after = ["a"]
+resources = { cpus = 1, mem = "2GiB" }
+inputs = ["data/in.txt", "a.txt"]
+cmd = ["sh", "-c", "cat data/in.txt a.txt > b.txt"]
+outputs = ["b.txt"]
+"#;
+    let file = dir.join("uploads.toml");
+    std::fs::write(&file, toml).unwrap();
+    let started = Instant::now();
+    let out = c.cli(&["submit", "--wait", &file.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "submit --wait failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = c.wait_job(job_id_of(&out), Duration::from_secs(30));
+    assert_succeeded(&s);
+    let names = c.live_workers();
+    let ran_on = |t: &str| names[&kit::task(&s, t).worker.unwrap()].clone();
+    assert_eq!([ran_on("a"), ran_on("b")], ["w0", "w1"], "placement");
+    eprintln!("uploads: {:.2} s wall", started.elapsed().as_secs_f64());
+    let read = |p: &str| std::fs::read_to_string(dir.join(p)).unwrap();
+    assert_eq!(read("a.txt"), "from-the-job-folder\nline-a\n");
+    assert_eq!(
+        read("b.txt"),
+        "from-the-job-folder\nfrom-the-job-folder\nline-a\n"
+    );
+    // The uploaded file is untouched, and not gathered over itself as an output.
+    assert_eq!(read("data/in.txt"), "from-the-job-folder\n");
+}
+
+#[test]
+fn uploaded_inputs_survive_a_coordinator_restart() {
+    // a reads the uploaded file and finishes; b (3 CPUs: no worker yet) waits. The
+    // coordinator is killed and restarted on its state; then a worker that fits b joins, and
+    // b must still get the uploaded file from the restarted coordinator.
+    let mut c = Cluster::start(1, 1);
+    let dir = c.job_dir();
+    std::fs::write(dir.join("in.txt"), "kept\n").unwrap();
+    let toml = r#"name = "restart"
+staging = "transfer"
+
+[[task]]
+id = "a"
+inputs = ["in.txt"]
+cmd = ["sh", "-c", "cat in.txt > a.txt"]
+outputs = ["a.txt"]
+
+[[task]]
+id = "b"
+after = ["a"]
+resources = { cpus = 3 }
+inputs = ["in.txt"]
+cmd = ["sh", "-c", "cat in.txt a.txt > b.txt"]
+outputs = ["b.txt"]
+"#;
+    let job = c.submit_toml("restart.toml", toml);
+    c.wait_status(job, "a to finish", Duration::from_secs(30), |s| {
+        kit::task(s, "a").state == flotilla::cluster::state::TaskState::Done
+    });
+    c.kill_server();
+    c.restart_server();
+    c.add_worker(3);
+    // Well under the reconcile grace: w0 re-registers holding a's output, so b does not wait
+    // for it to expire (nor is a rerun).
+    let s = c.wait_job(job, Duration::from_secs(10));
+    assert_succeeded(&s);
+    assert_eq!(kit::task(&s, "a").attempts, 1, "a was rerun");
+    let out = c.cli(&["wait", &job.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "wait (and gather) failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b.txt")).unwrap(),
+        "kept\nkept\n"
+    );
+}

@@ -302,8 +302,9 @@ fn fmt_secs(s: f64) -> String {
     }
 }
 
-/// Prints the end-of-job summary from the status document.
-fn print_summary(status: &serde_json::Value) {
+/// Prints the end-of-job summary from the job's status document and (for per-worker
+/// utilization) the cluster's.
+fn print_summary(status: &serde_json::Value, cluster: Option<&serde_json::Value>) {
     let get = |k: &str| status.get(k).cloned().unwrap_or(serde_json::Value::Null);
     let name = get("name");
     let state = get("state");
@@ -313,24 +314,68 @@ fn print_summary(status: &serde_json::Value) {
         name.as_str().unwrap_or("?"),
         state.as_str().unwrap_or("?")
     );
-    if let Some(c) = status.get("counts") {
-        println!("  tasks: {c}");
+    if let Some(c) = status.get("counts").and_then(|c| c.as_object()) {
+        let parts: Vec<String> = c
+            .iter()
+            .filter(|(_, v)| v.as_u64().is_some_and(|n| n > 0))
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect();
+        println!("  tasks: {}", parts.join(", "));
     }
     if let Some(r) = status.get("retries") {
         println!("  retries: {r}");
     }
-    if let Some(m) = status.get("makespan_s").and_then(|v| v.as_f64()) {
+    let makespan = status.get("makespan_s").and_then(|v| v.as_f64());
+    if let Some(m) = makespan {
         println!("  makespan: {}", fmt_secs(m));
     }
     if let Some(cp) = status.get("critical_path_s").and_then(|v| v.as_f64()) {
         println!("  critical path: {}", fmt_secs(cp));
     }
-    if let Some(ws) = status.get("workers").and_then(|w| w.as_array()) {
-        for w in ws {
-            println!("  worker {w}");
+    let tasks = status.get("tasks").and_then(|t| t.as_array());
+    if let (Some(tasks), Some(m)) = (tasks, makespan) {
+        // Per worker: tasks run and busy time, as a share of its CPUs over the makespan.
+        let mut per: std::collections::BTreeMap<u64, (u64, f64)> = Default::default();
+        for t in tasks {
+            if let Some(w) = t.get("worker").and_then(|w| w.as_u64()) {
+                let wall = t
+                    .get("usage")
+                    .and_then(|u| u.get("wall_seconds"))
+                    .and_then(|x| x.as_f64())
+                    .unwrap_or(0.0);
+                let e = per.entry(w).or_default();
+                e.0 += 1;
+                e.1 += wall;
+            }
+        }
+        let workers = cluster
+            .and_then(|c| c.get("workers"))
+            .and_then(|w| w.as_array());
+        for (w, (n, busy)) in per {
+            let info = workers.and_then(|ws| {
+                ws.iter()
+                    .find(|x| x.get("id").and_then(|i| i.as_u64()) == Some(w))
+            });
+            let wname = info
+                .and_then(|i| i.get("name"))
+                .and_then(|n| n.as_str())
+                .unwrap_or("?")
+                .to_string();
+            let cpus = info
+                .and_then(|i| i.get("resources"))
+                .and_then(|r| r.get("cpus"))
+                .and_then(|c| c.as_f64())
+                .unwrap_or(1.0)
+                .max(1.0);
+            let util = if m > 0.0 { busy / (cpus * m) } else { 0.0 };
+            println!(
+                "  worker w{w} ({wname}): {n} tasks, busy {}, utilization {:.0}%",
+                fmt_secs(busy),
+                util * 100.0
+            );
         }
     }
-    if let Some(tasks) = status.get("tasks").and_then(|t| t.as_array()) {
+    if let Some(tasks) = tasks {
         let failed: Vec<_> = tasks
             .iter()
             .filter(|t| t.get("state").and_then(|s| s.as_str()) == Some("failed"))
@@ -388,7 +433,8 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     if a.json {
         println!("{}", serde_json::to_string(&status)?);
     } else {
-        print_summary(&status);
+        let cluster = client.status(None).await.ok();
+        print_summary(&status, cluster.as_ref());
         println!("  wall time: {}", fmt_secs(started.elapsed().as_secs_f64()));
         println!("  outputs in {}", job_dir.display());
     }
@@ -434,7 +480,8 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
         // The summary names failed tasks and why, even those that failed before the event
         // stream was opened (the stream does not replay them).
         let status = client.status(Some(s.job)).await?;
-        print_summary(&status);
+        let cluster = client.status(None).await.ok();
+        print_summary(&status, cluster.as_ref());
         gather_if_transfer(&mut client, s.job, &status, ok).await?;
     }
     // The job id alone on the last line of stdout, for scripts.
@@ -448,7 +495,8 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else if a.job.is_some() {
-        print_summary(&s);
+        let cluster = client.status(None).await.ok();
+        print_summary(&s, cluster.as_ref());
     } else {
         if let Some(jobs) = s.get("jobs").and_then(|j| j.as_array()) {
             println!("jobs:");
@@ -471,7 +519,8 @@ pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     let job = JobId::new(a.job);
     let ok = follow(&mut client, job, &format!("{job}")).await?;
     let status = client.status(Some(job)).await?;
-    print_summary(&status);
+    let cluster = client.status(None).await.ok();
+    print_summary(&status, cluster.as_ref());
     gather_if_transfer(&mut client, job, &status, ok).await?;
     Ok(ok)
 }

@@ -29,6 +29,19 @@ fn random_dag_of_300_tasks_produces_every_hash_in_order() {
     );
     assert_succeeded(&s);
     assert_eq!(s.total, 300);
+    // The critical path (by measured wall times) is positive, at least the longest task,
+    // and no longer than the makespan.
+    let longest = s
+        .tasks
+        .iter()
+        .filter_map(|t| t.usage.as_ref().map(|u| u.wall_seconds))
+        .fold(0.0, f64::max);
+    assert!(
+        s.critical_path_s >= longest && s.critical_path_s <= s.makespan_s + 1e-6,
+        "critical path {} (longest task {longest}, makespan {})",
+        s.critical_path_s,
+        s.makespan_s
+    );
     assert_eq!(s.counts.done, 300);
     dag.check_outputs(&dir);
     let runs = dag.completed_runs(&dir);

@@ -110,6 +110,8 @@ pub struct JobStatus {
     pub finished_ms: Option<Millis>,
     /// Seconds from submission to the end (or to now, while running).
     pub makespan_s: f64,
+    /// The longest chain of dependent tasks, by their last attempts' wall times (seconds).
+    pub critical_path_s: f64,
     /// Every task, by id.
     pub tasks: Vec<TaskStatus>,
 }
@@ -188,9 +190,14 @@ impl Coordinator {
     /// job prefer [`Coordinator::job_summary`] and [`Coordinator::task_status`].
     pub fn job_status(&self, job: JobId) -> Option<JobStatus> {
         let j = self.jobs_map().get(&job)?;
-        let tasks = (0..j.len())
+        let tasks: Vec<TaskStatus> = (0..j.len())
             .map(|i| self.task_view(j, TaskId::new(i as u32)))
             .collect();
+        let wall: Vec<f64> = tasks
+            .iter()
+            .map(|t| t.usage.as_ref().map_or(0.0, |u| u.wall_seconds))
+            .collect();
+        let (critical_path_s, _) = j.graph.critical_path(|t| wall[t.index()]);
         Some(JobStatus {
             id: j.id,
             name: j.name.clone(),
@@ -204,6 +211,7 @@ impl Coordinator {
             submitted_ms: j.submitted,
             finished_ms: j.finished,
             makespan_s: makespan(j, self.now()),
+            critical_path_s,
             tasks,
         })
     }

@@ -374,3 +374,76 @@ cmd = ["sh", "-c", "echo hello from talker {i}; echo line two; echo complaint {i
         text(&none.stderr)
     );
 }
+
+/// WASM tasks through the cluster: a module that prints its argument and writes a file in
+/// the job folder (preopened), one that runs out of fuel (fails, no retry helps), and one
+/// that exits with a code.
+#[test]
+fn wasm_tasks_run_sandboxed_with_fuel_and_their_output_is_captured() {
+    let c = Cluster::start(1, 2);
+    // fd_write(1, iovec, 1, nwritten) prints "hi from wasm\n"; then path_open on the preopened
+    // dir (fd 3) creates "made.txt" and writes the same bytes into it.
+    let hello = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "path_open"
+    (func $path_open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "hi from wasm\n")
+  (data (i32.const 64) "made.txt")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 13))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))
+    ;; path_open(dirfd=3, dirflags=0, path=64, len=8, oflags=CREAT|TRUNC (1|8), rights, inheriting, fdflags=0, &fd=100)
+    (drop (call $path_open (i32.const 3) (i32.const 0) (i32.const 64) (i32.const 8)
+      (i32.const 9) (i64.const 0x1FFFFFFF) (i64.const 0x1FFFFFFF) (i32.const 0) (i32.const 100)))
+    (drop (call $fd_write (i32.load (i32.const 100)) (i32.const 0) (i32.const 1) (i32.const 8)))))
+"#;
+    let spin = r#"(module (memory (export "memory") 1) (func (export "_start") (loop (br 0))))"#;
+    let exit3 = r#"(module
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)
+  (func (export "_start") (call $exit (i32.const 3))))"#;
+    let dir = c.job_dir();
+    std::fs::write(dir.join("hello.wat"), hello).unwrap();
+    std::fs::write(dir.join("spin.wat"), spin).unwrap();
+    std::fs::write(dir.join("exit3.wat"), exit3).unwrap();
+    let out = submit_wait(
+        &c,
+        "wasm.toml",
+        "name = \"wasm\"\n[[task]]\nid = \"hello\"\nwasm = \"hello.wat\"\noutputs = [\"made.txt\"]\n",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let job = job_id_of(&out);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("made.txt")).unwrap(),
+        "hi from wasm\n"
+    );
+    let logs = c.cli(&["logs", &job.0.to_string(), "hello"]);
+    assert_eq!(text(&logs.stdout), "hi from wasm\n");
+    // Out of fuel: fails, with a message that says so.
+    let out = submit_wait(
+        &c,
+        "spin.toml",
+        "name = \"spin\"\n[defaults]\nretries = 0\n[[task]]\nid = \"spin\"\nwasm = { module = \"spin.wat\", fuel = 1000000 }\n",
+    );
+    assert!(!out.status.success());
+    let s = c.status(job_id_of(&out)).unwrap();
+    let spin = task(&s, "spin");
+    assert_eq!(spin.state, TaskState::Failed);
+    assert!(
+        spin.message.as_deref().unwrap_or("").contains("fuel"),
+        "{spin:?}"
+    );
+    // proc_exit(3): fails, naming the code.
+    let out = submit_wait(
+        &c,
+        "exit3.toml",
+        "name = \"exit3\"\n[defaults]\nretries = 0\n[[task]]\nid = \"exit3\"\nwasm = \"exit3.wat\"\n",
+    );
+    assert!(!out.status.success());
+    let s = c.status(job_id_of(&out)).unwrap();
+    let e3 = task(&s, "exit3");
+    assert_eq!(e3.state, TaskState::Failed);
+    assert!(e3.message.as_deref().unwrap_or("").contains('3'), "{e3:?}");
+}

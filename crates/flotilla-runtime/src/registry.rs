@@ -62,6 +62,9 @@ pub(crate) struct WorkerThread {
     pub(crate) registry: Arc<Registry>,
     pub(crate) index: usize,
     pub(crate) local: Worker<Job>,
+    /// Set while this worker completes a task: it goes back to its loop right after, so a
+    /// task it readies onto its empty deque needs no wake-up (it takes it itself).
+    pub(crate) completing: std::cell::Cell<bool>,
 }
 
 impl WorkerThread {
@@ -148,17 +151,20 @@ impl Registry {
 
     /// Pushes work on the current worker's deque (work stealing) or the central queue.
     pub(crate) fn push_local_or_central(self: &Arc<Self>, job: Job) {
-        let job = WorkerThread::with_current(|w| match w {
+        let (job, quiet) = WorkerThread::with_current(|w| match w {
             Some(w) if Arc::ptr_eq(&w.registry, self) => {
+                let quiet = w.completing.get() && w.local.is_empty();
                 w.local.push(job);
-                None
+                (None, quiet)
             }
-            _ => Some(job),
+            _ => (Some(job), false),
         });
         if let Some(job) = job {
             self.injector.push(job);
         }
-        self.sleep.wake_any();
+        if !quiet {
+            self.sleep.wake_any();
+        }
     }
 
     /// Pushes work on the central queue.

@@ -549,9 +549,21 @@ fn finish(reg: &Registry, node: &Arc<TaskNode>, ok: bool, ready: &mut Vec<Arc<Ta
 pub(crate) fn complete(reg: &Arc<Registry>, node: &Arc<TaskNode>, ok: bool) {
     let mut ready = Vec::new();
     finish(reg, node, ok, &mut ready);
-    for r in ready {
-        make_ready(reg, r);
+    if ready.is_empty() {
+        return;
     }
+    crate::registry::WorkerThread::with_current(|w| {
+        let me = w.filter(|w| Arc::ptr_eq(&w.registry, reg));
+        if let Some(w) = me {
+            w.completing.set(true);
+        }
+        for r in ready {
+            make_ready(reg, r);
+        }
+        if let Some(w) = me {
+            w.completing.set(false);
+        }
+    });
 }
 
 fn panic_message(p: &(dyn Any + Send)) -> String {

@@ -29,6 +29,7 @@ pub(crate) fn run(
         registry,
         index,
         local,
+        completing: std::cell::Cell::new(false),
     };
     me.install(|| main_loop(&me, &parker));
 }

@@ -498,16 +498,46 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         let cluster = client.status(None).await.ok();
         print_summary(&s, cluster.as_ref());
     } else {
+        let str_of = |v: &serde_json::Value, k: &str| {
+            v.get(k).and_then(|x| x.as_str()).unwrap_or("?").to_string()
+        };
+        let num_of =
+            |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
         if let Some(jobs) = s.get("jobs").and_then(|j| j.as_array()) {
-            println!("jobs:");
+            println!(
+                "{:>6}  {:<20} {:<10} {:>13} {:>10}",
+                "JOB", "NAME", "STATE", "DONE/TOTAL", "MAKESPAN"
+            );
             for j in jobs {
-                println!("  {j}");
+                println!(
+                    "{:>6}  {:<20} {:<10} {:>13} {:>10}",
+                    num_of(j, "id"),
+                    str_of(j, "name"),
+                    str_of(j, "state"),
+                    format!("{}/{}", num_of(j, "done"), num_of(j, "total")),
+                    fmt_secs(num_of(j, "makespan_s"))
+                );
             }
         }
         if let Some(ws) = s.get("workers").and_then(|j| j.as_array()) {
-            println!("workers:");
+            println!();
+            println!(
+                "{:>6}  {:<20} {:>6} {:>9} {:>7} {:>6}  {}",
+                "WORKER", "NAME", "CPUS", "CPUS USED", "QUEUED", "UTIL", "HW CLASS"
+            );
             for w in ws {
-                println!("  {w}");
+                let cpus = w.get("resources").map(|r| num_of(r, "cpus")).unwrap_or(0.0);
+                let used = w.get("used").map(|r| num_of(r, "cpus")).unwrap_or(0.0);
+                println!(
+                    "{:>6}  {:<20} {:>6} {:>9} {:>7} {:>5.0}%  {}",
+                    format!("w{}", num_of(w, "id")),
+                    str_of(w, "name"),
+                    cpus,
+                    used,
+                    num_of(w, "queued"),
+                    num_of(w, "utilization") * 100.0,
+                    str_of(w, "hw_class")
+                );
             }
         }
     }

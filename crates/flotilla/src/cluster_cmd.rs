@@ -522,8 +522,8 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         if let Some(ws) = s.get("workers").and_then(|j| j.as_array()) {
             println!();
             println!(
-                "{:>6}  {:<20} {:>6} {:>9} {:>7} {:>6}  {}",
-                "WORKER", "NAME", "CPUS", "CPUS USED", "QUEUED", "UTIL", "HW CLASS"
+                "{:>6}  {:<20} {:>6} {:>9} {:>7} {:>6}  HW CLASS",
+                "WORKER", "NAME", "CPUS", "CPUS USED", "QUEUED", "UTIL"
             );
             for w in ws {
                 let cpus = w.get("resources").map(|r| num_of(r, "cpus")).unwrap_or(0.0);

@@ -116,7 +116,6 @@ impl Server {
         let api = Api {
             core: req_tx.clone(),
             sessions,
-            state_dir: config.state_dir.clone(),
             store: store.clone(),
         };
         let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
@@ -951,7 +950,6 @@ impl Core {
 struct Api {
     core: Sender<Req>,
     sessions: Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
-    state_dir: PathBuf,
     /// Files uploaded with transfer jobs, served to workers by `Objects.Fetch`.
     store: Arc<crate::objects::ObjectStore>,
 }
@@ -1137,7 +1135,6 @@ impl CoordinatorRpc for Api {
         _req: Request<proto::ShutdownRequest>,
     ) -> std::result::Result<Response<proto::ShutdownReply>, Status> {
         let _ = self.core.send(Req::Shutdown);
-        let _ = &self.state_dir;
         Ok(Response::new(proto::ShutdownReply {}))
     }
 }

@@ -285,13 +285,13 @@ pub(crate) struct DataManager {
 
 impl DataManager {
     /// A data manager with host memory and one node per device, each device's memory
-    /// capped at `limit` bytes when given (else the device's own size).
+    /// capped at `limit` bytes when given (never more than the device has).
     pub(crate) fn new(devices: &[Arc<dyn Device>], limit: Option<u64>) -> Self {
         let mut nodes = vec![None];
         for d in devices {
             let own = d.info().global_mem;
             let capacity = match limit {
-                Some(l) => l.min(own.max(l)),
+                Some(l) => l.min(own),
                 None => own,
             };
             nodes.push(Some(NodeMem {

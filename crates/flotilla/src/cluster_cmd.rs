@@ -394,15 +394,10 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let job_path = a.job.clone();
     let text = std::fs::read_to_string(&job_path)
         .with_context(|| format!("reading {}", job_path.display()))?;
-    let file_name = job_path
-        .file_name()
-        .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "job.toml".into());
     // Refuse a bad job file before starting anything.
     flotilla::core::parse_job(&text, &job_path.display().to_string())
         .and_then(|s| s.expand().map(|_| ()))
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let _ = file_name;
     let job_dir = std::fs::canonicalize(&job_path)?
         .parent()
         .map(Path::to_path_buf)

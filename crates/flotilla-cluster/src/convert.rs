@@ -161,6 +161,12 @@ pub(crate) fn assignment(a: state::Assignment) -> proto::Assignment {
             })
             .collect(),
         outputs: a.outputs,
+        after: a.after.map(|(t, attempt)| key(t, attempt)),
+        gang: a.gang.map(|g| proto::GangInfo {
+            rank: g.rank,
+            size: g.size,
+            key: g.key,
+        }),
         ..Default::default()
     };
     let env = |env: Vec<(String, String)>| -> Vec<proto::EnvVar> {

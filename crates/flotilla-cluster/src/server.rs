@@ -279,6 +279,11 @@ struct Core {
     uploads: HashMap<JobId, HashMap<String, proto::Object>>,
     /// Where `uploads` is kept across restarts (`<job>.json`).
     uploads_dir: PathBuf,
+    /// The rendezvous service of gangs (`group`): ranks meet there to build their
+    /// communicator. Kept alive with the core.
+    rendezvous: Option<flotilla_collective::RendezvousServer>,
+    /// Appended to gang keys so that they cannot be guessed from job and task ids.
+    gang_nonce: String,
 }
 
 impl Core {
@@ -429,7 +434,22 @@ impl Core {
             stop,
             uploads: HashMap::new(),
             uploads_dir: config.state_dir.join("uploads"),
+            rendezvous: None,
+            gang_nonce: {
+                use rand::RngCore;
+                let mut bytes = [0u8; 8];
+                rand::rngs::OsRng.fill_bytes(&mut bytes);
+                bytes.iter().map(|b| format!("{b:02x}")).collect()
+            },
         };
+        let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
+        core.rendezvous = Some(
+            flotilla_collective::RendezvousServer::bind(&rdv_addr).map_err(|e| {
+                ClusterError::Config(format!(
+                    "cannot start the gang rendezvous on {rdv_addr}: {e}"
+                ))
+            })?,
+        );
         core.load_uploads();
         let records = core
             .journal
@@ -680,11 +700,16 @@ impl Core {
                     self.handle(Event::WorkerReconciled { worker, previous }, cmds, records);
                 }
                 let hb = self.heartbeat.as_millis() as u64;
+                let rdv_port = self
+                    .rendezvous
+                    .as_ref()
+                    .map_or(0, |r| u32::from(r.local_addr().port()));
                 after.push(Box::new(move |_| {
                     let _ = reply.send(Ok(proto::RegisterReply {
                         worker: worker.0,
                         heartbeat_ms: hb,
                         protocol_version: PROTOCOL_VERSION,
+                        rendezvous_port: rdv_port,
                     }));
                 }));
             }
@@ -812,6 +837,9 @@ impl Core {
                     let m = per_worker.entry(worker).or_default();
                     for t in tasks {
                         let mut a = crate::convert::assignment(t);
+                        if let Some(g) = a.gang.as_mut() {
+                            g.key = format!("{}-{}", g.key, self.gang_nonce);
+                        }
                         self.add_uploaded_inputs(&mut a);
                         m.assign.push(a);
                     }

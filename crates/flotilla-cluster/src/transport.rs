@@ -47,6 +47,28 @@ impl Remote {
         }
     }
 
+    /// The host part of `addr` (`127.0.0.1`, `[::1]`, `node7`), for other services of the
+    /// same server (the rendezvous of gangs).
+    pub fn host(&self) -> String {
+        let rest = self
+            .addr
+            .strip_prefix("http://")
+            .or_else(|| self.addr.strip_prefix("https://"))
+            .unwrap_or(&self.addr);
+        let rest = rest.split('/').next().unwrap_or(rest);
+        if rest.starts_with('[') {
+            match rest.find(']') {
+                Some(end) => rest[..=end].to_string(),
+                None => rest.to_string(),
+            }
+        } else {
+            match rest.rsplit_once(':') {
+                Some((host, _)) => host.to_string(),
+                None => rest.to_string(),
+            }
+        }
+    }
+
     fn url(&self) -> String {
         if self.addr.starts_with("http://") || self.addr.starts_with("https://") {
             self.addr.clone()

@@ -206,7 +206,14 @@ struct Local {
     running: HashMap<(u64, u32, u32), Running>,
     /// Results sent recently, re-sent after a reconnect (the coordinator drops duplicates).
     recent: VecDeque<(Instant, TaskResult)>,
+    /// Attempts that succeeded here lately, for chained assignments (`after`): a set and
+    /// its insertion order, capped at [`SUCCEEDED_KEPT`].
+    succeeded: std::collections::HashSet<(u64, u32, u32)>,
+    succeeded_order: VecDeque<(u64, u32, u32)>,
 }
+
+/// How many recent successes a worker remembers for chained assignments.
+const SUCCEEDED_KEPT: usize = 4096;
 
 enum Out {
     Started(TaskKey),
@@ -285,6 +292,8 @@ struct Shared {
     wasm: Option<WasmRunner>,
     objects: Arc<ObjectStore>,
     data_addr: String,
+    /// The coordinator's rendezvous port for gangs (0 before registering or when none).
+    rendezvous_port: std::sync::atomic::AtomicU32,
 }
 
 fn key3(k: &TaskKey) -> (u64, u32, u32) {
@@ -331,11 +340,14 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
             queue: VecDeque::new(),
             running: HashMap::new(),
             recent: VecDeque::new(),
+            succeeded: std::collections::HashSet::new(),
+            succeeded_order: VecDeque::new(),
         }),
         out: out_tx,
         wasm,
         objects,
         data_addr,
+        rendezvous_port: std::sync::atomic::AtomicU32::new(0),
     });
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -488,6 +500,9 @@ async fn session(
     }
     let me = reply.worker;
     *shared.previous.lock() = Some(me);
+    shared
+        .rendezvous_port
+        .store(reply.rendezvous_port, std::sync::atomic::Ordering::Relaxed);
     let heartbeat = Duration::from_millis(reply.heartbeat_ms.max(50));
     tracing::info!(worker = me, "registered with the coordinator");
 
@@ -644,6 +659,13 @@ fn start_ready(shared: &Arc<Shared>) {
     let mut i = 0;
     while i < l.queue.len() {
         let a = &l.queue[i];
+        // Chained: waits until its predecessor's attempt succeeded here.
+        if let Some(after) = &a.after {
+            if !l.succeeded.contains(&key3(after)) {
+                i += 1;
+                continue;
+            }
+        }
         let r = a.resources.clone().unwrap_or_default();
         if !l.free.fits(&r, &a.gpu_indices, gpus) {
             i += 1;
@@ -682,6 +704,17 @@ fn start_ready(shared: &Arc<Shared>) {
                     }
                 }
                 l.free.take(&r, &a.gpu_indices, &sh.config.gpus, 1.0);
+                if result.outcome == proto::task_result::Outcome::Succeeded as i32 {
+                    let k = key3(&key);
+                    if l.succeeded.insert(k) {
+                        l.succeeded_order.push_back(k);
+                        if l.succeeded_order.len() > SUCCEEDED_KEPT {
+                            if let Some(old) = l.succeeded_order.pop_front() {
+                                l.succeeded.remove(&old);
+                            }
+                        }
+                    }
+                }
                 // Sent under the lock: the coordinator must hear of this finish before
                 // any start that uses what it freed.
                 let _ = sh.out.send(Out::Finished(result));
@@ -748,6 +781,17 @@ fn execute(
     ];
     if let Some(i) = a.index {
         env.push(("FLOTILLA_INDEX".into(), i.to_string()));
+    }
+    if let Some(g) = &a.gang {
+        env.push(("FLOTILLA_RANK".into(), g.rank.to_string()));
+        env.push(("FLOTILLA_WORLD_SIZE".into(), g.size.to_string()));
+        let port = sh
+            .rendezvous_port
+            .load(std::sync::atomic::Ordering::Relaxed);
+        env.push((
+            "FLOTILLA_RENDEZVOUS".into(),
+            format!("{}:{port}/{}", sh.config.remote.host(), g.key),
+        ));
     }
     if !a.gpu_indices.is_empty() {
         let list: Vec<String> = a.gpu_indices.iter().map(|i| i.to_string()).collect();

@@ -275,6 +275,14 @@ pub enum Problem {
     /// A gang (`group`) of size zero.
     #[error("group size must be at least 1")]
     ZeroGroupSize,
+    /// An array whose length is not a multiple of its gang size.
+    #[error("the array has {count} instances, not a multiple of the group size {size}: every gang needs {size}")]
+    GroupSize {
+        /// The gang size.
+        size: u32,
+        /// The array's length.
+        count: u64,
+    },
     /// `{i}` used in a task that is not an array.
     #[error("\"{{i}}\" is only replaced in array tasks; add `array = \"0..n\"` or remove it")]
     IndexOutsideArray,

@@ -98,6 +98,20 @@ pub struct TaskInstance {
     pub priority: i64,
     /// Gang scheduling, if any.
     pub group: Option<Group>,
+    /// Its gang and its rank in it, for a task with `group`.
+    pub gang: Option<GangMember>,
+}
+
+/// A task instance's place in its gang: the gang is the instances `first..first + size`,
+/// started together, each told its `rank`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GangMember {
+    /// The gang's first instance (rank 0).
+    pub first: TaskId,
+    /// This instance's rank, `0..size`.
+    pub rank: u32,
+    /// How many instances the gang has.
+    pub size: u32,
 }
 
 /// The name of an instance: `base[index]` or `base`.
@@ -436,7 +450,7 @@ pub(crate) fn expand(spec: &JobSpec) -> Result<TaskGraph> {
             BaseEntry {
                 first,
                 count: task.instance_count() as usize,
-                start: task.array.as_ref().map(|r| r.start),
+                start: task.indices().map(|r| r.start),
             },
         );
         let request = d.resources.overlay(&task.resources);
@@ -459,8 +473,8 @@ pub(crate) fn expand(spec: &JobSpec) -> Result<TaskGraph> {
                 .collect(),
             _ => Vec::new(),
         };
-        let indices: Box<dyn Iterator<Item = Option<u64>>> = match &task.array {
-            Some(r) => Box::new(r.clone().map(Some)),
+        let indices: Box<dyn Iterator<Item = Option<u64>>> = match task.indices() {
+            Some(r) => Box::new(r.map(Some)),
             None => Box::new(std::iter::once(None)),
         };
         for index in indices {
@@ -508,6 +522,14 @@ pub(crate) fn expand(spec: &JobSpec) -> Result<TaskGraph> {
                 timeout: task.timeout.or(d.timeout),
                 priority: task.priority.unwrap_or(d.priority),
                 group: task.group,
+                gang: task.group.map(|g| {
+                    let position = (tasks.len() - first) as u32;
+                    GangMember {
+                        first: TaskId::new((first as u32) + position / g.size * g.size),
+                        rank: position % g.size,
+                        size: g.size,
+                    }
+                }),
             });
         }
     }
@@ -530,7 +552,7 @@ pub(crate) fn expand(spec: &JobSpec) -> Result<TaskGraph> {
             let target = index_of[dep.task.as_str()];
             let first = firsts[target];
             let other = &spec.tasks[target];
-            match (dep.index, &other.array) {
+            match (dep.index, other.indices()) {
                 (Some(i), Some(r)) => list.push(TaskId::new((first as u64 + (i - r.start)) as u32)),
                 _ => list.extend(
                     (first..first + other.instance_count() as usize).map(|v| TaskId::new(v as u32)),
@@ -588,6 +610,7 @@ mod tests {
             timeout: None,
             priority: 0,
             group: None,
+            gang: None,
         }
     }
 
@@ -762,5 +785,58 @@ cmd = ["x"]
         };
         let cycle = TaskGraph::build(tasks, preds, HashMap::new()).unwrap_err();
         assert_eq!(cycle, vec!["x", "y", "x"]);
+    }
+
+    #[test]
+    fn a_group_without_array_runs_as_its_ranks() {
+        let text = r#"
+[[task]]
+id = "prep"
+cmd = ["x"]
+[[task]]
+id = "train"
+cmd = ["train", "--rank-hint", "{i}"]
+after = ["prep"]
+group = { size = 3 }
+[[task]]
+id = "eval"
+cmd = ["x"]
+after = ["train[2]"]
+"#;
+        let g = parse_job(text, "j.toml").unwrap().expand().unwrap();
+        assert_eq!(g.len(), 5);
+        for r in 0..3u32 {
+            let t = g.by_name(&format!("train[{r}]")).unwrap();
+            let inst = g.task(t);
+            let gang = inst.gang.unwrap();
+            assert_eq!((gang.first, gang.rank, gang.size), (TaskId::new(1), r, 3));
+            assert_eq!(g.preds(t), &[TaskId::new(0)]);
+            match &inst.kind {
+                TaskKind::Command { cmd, .. } => assert_eq!(cmd[2], r.to_string()),
+                other => panic!("{other:?}"),
+            }
+        }
+        let eval = g.by_name("eval").unwrap();
+        assert_eq!(g.preds(eval), &[g.by_name("train[2]").unwrap()]);
+        assert!(g.task(TaskId::new(0)).gang.is_none());
+    }
+
+    #[test]
+    fn an_array_group_is_cut_into_gangs_of_size() {
+        let text = "[[task]]\nid = \"a\"\ncmd = [\"x\"]\n[[task]]\nid = \"w\"\narray = \"10..16\"\ncmd = [\"x\"]\ngroup = { size = 3 }\n";
+        let g = parse_job(text, "j.toml").unwrap().expand().unwrap();
+        let gangs: Vec<(u32, u32)> = (1..7)
+            .map(|i| {
+                let m = g.task(TaskId::new(i)).gang.unwrap();
+                (m.first.0, m.rank)
+            })
+            .collect();
+        assert_eq!(gangs, vec![(1, 0), (1, 1), (1, 2), (4, 0), (4, 1), (4, 2)]);
+        let bad = "[[task]]\nid = \"w\"\narray = \"0..5\"\ncmd = [\"x\"]\ngroup = { size = 2 }\n";
+        let e = parse_job(bad, "j.toml").unwrap_err().to_string();
+        assert!(
+            e.contains("j.toml:5") && e.contains("not a multiple of the group size 2"),
+            "{e}"
+        );
     }
 }

@@ -172,7 +172,11 @@ pub enum TaskBody {
     Wasm(WasmSpec),
 }
 
-/// `group = { size = N }`: a gang of N instances started together.
+/// `group = { size = N }`: a gang of N instances started together, each told its rank.
+///
+/// On an array, consecutive runs of `size` instances form the gangs (the array's length must
+/// be a multiple of `size`); on a task without `array`, the task runs as `size` instances
+/// `id[0]`..`id[size-1]`, as if it had `array = "0..size"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Group {
     /// How many run together; at least 1.
@@ -232,9 +236,15 @@ impl TaskSpec {
 
     /// How many instances it expands to (1 when it is not an array, 0 for an empty range).
     pub fn instance_count(&self) -> u64 {
+        self.indices().map_or(1, |r| r.end.saturating_sub(r.start))
+    }
+
+    /// The array indices of its instances: `array`, or `0..size` for a `group` that is not
+    /// an array (a gang of `size` ranks), or `None` for one plain task.
+    pub fn indices(&self) -> Option<Range<u64>> {
         self.array
-            .as_ref()
-            .map_or(1, |r| r.end.saturating_sub(r.start))
+            .clone()
+            .or_else(|| self.group.map(|g| 0..u64::from(g.size)))
     }
 }
 

@@ -143,7 +143,15 @@ fn seed() -> impl Strategy<Value = Seed> {
             task.retries = retries;
             task.timeout = timeout;
             task.priority = priority;
-            task.group = group.map(|size| Group { size });
+            // A gang size must divide an array's length.
+            let len = task.instance_count();
+            task.group = group.map(|size| Group {
+                size: if task.array.is_none() || len.is_multiple_of(u64::from(size)) {
+                    size
+                } else {
+                    1
+                },
+            });
             Seed {
                 task,
                 deps,

@@ -53,7 +53,7 @@ pub mod source;
 pub mod validate;
 
 pub use error::{CoreError, JobError, Pos, Problem, Result};
-pub use graph::{TaskGraph, TaskInstance, TaskKind, VariantInstance, WasmInstance};
+pub use graph::{GangMember, TaskGraph, TaskInstance, TaskKind, VariantInstance, WasmInstance};
 pub use ids::{DataId, JobId, MemNodeId, TaskId, UnitId, WorkerId};
 pub use job::{
     Defaults, Dependency, Group, JobSpec, Staging, TaskBody, TaskSpec, VariantSpec, WasmSpec,

@@ -280,10 +280,20 @@ fn check_task<'a>(
         };
         return Err(fail(p, "cwd"));
     }
-    if task.group.is_some_and(|g| g.size == 0) {
-        return Err(fail(Problem::ZeroGroupSize, "group"));
+    if let Some(g) = task.group {
+        if g.size == 0 {
+            return Err(fail(Problem::ZeroGroupSize, "group"));
+        }
+        let count = task.instance_count();
+        if !count.is_multiple_of(u64::from(g.size)) {
+            let p = Problem::GroupSize {
+                size: g.size,
+                count,
+            };
+            return Err(fail(p, "group"));
+        }
     }
-    if task.array.is_none() {
+    if task.indices().is_none() {
         if let Some((variant, field)) = index_use(task) {
             return Err(match (variant, &task.body) {
                 (Some(i), TaskBody::Variants(vs)) => {
@@ -318,7 +328,7 @@ fn resolve_dependencies(
                 return Err(fail(Problem::SelfDependency, k));
             }
             let other = &spec.tasks[target];
-            let per_instance = match (dep.index, &other.array) {
+            let per_instance = match (dep.index, other.indices()) {
                 (None, _) => other.instance_count(),
                 (Some(_), None) => {
                     let p = Problem::NotAnArray {

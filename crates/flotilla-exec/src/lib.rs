@@ -31,6 +31,8 @@
 mod cancel;
 mod cgroup;
 mod error;
+#[cfg(feature = "wasm")]
+mod lazy_output;
 mod outcome;
 mod output;
 mod process;

@@ -13,7 +13,9 @@ pub enum Output {
     Null,
     /// Written to this file, created (with its parent folders) or truncated. When stdout and
     /// stderr name the same file they share one open file, so their lines interleave in order
-    /// instead of overwriting each other. `flotilla logs` follows these files.
+    /// instead of overwriting each other. `flotilla logs` follows these files. For a WASM
+    /// module the file is created at the first byte written, so a module that prints nothing
+    /// leaves none (a process needs it open before it starts).
     File(PathBuf),
     /// Shared with the executor's own stream (for tests and interactive use).
     Inherit,

@@ -30,14 +30,14 @@ use parking_lot::{Condvar, Mutex};
 use wasmtime::{
     Config, Engine, InstancePre, Linker, Module, ResourceLimiter, Store, Trap, UpdateDeadline,
 };
-use wasmtime_wasi::cli::OutputFile;
 use wasmtime_wasi::p1::{self, WasiP1Ctx};
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 
 use crate::cancel::CancelHandle;
 use crate::error::{Error, Result};
+use crate::lazy_output::LazyFile;
 use crate::outcome::{Outcome, Termination, Usage};
-use crate::output::{self, Opened, Output};
+use crate::output::Output;
 use crate::reaper::StopReason;
 
 /// How often the engine's epoch advances while WASM attempts run: the granularity of
@@ -285,24 +285,33 @@ impl WasmRunner {
         };
         let mut builder = WasiCtxBuilder::new();
         builder.allow_blocking_current_thread(true);
-        let (out, err) = output::open_pair(&spec.stdout, &spec.stderr)?;
-        match out {
-            Opened::Null => {}
-            Opened::File(file) => {
-                builder.stdout(OutputFile::new(file));
+        // Files are created at the first byte written: most modules print nothing.
+        let lazy_out = match &spec.stdout {
+            Output::File(p) => Some(LazyFile::new(p.clone())),
+            _ => None,
+        };
+        let lazy_err = match (&spec.stderr, &spec.stdout, &lazy_out) {
+            (Output::File(e), Output::File(o), Some(shared)) if e == o => Some(shared.clone()),
+            (Output::File(e), _, _) => Some(LazyFile::new(e.clone())),
+            _ => None,
+        };
+        match (&spec.stdout, lazy_out) {
+            (_, Some(f)) => {
+                builder.stdout(f);
             }
-            Opened::Inherit => {
+            (Output::Inherit, None) => {
                 builder.inherit_stdout();
             }
+            _ => {}
         }
-        match err {
-            Opened::Null => {}
-            Opened::File(file) => {
-                builder.stderr(OutputFile::new(file));
+        match (&spec.stderr, lazy_err) {
+            (_, Some(f)) => {
+                builder.stderr(f);
             }
-            Opened::Inherit => {
+            (Output::Inherit, None) => {
                 builder.inherit_stderr();
             }
+            _ => {}
         }
         let argv0 = spec
             .module
@@ -532,6 +541,24 @@ mod tests {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<WasmRunner>();
         assert_send_sync::<CancelHandle>();
+    }
+
+    #[test]
+    fn a_silent_module_leaves_no_output_files_and_a_shared_file_gets_both_streams() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut spec = WasmSpec::new(module(dir.path(), "noop.wat", NOOP_WAT));
+        spec.stdout = Output::File(dir.path().join("logs/out"));
+        spec.stderr = Output::File(dir.path().join("logs/err"));
+        let outcome = run(&spec);
+        assert!(outcome.success(), "{outcome:?}");
+        assert!(!dir.path().join("logs/out").exists());
+        assert!(!dir.path().join("logs/err").exists());
+        let mut spec = WasmSpec::new(module(dir.path(), "hello.wat", &hello_wat()));
+        spec.stdout = Output::File(dir.path().join("both"));
+        spec.stderr = Output::File(dir.path().join("both"));
+        assert!(run(&spec).success());
+        let both = fs::read_to_string(dir.path().join("both")).expect("output file");
+        assert_eq!(both, "hello\nhello\n");
     }
 
     #[test]

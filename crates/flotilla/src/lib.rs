@@ -27,6 +27,8 @@ pub mod bench;
 
 /// The cluster: coordinator, workers, protocol, client API.
 pub use flotilla_cluster as cluster;
+/// Collectives (allreduce, allgather, broadcast, ...) over TCP and shared memory.
+pub use flotilla_collective as collective;
 /// The job model: ids, resources, job files (parse, validate, expand).
 pub use flotilla_core as core;
 /// Device backends (cpu, opencl, cuda) and the kernel library.

@@ -56,6 +56,44 @@ enum Bench {
     Gemm(LinalgArgs),
     /// Trivial tasks through a coordinator and workers (gRPC over loopback).
     Cluster(ClusterArgs),
+    /// Allreduce (f32 sum) bandwidth, ranks as separate processes (nccl-tests figures).
+    Allreduce(AllreduceArgs),
+    /// One rank of `bench allreduce` (FLOTILLA_RANK, FLOTILLA_WORLD_SIZE, FLOTILLA_RENDEZVOUS
+    /// from the environment, as a gang member gets them); rank 0 prints JSON lines.
+    #[command(hide = true)]
+    AllreduceRank(AllreduceRankArgs),
+}
+
+#[derive(Args)]
+struct AllreduceArgs {
+    /// Ranks (processes on this machine).
+    #[arg(long, default_value_t = 2)]
+    ranks: usize,
+    /// Message sizes (K, M, G are powers of 1024).
+    #[arg(long, default_value = "4K,1M,64M,256M")]
+    bytes: String,
+    /// tcp (loopback), shm (shared memory) or auto.
+    #[arg(long, default_value = "auto")]
+    transport: String,
+    /// Timed rounds per size; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct AllreduceRankArgs {
+    /// Message sizes (K, M, G are powers of 1024).
+    #[arg(long, default_value = "4K,1M,64M,256M")]
+    bytes: String,
+    /// tcp, shm or auto.
+    #[arg(long, default_value = "auto")]
+    transport: String,
+    /// Timed rounds per size.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
 }
 
 #[derive(Args)]
@@ -81,6 +119,9 @@ struct ClusterArgs {
     /// Skip timing xargs -P on the same processes.
     #[arg(long)]
     no_xargs: bool,
+    /// Chained dispatch depth (0: every hop of a chain goes through the coordinator).
+    #[arg(long, default_value_t = 8)]
+    chain_depth: usize,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -234,6 +275,7 @@ fn run(cli: Cli) -> Result<bool> {
                 cpus_per_worker: a.cpus,
                 reps: a.reps,
                 xargs: !a.no_xargs,
+                chain_depth: a.chain_depth,
             };
             let r = tokio_runtime()?
                 .block_on(flotilla::bench::cluster::run(&cfg))
@@ -263,6 +305,40 @@ fn run(cli: Cli) -> Result<bool> {
 
 fn run_local(command: Command) -> Result<()> {
     match command {
+        Command::Bench(Bench::Allreduce(a)) => {
+            use flotilla::bench::allreduce;
+            allreduce::parse_sizes(&a.bytes)?;
+            allreduce::parse_transport(&a.transport)?;
+            let exe = std::env::current_exe()?;
+            allreduce::launch(&exe, a.ranks, &a.bytes, &a.transport, a.rounds, |p| {
+                if a.json {
+                    println!("{}", serde_json::to_string(&p).unwrap_or_default());
+                } else {
+                    println!(
+                        "allreduce f32 sum ranks={} transport={} bytes={:>10}: {:>10.1} us  algbw {:.3} GB/s  busbw {:.3} GB/s",
+                        p.ranks,
+                        p.transport,
+                        p.bytes,
+                        p.seconds * 1e6,
+                        p.algbw_gbs,
+                        p.busbw_gbs
+                    );
+                }
+            })?;
+            Ok(())
+        }
+        Command::Bench(Bench::AllreduceRank(a)) => {
+            use flotilla::bench::allreduce;
+            let sizes = allreduce::parse_sizes(&a.bytes)?;
+            let transport = allreduce::parse_transport(&a.transport)?;
+            let (rank, points) = allreduce::run_rank(&sizes, transport, a.rounds)?;
+            if rank == 0 {
+                for p in points {
+                    println!("{}", serde_json::to_string(&p)?);
+                }
+            }
+            Ok(())
+        }
         Command::Bench(Bench::Overhead(a)) => {
             let cpus = a.cpus.unwrap_or_else(|| {
                 std::thread::available_parallelism()

@@ -16,9 +16,9 @@ use super::job::Job;
 use super::sched::{self, Decision, Problem};
 use super::worker::Worker;
 use super::{
-    AssignedKind, Assignment, AttemptOutcome, AttemptResult, Command, Config, Event, JobState,
-    JournalRecord, Millis, Notification, ObjectRef, Placement, Result, StateError, TaskRef,
-    TaskState,
+    AssignedKind, Assignment, AttemptOutcome, AttemptResult, Command, Config, Event,
+    GangAssignment, JobState, JournalRecord, Millis, Notification, ObjectRef, Placement, Result,
+    StateError, TaskRef, TaskState,
 };
 
 /// A task journaled as assigned before a restart, to a worker that has not rejoined yet.
@@ -504,6 +504,7 @@ impl Coordinator {
             }
         }
         let message = format!("worker {id} lost: {reason}");
+        let mut gang_hit: Vec<TaskRef> = Vec::new();
         for &(tref, attempt) in w.slots.keys() {
             let Some(j) = self.jobs.get_mut(&tref.job) else {
                 continue;
@@ -518,9 +519,15 @@ impl Coordinator {
             rt.worker = None;
             if j.is_active() {
                 j.runnable(tref.task, Some(message.clone()), out);
+                if j.graph.task(tref.task).gang.is_some() {
+                    gang_hit.push(tref);
+                }
             } else {
                 j.set_state(tref.task, TaskState::Cancelled, Some(message.clone()), out);
             }
+        }
+        for tref in gang_hit {
+            self.break_gang(tref.job, tref.task, None, &message, out);
         }
         // Lineage: outputs that only this worker held.
         let mut lost: BTreeMap<JobId, Vec<TaskId>> = BTreeMap::new();
@@ -661,9 +668,12 @@ impl Coordinator {
             .get_mut(&worker)
             .expect("callers checked the worker");
         let key = (task, attempt);
-        let Some(slot) = w.slots.get(&key) else {
+        let Some(slot) = w.slots.get_mut(&key) else {
             return Ok(()); // stale
         };
+        // A chained task starts when its predecessor succeeded there, which the worker
+        // reported first; clear the mark in case that report was stale here.
+        slot.after = None;
         if !slot.reserved && !w.promote_one(key) {
             return Err(StateError::Conflict {
                 task,
@@ -682,6 +692,10 @@ impl Coordinator {
         let rt = &j.tasks[task.task.index()];
         if rt.state == TaskState::Assigned && rt.attempt == attempt && rt.worker == Some(worker) {
             j.set_state(task.task, TaskState::Running, None, out);
+            let inst = j.graph.task(task.task);
+            if inst.gang.is_none() && !matches!(inst.kind, TaskKind::Variants(_)) {
+                self.chain_successors(task.job, task.task, attempt, worker, out);
+            }
         }
         Ok(())
     }
@@ -723,6 +737,7 @@ impl Coordinator {
                 j.set_state(task.task, TaskState::Cancelled, None, out);
             }
         }
+        self.settle_chained((task, attempt), false, worker, out);
         Ok(())
     }
 
@@ -771,7 +786,30 @@ impl Coordinator {
         } else {
             owner
         };
+        let succeeded = matches!(result.outcome, AttemptOutcome::Succeeded)
+            && !j.broken.contains(&(t, attempt));
+        self.settle_chained((task, attempt), succeeded, ran_on, out);
+        let j = self
+            .jobs
+            .get_mut(&task.job)
+            .expect("callers checked the job");
         let active = j.is_active();
+        let gang = j.graph.task(t).gang;
+        if gang.is_some() && j.broken.remove(&(t, attempt)) {
+            // Its gang broke while it ran: whatever it says, it reruns with the gang.
+            j.tasks[t.index()].worker = None;
+            if active {
+                j.runnable(
+                    t,
+                    Some(format!("attempt {attempt} stopped with its gang")),
+                    out,
+                );
+            } else {
+                j.set_state(t, TaskState::Cancelled, None, out);
+            }
+            return;
+        }
+        let mut broke: Option<(Option<u32>, String)> = None;
         match result.outcome {
             AttemptOutcome::Succeeded => {
                 let variant = result
@@ -845,6 +883,9 @@ impl Coordinator {
                         )),
                         out,
                     );
+                    if gang.is_some() {
+                        broke = Some((Some(failures), message));
+                    }
                 } else {
                     let why = if retryable {
                         format!("{message} (no retries left)")
@@ -864,10 +905,16 @@ impl Coordinator {
                         Some(format!("attempt {attempt} cancelled on {worker}")),
                         out,
                     );
+                    if gang.is_some() {
+                        broke = Some((None, format!("a member was cancelled on {worker}")));
+                    }
                 } else {
                     j.set_state(t, TaskState::Cancelled, None, out);
                 }
             }
+        }
+        if let Some((failures, message)) = broke {
+            self.break_gang(task.job, t, failures, &message, out);
         }
     }
 
@@ -1018,6 +1065,11 @@ impl Coordinator {
             }
             let order = self.jobs[&job].class_order.clone();
             for c in order {
+                let first = TaskId::new(self.jobs[&job].classes[c].first);
+                if self.jobs[&job].graph.task(first).gang.is_some() {
+                    self.schedule_gangs(job, c, out);
+                    continue;
+                }
                 while let Some(&t) = self.jobs[&job].classes[c].ready.first() {
                     match self.place_one(job, TaskId::new(t), out) {
                         Placed::Yes | Placed::Deferred => {}
@@ -1028,7 +1080,16 @@ impl Coordinator {
         }
     }
 
-    fn place_one(&mut self, job: JobId, t: TaskId, out: &mut Vec<Command>) -> Placed {
+    /// Transfer staging: where a task's inputs are (bytes per worker) and what to fetch from
+    /// whom. `Err` when it cannot be placed now: holders are ghosts still in their grace
+    /// (`Blocked`), or lost (their producers are rerun, `Deferred`).
+    #[allow(clippy::type_complexity)]
+    fn stage(
+        &mut self,
+        job: JobId,
+        t: TaskId,
+        out: &mut Vec<Command>,
+    ) -> std::result::Result<(HashMap<WorkerId, u64>, Vec<(ObjectRef, String)>), Placed> {
         let staging = self.jobs[&job].staging;
         let mut local_bytes: HashMap<WorkerId, u64> = HashMap::new();
         let mut inputs: Vec<(ObjectRef, String)> = Vec::new();
@@ -1068,15 +1129,23 @@ impl Coordinator {
                 }
             }
             if waiting_for_ghosts {
-                return Placed::Blocked;
+                return Err(Placed::Blocked);
             }
             if !lost.is_empty() {
                 for p in lost {
                     self.rerun(job, p, "its outputs are held by no live worker", out);
                 }
-                return Placed::Deferred;
+                return Err(Placed::Deferred);
             }
         }
+        Ok((local_bytes, inputs))
+    }
+
+    fn place_one(&mut self, job: JobId, t: TaskId, out: &mut Vec<Command>) -> Placed {
+        let (local_bytes, inputs) = match self.stage(job, t, out) {
+            Ok(x) => x,
+            Err(p) => return p,
+        };
         let j = &self.jobs[&job];
         let c = j.class_of(t);
         let inst = j.graph.task(t);
@@ -1116,6 +1185,26 @@ impl Coordinator {
         inputs: Vec<(ObjectRef, String)>,
         out: &mut Vec<Command>,
     ) {
+        let worker = d.worker;
+        let chain = d.variant.is_none() && self.jobs[&job].graph.task(t).gang.is_none();
+        self.assign_member(job, t, d, inputs, None, None, out);
+        if chain {
+            let attempt = self.jobs[&job].tasks[t.index()].attempt;
+            self.chain_successors(job, t, attempt, worker, out);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn assign_member(
+        &mut self,
+        job: JobId,
+        t: TaskId,
+        d: Decision,
+        inputs: Vec<(ObjectRef, String)>,
+        gang: Option<GangAssignment>,
+        after: Option<(TaskRef, u32)>,
+        out: &mut Vec<Command>,
+    ) {
         let j = self
             .jobs
             .get_mut(&job)
@@ -1142,7 +1231,10 @@ impl Coordinator {
             e.reason = None;
         }
         let gpu_indices = w.gpu_indices(&d.gpus);
-        w.add((tref, attempt), &need, d.gpus, d.reserved);
+        match after {
+            Some(pred) => w.add_chained((tref, attempt), &need, pred),
+            None => w.add((tref, attempt), &need, d.gpus, d.reserved),
+        }
         let mut resources = Worker::charge(&need);
         if need.gpus >= 1.0 {
             resources.gpu_mem = need.gpu_mem;
@@ -1195,6 +1287,8 @@ impl Coordinator {
             inputs,
             outputs: inst.outputs.clone(),
             reason: d.reason,
+            gang,
+            after,
         };
         self.journal.push(JournalRecord::TaskAssigned {
             worker: w.id,
@@ -1206,6 +1300,339 @@ impl Coordinator {
         });
         self.pending.entry(w.id).or_default().push(a);
         j.set_state(t, TaskState::Assigned, None, out);
+    }
+
+    // ---- chained dispatch ----
+
+    /// Chains the successors of `t` (attempt `attempt`, placed on `worker`) whose only
+    /// unfinished predecessor it is: they are assigned to the same worker now, to start there
+    /// the moment `t` succeeds, with no round trip to the coordinator (a chain of dependent
+    /// tasks then costs a local hand-off per hop). Only plain tasks (no variants, no gang, no
+    /// GPUs) in shared staging, at most `chain_depth` waiting per worker; chains recursively.
+    fn chain_successors(
+        &mut self,
+        job: JobId,
+        t: TaskId,
+        attempt: u32,
+        worker: WorkerId,
+        out: &mut Vec<Command>,
+    ) {
+        let depth = self.config.chain_depth;
+        if depth == 0 || self.jobs[&job].staging != Staging::Shared || !self.jobs[&job].is_active()
+        {
+            return;
+        }
+        let pred = (self.jobs[&job].tref(t), attempt);
+        let succs: Vec<TaskId> = self.jobs[&job].graph.succs(t).to_vec();
+        for s in succs {
+            let Some(w) = self.workers.get(&worker) else {
+                return;
+            };
+            if w.chained() >= depth {
+                return;
+            }
+            let j = &self.jobs[&job];
+            let rt = &j.tasks[s.index()];
+            let inst = j.graph.task(s);
+            let plain = matches!(inst.kind, TaskKind::Command { .. } | TaskKind::Wasm(_))
+                && inst.gang.is_none()
+                && inst.resources.gpus <= 0.0
+                && inst.resources.gpu_mem == 0;
+            if rt.state == TaskState::Assigned && rt.worker == Some(worker) {
+                // Chained here already: extend the chain below it.
+                let key = (j.tref(s), rt.attempt);
+                if w.slots.get(&key).is_some_and(|sl| sl.after == Some(pred)) {
+                    self.chain_successors(job, s, key.1, worker, out);
+                }
+                continue;
+            }
+            if rt.state != TaskState::Waiting || rt.unmet != 1 || !plain {
+                continue;
+            }
+            if !w.fits_total(&inst.resources) {
+                continue;
+            }
+            let d = Decision {
+                worker,
+                variant: None,
+                gpus: Vec::new(),
+                reserved: false,
+                explored: false,
+                reason: Placement {
+                    policy: "chain".into(),
+                    predicted_s: None,
+                    alternatives: Vec::new(),
+                    why: format!(
+                        "{worker}: starts there as soon as {} (its last unfinished predecessor) succeeds there",
+                        j.graph.task(t).name
+                    ),
+                },
+            };
+            self.assign_member(job, s, d, Vec::new(), None, Some(pred), out);
+            let a = self.jobs[&job].tasks[s.index()].attempt;
+            self.chain_successors(job, s, a, worker, out);
+        }
+    }
+
+    /// `pred` ended (`succeeded` on `ran_on`, or not): its chained successors on `ran_on`
+    /// may start; every other one (elsewhere, or after a failure) is retracted and placed
+    /// again once it is `Ready`.
+    fn settle_chained(
+        &mut self,
+        pred: (TaskRef, u32),
+        succeeded: bool,
+        ran_on: WorkerId,
+        out: &mut Vec<Command>,
+    ) {
+        let job = pred.0.job;
+        let Some(j) = self.jobs.get(&job) else {
+            return;
+        };
+        let mut holders: Vec<WorkerId> = Vec::new();
+        for &s in j.graph.succs(pred.0.task) {
+            let rt = &j.tasks[s.index()];
+            if rt.state == TaskState::Assigned {
+                if let Some(w) = rt.worker {
+                    if !holders.contains(&w) {
+                        holders.push(w);
+                    }
+                }
+            }
+        }
+        for wid in holders {
+            let Some(w) = self.workers.get_mut(&wid) else {
+                continue;
+            };
+            if succeeded && wid == ran_on {
+                w.release_chained(pred);
+                continue;
+            }
+            for key in w.chained_on(pred) {
+                if let Some(slot) = w.slots.get_mut(&key) {
+                    if slot.cancel_sent {
+                        continue;
+                    }
+                    slot.cancel_sent = true;
+                }
+                out.push(Command::Retract {
+                    worker: wid,
+                    task: key.0,
+                    attempt: key.1,
+                });
+            }
+        }
+    }
+
+    // ---- gangs ----
+
+    /// Places the gangs of a class whose members are all `Ready`, oldest gang first; stops
+    /// at the first gang that does not fit (later ones would not either).
+    fn schedule_gangs(&mut self, job: JobId, c: usize, out: &mut Vec<Command>) {
+        let mut leaders: Vec<TaskId> = Vec::new();
+        {
+            let j = &self.jobs[&job];
+            for &t in &j.classes[c].ready {
+                if let Some(g) = j.graph.task(TaskId::new(t)).gang {
+                    if leaders.last() != Some(&g.first) {
+                        leaders.push(g.first);
+                    }
+                }
+            }
+        }
+        for leader in leaders {
+            match self.place_gang(job, leader, out) {
+                Placed::Yes | Placed::Deferred => {}
+                Placed::Blocked => break,
+            }
+        }
+    }
+
+    /// The members of the gang led by `leader`.
+    fn gang_members(&self, job: JobId, leader: TaskId) -> std::ops::Range<u32> {
+        let size = self.jobs[&job]
+            .graph
+            .task(leader)
+            .gang
+            .map_or(1, |g| g.size);
+        leader.0..leader.0 + size
+    }
+
+    /// All or nothing: every member of the gang gets a reserved slot (never a queued one, so
+    /// all start at once) in the same call, or none is placed.
+    fn place_gang(&mut self, job: JobId, leader: TaskId, out: &mut Vec<Command>) -> Placed {
+        let members = self.gang_members(job, leader);
+        {
+            let j = &self.jobs[&job];
+            let mut done = Vec::new();
+            for m in members.clone() {
+                match j.tasks[m as usize].state {
+                    TaskState::Ready => {}
+                    TaskState::Done => done.push(TaskId::new(m)),
+                    // Not all back yet (a member in backoff, or still reporting).
+                    _ => return Placed::Deferred,
+                }
+            }
+            if !done.is_empty() {
+                // A member finished before the gang broke: the gang reruns as a whole.
+                let j = self.job(job);
+                j.undo_done(&done, "rerun with its gang", out);
+                if done
+                    .iter()
+                    .any(|&m| j.tasks[m.index()].state != TaskState::Ready)
+                {
+                    return Placed::Deferred;
+                }
+            }
+        }
+        let mut staged = Vec::with_capacity(members.len());
+        for m in members.clone() {
+            match self.stage(job, TaskId::new(m), out) {
+                Ok(x) => staged.push(x),
+                Err(p) => return p,
+            }
+        }
+        // Trial reservations, member by member, undone before the real assignments.
+        let mut decisions: Vec<Decision> = Vec::with_capacity(members.len());
+        let mut trial: Vec<(WorkerId, TaskRef)> = Vec::new();
+        let mut leader_variant: Option<usize> = None;
+        let mut fits = true;
+        for (k, m) in members.clone().enumerate() {
+            let t = TaskId::new(m);
+            let j = &self.jobs[&job];
+            let c = j.class_of(t);
+            let inst = j.graph.task(t);
+            let all: Vec<(Option<&str>, &flotilla_core::Resources)> = match &inst.kind {
+                TaskKind::Variants(vs) => vs
+                    .iter()
+                    .map(|v| (Some(v.name.as_str()), &v.resources))
+                    .collect(),
+                _ => vec![(None, &inst.resources)],
+            };
+            // Every member runs the variant rank 0 got.
+            let offset = leader_variant.unwrap_or(0);
+            let options = match leader_variant {
+                Some(v) => vec![all[v]],
+                None => all.clone(),
+            };
+            let codelet = &j.classes[c].codelet;
+            let model = &self.model;
+            let predict = |v: Option<usize>, hw: &str| -> Prediction {
+                match v
+                    .map(|v| v + offset)
+                    .and_then(|v| all.get(v))
+                    .and_then(|o| o.0)
+                {
+                    Some(name) => model.predict(&format!("{codelet}/{name}"), hw, 0),
+                    None => model.predict(codelet, hw, 0),
+                }
+            };
+            let problem = Problem {
+                options,
+                local_bytes: &staged[k].0,
+                queue_depth: 0,
+                explore: j.classes[c].explore,
+            };
+            let Some(mut d) = sched::place(&problem, &self.workers, &predict) else {
+                fits = false;
+                break;
+            };
+            if leader_variant.is_some() {
+                d.variant = d.variant.map(|v| v + offset);
+                d.explored = false;
+            } else {
+                leader_variant = d.variant;
+            }
+            let need = resources_of(j, t, d.variant.map(|v| v as u16)).clone();
+            let tref = j.tref(t);
+            let w = self
+                .workers
+                .get_mut(&d.worker)
+                .expect("placed on a live worker");
+            w.add((tref, u32::MAX), &need, d.gpus.clone(), true);
+            trial.push((d.worker, tref));
+            d.reason.why = format!(
+                "{} (gang of {}: every member placed at once)",
+                d.reason.why,
+                members.len()
+            );
+            decisions.push(d);
+        }
+        for (w, tref) in trial {
+            if let Some(w) = self.workers.get_mut(&w) {
+                w.remove_trial((tref, u32::MAX));
+            }
+        }
+        if !fits {
+            return Placed::Blocked;
+        }
+        let size = members.len() as u32;
+        let attempt = self.jobs[&job].tasks[leader.index()].attempt + 1;
+        let key = format!("{}-{}-{attempt}", job, leader);
+        for ((m, d), (_, inputs)) in members.zip(decisions).zip(staged) {
+            let gang = GangAssignment {
+                rank: m - leader.0,
+                size,
+                key: key.clone(),
+            };
+            self.assign_member(job, TaskId::new(m), d, inputs, Some(gang), None, out);
+        }
+        Placed::Yes
+    }
+
+    /// A member of a gang failed, was cancelled or lost its worker (its own state is already
+    /// dealt with): the other members' current attempts are cancelled and remembered as
+    /// broken, so their reports (probably failures: their peer is gone) count nothing; members
+    /// not on a live worker go back to `Ready`/`Waiting` at once. With `failures`, every
+    /// member's failure count becomes that (the gang's retries are counted once per restart).
+    fn break_gang(
+        &mut self,
+        job: JobId,
+        t: TaskId,
+        failures: Option<u32>,
+        message: &str,
+        out: &mut Vec<Command>,
+    ) {
+        let Some(g) = self.jobs[&job].graph.task(t).gang else {
+            return;
+        };
+        let active = self.jobs[&job].is_active();
+        for m in self.gang_members(job, g.first) {
+            let m = TaskId::new(m);
+            if m == t {
+                continue;
+            }
+            let (state, attempt, owner) = {
+                let rt = &mut self.job(job).tasks[m.index()];
+                if let Some(f) = failures {
+                    rt.failures = rt.failures.max(f);
+                }
+                (rt.state, rt.attempt, rt.worker)
+            };
+            if !active || !matches!(state, TaskState::Assigned | TaskState::Running) {
+                continue;
+            }
+            let tref = TaskRef { job, task: m };
+            match owner.and_then(|w| self.workers.get_mut(&w)) {
+                Some(w) => {
+                    if let Some(slot) = w.slots.get_mut(&(tref, attempt)) {
+                        slot.cancel_sent = true;
+                    }
+                    let wid = w.id;
+                    out.push(Command::Cancel {
+                        worker: wid,
+                        task: tref,
+                        attempt,
+                    });
+                    self.job(job).broken.insert((m, attempt));
+                }
+                None => {
+                    self.ghosts.remove(&tref);
+                    let j = self.job(job);
+                    j.tasks[m.index()].worker = None;
+                    j.runnable(m, Some(format!("gang restarts: {message}")), out);
+                }
+            }
+        }
     }
 
     // ---- work stealing ----

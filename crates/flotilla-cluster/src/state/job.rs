@@ -14,7 +14,7 @@
 //! | [`Job::runnable`] | `Ready` if every predecessor is `Done`, else `Waiting` |
 //! | [`Job::undo_done`] | lineage: `Done` tasks back to `Ready`/`Waiting`, successors' `unmet` raised |
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use flotilla_core::{JobId, Staging, TaskGraph, TaskId, TaskKind, WorkerId};
 
@@ -91,6 +91,9 @@ pub(crate) struct Job {
     pub(crate) outputs: HashMap<TaskId, Vec<ObjectRef>>,
     /// Transfer staging: workers (live or not) holding a task's outputs.
     pub(crate) holders: HashMap<TaskId, Vec<WorkerId>>,
+    /// Attempts of gang members cancelled because their gang broke (another member failed
+    /// or was lost): whatever they report, they go back to `Ready`, counting no failure.
+    pub(crate) broken: HashSet<(TaskId, u32)>,
 }
 
 impl Job {
@@ -162,6 +165,7 @@ impl Job {
             retries: 0,
             outputs: HashMap::new(),
             holders: HashMap::new(),
+            broken: HashSet::new(),
         }
     }
 

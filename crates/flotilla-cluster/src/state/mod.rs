@@ -57,6 +57,29 @@
 //! answer to `Cancel` — or `TaskReturned`) or is lost, so resources of a cancelled attempt stay
 //! reserved until the worker confirms. Workers should send `TaskStarted` after staging inputs.
 //!
+//! # Gangs (`group = { size = N }`)
+//!
+//! The members of a gang (consecutive instances, `flotilla_core::GangMember`) are placed
+//! all or nothing: only when every member is `Ready`, each on a *reserved* slot (never
+//! queued, so all start at once), in one `handle` call; if one does not fit, none is placed
+//! (trial reservations are undone) and the class waits. Each member's [`Assignment`] carries
+//! its rank, the size and a rendezvous key naming this incarnation of the gang
+//! (`job-first-attempt`), from which the worker sets `FLOTILLA_RANK`, `FLOTILLA_WORLD_SIZE`
+//! and `FLOTILLA_RENDEZVOUS`. Every member runs the variant rank 0 got.
+//!
+//! | event on a member | effect on the gang |
+//! | --- | --- |
+//! | `TaskFinished` failed, retries left | it goes to `Backoff`; the other running members get `Cancel` and are marked *broken*; every member's failure count becomes the gang's (one retry per restart) |
+//! | `TaskFinished` failed, no retries left | the job fails (every member is cancelled) |
+//! | `TaskFinished` cancelled, `WorkerLost` | it goes back to `Ready`; the others are cancelled and marked broken; nothing counted |
+//! | `TaskFinished` of a broken attempt (any outcome) | back to `Ready`/`Waiting`, nothing counted (its peer died: its failure is the same restart) |
+//! | placement finds members `Done` beside `Ready` ones | the `Done` ones are put back (`undo_done`): a gang reruns as a whole |
+//!
+//! Checkpoints are the program's: a restarted gang runs in the same job folder (shared
+//! staging) and resumes from the files it wrote. Known limit: a gang waiting for room does not
+//! hold resources back from smaller tasks of other classes, so it can wait long on a busy
+//! cluster.
+//!
 //! # Restart
 //!
 //! Journaled events ([`JournalRecord`]) are written before they are applied; assignments are
@@ -74,6 +97,10 @@ mod sched;
 mod status;
 mod worker;
 
+#[cfg(test)]
+mod chain_tests;
+#[cfg(test)]
+mod gang_tests;
 #[cfg(test)]
 mod props;
 #[cfg(test)]
@@ -591,6 +618,25 @@ pub struct Assignment {
     pub outputs: Vec<String>,
     /// Why it was placed there.
     pub reason: Placement,
+    /// For a member of a gang (`group`): its rank, the gang's size and the rendezvous key.
+    pub gang: Option<GangAssignment>,
+    /// Chained dispatch: start only after this attempt of a predecessor succeeded on the
+    /// same worker (the coordinator retracts it if that attempt fails).
+    pub after: Option<(TaskRef, u32)>,
+}
+
+/// A gang member's part of an [`Assignment`]: the worker sets `FLOTILLA_RANK`,
+/// `FLOTILLA_WORLD_SIZE` and `FLOTILLA_RENDEZVOUS` (`HOST:PORT/KEY`, the coordinator's
+/// rendezvous service) from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GangAssignment {
+    /// `0..size`.
+    pub rank: u32,
+    /// The gang's size.
+    pub size: u32,
+    /// Names this incarnation of the gang at the rendezvous: `job-first-attempt`, where
+    /// `attempt` is rank 0's attempt (every restart of the gang gets a new key).
+    pub key: String,
 }
 
 /// Why a task was placed where it was.
@@ -745,16 +791,22 @@ pub struct Config {
     pub reconcile_grace_ms: u64,
     /// Tasks queued on a worker beyond its free resources (batched dispatch).
     pub queue_depth: usize,
+    /// Chained dispatch: how many tasks a worker may hold that wait for a predecessor
+    /// running there (their last unfinished one), to start the moment it succeeds with no
+    /// round trip to the coordinator. 0 turns chaining off.
+    #[serde(default)]
+    pub chain_depth: usize,
 }
 
 impl Default for Config {
-    /// 1 s backoff doubling up to 1 min, 30 s grace, 2 queued tasks per worker.
+    /// 1 s backoff doubling up to 1 min, 30 s grace, 2 queued tasks per worker, 8 chained.
     fn default() -> Self {
         Config {
             retry_backoff_ms: 1_000,
             max_backoff_ms: 60_000,
             reconcile_grace_ms: 30_000,
             queue_depth: 2,
+            chain_depth: 8,
         }
     }
 }

@@ -185,9 +185,25 @@ impl World {
             match cmd {
                 Command::Assign { worker, tasks } => {
                     for a in tasks {
-                        // No task is assigned before its predecessors are done.
+                        // No task is assigned before its predecessors are done, except
+                        // a chained one, behind its last predecessor on the same worker.
                         let j = &self.c.jobs_map()[&a.task.job];
                         for p in j.graph.preds(a.task.task) {
+                            if let Some((pt, pa)) = a.after {
+                                if pt.task == *p {
+                                    let rt = &j.tasks[p.index()];
+                                    assert!(
+                                        matches!(
+                                            rt.state,
+                                            TaskState::Assigned | TaskState::Running
+                                        ) && rt.attempt == pa
+                                            && rt.worker == Some(worker),
+                                        "{} chained behind {p}, which is not on {worker}",
+                                        a.task
+                                    );
+                                    continue;
+                                }
+                            }
                             assert_eq!(
                                 j.tasks[p.index()].state,
                                 TaskState::Done,
@@ -218,6 +234,15 @@ impl World {
 
     fn finish(&mut self, i: usize, outcome: AttemptOutcome) {
         if let Some((w, t, a, _)) = self.pick(i) {
+            // A chained task waiting for its predecessor can only be cancelled.
+            let chained = self
+                .c
+                .workers_map()
+                .get(&w)
+                .is_some_and(|wk| wk.slots.get(&(t, a)).is_some_and(|s| s.after.is_some()));
+            if chained && outcome != AttemptOutcome::Cancelled {
+                return;
+            }
             self.assigned.remove(&(w, t, a));
             self.apply(Event::TaskFinished {
                 worker: w,
@@ -262,7 +287,12 @@ impl World {
         match op {
             Op::Start(i) => {
                 if let Some((w, t, a, started)) = self.pick(*i) {
-                    if !started {
+                    // A worker starts a chained task only after its predecessor succeeded.
+                    let chained =
+                        self.c.workers_map().get(&w).is_some_and(|wk| {
+                            wk.slots.get(&(t, a)).is_some_and(|s| s.after.is_some())
+                        });
+                    if !started && !chained {
                         let mut out = Vec::new();
                         // A queued task beyond capacity is refused: that is the contract.
                         if self
@@ -422,7 +452,8 @@ proptest! {
         depth in 0usize..3,
     ) {
         let mut world = World {
-            c: Coordinator::new(config(depth)),
+            // Chained dispatch on whenever batched dispatch is.
+            c: Coordinator::new(Config { chain_depth: depth, ..config(depth) }),
             now: 0,
             assigned: BTreeMap::new(),
             retracted: Vec::new(),

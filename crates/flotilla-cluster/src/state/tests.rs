@@ -13,6 +13,7 @@ pub(super) fn config(queue_depth: usize) -> Config {
         max_backoff_ms: 350,
         reconcile_grace_ms: 5_000,
         queue_depth,
+        chain_depth: 0,
     }
 }
 
@@ -182,6 +183,10 @@ fn job_finished(out: &[Command]) -> Vec<(JobId, JobState)> {
         .collect()
 }
 
+pub(super) fn cancels_of(out: &[Command]) -> Vec<(WorkerId, TaskRef, u32)> {
+    cancels(out)
+}
+
 fn cancels(out: &[Command]) -> Vec<(WorkerId, TaskRef, u32)> {
     out.iter()
         .filter_map(|c| match c {
@@ -195,7 +200,7 @@ fn cancels(out: &[Command]) -> Vec<(WorkerId, TaskRef, u32)> {
         .collect()
 }
 
-fn retracts(out: &[Command]) -> Vec<(WorkerId, TaskRef, u32)> {
+pub(super) fn retracts(out: &[Command]) -> Vec<(WorkerId, TaskRef, u32)> {
     out.iter()
         .filter_map(|c| match c {
             Command::Retract {

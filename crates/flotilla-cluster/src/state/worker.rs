@@ -46,6 +46,9 @@ pub(crate) struct Slot {
     pub(crate) thief: Option<WorkerId>,
     /// A `Cancel` was sent.
     pub(crate) cancel_sent: bool,
+    /// Chained: waits for this attempt of a predecessor to succeed here; not in the queue
+    /// (never promoted, never stolen) until then.
+    pub(crate) after: Option<(TaskRef, u32)>,
 }
 
 /// A live worker.
@@ -301,6 +304,7 @@ impl Worker {
             seq,
             thief: None,
             cancel_sent: false,
+            after: None,
         };
         if reserved {
             self.reserve(&mut slot);
@@ -395,6 +399,69 @@ impl Worker {
             self.queue.remove(&slot.seq);
         }
         Some(slot)
+    }
+
+    /// Adds a chained attempt: queued behind `after` (a predecessor's attempt running or
+    /// queued here), outside the queue until [`Worker::release_chained`].
+    pub(crate) fn add_chained(
+        &mut self,
+        key: (TaskRef, u32),
+        need: &Resources,
+        after: (TaskRef, u32),
+    ) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let slot = Slot {
+            res: Self::charge(need),
+            gpus: Vec::new(),
+            reserved: false,
+            started: false,
+            seq,
+            thief: None,
+            cancel_sent: false,
+            after: Some(after),
+        };
+        self.slots.insert(key, slot);
+    }
+
+    /// Chained attempts waiting for `pred`.
+    pub(crate) fn chained_on(&self, pred: (TaskRef, u32)) -> Vec<(TaskRef, u32)> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.after == Some(pred))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// How many chained attempts wait here.
+    pub(crate) fn chained(&self) -> usize {
+        self.slots.values().filter(|s| s.after.is_some()).count()
+    }
+
+    /// `pred` succeeded: its chained attempts join the queue (in the order they were
+    /// assigned) and are promoted where they fit.
+    pub(crate) fn release_chained(&mut self, pred: (TaskRef, u32)) {
+        let keys = self.chained_on(pred);
+        for k in keys {
+            if let Some(s) = self.slots.get_mut(&k) {
+                s.after = None;
+                let seq = s.seq;
+                self.queue.insert(seq, k);
+            }
+        }
+        self.promote_queued();
+    }
+
+    /// Removes a trial reservation (placing a gang), without promoting queued attempts: the
+    /// state is as before the trial.
+    pub(crate) fn remove_trial(&mut self, key: (TaskRef, u32)) {
+        if let Some(slot) = self.slots.remove(&key) {
+            if slot.reserved {
+                self.unreserve(&slot);
+            } else {
+                self.queue.remove(&slot.seq);
+            }
+        }
     }
 
     fn promote_queued(&mut self) {

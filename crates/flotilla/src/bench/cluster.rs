@@ -31,6 +31,8 @@ pub struct ClusterBenchConfig {
     pub reps: usize,
     /// Also time `seq N | xargs -P <workers×cpus> -n 1 /bin/true` in the same run.
     pub xargs: bool,
+    /// The coordinator's chained-dispatch depth (0: every hop goes through the coordinator).
+    pub chain_depth: usize,
 }
 
 /// One result line.
@@ -38,6 +40,8 @@ pub struct ClusterBenchConfig {
 pub struct ClusterBenchResult {
     /// Always "cluster".
     pub bench: &'static str,
+    /// The coordinator's chained-dispatch depth.
+    pub chain_depth: usize,
     /// The workload.
     pub workload: String,
     /// Task kind.
@@ -136,6 +140,7 @@ pub async fn run(
 
     let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), dir.join("state"));
     scfg.coordinator.queue_depth = 64;
+    scfg.coordinator.chain_depth = cfg.chain_depth;
     let server = Server::start(scfg).await?;
     let remote = Remote::new(server.addr().to_string(), server.token().to_string());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -208,6 +213,7 @@ pub async fn run(
     let rate = n_tasks as f64 / med;
     Ok(ClusterBenchResult {
         bench: "cluster",
+        chain_depth: cfg.chain_depth,
         workload: cfg.workload.clone(),
         kind: if cfg.workload == "true" || cfg.workload == "wasm" {
             cfg.workload.clone()

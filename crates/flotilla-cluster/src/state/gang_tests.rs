@@ -1,0 +1,183 @@
+//! Gangs (`group = { size = N }`): all-or-nothing placement, ranks and rendezvous keys,
+//! restarts of the whole gang counted as one retry.
+
+use super::tests::{assigns, config, wspec, Sim};
+use super::*;
+
+fn gang_job(size: u32, retries: u32) -> String {
+    format!(
+        "name = \"g\"\n[defaults]\nretries = {retries}\n[[task]]\nid = \"train\"\ncmd = [\"train\"]\ngroup = {{ size = {size} }}\nresources = {{ cpus = 1 }}\n"
+    )
+}
+
+fn failed(message: &str) -> AttemptOutcome {
+    AttemptOutcome::Failed {
+        message: message.into(),
+        retryable: true,
+    }
+}
+
+fn gangs(out: &[Command]) -> Vec<(WorkerId, String, GangAssignment)> {
+    assigns(out)
+        .into_iter()
+        .map(|(w, a)| (w, a.name.clone(), a.gang.clone().expect("a gang member")))
+        .collect()
+}
+
+#[test]
+fn a_gang_is_placed_all_at_once_or_not_at_all() {
+    let mut sim = Sim::new(2);
+    let (w1, _) = sim.join(wspec(2.0, &[]));
+    let (job, out) = sim.submit(&gang_job(3, 0));
+    assert!(
+        assigns(&out).is_empty(),
+        "2 free cpus for a gang of 3: nothing starts, nothing is queued"
+    );
+    assert_eq!(sim.state(job, "train[0]"), TaskState::Ready);
+    let (w2, out) = sim.join(wspec(1.0, &[]));
+    let g = gangs(&out);
+    assert_eq!(g.len(), 3);
+    let mut ranks: Vec<u32> = g.iter().map(|x| x.2.rank).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, vec![0, 1, 2]);
+    assert!(g.iter().all(|x| x.2.size == 3 && x.2.key == g[0].2.key));
+    assert_eq!(g.iter().filter(|x| x.0 == w1).count(), 2);
+    assert_eq!(g.iter().filter(|x| x.0 == w2).count(), 1);
+    for (_, name, gang) in &g {
+        assert_eq!(name, &format!("train[{}]", gang.rank));
+    }
+    // Nothing queued: every member holds reserved resources.
+    let w = &sim.c.workers_map()[&w1];
+    assert!(w.queue.is_empty() && w.slots.values().all(|s| s.reserved));
+}
+
+#[test]
+fn gangs_of_an_array_take_turns_when_only_one_fits() {
+    let mut sim = Sim::new(2);
+    let (w, _) = sim.join(wspec(2.0, &[]));
+    let text = "[[task]]\nid = \"r\"\narray = \"0..4\"\ncmd = [\"r\"]\ngroup = { size = 2 }\nresources = { cpus = 1 }\n";
+    let (job, out) = sim.submit(text);
+    let first = gangs(&out);
+    assert_eq!(
+        first.iter().map(|x| x.1.as_str()).collect::<Vec<_>>(),
+        vec!["r[0]", "r[1]"]
+    );
+    assert_eq!(sim.state(job, "r[2]"), TaskState::Ready);
+    let a0 = sim.tref(job, "r[0]");
+    let a1 = sim.tref(job, "r[1]");
+    let out = sim.finish(w, a0, 1, AttemptOutcome::Succeeded);
+    assert!(
+        assigns(&out).is_empty(),
+        "one free cpu does not fit the next gang of 2"
+    );
+    let out = sim.finish(w, a1, 1, AttemptOutcome::Succeeded);
+    let second = gangs(&out);
+    assert_eq!(
+        second.iter().map(|x| x.1.as_str()).collect::<Vec<_>>(),
+        vec!["r[2]", "r[3]"]
+    );
+    assert_ne!(second[0].2.key, first[0].2.key);
+    assert_eq!((second[0].2.rank, second[1].2.rank), (0, 1));
+}
+
+#[test]
+fn a_failed_member_restarts_the_whole_gang_counting_one_retry() {
+    let mut sim = Sim::new(0);
+    let (w1, _) = sim.join(wspec(1.0, &[]));
+    let (w2, _) = sim.join(wspec(1.0, &[]));
+    let (job, out) = sim.submit(&gang_job(2, 1));
+    let first = gangs(&out);
+    assert_eq!(first.len(), 2);
+    let r0 = sim.tref(job, "train[0]");
+    let r1 = sim.tref(job, "train[1]");
+    let (on0, on1) = (
+        first.iter().find(|x| x.2.rank == 0).unwrap().0,
+        first.iter().find(|x| x.2.rank == 1).unwrap().0,
+    );
+    assert_ne!(on0, on1);
+    assert!([w1, w2].contains(&on0));
+    for (w, t) in [(on0, r0), (on1, r1)] {
+        sim.ev(Event::TaskStarted {
+            worker: w,
+            task: t,
+            attempt: 1,
+        });
+    }
+    // Rank 1 crashes: rank 0 is told to stop.
+    let out = sim.finish(on1, r1, 1, failed("exit 3"));
+    assert_eq!(sim.state(job, "train[1]"), TaskState::Backoff);
+    assert_eq!(
+        super::tests::cancels_of(&out),
+        vec![(on0, r0, 1)],
+        "the other member is cancelled"
+    );
+    // Rank 0's collective fails (its peer died): that is the same restart, not a new failure.
+    let out = sim.finish(on0, r0, 1, failed("peer 1 lost"));
+    assert!(assigns(&out).is_empty(), "rank 1 is still in backoff");
+    assert_eq!(sim.state(job, "train[0]"), TaskState::Ready);
+    assert_eq!(sim.c.job_status(job).unwrap().retries, 1);
+    // Backoff over: the gang starts again as a whole, under a new key.
+    sim.now += 1_000;
+    let out = sim.ev(Event::Tick);
+    let second = gangs(&out);
+    assert_eq!(second.len(), 2);
+    assert_ne!(second[0].2.key, first[0].2.key);
+    assert!(second.iter().all(|x| x.2.key.ends_with("-2")));
+    // A second failure: no retries left (one per gang restart), the job fails.
+    let on0 = second.iter().find(|x| x.2.rank == 0).unwrap().0;
+    let out = sim.finish(on0, r0, 2, failed("exit 3"));
+    assert_eq!(sim.state(job, "train[0]"), TaskState::Failed);
+    assert_eq!(
+        sim.c.job_status(job).unwrap().state,
+        JobState::Failed,
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_lost_worker_restarts_the_gang_without_counting_a_retry() {
+    let mut sim = Sim::new(0);
+    let (w1, _) = sim.join(wspec(1.0, &[]));
+    let (w2, _) = sim.join(wspec(1.0, &[]));
+    let (job, out) = sim.submit(&gang_job(2, 0));
+    let first = gangs(&out);
+    let on_w2 = first.iter().find(|x| x.0 == w2).unwrap();
+    let other = first.iter().find(|x| x.0 == w1).unwrap();
+    let other_ref = sim.tref(job, &other.1);
+    let out = sim.ev(Event::WorkerLost {
+        worker: w2,
+        reason: "heartbeat".into(),
+    });
+    assert_eq!(super::tests::cancels_of(&out), vec![(w1, other_ref, 1)]);
+    assert_eq!(sim.state(job, &on_w2.1), TaskState::Ready);
+    // The survivor reports its failure (its peer vanished): not counted, retries = 0 holds.
+    let out = sim.finish(w1, other_ref, 1, failed("peer lost"));
+    assert_eq!(sim.state(job, &other.1), TaskState::Ready);
+    assert!(assigns(&out).is_empty(), "one cpu left for a gang of 2");
+    let (_, out) = sim.join(wspec(1.0, &[]));
+    assert_eq!(gangs(&out).len(), 2);
+    assert_eq!(sim.c.job_status(job).unwrap().retries, 0);
+}
+
+#[test]
+fn a_member_that_finished_reruns_when_its_gang_restarts() {
+    let mut sim = Sim::new(0);
+    let (w, _) = sim.join(wspec(2.0, &[]));
+    let (job, _) = sim.submit(&gang_job(2, 3));
+    let r0 = sim.tref(job, "train[0]");
+    let r1 = sim.tref(job, "train[1]");
+    sim.finish(w, r1, 1, AttemptOutcome::Succeeded);
+    assert_eq!(sim.state(job, "train[1]"), TaskState::Done);
+    sim.finish(w, r0, 1, failed("exit 1"));
+    sim.now += 1_000;
+    let out = sim.ev(Event::Tick);
+    let again = gangs(&out);
+    assert_eq!(again.len(), 2, "both ranks run again");
+    let out = sim.finish(w, r0, 2, AttemptOutcome::Succeeded);
+    assert!(out
+        .iter()
+        .all(|c| !matches!(c, Command::Notify(Notification::JobFinished { .. }))));
+    sim.finish(w, r1, 2, AttemptOutcome::Succeeded);
+    assert_eq!(sim.c.job_status(job).unwrap().state, JobState::Succeeded);
+    let _ = config(0);
+}

@@ -1,0 +1,105 @@
+//! Allreduce benchmark with nccl-tests semantics.
+//!
+//! For each size: a warm-up call whose result is checked, then `rounds` rounds of `iters`
+//! timed `allreduce(f32, Sum)` calls, each round between barriers. A round's time is the
+//! maximum over ranks of the mean time per call (agreed with an allreduce of `Max`); the
+//! report has the median, minimum and maximum round. `algbw = bytes / seconds` and
+//! `busbw = algbw * 2 (n - 1) / n`, in GB/s (1e9 bytes). After the timed rounds the result of
+//! one more call is checked again.
+
+use std::time::Instant;
+
+use crate::comm::Communicator;
+use crate::element::ReduceOp;
+use crate::error::{CommError, Result};
+
+/// One measured message size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchPoint {
+    /// Bytes per allreduce (a multiple of 4: f32 elements).
+    pub bytes: usize,
+    /// Timed calls per round.
+    pub iters: usize,
+    /// Median over rounds of the seconds per call.
+    pub seconds: f64,
+    /// Fastest round.
+    pub min_seconds: f64,
+    /// Slowest round.
+    pub max_seconds: f64,
+    /// Algorithm bandwidth of the median round, GB/s.
+    pub algbw_gbs: f64,
+    /// Bus bandwidth of the median round, GB/s.
+    pub busbw_gbs: f64,
+}
+
+/// Calls per round for a message of `bytes`: about 256 MB of data per round, 1 to 1000 calls.
+pub fn iters_for(bytes: usize) -> usize {
+    ((256usize << 20) / bytes.max(1)).clamp(1, 1000)
+}
+
+fn fill(buf: &mut [f32], rank: usize) {
+    for (i, x) in buf.iter_mut().enumerate() {
+        *x = ((i % 61) as f32) + (rank as f32) * 0.5;
+    }
+}
+
+fn check(buf: &[f32], n: usize, bytes: usize) -> Result<()> {
+    let ranks: f32 = (0..n).map(|r| r as f32 * 0.5).sum();
+    for (i, x) in buf.iter().enumerate() {
+        let want = ((i % 61) as f32) * n as f32 + ranks;
+        if *x != want {
+            return Err(CommError::InvalidArgument(format!(
+                "bench: wrong allreduce result at element {i} of {bytes} bytes: {x} != {want}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs the benchmark for every size in `sizes` (bytes); every rank gets the same points.
+pub fn run(comm: &mut Communicator, sizes: &[usize], rounds: usize) -> Result<Vec<BenchPoint>> {
+    let n = comm.size();
+    let rounds = rounds.max(1);
+    let mut out = Vec::with_capacity(sizes.len());
+    for &bytes in sizes {
+        let count = bytes / 4;
+        let bytes = count * 4;
+        let iters = iters_for(bytes);
+        let mut buf = vec![0f32; count];
+        fill(&mut buf, comm.rank());
+        comm.allreduce(&mut buf, ReduceOp::Sum)?;
+        check(&buf, n, bytes)?;
+        buf.iter_mut().for_each(|x| *x = 0.0);
+        let mut times = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            comm.barrier()?;
+            let t = Instant::now();
+            for _ in 0..iters {
+                comm.allreduce(&mut buf, ReduceOp::Sum)?;
+            }
+            let mut mean = [t.elapsed().as_secs_f64() / iters as f64];
+            comm.allreduce(&mut mean, ReduceOp::Max)?;
+            times.push(mean[0]);
+        }
+        fill(&mut buf, comm.rank());
+        comm.allreduce(&mut buf, ReduceOp::Sum)?;
+        check(&buf, n, bytes)?;
+        times.sort_by(f64::total_cmp);
+        let seconds = times[times.len() / 2];
+        let algbw = if seconds > 0.0 {
+            bytes as f64 / seconds / 1e9
+        } else {
+            0.0
+        };
+        out.push(BenchPoint {
+            bytes,
+            iters,
+            seconds,
+            min_seconds: times[0],
+            max_seconds: times[times.len() - 1],
+            algbw_gbs: algbw,
+            busbw_gbs: algbw * 2.0 * (n - 1) as f64 / n as f64,
+        });
+    }
+    Ok(out)
+}

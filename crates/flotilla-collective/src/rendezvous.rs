@@ -1,0 +1,375 @@
+//! The rendezvous: ranks announce themselves and receive the table of all ranks.
+//!
+//! Protocol (one TCP connection per rank, frames from [`crate::wire`]):
+//! the rank sends `MAGIC, key, rank, size, listen_addr, host_id, pid`; the server holds the
+//! connection until all `size` ranks of `key` have arrived, then answers every rank with
+//! `0, size x (listen_addr, host_id, pid)`, or answers one rank with `1, message` when it is
+//! rejected (duplicate rank, size mismatch, rank out of range, bad magic). A completed group is
+//! forgotten, so the key can be reused by a later group. Members whose connection died while
+//! waiting are pruned, so a restarted rank can take its place.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::error::{CommError, Result};
+use crate::wire::{self, Reader, Writer, MAGIC};
+
+/// What every rank tells the others about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RankInfo {
+    pub(crate) listen: String,
+    pub(crate) host_id: String,
+    pub(crate) pid: u32,
+}
+
+/// A rendezvous service for many groups at once (the coordinator hosts one; ranks pass
+/// `"HOST:PORT/KEY"` to [`crate::Communicator::connect`]).
+///
+/// It serves from a background thread until dropped.
+pub struct RendezvousServer {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Member {
+    info: RankInfo,
+    stream: TcpStream,
+}
+
+struct Group {
+    size: usize,
+    members: BTreeMap<usize, Member>,
+}
+
+type Groups = Arc<Mutex<HashMap<String, Group>>>;
+
+impl RendezvousServer {
+    /// Binds `addr` (`"HOST:PORT"`, port 0 for an ephemeral one) and starts serving.
+    pub fn bind(addr: &str) -> Result<RendezvousServer> {
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| CommError::Rendezvous(format!("cannot bind rendezvous at {addr}: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| CommError::io(format!("local address of rendezvous {addr}"), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| CommError::io(format!("configuring rendezvous listener {local}"), e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let groups: Groups = Arc::new(Mutex::new(HashMap::new()));
+        let stop2 = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("flotilla-rendezvous-{}", local.port()))
+            .spawn(move || accept_loop(listener, stop2, groups))
+            .map_err(|e| CommError::io("spawning the rendezvous thread", e))?;
+        Ok(RendezvousServer {
+            addr: local,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The address it listens on (with the real port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for RendezvousServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for RendezvousServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RendezvousServer")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+fn accept_loop(listener: TcpListener, stop: Arc<AtomicBool>, groups: Groups) {
+    let fd = listener.as_raw_fd();
+    while !stop.load(Ordering::SeqCst) {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, count 1.
+        let _ = unsafe { libc::poll(&mut pfd, 1, 50) };
+        loop {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let groups = groups.clone();
+                    let stop = stop.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("flotilla-rendezvous-conn".into())
+                        .spawn(move || handle_conn(stream, groups, stop));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    // e.g. out of file descriptors: back off instead of spinning
+                    std::thread::sleep(Duration::from_millis(50));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn reply_error(stream: &mut TcpStream, msg: &str) {
+    let p = Writer::default().u64(1).str(msg).finish();
+    let _ = wire::write_frame(stream, &p);
+}
+
+fn handle_conn(mut stream: TcpStream, groups: Groups, stop: Arc<AtomicBool>) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_nodelay(true);
+    // A rank sends its request right after connecting; poll so that a silent client does not
+    // keep this thread past the server's lifetime.
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let started = Instant::now();
+    let frame = loop {
+        match wire::read_frame(&mut stream) {
+            Ok(f) => break f,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) && !stop.load(Ordering::SeqCst)
+                    && started.elapsed() < Duration::from_secs(30) =>
+            {
+                continue
+            }
+            Err(_) => return,
+        }
+    };
+    let _ = stream.set_read_timeout(None);
+    let mut r = Reader::new(&frame);
+    let parsed = (|| {
+        if r.u64()? != MAGIC {
+            return None;
+        }
+        let key = r.str()?;
+        let rank = r.usize()?;
+        let size = r.usize()?;
+        let listen = r.str()?;
+        let host_id = r.str()?;
+        let pid = u32::try_from(r.u64()?).ok()?;
+        Some((
+            key,
+            rank,
+            size,
+            RankInfo {
+                listen,
+                host_id,
+                pid,
+            },
+        ))
+    })();
+    let Some((key, rank, size, info)) = parsed else {
+        reply_error(
+            &mut stream,
+            "malformed request or protocol version mismatch",
+        );
+        return;
+    };
+    if size == 0 || rank >= size {
+        reply_error(
+            &mut stream,
+            &format!("rank {rank} is out of range for group {key:?} of size {size}"),
+        );
+        return;
+    }
+    let complete = {
+        let Ok(mut map) = groups.lock() else { return };
+        if let Some(g) = map.get_mut(&key) {
+            g.members.retain(|_, m| stream_alive(&m.stream));
+            if g.members.is_empty() {
+                map.remove(&key);
+            }
+        }
+        let g = map.entry(key.clone()).or_insert_with(|| Group {
+            size,
+            members: BTreeMap::new(),
+        });
+        if g.size != size {
+            let msg = format!(
+                "size mismatch in group {key:?}: rank {rank} says size {size}, earlier ranks said {}",
+                g.size
+            );
+            drop(map);
+            reply_error(&mut stream, &msg);
+            return;
+        }
+        if g.members.contains_key(&rank) {
+            let msg = format!("duplicate rank {rank} in group {key:?} (size {size})");
+            drop(map);
+            reply_error(&mut stream, &msg);
+            return;
+        }
+        g.members.insert(rank, Member { info, stream });
+        if g.members.len() == size {
+            map.remove(&key)
+        } else {
+            None
+        }
+    };
+    if let Some(g) = complete {
+        let mut w = Writer::default().u64(0);
+        for m in g.members.values() {
+            w = w
+                .str(&m.info.listen)
+                .str(&m.info.host_id)
+                .u64(u64::from(m.info.pid));
+        }
+        let table = w.finish();
+        for mut m in g.members.into_values() {
+            let _ = wire::write_frame(&mut m.stream, &table);
+        }
+    }
+}
+
+/// Whether a waiting member's connection is still open (no EOF or error pending).
+pub(crate) fn stream_alive(s: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: valid fd and a 1-byte buffer.
+    let n = unsafe {
+        libc::recv(
+            s.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n > 0 {
+        return true;
+    }
+    if n == 0 {
+        return false;
+    }
+    let e = std::io::Error::last_os_error();
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+    )
+}
+
+/// Resolves `"HOST:PORT"` to its first address.
+pub(crate) fn resolve(addr: &str) -> Result<SocketAddr> {
+    addr.to_socket_addrs()
+        .map_err(|e| CommError::Rendezvous(format!("bad rendezvous address {addr:?}: {e}")))?
+        .next()
+        .ok_or_else(|| {
+            CommError::Rendezvous(format!("rendezvous address {addr:?} resolves to nothing"))
+        })
+}
+
+/// Connects to the rendezvous at `addr`, retrying until `deadline` while it is not up yet.
+pub(crate) fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(CommError::Rendezvous(format!(
+                "timed out connecting to the rendezvous at {addr}"
+            )));
+        }
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+            Ok(s) => return Ok(s),
+            Err(_) => {
+                std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
+                backoff = (backoff * 2).min(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Sends this rank's entry on an open rendezvous connection and waits for the table.
+pub(crate) fn join(
+    stream: &mut TcpStream,
+    key: &str,
+    rank: usize,
+    size: usize,
+    me: &RankInfo,
+    deadline: Instant,
+) -> Result<Vec<RankInfo>> {
+    let req = Writer::default()
+        .u64(MAGIC)
+        .str(key)
+        .u64(rank as u64)
+        .u64(size as u64)
+        .str(&me.listen)
+        .str(&me.host_id)
+        .u64(u64::from(me.pid))
+        .finish();
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    wire::write_frame(stream, &req).map_err(|e| {
+        CommError::Rendezvous(format!("sending join of rank {rank} to {peer}: {e}"))
+    })?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    stream
+        .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+        .map_err(|e| CommError::io("setting rendezvous read timeout", e))?;
+    let frame = wire::read_frame(stream).map_err(|e| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            CommError::Rendezvous(format!(
+                "timed out waiting for all {size} ranks of group {key:?} at {peer} (this is rank {rank})"
+            ))
+        } else {
+            CommError::Rendezvous(format!("reading the rank table from {peer}: {e}"))
+        }
+    })?;
+    let bad = || CommError::Rendezvous(format!("malformed rank table from {peer}"));
+    let mut r = Reader::new(&frame);
+    match r.u64().ok_or_else(bad)? {
+        0 => {}
+        _ => {
+            let msg = r.str().unwrap_or_default();
+            return Err(CommError::Rendezvous(msg));
+        }
+    }
+    let mut table = Vec::with_capacity(size);
+    for _ in 0..size {
+        let listen = r.str().ok_or_else(bad)?;
+        let host_id = r.str().ok_or_else(bad)?;
+        let pid = r
+            .u64()
+            .and_then(|p| u32::try_from(p).ok())
+            .ok_or_else(bad)?;
+        table.push(RankInfo {
+            listen,
+            host_id,
+            pid,
+        });
+    }
+    Ok(table)
+}
+
+/// `hostname/boot_id`: equal for two processes exactly when they share a kernel (and so
+/// `/dev/shm`).
+pub(crate) fn host_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown-host".into());
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    format!("{host}/{boot}")
+}

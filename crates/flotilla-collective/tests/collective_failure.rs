@@ -1,0 +1,231 @@
+//! Failures: a rank process killed mid-allreduce, a rank that leaves, a bad argument on one
+//! rank. The survivors must fail with a clear error within seconds, never hang.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{options, run_group};
+use flotilla_collective::{
+    Algorithm, CommError, Communicator, Options, ReduceOp, RendezvousServer, Transport,
+};
+
+const CHILD_ENV: &str = "FLOTILLA_COLLECTIVE_TEST_CHILD";
+
+/// Not a test on its own: the body of a rank process spawned by `killed_rank_*`.
+#[test]
+fn child_rank_main() {
+    let Ok(transport) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let opts = Options {
+        transport: if transport == "shm" {
+            Transport::Shm
+        } else {
+            Transport::Tcp
+        },
+        timeout: Duration::from_secs(30),
+        ..Options::default()
+    };
+    let mut comm = Communicator::from_env_with(opts).unwrap();
+    let mut buf = vec![1.0f32; 1 << 18];
+    let start = Instant::now();
+    let mut first = true;
+    while start.elapsed() < Duration::from_secs(30) {
+        if let Err(e) = comm.allreduce(&mut buf, ReduceOp::Sum) {
+            let kind = match e {
+                CommError::PeerLost { .. } => "peerlost",
+                CommError::Aborted { .. } => "aborted",
+                CommError::Timeout { .. } => "timeout",
+                _ => "other",
+            };
+            println!("FAILED {kind} {e}");
+            // a later call fails at once too
+            let again = comm.barrier().is_err();
+            println!("AGAIN {again}");
+            std::process::exit(3);
+        }
+        buf.iter_mut().for_each(|x| *x = 1.0);
+        if first {
+            println!("READY {}", comm.rank());
+            first = false;
+        }
+    }
+    std::process::exit(4);
+}
+
+fn killed_rank(transport: &str) {
+    let n = 3;
+    let server = RendezvousServer::bind("127.0.0.1:0").unwrap();
+    let rv = format!("{}/kill", server.local_addr());
+    let exe = std::env::current_exe().unwrap();
+    let (tx, rx) = mpsc::channel::<(usize, String)>();
+    let mut children = Vec::new();
+    for r in 0..n {
+        let mut child = Command::new(&exe)
+            .args([
+                "child_rank_main",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, transport)
+            .env("FLOTILLA_RANK", r.to_string())
+            .env("FLOTILLA_WORLD_SIZE", n.to_string())
+            .env("FLOTILLA_RENDEZVOUS", &rv)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send((r, line));
+            }
+        });
+        children.push(child);
+    }
+    let mut ready = 0;
+    let mut lines = Vec::new();
+    while ready < n {
+        let (r, line) = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("ranks did not start");
+        ready += usize::from(line.contains("READY"));
+        lines.push((r, line));
+    }
+    let victim = 1;
+    children[victim].kill().unwrap();
+    let killed_at = Instant::now();
+    children[victim].wait().unwrap();
+    for (r, child) in children.iter_mut().enumerate() {
+        if r == victim {
+            continue;
+        }
+        let deadline = killed_at + Duration::from_secs(5);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("rank {r} still running 5 s after rank {victim} was killed ({transport})");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(status.code(), Some(3), "rank {r} exit status ({transport})");
+    }
+    let elapsed = killed_at.elapsed();
+    // the reader threads finish when the pipes close
+    while let Ok(x) = rx.recv_timeout(Duration::from_millis(500)) {
+        lines.push(x);
+    }
+    for r in [0, 2] {
+        let failed: Vec<_> = lines
+            .iter()
+            .filter(|(k, l)| *k == r && l.contains("FAILED"))
+            .collect();
+        assert_eq!(failed.len(), 1, "rank {r}: {lines:?}");
+        let l = &failed[0].1;
+        assert!(
+            l.contains("FAILED peerlost") || l.contains("FAILED aborted"),
+            "{l}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|(k, l)| *k == r && l.contains("AGAIN true")),
+            "rank {r}: {lines:?}"
+        );
+    }
+    assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
+}
+
+#[test]
+fn killed_rank_process_fails_tcp_peers_quickly() {
+    killed_rank("tcp");
+}
+
+#[test]
+fn killed_rank_process_fails_shm_peers_quickly() {
+    killed_rank("shm");
+}
+
+fn leaving_rank(transport: Transport) {
+    let results = run_group(3, options(transport, Algorithm::Ring), |mut comm| {
+        let mut buf = vec![1i32; 100_000];
+        comm.allreduce(&mut buf, ReduceOp::Sum).unwrap();
+        if comm.rank() == 2 {
+            return None; // leaves: the communicator drops
+        }
+        let start = Instant::now();
+        let err = comm.allreduce(&mut buf, ReduceOp::Sum).unwrap_err();
+        Some((start.elapsed(), err.to_string()))
+    });
+    for (elapsed, msg) in results.into_iter().flatten() {
+        assert!(elapsed < Duration::from_secs(3), "{elapsed:?} {msg}");
+        assert!(
+            msg.contains("lost peer") || msg.contains("aborted"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn a_rank_that_leaves_fails_its_peers_tcp() {
+    leaving_rank(Transport::Tcp);
+}
+
+#[test]
+fn a_rank_that_leaves_fails_its_peers_shm() {
+    leaving_rank(Transport::Shm);
+}
+
+#[test]
+fn a_bad_argument_on_one_rank_fails_the_others_instead_of_hanging() {
+    for transport in [Transport::Tcp, Transport::Shm] {
+        let results = run_group(2, options(transport, Algorithm::Auto), |mut comm| {
+            let send = vec![1.0f64; 10];
+            let mut recv = vec![0.0f64; if comm.rank() == 0 { 19 } else { 20 }];
+            let start = Instant::now();
+            let r = comm.allgather(&send, &mut recv);
+            (start.elapsed(), r.map_err(|e| e.to_string()))
+        });
+        assert!(
+            matches!(&results[0].1, Err(m) if m.contains("invalid argument")),
+            "{results:?}"
+        );
+        assert!(results[1].1.is_err(), "{results:?}");
+        assert!(
+            results.iter().all(|(t, _)| *t < Duration::from_secs(3)),
+            "{results:?}"
+        );
+    }
+}
+
+#[test]
+fn timeout_is_the_backstop() {
+    let mut opts = options(Transport::Tcp, Algorithm::Ring);
+    opts.timeout = Duration::from_millis(300);
+    let results = run_group(2, opts, |mut comm| {
+        if comm.rank() == 1 {
+            // alive but silent until rank 0 gave up
+            std::thread::sleep(Duration::from_millis(900));
+            return None;
+        }
+        let mut buf = [1.0f32; 4];
+        let start = Instant::now();
+        let e = comm.allreduce(&mut buf, ReduceOp::Sum).unwrap_err();
+        Some((start.elapsed(), e))
+    });
+    let (elapsed, e) = results.into_iter().flatten().next().unwrap();
+    assert!(matches!(e, CommError::Timeout { peer: Some(1), .. }), "{e}");
+    assert!(
+        elapsed >= Duration::from_millis(250) && elapsed < Duration::from_secs(3),
+        "{elapsed:?}"
+    );
+}

@@ -1,0 +1,238 @@
+//! `flotilla bench allreduce`: allreduce (f32, sum) bandwidth with ranks as separate
+//! processes, nccl-tests figures (`algbw = bytes / seconds`, `busbw = algbw · 2(n−1)/n`).
+//!
+//! The launcher hosts a rendezvous, starts `ranks` copies of the `flotilla` binary as
+//! `flotilla bench allreduce-rank` with `FLOTILLA_RANK`, `FLOTILLA_WORLD_SIZE` and
+//! `FLOTILLA_RENDEZVOUS` set (exactly what a gang member gets from a worker), and relays the
+//! JSON lines rank 0 prints. The rank side ([`run_rank`]) is also what a gang member of a
+//! cluster job runs.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use flotilla_collective::{bench, Communicator, Options, Transport};
+use serde::{Deserialize, Serialize};
+
+/// One size's result: one JSON line.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AllreducePoint {
+    /// Ranks (processes).
+    pub ranks: usize,
+    /// The transport in use: `tcp` or `shm`.
+    pub transport: String,
+    /// `f32`.
+    pub dtype: String,
+    /// `sum`.
+    pub op: String,
+    /// Message size in bytes.
+    pub bytes: usize,
+    /// Calls per timed round.
+    pub iters: usize,
+    /// Median over rounds of the slowest rank's mean time per call.
+    pub seconds: f64,
+    /// Fastest round.
+    pub min_seconds: f64,
+    /// Slowest round.
+    pub max_seconds: f64,
+    /// `bytes / seconds`, GB/s (1 GB = 1e9 B).
+    pub algbw_gbs: f64,
+    /// `algbw · 2(n−1)/n`, GB/s.
+    pub busbw_gbs: f64,
+}
+
+/// Errors of the benchmark.
+#[derive(Debug, thiserror::Error)]
+pub enum AllreduceBenchError {
+    /// A size that does not parse.
+    #[error("--bytes: {0}")]
+    BadSize(String),
+    /// The communicator failed.
+    #[error(transparent)]
+    Comm(#[from] flotilla_collective::CommError),
+    /// A rank process could not start or failed.
+    #[error("rank {rank}: {message}")]
+    Rank {
+        /// The rank.
+        rank: usize,
+        /// What happened.
+        message: String,
+    },
+    /// Output that is not a result line.
+    #[error("rank 0 printed {0:?}, not a result")]
+    BadLine(String),
+}
+
+/// Parses `4K,1M,64M,256M` (binary multiples, as OpenMPI's benchmark uses: K = 1024) into byte counts, each a multiple of 4
+/// (whole f32 elements).
+pub fn parse_sizes(text: &str) -> Result<Vec<usize>, AllreduceBenchError> {
+    text.split(',')
+        .map(|s| {
+            let s = s.trim();
+            let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+            let unit = &s[digits.len()..];
+            let scale: usize = match unit.to_ascii_lowercase().as_str() {
+                "" | "b" => 1,
+                "k" | "kib" => 1 << 10,
+                "m" | "mib" => 1 << 20,
+                "g" | "gib" => 1 << 30,
+                _ => return Err(AllreduceBenchError::BadSize(format!("{s:?}: unknown unit"))),
+            };
+            let bytes = digits
+                .parse::<usize>()
+                .ok()
+                .and_then(|n| n.checked_mul(scale))
+                .ok_or_else(|| AllreduceBenchError::BadSize(format!("{s:?} is not a size")))?;
+            if bytes == 0 || bytes % 4 != 0 {
+                return Err(AllreduceBenchError::BadSize(format!(
+                    "{s:?} must be a positive multiple of 4 bytes (f32 elements)"
+                )));
+            }
+            Ok(bytes)
+        })
+        .collect()
+}
+
+/// The transport named on the command line.
+pub fn parse_transport(text: &str) -> Result<Transport, AllreduceBenchError> {
+    match text {
+        "auto" => Ok(Transport::Auto),
+        "tcp" => Ok(Transport::Tcp),
+        "shm" => Ok(Transport::Shm),
+        other => Err(AllreduceBenchError::BadSize(format!(
+            "--transport {other:?}: expected tcp, shm or auto"
+        ))),
+    }
+}
+
+fn transport_name(t: Transport) -> &'static str {
+    match t {
+        Transport::Tcp => "tcp",
+        Transport::Shm => "shm",
+        Transport::Auto => "auto",
+    }
+}
+
+/// One rank: builds the communicator from `FLOTILLA_RANK`, `FLOTILLA_WORLD_SIZE` and
+/// `FLOTILLA_RENDEZVOUS`, runs the sizes, and returns the points (identical on every rank).
+pub fn run_rank(
+    sizes: &[usize],
+    transport: Transport,
+    rounds: usize,
+) -> Result<(usize, Vec<AllreducePoint>), AllreduceBenchError> {
+    let options = Options {
+        transport,
+        ..Options::default()
+    };
+    let mut comm = Communicator::from_env_with(options)?;
+    let points = bench::run(&mut comm, sizes, rounds.max(1))?;
+    let used = transport_name(comm.transport()).to_string();
+    let ranks = comm.size();
+    let out = points
+        .into_iter()
+        .map(|p| AllreducePoint {
+            ranks,
+            transport: used.clone(),
+            dtype: "f32".into(),
+            op: "sum".into(),
+            bytes: p.bytes,
+            iters: p.iters,
+            seconds: p.seconds,
+            min_seconds: p.min_seconds,
+            max_seconds: p.max_seconds,
+            algbw_gbs: p.algbw_gbs,
+            busbw_gbs: p.busbw_gbs,
+        })
+        .collect();
+    Ok((comm.rank(), out))
+}
+
+/// Starts `ranks` processes of `exe` (the `flotilla` binary) as `bench allreduce-rank`,
+/// calls `on_point` for each line rank 0 prints, and waits for all of them.
+pub fn launch(
+    exe: &Path,
+    ranks: usize,
+    sizes: &str,
+    transport: &str,
+    rounds: usize,
+    mut on_point: impl FnMut(AllreducePoint),
+) -> Result<(), AllreduceBenchError> {
+    let server = flotilla_collective::RendezvousServer::bind("127.0.0.1:0")?;
+    let key = format!("bench-{}", std::process::id());
+    let rendezvous = format!("{}/{key}", server.local_addr());
+    let mut children = Vec::with_capacity(ranks);
+    for rank in 0..ranks {
+        let child = Command::new(exe)
+            .args(["bench", "allreduce-rank", "--bytes", sizes])
+            .args(["--transport", transport, "--rounds", &rounds.to_string()])
+            .env("FLOTILLA_RANK", rank.to_string())
+            .env("FLOTILLA_WORLD_SIZE", ranks.to_string())
+            .env("FLOTILLA_RENDEZVOUS", &rendezvous)
+            .stdin(Stdio::null())
+            .stdout(if rank == 0 {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| AllreduceBenchError::Rank {
+                rank,
+                message: format!("cannot start {}: {e}", exe.display()),
+            })?;
+        children.push(child);
+    }
+    let mut bad: Option<AllreduceBenchError> = None;
+    if let Some(stdout) = children[0].stdout.take() {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            match serde_json::from_str::<AllreducePoint>(&line) {
+                Ok(p) => on_point(p),
+                Err(_) => {
+                    bad.get_or_insert(AllreduceBenchError::BadLine(line));
+                }
+            }
+        }
+    }
+    let mut failed: Option<AllreduceBenchError> = None;
+    for (rank, mut c) in children.into_iter().enumerate() {
+        match c.wait() {
+            Ok(s) if s.success() => {}
+            Ok(s) => {
+                failed.get_or_insert(AllreduceBenchError::Rank {
+                    rank,
+                    message: format!("exited with {s}"),
+                });
+            }
+            Err(e) => {
+                failed.get_or_insert(AllreduceBenchError::Rank {
+                    rank,
+                    message: e.to_string(),
+                });
+            }
+        }
+    }
+    match failed.or(bad) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_units_and_must_be_whole_floats() {
+        assert_eq!(
+            parse_sizes("4K,1M, 64M").unwrap(),
+            vec![4096, 1 << 20, 64 << 20]
+        );
+        assert!(parse_sizes("6")
+            .unwrap_err()
+            .to_string()
+            .contains("multiple of 4"));
+        assert!(parse_sizes("1X").is_err());
+        assert!(parse_transport("udp").is_err());
+    }
+}

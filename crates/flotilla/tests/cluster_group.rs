@@ -1,0 +1,109 @@
+//! Gangs (`group = { size = N }`) end to end through the `flotilla` binary, a real
+//! coordinator and real workers: members start together, each knows its rank, the world
+//! size and a rendezvous address where a real communicator is built; a member that fails
+//! restarts the whole gang, counted as one retry.
+
+#![allow(clippy::unwrap_used)]
+
+mod kit;
+
+use std::time::Duration;
+
+use flotilla::cluster::state::{JobState, TaskState};
+use kit::{assert_succeeded, task, Cluster};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+#[test]
+fn a_failed_member_restarts_the_whole_gang_once_with_a_new_rendezvous() {
+    let c = Cluster::start(2, 1);
+    // Rank 1 fails in its first attempt; rank 0 waits for a file that never comes, so only
+    // the gang's restart (a Cancel) ends its first attempt.
+    let job = c.submit_toml(
+        "gang.toml",
+        r#"
+name = "gang"
+[defaults]
+retries = 1
+[[task]]
+id = "member"
+group = { size = 2 }
+resources = { cpus = 1 }
+cmd = ["sh", "-c", """
+mkdir -p seen
+echo "$FLOTILLA_RANK $FLOTILLA_WORLD_SIZE $FLOTILLA_RENDEZVOUS" > seen/r$FLOTILLA_RANK-a$FLOTILLA_ATTEMPT
+if [ "$FLOTILLA_ATTEMPT" = 1 ]; then
+  if [ "$FLOTILLA_RANK" = 1 ]; then sleep 0.3; exit 3; fi
+  while [ ! -e never ]; do sleep 0.05; done
+fi
+"""]
+"#,
+    );
+    let s = c.wait_job(job, WAIT);
+    assert_succeeded(&s);
+    assert_eq!(s.state, JobState::Succeeded);
+    assert_eq!(s.retries, 1, "one restart of the gang, counted once");
+    for r in 0..2 {
+        let t = task(&s, &format!("member[{r}]"));
+        assert_eq!(t.state, TaskState::Done);
+        assert_eq!(t.attempts, 2, "member[{r}] ran twice (with its gang)");
+    }
+    let seen = |r: u32, a: u32| -> Vec<String> {
+        let p = c.job_dir().join(format!("seen/r{r}-a{a}"));
+        std::fs::read_to_string(&p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let (a0, a1, b0, b1) = (seen(0, 1), seen(1, 1), seen(0, 2), seen(1, 2));
+    assert_eq!((a0[0].as_str(), a0[1].as_str()), ("0", "2"));
+    assert_eq!((a1[0].as_str(), a1[1].as_str()), ("1", "2"));
+    assert_eq!(a0[2], a1[2], "one rendezvous per gang incarnation");
+    assert_eq!(b0[2], b1[2]);
+    assert_ne!(a0[2], b0[2], "a restarted gang meets under a new key");
+    assert!(
+        a0[2].starts_with("127.0.0.1:") && a0[2].contains('/'),
+        "rendezvous {:?} is HOST:PORT/KEY",
+        a0[2]
+    );
+}
+
+#[test]
+fn gang_members_build_a_real_communicator_from_what_the_worker_tells_them() {
+    let c = Cluster::start(2, 1);
+    // Each rank runs an allreduce benchmark over the communicator it builds from
+    // FLOTILLA_RANK / FLOTILLA_WORLD_SIZE / FLOTILLA_RENDEZVOUS: it only finishes if both ranks
+    // met at the coordinator's rendezvous and every allreduce summed correctly.
+    let job = c.submit_toml(
+        "allreduce.toml",
+        &format!(
+            r#"
+name = "allreduce"
+[[task]]
+id = "rank"
+group = {{ size = 2 }}
+resources = {{ cpus = 1 }}
+cmd = ["sh", "-c", "exec '{}' bench allreduce-rank --bytes 4K,1M --rounds 2 --transport tcp > out-$FLOTILLA_RANK.json"]
+"#,
+            kit::BIN
+        ),
+    );
+    let s = c.wait_job(job, WAIT);
+    assert_succeeded(&s);
+    let out = std::fs::read_to_string(c.job_dir().join("out-0.json")).unwrap();
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert_eq!(lines[0]["bytes"], 4096);
+    assert_eq!(lines[1]["bytes"], 1 << 20);
+    for l in &lines {
+        assert_eq!(l["ranks"], 2);
+        assert_eq!(l["transport"], "tcp");
+        assert!(l["busbw_gbs"].as_f64().unwrap() > 0.0);
+    }
+    let rank1 = std::fs::read_to_string(c.job_dir().join("out-1.json")).unwrap();
+    assert!(rank1.is_empty(), "only rank 0 prints");
+}

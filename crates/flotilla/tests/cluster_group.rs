@@ -107,3 +107,94 @@ cmd = ["sh", "-c", "exec '{}' bench allreduce-rank --bytes 4K,1M --rounds 2 --tr
     let rank1 = std::fs::read_to_string(c.job_dir().join("out-1.json")).unwrap();
     assert!(rank1.is_empty(), "only rank 0 prints");
 }
+
+/// The trainer of `examples/train`, built by `cargo test --workspace` beside this binary (or
+/// built here when this test runs alone).
+fn trainer() -> std::path::PathBuf {
+    let bin = std::path::Path::new(kit::BIN).with_file_name("flotilla-train");
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let st = std::process::Command::new(cargo)
+            .args(["build", "-p", "flotilla-train"])
+            .status()
+            .unwrap();
+        assert!(st.success(), "cannot build flotilla-train");
+    }
+    assert!(bin.exists(), "{} is missing", bin.display());
+    bin
+}
+
+fn final_line(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .find(|l| l.starts_with("final "))
+        .unwrap_or_else(|| panic!("no final line in {}:\n{text}", path.display()))
+        .to_string()
+}
+
+#[test]
+fn a_training_gang_survives_a_killed_rank_and_ends_exactly_like_an_uninterrupted_run() {
+    let c = Cluster::start(2, 1);
+    let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/train/data/digits.csv");
+    let job = |name: &str, delay: u32| {
+        format!(
+            r#"
+name = "{name}"
+[defaults]
+retries = 1
+[[task]]
+id = "train"
+group = {{ size = 2 }}
+resources = {{ cpus = 1 }}
+cmd = ["sh", "-c", "echo $$ > {name}-pid-$FLOTILLA_RANK-$FLOTILLA_ATTEMPT; exec '{bin}' --data '{data}' --steps 150 --batch 64 --lr 0.5 --seed 3 --checkpoint-dir {name}-ckpt --checkpoint-every 20 --step-delay-ms {delay} --log {name}-{{rank}}-$FLOTILLA_ATTEMPT.log"]
+"#,
+            bin = trainer().display(),
+            data = data.display(),
+        )
+    };
+    // The reference: the same training, nobody killed.
+    let reference = c.submit_toml("ref.toml", &job("ref", 0));
+    assert_succeeded(&c.wait_job(reference, WAIT));
+    let expected = final_line(&c.job_dir().join("ref-0-1.log"));
+
+    let killed = c.submit_toml("kill.toml", &job("kill", 15));
+    let log1 = c.job_dir().join("kill-1-1.log");
+    kit::wait_until("rank 1 past step 50", WAIT, || {
+        let text = std::fs::read_to_string(&log1).ok()?;
+        text.lines()
+            .filter_map(|l| l.strip_prefix("step "))
+            .filter_map(|l| l.split_whitespace().next()?.parse::<u32>().ok())
+            .any(|s| s >= 50)
+            .then_some(())
+    });
+    let pid = std::fs::read_to_string(c.job_dir().join("kill-pid-1-1")).unwrap();
+    let st = std::process::Command::new("kill")
+        .args(["-KILL", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -KILL {pid}");
+    let s = c.wait_job(killed, WAIT);
+    assert_succeeded(&s);
+    assert_eq!(s.retries, 1, "one gang restart");
+    for r in 0..2 {
+        assert_eq!(task(&s, &format!("train[{r}]")).attempts, 2);
+    }
+    let resumed = std::fs::read_to_string(c.job_dir().join("kill-0-2.log")).unwrap();
+    let first: u32 = resumed
+        .lines()
+        .find_map(|l| l.strip_prefix("step "))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(
+        first > 20,
+        "the restarted gang resumed from a checkpoint, not from step 1 (first step {first})"
+    );
+    for r in 0..2 {
+        assert_eq!(
+            final_line(&c.job_dir().join(format!("kill-{r}-2.log"))),
+            expected,
+            "rank {r} ends bit for bit like the uninterrupted run"
+        );
+    }
+}

@@ -280,8 +280,7 @@ impl Client {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let tmp = parent.join(format!(".{name}.gather{}", rand::random::<u32>()));
-            let from = Remote::new(o.from.clone(), self.token.clone());
-            crate::objects::fetch_to(&from, &o.hash, &tmp, &dst)
+            crate::framed::fetch_framed_to(&o.from, &self.token, &o.hash, &tmp, &dst)
                 .await
                 .map_err(|e| {
                     ClusterError::Rpc(format!("cannot gather {} from {}: {e}", o.path, o.from))
@@ -300,8 +299,17 @@ impl Client {
     }
 }
 
+/// The most a job's uploaded files may weigh in all: they travel in the submit message.
+pub const MAX_UPLOAD_BYTES: u64 = 256 << 20;
+
+/// Whether a declared input path is a glob pattern (`*`, `?`, `[...]`).
+pub(crate) fn is_glob(p: &str) -> bool {
+    p.contains(['*', '?', '['])
+}
+
 /// Transfer staging: the declared inputs that no task declares as an output and that are
-/// plain files of the job folder `dir`, read for upload with the job (each once).
+/// plain files of the job folder `dir`, read for upload with the job (each once). A glob
+/// pattern (`data/*.csv`) uploads every plain file of the job folder it matches.
 fn uploads(graph: &flotilla_core::TaskGraph, dir: &Path) -> Result<Vec<proto::UploadedFile>> {
     let produced: std::collections::HashSet<&str> = graph
         .tasks()
@@ -309,21 +317,48 @@ fn uploads(graph: &flotilla_core::TaskGraph, dir: &Path) -> Result<Vec<proto::Up
         .flat_map(|t| t.outputs.iter().map(String::as_str))
         .collect();
     let mut seen = std::collections::BTreeSet::new();
+    let mut patterns = std::collections::BTreeSet::new();
     let mut files = Vec::new();
+    let mut total = 0u64;
+    let mut add = |rel: String, full: &Path, files: &mut Vec<proto::UploadedFile>| -> Result<()> {
+        if produced.contains(rel.as_str()) || !seen.insert(rel.clone()) || !full.is_file() {
+            return Ok(());
+        }
+        let data = std::fs::read(full).map_err(|e| ClusterError::io(full, e))?;
+        total += data.len() as u64;
+        if total > MAX_UPLOAD_BYTES {
+            return Err(ClusterError::Config(format!(
+                "the input files of the job folder weigh more than {} MiB in all (at {rel}): \
+                 they travel with the submission; use staging = \"shared\" for large inputs",
+                MAX_UPLOAD_BYTES >> 20
+            )));
+        }
+        files.push(proto::UploadedFile { path: rel, data });
+        Ok(())
+    };
     for t in graph.tasks() {
         for p in &t.inputs {
-            if produced.contains(p.as_str()) || !seen.insert(p.clone()) {
+            if is_glob(p) {
+                if !patterns.insert(p.clone()) {
+                    continue;
+                }
+                crate::objects::safe_relative(p)?;
+                let full = dir.join(p);
+                let text = full.to_string_lossy().into_owned();
+                let matches = glob::glob(&text)
+                    .map_err(|e| ClusterError::Config(format!("input pattern {p:?}: {e}")))?;
+                for m in matches.flatten() {
+                    let Ok(rel) = m.strip_prefix(dir) else {
+                        continue;
+                    };
+                    let rel = rel.to_string_lossy().into_owned();
+                    add(rel, &m, &mut files)?;
+                }
                 continue;
             }
             let rel = crate::objects::safe_relative(p)?;
             let full = dir.join(rel);
-            if full.is_file() {
-                let data = std::fs::read(&full).map_err(|e| ClusterError::io(&full, e))?;
-                files.push(proto::UploadedFile {
-                    path: p.clone(),
-                    data,
-                });
-            }
+            add(p.clone(), &full, &mut files)?;
         }
     }
     Ok(files)

@@ -11,6 +11,7 @@ pub mod auth;
 pub mod client;
 mod convert;
 pub mod error;
+pub mod framed;
 pub mod journal;
 pub mod objects;
 pub mod proto;

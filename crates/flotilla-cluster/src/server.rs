@@ -360,12 +360,37 @@ impl Core {
         if t.index() >= j.graph.len() {
             return;
         }
+        let mut added = std::collections::HashSet::new();
         for p in &j.graph.task(t).inputs {
-            if let Some(o) = files.get(p) {
-                a.inputs.push(proto::Input {
-                    object: Some(o.clone()),
-                    from: String::new(),
-                });
+            if crate::client::is_glob(p) {
+                let Ok(pattern) = glob::Pattern::new(p) else {
+                    continue;
+                };
+                let opts = glob::MatchOptions {
+                    require_literal_separator: true,
+                    ..glob::MatchOptions::new()
+                };
+                let mut matched: Vec<&proto::Object> = files
+                    .iter()
+                    .filter(|(path, _)| pattern.matches_with(path, opts))
+                    .map(|(_, o)| o)
+                    .collect();
+                matched.sort_by(|a, b| a.path.cmp(&b.path));
+                for o in matched {
+                    if added.insert(o.path.clone()) {
+                        a.inputs.push(proto::Input {
+                            object: Some(o.clone()),
+                            from: String::new(),
+                        });
+                    }
+                }
+            } else if let Some(o) = files.get(p) {
+                if added.insert(o.path.clone()) {
+                    a.inputs.push(proto::Input {
+                        object: Some(o.clone()),
+                        from: String::new(),
+                    });
+                }
             }
         }
     }

@@ -305,7 +305,7 @@ fn key3(k: &TaskKey) -> (u64, u32, u32) {
 pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) -> Result<()> {
     std::fs::create_dir_all(&config.work_dir).map_err(|e| ClusterError::io(&config.work_dir, e))?;
     let objects = Arc::new(ObjectStore::open(&config.work_dir.join("objects"))?);
-    let data = crate::objects::serve_objects(
+    let data = crate::framed::serve_framed(
         config.data_listen,
         objects.clone(),
         config.remote.token.clone(),

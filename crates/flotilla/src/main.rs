@@ -58,6 +58,8 @@ enum Bench {
     Cluster(ClusterArgs),
     /// Allreduce (f32 sum) bandwidth, ranks as separate processes (nccl-tests figures).
     Allreduce(AllreduceArgs),
+    /// One object over loopback through gRPC (Objects.Fetch) and through framed TCP.
+    Transfer(TransferArgs),
     /// One rank of `bench allreduce` (FLOTILLA_RANK, FLOTILLA_WORLD_SIZE, FLOTILLA_RENDEZVOUS
     /// from the environment, as a gang member gets them); rank 0 prints JSON lines.
     #[command(hide = true)]
@@ -79,6 +81,19 @@ struct AllreduceArgs {
     #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct TransferArgs {
+    /// Object size in MiB.
+    #[arg(long, default_value_t = 256)]
+    mib: usize,
+    /// Fetches per path; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    /// One JSON object.
     #[arg(long)]
     json: bool,
 }
@@ -298,6 +313,28 @@ fn run(cli: Cli) -> Result<bool> {
                 )
             })
             .map(|()| true)
+        }
+        Command::Bench(Bench::Transfer(a)) => {
+            let (grpc, framed) = tokio_runtime()?
+                .block_on(flotilla::cluster::framed::compare(a.mib << 20, a.reps))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let r = serde_json::json!({
+                "bench": "transfer",
+                "bytes": a.mib << 20,
+                "grpc_gbs": grpc,
+                "framed_gbs": framed,
+                "framed_over_grpc": framed / grpc,
+            });
+            if a.json {
+                println!("{r}");
+            } else {
+                println!(
+                    "transfer {} MiB over loopback: gRPC {grpc:.2} GB/s, framed TCP {framed:.2} GB/s (framed/gRPC {:.2})",
+                    a.mib,
+                    framed / grpc
+                );
+            }
+            Ok(true)
         }
         other => ok(run_local(other)),
     }

@@ -287,3 +287,40 @@ outputs = ["b.txt"]
         "kept\nkept\n"
     );
 }
+
+#[test]
+fn glob_inputs_upload_every_matching_file_and_stage_only_the_matches() {
+    let c = two_workers();
+    let dir = c.job_dir();
+    std::fs::create_dir_all(dir.join("shards/deeper")).unwrap();
+    for (name, text) in [("s1.csv", "1\n"), ("s2.csv", "2\n"), ("notes.txt", "no\n")] {
+        std::fs::write(dir.join("shards").join(name), text).unwrap();
+    }
+    std::fs::write(dir.join("shards/deeper/s3.csv"), "3\n").unwrap();
+    let toml = r#"name = "globs"
+staging = "transfer"
+
+[[task]]
+id = "sum"
+inputs = ["shards/*.csv"]
+cmd = ["sh", "-c", "ls -R shards > seen.txt && cat shards/*.csv > sum.txt"]
+outputs = ["sum.txt", "seen.txt"]
+"#;
+    let file = dir.join("globs.toml");
+    std::fs::write(&file, toml).unwrap();
+    let out = c.cli(&["submit", "--wait", &file.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "submit --wait failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = c.wait_job(job_id_of(&out), Duration::from_secs(30));
+    assert_succeeded(&s);
+    let read = |p: &str| std::fs::read_to_string(dir.join(p)).unwrap();
+    assert_eq!(read("sum.txt"), "1\n2\n");
+    let seen = read("seen.txt");
+    assert!(
+        !seen.contains("notes.txt") && !seen.contains("s3.csv"),
+        "only the matches were staged (`*` does not cross folders): {seen}"
+    );
+}

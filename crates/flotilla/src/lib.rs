@@ -24,6 +24,7 @@
 #![deny(missing_docs)]
 
 pub mod bench;
+pub mod device_collective;
 
 /// The cluster: coordinator, workers, protocol, client API.
 pub use flotilla_cluster as cluster;

@@ -1,0 +1,73 @@
+//! Allreduce of device buffers: two ranks (threads), one holding its buffer on the CPU
+//! "device", the other on an OpenCL device (PoCL in CI), meet at a rendezvous and end with the
+//! same sums in their device memory.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use flotilla::collective::{Communicator, ReduceOp, RendezvousServer};
+use flotilla::device_collective::{allreduce_device, DeviceCollectiveError};
+use flotilla::devices::cpu::HostDevice;
+use flotilla::devices::{discover_report, Device, DiscoverOptions};
+
+fn opencl() -> Option<Arc<dyn Device>> {
+    let found = discover_report(&DiscoverOptions {
+        opencl: true,
+        cuda: false,
+        mem_limit: None,
+    });
+    if let Some(d) = found.devices.into_iter().next() {
+        return Some(d);
+    }
+    let required = std::env::var("FLOTILLA_REQUIRE_OPENCL").is_ok_and(|v| v == "1");
+    assert!(
+        !required,
+        "FLOTILLA_REQUIRE_OPENCL=1 but no OpenCL device: {:?}",
+        found.skipped
+    );
+    eprintln!(
+        "no OpenCL device ({:?}): the second rank uses the CPU device too",
+        found.skipped
+    );
+    None
+}
+
+#[test]
+fn ranks_on_a_cpu_and_an_opencl_device_allreduce_their_device_buffers() {
+    let server = RendezvousServer::bind("127.0.0.1:0").unwrap();
+    let addr = format!("{}/devices", server.local_addr());
+    let cl = opencl();
+    let n = 100_003usize; // not a multiple of anything convenient
+    let handles: Vec<_> = (0..2usize)
+        .map(|rank| {
+            let addr = addr.clone();
+            let dev: Arc<dyn Device> = match (rank, &cl) {
+                (1, Some(d)) => d.clone(),
+                _ => Arc::new(HostDevice::new(1 << 30)),
+            };
+            std::thread::spawn(move || {
+                let mut comm = Communicator::connect(&addr, rank, 2).unwrap();
+                let data: Vec<f64> = (0..n).map(|i| (i * (rank + 1)) as f64).collect();
+                let buf = dev.alloc(n * 8 + 64).unwrap();
+                dev.upload(&buf, bytemuck::cast_slice(&data)).unwrap();
+                allreduce_device::<f64>(&mut comm, dev.as_ref(), &buf, n, ReduceOp::Sum).unwrap();
+                let mut back = vec![0f64; n];
+                dev.download(&buf, bytemuck::cast_slice_mut(&mut back))
+                    .unwrap();
+                // Too many elements for the buffer: a clear error, nothing sent.
+                let e =
+                    allreduce_device::<f64>(&mut comm, dev.as_ref(), &buf, n + 100, ReduceOp::Sum)
+                        .unwrap_err();
+                assert!(matches!(e, DeviceCollectiveError::TooSmall { .. }), "{e}");
+                (dev.info().kind, back)
+            })
+        })
+        .collect();
+    for h in handles {
+        let (kind, back) = h.join().unwrap();
+        for (i, v) in back.iter().enumerate() {
+            assert_eq!(*v, (3 * i) as f64, "element {i} on a {kind:?} device");
+        }
+    }
+}

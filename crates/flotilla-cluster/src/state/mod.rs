@@ -105,6 +105,8 @@ mod gang_tests;
 mod props;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod variant_sim_tests;
 
 use std::fmt;
 

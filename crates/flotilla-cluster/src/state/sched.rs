@@ -5,7 +5,7 @@
 //! | task | rule |
 //! | --- | --- |
 //! | plain | a worker where it fits in the free resources: most input bytes held there (transfer staging), then most free CPUs, then lowest id; else queue it (no GPUs) on the worker with room in its queue: most input bytes, then shortest queue, then lowest id |
-//! | variants | every (worker, variant) pair that fits free or may queue; an uncalibrated pair (the model says Unknown) that fits free is explored first, round-robin (StarPU's calibration); otherwise the earliest predicted finish (a queued start waits `(queue length + 1) × prediction`), ties to most input bytes, then lowest id, then variant order; only when no pair is known, an uncalibrated queued pair |
+//! | variants | every (worker, variant) pair that fits free or may queue (never queued when a variant uses GPUs); an uncalibrated pair (the model says Unknown) that fits free is explored first, round-robin (StarPU's calibration); otherwise the earliest predicted finish (a queued start waits `(queue length + 1) × prediction`), ties to most input bytes, then lowest id, then variant order; only when no pair is known, an uncalibrated queued pair |
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -179,11 +179,14 @@ fn place_variants(
     workers: &BTreeMap<WorkerId, Worker>,
     predict: &dyn Fn(Option<usize>, &str) -> Prediction,
 ) -> Option<Decision> {
+    // A task with a GPU variant is never queued (GPU work never is): queued CPU variants
+    // would take the CPU cores the GPU variant needs as they free up, and starve the GPU.
+    let queue_ok = !p.options.iter().any(|(_, r)| r.gpus > 0.0);
     let mut pairs: Vec<Pair<'_>> = Vec::new();
     for w in workers.values() {
         for (vi, (_, need)) in p.options.iter().enumerate() {
             let gpus = w.fit_free(need);
-            if gpus.is_none() && !w.can_queue(need, p.queue_depth) {
+            if gpus.is_none() && !(queue_ok && w.can_queue(need, p.queue_depth)) {
                 continue;
             }
             let pred = predict(Some(vi), &w.spec.hw_class);

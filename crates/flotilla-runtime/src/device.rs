@@ -125,7 +125,9 @@ fn acquire_all(
 type Prefetched = (Arc<TaskNode>, Vec<Option<Arc<DeviceBuffer>>>);
 
 /// Starts the prefetch and compute threads of device `dev_index` (unit `unit`, memory
-/// node `mem_node`). They stop when the queue's sender is dropped.
+/// node `mem_node`), pinned to `core` when given (a core no CPU worker uses, so the threads
+/// that drive a device never wait behind CPU tasks). They stop when the queue's sender is
+/// dropped.
 pub(crate) fn start(
     reg: Arc<Registry>,
     device: Arc<dyn Device>,
@@ -133,6 +135,7 @@ pub(crate) fn start(
     unit: usize,
     mem_node: usize,
     threads: DeviceThreads,
+    core: Option<core_affinity::CoreId>,
 ) -> std::io::Result<Vec<JoinHandle<()>>> {
     let (htx, hrx) = bounded::<Prefetched>(PREFETCH_DEPTH);
     let pipeline = Arc::new(Pipeline::default());
@@ -144,6 +147,9 @@ pub(crate) fn start(
     let prefetch = std::thread::Builder::new()
         .name(format!("flotilla-dev{dev_index}-prefetch"))
         .spawn(move || {
+            if let Some(c) = core {
+                let _ = core_affinity::set_for_current(c);
+            }
             for node in threads.rx.iter() {
                 let mut acquired = acquire_all(&r1, &node, mem_node);
                 if matches!(acquired, Err(RuntimeError::DeviceFull { .. })) {
@@ -169,6 +175,9 @@ pub(crate) fn start(
     let compute = std::thread::Builder::new()
         .name(format!("flotilla-dev{dev_index}-compute"))
         .spawn(move || {
+            if let Some(c) = core {
+                let _ = core_affinity::set_for_current(c);
+            }
             for (node, buffers) in hrx.iter() {
                 run_on_device(&reg, unit, mem_node, &device, node, buffers);
                 queued2.fetch_sub(1, Ordering::Relaxed);

@@ -321,13 +321,16 @@ impl RuntimeBuilder {
                 })?;
             threads.push(h);
         }
+        // Device threads go to the cores left after the CPU workers' (by default one per
+        // device: `cpus` defaults to cores minus devices), never onto a CPU worker's core.
+        let spare: Vec<core_affinity::CoreId> = core_ids.iter().skip(n_cpu).copied().collect();
         for (i, (d, t)) in devices.iter().zip(dev_threads).enumerate() {
-            let hs = device::start(registry.clone(), d.clone(), i, n_cpu + i, 1 + i, t).map_err(
-                |source| RuntimeError::Io {
+            let core = (!spare.is_empty()).then(|| spare[i % spare.len()]);
+            let hs = device::start(registry.clone(), d.clone(), i, n_cpu + i, 1 + i, t, core)
+                .map_err(|source| RuntimeError::Io {
                     path: "spawning a device thread".into(),
                     source,
-                },
-            )?;
+                })?;
             threads.extend(hs);
         }
         Ok(Runtime {

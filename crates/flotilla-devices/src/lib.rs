@@ -11,19 +11,33 @@
 //! - [`cpu::kernels`]: single-threaded kernels on host slices (faer), used by the runtime's
 //!   CPU workers (one task per core) and as the reference for the device backends;
 //! - `opencl` (feature `opencl`, opencl3, loads `libOpenCL` at run time): every OpenCL device,
-//!   kernels compiled from OpenCL C source at run time;
+//!   kernels compiled from OpenCL C source at run time, the program binaries kept in the
+//!   [`kernel_cache`];
 //! - `cuda` (feature `cuda`, cudarc with dynamic loading): every CUDA GPU, cuBLAS and
-//!   cuSOLVER. The driver library is probed before any cudarc call, so a machine without
-//!   CUDA reports `"no CUDA driver"` instead of panicking;
+//!   cuSOLVER, device memory recycled through a [`pool`]. The driver library is probed before
+//!   any cudarc call, so a machine without CUDA reports `"no CUDA driver"` instead of
+//!   panicking;
 //! - [`cpu::HostDevice`]: the CPU kernels behind the [`Device`] trait on separate host
-//!   memory, a memory node for tests that need no accelerator (not returned by [`discover`]).
+//!   memory (also through a [`pool`]), a memory node for tests that need no accelerator (not
+//!   returned by [`discover`]).
+//!
+//! Shared by the backends:
+//! - [`kernel_cache`]: a disk cache of compiled kernels, keyed by a hash of backend, device,
+//!   driver version, options and source, in `$FLOTILLA_HOME/kernels` unless
+//!   [`discover_report_with`] names another folder ([`KernelCacheDir`]);
+//! - [`pool`]: a caching allocator (size classes, per-class free lists, trim and retry on out
+//!   of memory) over a device's raw malloc and free.
 //!
 //! # Example
 //!
 //! ```
-//! use flotilla_devices::{discover_report, DiscoverOptions, ElemType, Trans};
+//! use flotilla_devices::{discover_report_with, DiscoverOptions, ElemType, KernelCacheDir, Trans};
 //!
-//! let found = discover_report(&DiscoverOptions::default());
+//! // `discover_report` does the same with the kernel cache in `$FLOTILLA_HOME/kernels`.
+//! # let tmp = tempfile::tempdir().expect("temporary folder");
+//! # let kernel_dir = tmp.path().to_path_buf();
+//! let cache = KernelCacheDir::At(kernel_dir);
+//! let found = discover_report_with(&DiscoverOptions::default(), &cache);
 //! for reason in &found.skipped {
 //!     println!("skipped: {reason}");
 //! }
@@ -56,6 +70,8 @@ pub mod cpu;
 #[cfg(test)]
 mod devtest;
 mod error;
+pub mod kernel_cache;
+pub mod pool;
 #[cfg(test)]
 mod testutil;
 
@@ -75,7 +91,11 @@ mod cuda {
 pub mod opencl;
 #[cfg(not(feature = "opencl"))]
 mod opencl {
-    pub(crate) fn discover_into(_opts: &crate::DiscoverOptions, found: &mut crate::Discovery) {
+    pub(crate) fn discover_into(
+        _opts: &crate::DiscoverOptions,
+        _kernel_cache: &crate::KernelCacheDir,
+        found: &mut crate::Discovery,
+    ) {
         found
             .skipped
             .push("opencl backend not compiled in (feature `opencl` is off)".to_string());
@@ -84,6 +104,7 @@ mod opencl {
 
 pub use cpu::kernels::Scalar;
 pub use error::{DevicesError, Result};
+pub use kernel_cache::KernelCacheDir;
 
 /// The kind of a device (and of a codelet implementation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -391,12 +412,18 @@ impl fmt::Debug for Discovery {
 }
 
 /// Finds every OpenCL device and every CUDA GPU. Never panics: a backend that is missing
-/// or fails is skipped, with the reason in [`Discovery::skipped`].
+/// or fails is skipped, with the reason in [`Discovery::skipped`]. OpenCL kernels are cached
+/// in `$FLOTILLA_HOME/kernels` ([`KernelCacheDir::Default`]).
 pub fn discover_report(opts: &DiscoverOptions) -> Discovery {
+    discover_report_with(opts, &KernelCacheDir::Default)
+}
+
+/// [`discover_report`] with the compiled kernels cached in `kernel_cache`.
+pub fn discover_report_with(opts: &DiscoverOptions, kernel_cache: &KernelCacheDir) -> Discovery {
     let mut found = Discovery::default();
     if opts.opencl {
         guarded("opencl", &mut found, |found| {
-            opencl::discover_into(opts, found)
+            opencl::discover_into(opts, kernel_cache, found)
         });
     }
     if opts.cuda {

@@ -6,6 +6,8 @@
 //! [`HostDevice`] puts the same kernels behind the [`Device`] trait, on its own memory: a
 //! second memory node that needs no accelerator, so the runtime's data manager (transfers,
 //! coherence, eviction under [`HostDevice::new`]'s memory limit) can be exercised anywhere.
+//! Its memory goes through a [`MemPool`], as the CUDA backend's does, so the pool's use by a
+//! device (accounting against the limit, reuse, trimming) is tested without a GPU.
 
 pub mod kernels;
 
@@ -13,16 +15,39 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
+use crate::pool::{MemPool, PoolBlock, PoolStats, RawAlloc};
 use crate::{
     no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag, ElemType,
     MemAccount, Reservation, Result, Side, Trans, Uplo,
 };
 
-/// The backend part of a [`DeviceBuffer`] of a [`HostDevice`]: 8-byte words, so the bytes
-/// can be viewed as `f32` or `f64` without misalignment.
+/// Host memory in 8-byte words, so the bytes can be viewed as `f32` or `f64` without
+/// misalignment.
+struct HostRaw;
+
+impl RawAlloc for HostRaw {
+    type Block = RwLock<Vec<u64>>;
+
+    fn alloc(&self, bytes: usize) -> Result<Self::Block> {
+        Ok(RwLock::new(vec![0u64; bytes.div_ceil(8)]))
+    }
+
+    fn free(&self, block: Self::Block) {
+        drop(block);
+    }
+}
+
+/// The backend part of a [`DeviceBuffer`] of a [`HostDevice`]: a pooled block of words (at
+/// least the buffer's length) and the buffer's share of the memory limit.
 struct HostBuffer {
-    words: RwLock<Vec<u64>>,
+    block: PoolBlock<HostRaw>,
     _reservation: Reservation,
+}
+
+impl HostBuffer {
+    fn words(&self) -> &RwLock<Vec<u64>> {
+        self.block.get()
+    }
 }
 
 /// A device whose memory is ordinary host memory and whose kernels are [`kernels`].
@@ -33,6 +58,7 @@ pub struct HostDevice {
     info: DeviceInfo,
     uid: u64,
     mem: Arc<MemAccount>,
+    pool: Arc<MemPool<HostRaw>>,
     compute: Mutex<()>,
 }
 
@@ -50,9 +76,20 @@ impl HostDevice {
                 arch: "cpu:host".to_string(),
             },
             uid: crate::next_device_uid(),
-            mem: MemAccount::new(name, mem_limit),
+            mem: MemAccount::new(name.clone(), mem_limit),
+            pool: MemPool::with_soft_cap(name, HostRaw, mem_limit),
             compute: Mutex::new(()),
         }
+    }
+
+    /// The counters of the memory pool behind [`Device::alloc`].
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Frees the memory the pool keeps for reuse; returns the bytes freed.
+    pub fn trim_pool(&self) -> u64 {
+        self.pool.trim()
     }
 
     fn buf<'a>(&self, op: &'static str, b: &'a DeviceBuffer) -> Result<&'a HostBuffer> {
@@ -94,13 +131,18 @@ impl Device for HostDevice {
     }
 
     fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        // The limit applies to the bytes requested; the pool's soft cap keeps the memory it
+        // caches within the limit too.
         let reservation = self.mem.reserve(bytes as u64)?;
-        let words = vec![0u64; bytes.div_ceil(8)];
+        let block = self.pool.alloc(bytes).map_err(|e| match e {
+            DevicesError::OutOfMemory { .. } => self.mem.oom(bytes as u64),
+            other => other,
+        })?;
         Ok(DeviceBuffer::new(
             bytes,
             self.uid,
             HostBuffer {
-                words: RwLock::new(words),
+                block,
                 _reservation: reservation,
             },
         ))
@@ -114,7 +156,7 @@ impl Device for HostDevice {
                 format!("{} bytes into a buffer of {}", src.len(), dst.len_bytes()),
             ));
         }
-        let mut words = buf.words.write();
+        let mut words = buf.words().write();
         bytes_mut(&mut words, src.len()).copy_from_slice(src);
         Ok(())
     }
@@ -127,7 +169,7 @@ impl Device for HostDevice {
                 format!("{} bytes from a buffer of {}", dst.len(), src.len_bytes()),
             ));
         }
-        let words = buf.words.read_recursive();
+        let words = buf.words().read_recursive();
         dst.copy_from_slice(bytes(&words, dst.len()));
         Ok(())
     }
@@ -158,9 +200,9 @@ impl Device for HostDevice {
         let _serial = self.compute.lock();
         // a and b may be the same buffer: two read locks are fine.
         let (aw, bw, mut cw) = (
-            ab.words.read_recursive(),
-            bb.words.read_recursive(),
-            cb.words.write(),
+            ab.words().read_recursive(),
+            bb.words().read_recursive(),
+            cb.words().write(),
         );
         let (la, lb, lc) = (a.len_bytes(), b.len_bytes(), c.len_bytes());
         match e {
@@ -214,7 +256,7 @@ impl Device for HostDevice {
         let (ab, cb) = (self.buf("syrk", a)?, self.buf("syrk", c)?);
         no_alias("syrk", c, &[a])?;
         let _serial = self.compute.lock();
-        let (aw, mut cw) = (ab.words.read_recursive(), cb.words.write());
+        let (aw, mut cw) = (ab.words().read_recursive(), cb.words().write());
         let (la, lc) = (a.len_bytes(), c.len_bytes());
         match e {
             ElemType::F32 => kernels::syrk::<f32>(
@@ -262,7 +304,7 @@ impl Device for HostDevice {
         let (ab, bb) = (self.buf("trsm", a)?, self.buf("trsm", b)?);
         no_alias("trsm", b, &[a])?;
         let _serial = self.compute.lock();
-        let (aw, mut bw) = (ab.words.read_recursive(), bb.words.write());
+        let (aw, mut bw) = (ab.words().read_recursive(), bb.words().write());
         let (la, lb) = (a.len_bytes(), b.len_bytes());
         match e {
             ElemType::F32 => kernels::trsm::<f32>(
@@ -297,7 +339,7 @@ impl Device for HostDevice {
     fn potrf(&self, e: ElemType, uplo: Uplo, n: usize, a: &DeviceBuffer, lda: usize) -> Result<()> {
         let ab = self.buf("potrf", a)?;
         let _serial = self.compute.lock();
-        let mut aw = ab.words.write();
+        let mut aw = ab.words().write();
         let la = a.len_bytes();
         match e {
             ElemType::F32 => kernels::potrf::<f32>(uplo, n, elems_mut(&mut aw, la), lda),
@@ -339,6 +381,44 @@ mod tests {
     #[test]
     fn host_device_tiled_cholesky_residual_is_tiny() {
         devtest::tiled_cholesky_on_device(&HostDevice::new(1 << 30));
+    }
+
+    #[test]
+    fn host_device_reuses_pooled_memory_within_its_limit() {
+        let dev = HostDevice::new(4096);
+        let a = dev.alloc(1000).expect("alloc");
+        dev.upload(&a, &[7u8; 1000]).expect("upload");
+        drop(a);
+        assert_eq!(dev.mem_used(), 0);
+        assert_eq!(dev.pool_stats().bytes_cached, 1024);
+        // The same size class: the cached block is handed out again, and the device's
+        // accounting counts the bytes requested.
+        let b = dev.alloc(900).expect("alloc");
+        assert_eq!(dev.mem_used(), 900);
+        let s = dev.pool_stats();
+        assert_eq!((s.hits, s.misses, s.bytes_in_use), (1, 1, 1024));
+        dev.upload(&b, &[1u8; 900]).expect("upload");
+        let mut out = vec![0u8; 900];
+        dev.download(&b, &mut out).expect("download");
+        assert_eq!(out, vec![1u8; 900]);
+        drop(b);
+        // Cached memory counts as free: a request that fits the limit only without the cache
+        // succeeds, the pool trimming its cache first (its soft cap is the limit).
+        let c = dev.alloc(4000).expect("fits the limit");
+        assert_eq!(dev.mem_used(), 4000);
+        let s = dev.pool_stats();
+        assert_eq!((s.bytes_cached, s.bytes_in_use), (0, 4096));
+        assert!(dev.alloc(97).is_err(), "the limit still holds");
+        drop(c);
+        assert_eq!(dev.trim_pool(), 4096);
+        assert_eq!(
+            dev.pool_stats(),
+            PoolStats {
+                hits: 1,
+                misses: 2,
+                ..PoolStats::default()
+            }
+        );
     }
 
     #[test]

@@ -9,6 +9,14 @@
 //! Every call synchronises its stream before returning, so calls are blocking and cudarc's
 //! cross-stream event tracking is switched off (it would only add events to wait on).
 //! Kernel calls are serialised by a lock around the handles.
+//!
+//! Device memory comes from a [`MemPool`] over `cuMemAlloc` (see [`crate::pool`]): dropping a
+//! buffer returns its block to the pool, and the next request of the same size class reuses
+//! it without a driver call. The device's accounting ([`Device::mem_used`], the limit behind
+//! [`DevicesError::OutOfMemory`]) counts the bytes of live buffers only, so cached blocks
+//! count as free; the pool's soft cap is the same limit, so a fresh allocation that would
+//! take the pool's memory (in use + cached) past it trims the cache first, and a driver
+//! out-of-memory trims it and retries once.
 
 use std::sync::Arc;
 
@@ -17,6 +25,7 @@ use cudarc::cusolver::{sys as solver, DnHandle};
 use cudarc::driver::{sys as drv, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
 use parking_lot::Mutex;
 
+use crate::pool::{MemPool, PoolBlock, PoolStats, RawAlloc};
 use crate::{
     args, no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag,
     DiscoverOptions, Discovery, ElemType, MemAccount, Reservation, Result, Side, Trans, Uplo,
@@ -70,9 +79,49 @@ pub(crate) fn discover_into(opts: &DiscoverOptions, found: &mut Discovery) {
     }
 }
 
-/// The backend part of a [`DeviceBuffer`].
+/// Raw device memory for the pool: zeroed `cuMemAlloc` on the transfer stream.
+struct CudaRaw {
+    name: String,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+}
+
+impl RawAlloc for CudaRaw {
+    type Block = CudaSlice<u8>;
+
+    fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        let err = |e: DriverError| match e.0 {
+            drv::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => DevicesError::OutOfMemory {
+                device: self.name.clone(),
+                requested: bytes as u64,
+                available: 0,
+            },
+            _ => DevicesError::Backend {
+                backend: "cuda",
+                device: self.name.clone(),
+                op: "alloc",
+                message: e.to_string(),
+            },
+        };
+        self.ctx.bind_to_thread().map_err(&err)?;
+        let slice = self.stream.alloc_zeros::<u8>(bytes).map_err(&err)?;
+        self.stream.synchronize().map_err(&err)?;
+        Ok(slice)
+    }
+
+    fn free(&self, block: CudaSlice<u8>) {
+        // Dropping a `CudaSlice` frees its memory (cudarc binds the context and calls
+        // cuMemFree/cuMemFreeAsync on the slice's stream), as it did before the pool. No call
+        // can still be using the block: every call synchronises before returning, and a
+        // block is only cached after its buffer was dropped.
+        drop(block);
+    }
+}
+
+/// The backend part of a [`DeviceBuffer`]: a pooled block (at least the buffer's length)
+/// and the buffer's share of the memory limit.
 struct CudaBuffer {
-    slice: CudaSlice<u8>,
+    block: PoolBlock<CudaRaw>,
     _reservation: Reservation,
 }
 
@@ -91,6 +140,7 @@ pub struct CudaDevice {
     compute: Arc<CudaStream>,
     handles: Mutex<Handles>,
     mem: Arc<MemAccount>,
+    pool: Arc<MemPool<CudaRaw>>,
 }
 
 /// A size as cuBLAS's `int`, or `BadArgs`.
@@ -153,7 +203,13 @@ impl CudaDevice {
             compute_units: u32::try_from(sms).unwrap_or(0),
             arch: format!("cuda:{name}"),
         };
+        let raw = CudaRaw {
+            name: name.clone(),
+            ctx: Arc::clone(&ctx),
+            stream: Arc::clone(&transfer),
+        };
         Ok(CudaDevice {
+            pool: MemPool::with_soft_cap(name.clone(), raw, limit),
             mem: MemAccount::new(name, limit),
             info,
             uid: crate::next_device_uid(),
@@ -162,6 +218,16 @@ impl CudaDevice {
             compute,
             handles: Mutex::new(Handles { blas, solver }),
         })
+    }
+
+    /// The counters of the memory pool behind [`Device::alloc`].
+    pub fn pool_stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Frees the device memory the pool keeps for reuse; returns the bytes freed.
+    pub fn trim_pool(&self) -> u64 {
+        self.pool.trim()
     }
 
     fn backend_err(&self, op: &'static str, e: impl std::fmt::Display) -> DevicesError {
@@ -187,7 +253,7 @@ impl CudaDevice {
 
     /// The device address of a buffer (event tracking is off, so no event is recorded).
     fn ptr(&self, b: &CudaBuffer, stream: &CudaStream) -> drv::CUdeviceptr {
-        let (p, _sync) = b.slice.device_ptr(stream);
+        let (p, _sync) = b.block.get().device_ptr(stream);
         p
     }
 
@@ -214,23 +280,18 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&self, bytes: usize) -> Result<DeviceBuffer> {
+        // The limit applies to the bytes of live buffers; the pool trims its cache when a
+        // fresh block would take it past the limit, or when the driver is out of memory.
         let reservation = self.mem.reserve(bytes as u64)?;
-        self.bind("alloc")?;
-        let slice = self
-            .transfer
-            .alloc_zeros::<u8>(bytes.max(1))
-            .map_err(|e| match e.0 {
-                drv::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => self.mem.oom(bytes as u64),
-                _ => self.driver_err("alloc", e),
-            })?;
-        self.transfer
-            .synchronize()
-            .map_err(|e| self.driver_err("alloc", e))?;
+        let block = self.pool.alloc(bytes).map_err(|e| match e {
+            DevicesError::OutOfMemory { .. } => self.mem.oom(bytes as u64),
+            other => other,
+        })?;
         Ok(DeviceBuffer::new(
             bytes,
             self.uid,
             CudaBuffer {
-                slice,
+                block,
                 _reservation: reservation,
             },
         ))
@@ -645,6 +706,13 @@ mod tests {
                 crate::devtest::transfer_overlaps_compute(dev);
                 crate::devtest::tiled_cholesky_on_device(dev.as_ref());
             }
+            // The pool behind alloc: the limit counts live bytes, freed blocks are reused.
+            let dev = CudaDevice::new(0, Some(1000)).expect("open GPU 0");
+            crate::devtest::out_of_memory_at_limit_1000(&dev);
+            let hits = dev.pool_stats().hits;
+            drop(dev.alloc(700).expect("alloc"));
+            let _again = dev.alloc(1000).expect("alloc");
+            assert_eq!(dev.pool_stats().hits, hits + 1);
         } else {
             assert!(found.devices.is_empty());
             assert_eq!(found.skipped, vec!["no CUDA driver".to_string()]);

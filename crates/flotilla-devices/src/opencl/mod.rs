@@ -6,8 +6,13 @@
 //! compute queue and waited for, so every call is complete when it returns and a copy on one
 //! thread overlaps a kernel on another.
 //!
-//! Kernels (`kernels.cl`) are compiled from source on first use, once per element type
-//! (`-DUSE_FP64` for f64, only when the device has `cl_khr_fp64`), and cached in the device.
+//! Kernels (`kernels.cl`) are built on first use, once per element type (`-DUSE_FP64` for
+//! f64, only when the device has `cl_khr_fp64`), and kept in the device. The program binary
+//! is kept on disk in a [`KernelCache`] (see [`crate::kernel_cache`]), keyed by the device's
+//! name, vendor, version and driver version, the platform's version, the options and the
+//! source: a later process builds from that binary (`clCreateProgramWithBinary`) instead of
+//! compiling the source. A binary the driver rejects is replaced by a fresh build from source;
+//! a cache that cannot be written only costs the compilation.
 //! Kernel arguments are set and launched under one lock, since an OpenCL kernel object is
 //! not safe to configure from two threads.
 //!
@@ -25,10 +30,12 @@ use opencl3::error_codes::{ClError, DLOPEN_RUNTIME_LOAD_FAILED};
 use opencl3::event::Event;
 use opencl3::kernel::Kernel;
 use opencl3::memory::{Buffer, ClMem, CL_MEM_READ_WRITE};
+use opencl3::platform::Platform;
 use opencl3::program::Program;
 use opencl3::types::{cl_int, cl_mem, CL_BLOCKING};
 use parking_lot::Mutex;
 
+use crate::kernel_cache::{CacheKey, CacheOutcome, KernelCache, KernelCacheDir};
 use crate::{
     args, no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag,
     DiscoverOptions, Discovery, ElemType, MemAccount, Reservation, Result, Side, Trans, Uplo,
@@ -46,12 +53,17 @@ const CL_OUT_OF_RESOURCES: cl_int = -5;
 const CL_OUT_OF_HOST_MEMORY: cl_int = -6;
 const CL_INVALID_BUFFER_SIZE: cl_int = -61;
 
-/// Adds every device of every OpenCL platform to `found`.
-///
-/// Discovery is serialised process-wide: PoCL 2.x crashes when two threads initialise it at
+/// Serialises discovery process-wide: PoCL 2.x crashes when two threads initialise it at
 /// once (one queries a device while the other is still probing the topology).
-pub(crate) fn discover_into(opts: &DiscoverOptions, found: &mut Discovery) {
-    static DISCOVERY: Mutex<()> = Mutex::new(());
+static DISCOVERY: Mutex<()> = Mutex::new(());
+
+/// Adds every device of every OpenCL platform to `found`, their kernels cached in
+/// `kernel_cache`.
+pub(crate) fn discover_into(
+    opts: &DiscoverOptions,
+    kernel_cache: &KernelCacheDir,
+    found: &mut Discovery,
+) {
     let _one_at_a_time = DISCOVERY.lock();
     let platforms = match opencl3::platform::get_platforms() {
         Ok(p) => p,
@@ -84,7 +96,7 @@ pub(crate) fn discover_into(opts: &DiscoverOptions, found: &mut Discovery) {
             }
         };
         for id in ids {
-            match OpenClDevice::new(ClDevice::new(id), opts.mem_limit) {
+            match OpenClDevice::with_kernel_cache(ClDevice::new(id), opts.mem_limit, kernel_cache) {
                 Ok(dev) => found.devices.push(Arc::new(dev)),
                 Err(e) => found
                     .skipped
@@ -101,6 +113,8 @@ struct Kernels {
     trsm: Kernel,
     potrf: Kernel,
     potrf_local: usize,
+    /// Where the program came from; `None` without a kernel cache.
+    origin: Option<CacheOutcome>,
 }
 
 /// State touched by kernel launches, behind the compute lock.
@@ -130,6 +144,10 @@ pub struct OpenClDevice {
     fp64: bool,
     max_alloc: u64,
     mem: Arc<MemAccount>,
+    kernel_cache: Option<KernelCache>,
+    /// What identifies the driver's binaries besides options and source: device name,
+    /// vendor, device version, driver version, platform version.
+    binary_id: String,
 }
 
 fn queue(context: &Context) -> std::result::Result<CommandQueue, ClError> {
@@ -145,9 +163,18 @@ fn int(op: &'static str, what: &str, v: usize) -> Result<cl_int> {
 }
 
 impl OpenClDevice {
-    /// Opens `device`: a context, two queues and the memory accounting. Kernels are compiled
-    /// on first use.
+    /// Opens `device`: a context, two queues and the memory accounting. Kernels are built on
+    /// first use, through the kernel cache in `$FLOTILLA_HOME/kernels`.
     pub fn new(device: ClDevice, mem_limit: Option<u64>) -> Result<Self> {
+        Self::with_kernel_cache(device, mem_limit, &KernelCacheDir::Default)
+    }
+
+    /// [`OpenClDevice::new`] with the compiled kernels cached in `kernel_cache`.
+    pub fn with_kernel_cache(
+        device: ClDevice,
+        mem_limit: Option<u64>,
+        kernel_cache: &KernelCacheDir,
+    ) -> Result<Self> {
         let name = device.name().unwrap_or_else(|_| "unknown".to_string());
         let err = |op: &'static str, e: ClError| DevicesError::Backend {
             backend: "opencl",
@@ -171,6 +198,18 @@ impl OpenClDevice {
         let transfer = queue(&context).map_err(|e| err("create transfer queue", e))?;
         let compute = queue(&context).map_err(|e| err("create compute queue", e))?;
         let limit = mem_limit.map_or(global_mem, |l| l.min(global_mem));
+        let platform_version = device
+            .platform()
+            .and_then(|p| Platform::new(p).version())
+            .unwrap_or_default();
+        let binary_id = [
+            name.as_str(),
+            vendor.as_str(),
+            &device.version().unwrap_or_default(),
+            &device.driver_version().unwrap_or_default(),
+            &platform_version,
+        ]
+        .join("\n");
         let info = DeviceInfo {
             kind: DeviceKind::OpenCl,
             name: name.clone(),
@@ -190,7 +229,25 @@ impl OpenClDevice {
             state: Mutex::new(ComputeState::default()),
             fp64,
             max_alloc,
+            kernel_cache: kernel_cache.open(),
+            binary_id,
         })
+    }
+
+    /// The cache of this device's compiled kernels, if it has one.
+    pub fn kernel_cache(&self) -> Option<&KernelCache> {
+        self.kernel_cache.as_ref()
+    }
+
+    /// Where the kernels of element type `e` came from: `None` before their first use or
+    /// without a kernel cache.
+    pub fn kernel_origin(&self, e: ElemType) -> Option<CacheOutcome> {
+        let state = self.state.lock();
+        let kernels = match e {
+            ElemType::F32 => &state.f32,
+            ElemType::F64 => &state.f64,
+        };
+        kernels.as_ref().and_then(|k| k.origin)
     }
 
     fn backend_err(&self, op: &'static str, e: impl std::fmt::Display) -> DevicesError {
@@ -236,13 +293,58 @@ impl OpenClDevice {
             .ok_or_else(|| self.backend_err("build program", "kernels missing after build"))
     }
 
+    /// The kernel cache's key of the program built with `options`.
+    fn cache_key(&self, options: &str) -> CacheKey {
+        CacheKey::new(&[
+            b"opencl",
+            self.binary_id.as_bytes(),
+            options.as_bytes(),
+            SOURCE.as_bytes(),
+        ])
+    }
+
+    /// The program built with `options`: from the cached binary when the cache has one the
+    /// driver accepts, otherwise from source, storing its binary in the cache.
+    fn program(&self, options: &str) -> Result<(Program, Option<CacheOutcome>)> {
+        let from_source = || {
+            Program::create_and_build_from_source(&self.context, SOURCE, options)
+                .map_err(|log| self.backend_err("build program", log))
+        };
+        let Some(cache) = &self.kernel_cache else {
+            return Ok((from_source()?, None));
+        };
+        let key = self.cache_key(options);
+        if let Some(binary) = cache.load(&key) {
+            // A binary that fails to load (a driver update that kept its version string, a
+            // binary of another device) falls through to a build from source, whose binary
+            // then replaces it.
+            if let Ok(program) =
+                Program::create_and_build_from_binary(&self.context, &[&binary], options)
+            {
+                return Ok((program, Some(CacheOutcome::Hit)));
+            }
+        }
+        let program = from_source()?;
+        let stored = program
+            .get_binaries()
+            .ok()
+            .and_then(|bins| bins.into_iter().next())
+            .filter(|bin| !bin.is_empty())
+            .is_some_and(|bin| cache.store(&key, &bin).is_ok());
+        let outcome = if stored {
+            CacheOutcome::Stored
+        } else {
+            CacheOutcome::NotStored
+        };
+        Ok((program, Some(outcome)))
+    }
+
     fn build(&self, e: ElemType) -> Result<Kernels> {
         let options = match e {
             ElemType::F32 => "",
             ElemType::F64 => "-DUSE_FP64",
         };
-        let program = Program::create_and_build_from_source(&self.context, SOURCE, options)
-            .map_err(|log| self.backend_err("build program", log))?;
+        let (program, origin) = self.program(options)?;
         let kernel = |name: &str| {
             Kernel::create(&program, name).map_err(|e| self.backend_err("create kernel", e))
         };
@@ -259,6 +361,7 @@ impl OpenClDevice {
             trsm,
             potrf,
             potrf_local,
+            origin,
         })
     }
 
@@ -719,12 +822,14 @@ mod tests {
 
     /// The OpenCL devices, or `None` (after printing why) when there are none. With
     /// `FLOTILLA_REQUIRE_OPENCL=1` (set in CI) a missing platform fails the test instead.
+    /// The tests below build from source (no kernel cache); the cache has its own tests.
     fn devices(mem_limit: Option<u64>) -> Option<Vec<Arc<dyn Device>>> {
-        let found = crate::discover_report(&DiscoverOptions {
+        let opts = DiscoverOptions {
             opencl: true,
             cuda: false,
             mem_limit,
-        });
+        };
+        let found = crate::discover_report_with(&opts, &KernelCacheDir::Off);
         if found.devices.is_empty() {
             let required = std::env::var("FLOTILLA_REQUIRE_OPENCL").is_ok_and(|v| v == "1");
             assert!(
@@ -740,6 +845,196 @@ mod tests {
             .iter()
             .all(|d| d.info().kind == DeviceKind::OpenCl));
         Some(found.devices)
+    }
+
+    /// Opens every OpenCL device afresh with its kernels cached in `cache`, or `None` when
+    /// there is no OpenCL device (failing under `FLOTILLA_REQUIRE_OPENCL=1`, like `devices`).
+    fn open_with_cache(cache: &std::path::Path) -> Option<Vec<OpenClDevice>> {
+        let n = devices(None)?.len();
+        let _one_at_a_time = DISCOVERY.lock();
+        let mut out = Vec::new();
+        for platform in opencl3::platform::get_platforms().expect("platforms") {
+            for id in platform.get_devices(CL_DEVICE_TYPE_ALL).unwrap_or_default() {
+                let dir = KernelCacheDir::At(cache.to_path_buf());
+                out.push(
+                    OpenClDevice::with_kernel_cache(ClDevice::new(id), None, &dir).expect("open"),
+                );
+            }
+        }
+        assert_eq!(out.len(), n);
+        Some(out)
+    }
+
+    fn origins(dev: &OpenClDevice) -> Vec<Option<CacheOutcome>> {
+        let mut v = vec![dev.kernel_origin(ElemType::F32)];
+        if dev.supports(ElemType::F64) {
+            v.push(dev.kernel_origin(ElemType::F64));
+        }
+        v
+    }
+
+    fn entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .map(|d| d.map(|e| e.expect("entry").path()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn opencl_second_device_builds_from_the_kernel_cache() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("kernels");
+        let Some(cold) = open_with_cache(&dir) else {
+            return;
+        };
+        for dev in &cold {
+            assert_eq!(
+                dev.kernel_cache().map(KernelCache::dir),
+                Some(dir.as_path())
+            );
+            assert_eq!(dev.kernel_origin(ElemType::F32), None, "built on first use");
+            devtest::blas_matches_cpu(dev);
+            assert!(
+                origins(dev)
+                    .iter()
+                    .all(|o| *o == Some(CacheOutcome::Stored)),
+                "{:?}",
+                origins(dev)
+            );
+        }
+        let stored = entries(&dir);
+        let kinds: usize = cold.iter().map(|d| origins(d).len()).sum();
+        assert_eq!(stored.len(), kinds, "{stored:?}");
+        drop(cold);
+        let Some(warm) = open_with_cache(&dir) else {
+            return;
+        };
+        for dev in &warm {
+            devtest::blas_matches_cpu(dev);
+            devtest::tiled_cholesky_on_device(dev);
+            assert!(
+                origins(dev).iter().all(|o| *o == Some(CacheOutcome::Hit)),
+                "{:?}",
+                origins(dev)
+            );
+        }
+        assert_eq!(entries(&dir), stored, "a hit writes nothing");
+    }
+
+    #[test]
+    fn opencl_discovery_uses_the_kernel_cache_it_is_given() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let opts = DiscoverOptions {
+            opencl: true,
+            cuda: false,
+            mem_limit: None,
+        };
+        let cache = KernelCacheDir::At(tmp.path().to_path_buf());
+        let found = crate::discover_report_with(&opts, &cache);
+        if devices(None).is_none() {
+            return;
+        }
+        for dev in &found.devices {
+            devtest::blas_matches_cpu(dev.as_ref());
+        }
+        assert!(!entries(tmp.path()).is_empty(), "no kernel stored");
+    }
+
+    #[test]
+    fn opencl_rejected_cached_binary_is_rebuilt_from_source() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("kernels");
+        let Some(devs) = open_with_cache(&dir) else {
+            return;
+        };
+        let cache = KernelCache::new(&dir);
+        for dev in &devs {
+            // A well-formed entry whose payload is no program binary.
+            let key = dev.cache_key("");
+            let garbage = b"not a program binary".repeat(64);
+            cache.store(&key, &garbage).expect("store");
+            devtest::blas_matches_cpu(dev);
+            assert_eq!(dev.kernel_origin(ElemType::F32), Some(CacheOutcome::Stored));
+            let replaced = cache.load(&key).expect("entry");
+            assert_ne!(replaced, garbage);
+        }
+        drop(devs);
+        let Some(devs) = open_with_cache(&dir) else {
+            return;
+        };
+        for dev in &devs {
+            devtest::blas_matches_cpu(dev);
+            assert_eq!(dev.kernel_origin(ElemType::F32), Some(CacheOutcome::Hit));
+        }
+    }
+
+    #[test]
+    fn opencl_unwritable_kernel_cache_still_builds() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let file = tmp.path().join("a-file");
+        std::fs::write(&file, b"x").expect("file");
+        let Some(devs) = open_with_cache(&file.join("kernels")) else {
+            return;
+        };
+        for dev in &devs {
+            devtest::blas_matches_cpu(dev);
+            assert!(
+                origins(dev)
+                    .iter()
+                    .all(|o| *o == Some(CacheOutcome::NotStored)),
+                "{:?}",
+                origins(dev)
+            );
+        }
+    }
+
+    /// Device creation plus the first f32 (and f64) gemm, with a cold and a warm kernel
+    /// cache; run with `cargo test --release -p flotilla-devices -- --ignored --nocapture
+    /// opencl_kernel_cache_timing` (and `POCL_KERNEL_CACHE=0` to switch PoCL's own cache off).
+    #[test]
+    #[ignore = "timing, not a check"]
+    fn opencl_kernel_cache_timing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("kernels");
+        for round in ["cold", "warm", "warm"] {
+            let t = std::time::Instant::now();
+            let Some(devs) = open_with_cache(&dir) else {
+                return;
+            };
+            for dev in &devs {
+                for e in [ElemType::F32, ElemType::F64] {
+                    if dev.supports(e) {
+                        let n = 4 * e.size_of();
+                        let (a, b, c) = (dev.alloc(n), dev.alloc(n), dev.alloc(n));
+                        let (a, b, c) = (a.expect("alloc"), b.expect("alloc"), c.expect("alloc"));
+                        dev.gemm(
+                            e,
+                            Trans::No,
+                            Trans::No,
+                            2,
+                            2,
+                            2,
+                            1.0,
+                            &a,
+                            2,
+                            &b,
+                            2,
+                            0.0,
+                            &c,
+                            2,
+                        )
+                        .expect("gemm");
+                    }
+                }
+                println!(
+                    "{round}: {} opened and first gemms in {:.3} s ({:?})",
+                    dev.info().name,
+                    t.elapsed().as_secs_f64(),
+                    origins(dev)
+                );
+            }
+        }
     }
 
     #[test]

@@ -145,6 +145,8 @@ impl Communicator {
         let addrs: Vec<String> = table.iter().map(|t| t.listen.clone()).collect();
         let mesh = Mesh::build(listener, &key, rank, &addrs, options.timeout, deadline)?;
         let all_local = table.iter().all(|t| t.host_id == me.host_id);
+        let local: Vec<bool> = table.iter().map(|t| t.host_id == me.host_id).collect();
+        mesh.tune_local(&local)?;
         let want_shm = match options.transport {
             Transport::Tcp => false,
             Transport::Shm => {

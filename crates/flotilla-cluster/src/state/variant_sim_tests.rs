@@ -15,6 +15,9 @@ const CPU_S: f64 = 4.0;
 const GPU_S: f64 = 1.0;
 const POINTS: usize = 48;
 
+/// A running attempt: (finish ms, task, attempt, variant, cpus and gpus in thousandths).
+type Running = (u64, TaskRef, u32, String, u64, u64);
+
 fn sweep(variants: &[&str]) -> String {
     let mut s = format!("name = \"sweep\"\n[[task]]\nid = \"point\"\narray = \"0..{POINTS}\"\n");
     for v in variants {
@@ -69,8 +72,7 @@ fn makespan(variants: &[&str], queue_depth: usize) -> (f64, usize, usize) {
     let (mut free_cpus, mut free_gpus) = (4.0f64, 1.0f64);
     let mut queue: std::collections::VecDeque<(TaskRef, u32, String, f64, f64)> =
         std::collections::VecDeque::new();
-    // (finish ms, task, attempt, variant, cpus, gpus as thousandths)
-    let mut running: BinaryHeap<Reverse<(u64, TaskRef, u32, String, u64, u64)>> = BinaryHeap::new();
+    let mut running: BinaryHeap<Reverse<Running>> = BinaryHeap::new();
     let (mut on_cpu, mut on_gpu) = (0, 0);
     let mut now = 0u64;
     loop {

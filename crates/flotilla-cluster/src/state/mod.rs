@@ -47,7 +47,9 @@
 //! Each task on a worker holds a *slot*, either **reserved** (its resources count against
 //! the worker's capacity; GPU indices chosen) or **queued** (up to `queue_depth` per worker,
 //! assigned beyond the free resources so the worker never idles waiting for the next
-//! message). Invariant: the reserved slots of a worker fit in its capacity, and every
+//! message), or **chained** (up to `chain_depth`: waiting for a predecessor running there;
+//! it joins the queue when that predecessor succeeds, so the queue may then hold up to
+//! `queue_depth + chain_depth`). Invariant: the reserved slots of a worker fit in its capacity, and every
 //! `Running` task holds a reserved slot. Queued tasks never use GPUs or GPU memory.
 //! The worker must start its tasks in the order it received them, a task starting only when
 //! its resources fit in what is free locally (it may skip over a task that does not fit yet).

@@ -234,15 +234,21 @@ impl World {
 
     fn finish(&mut self, i: usize, outcome: AttemptOutcome) {
         if let Some((w, t, a, _)) = self.pick(i) {
-            // A chained task waiting for its predecessor can only be cancelled.
-            let chained = self
+            // A chained task waiting for its predecessor has not started: a worker can only
+            // answer a Cancel for it (with Cancelled), nothing else.
+            let slot = self
                 .c
                 .workers_map()
                 .get(&w)
-                .is_some_and(|wk| wk.slots.get(&(t, a)).is_some_and(|s| s.after.is_some()));
-            if chained && outcome != AttemptOutcome::Cancelled {
-                return;
-            }
+                .and_then(|wk| wk.slots.get(&(t, a)));
+            let chained = slot.is_some_and(|s| s.after.is_some());
+            let cancelled = slot.is_some_and(|s| s.cancel_sent);
+            let outcome = match (chained, cancelled) {
+                (false, _) => outcome,
+                (true, true) => AttemptOutcome::Cancelled,
+                (true, false) if outcome == AttemptOutcome::Cancelled => outcome,
+                (true, false) => return,
+            };
             self.assigned.remove(&(w, t, a));
             self.apply(Event::TaskFinished {
                 worker: w,
@@ -409,7 +415,16 @@ fn check(c: &Coordinator) {
                 w.id
             );
         }
-        assert!(w.queue.len() <= c.config().queue_depth);
+        // Placement queues at most `queue_depth`; chained tasks released into the queue when
+        // their predecessor succeeds (and that do not fit yet) may add up to `chain_depth`.
+        let cfg = c.config();
+        assert!(
+            w.queue.len() <= cfg.queue_depth + cfg.chain_depth,
+            "{}: {} queued",
+            w.id,
+            w.queue.len()
+        );
+        assert!(w.chained() <= cfg.chain_depth, "{}: too many chained", w.id);
     }
     for j in c.jobs_map().values() {
         let mut counts = [0u64; 8];
@@ -486,7 +501,20 @@ proptest! {
                 }
                 continue;
             }
-            world.finish(0, AttemptOutcome::Succeeded);
+            // The oldest attempt a worker could have started (not a chained one still
+            // waiting for its predecessor).
+            let i = world
+                .assigned
+                .keys()
+                .position(|(w, t, a)| {
+                    world.c.workers_map().get(w).is_none_or(|wk| {
+                        wk.slots
+                            .get(&(*t, *a))
+                            .is_none_or(|s| s.after.is_none() || s.cancel_sent)
+                    })
+                })
+                .unwrap_or(0);
+            world.finish(i, AttemptOutcome::Succeeded);
         }
         for j in world.c.jobs_map().values() {
             prop_assert!(!j.is_active(), "job {} did not finish: {:?}", j.id, j.counts);

@@ -22,9 +22,12 @@ mod sealed {
     impl Sealed for f64 {}
     impl Sealed for i32 {}
     impl Sealed for i64 {}
+    impl Sealed for half::bf16 {}
 }
 
-/// An element type the collectives can move and reduce: `f32`, `f64`, `i32`, `i64`.
+/// An element type the collectives can move and reduce: `f32`, `f64`, `i32`, `i64` and
+/// [`half::bf16`] (re-exported as [`crate::bf16`]; each pairwise operation is computed in `f32`
+/// and rounded back to bf16, as NCCL does).
 ///
 /// The trait is sealed; its methods are internal kernels.
 pub trait Element: bytemuck::Pod + Send + Sync + 'static + sealed::Sealed {
@@ -123,6 +126,15 @@ element_impl!(
     |a: i64, b: i64| a.min(b),
     |a: i64, b: i64| a.max(b),
     i64::from
+);
+
+element_impl!(
+    half::bf16,
+    |a: half::bf16, b: half::bf16| half::bf16::from_f32(a.to_f32() + b.to_f32()),
+    |a: half::bf16, b: half::bf16| half::bf16::from_f32(a.to_f32() * b.to_f32()),
+    |a: half::bf16, b: half::bf16| if b.to_f32() < a.to_f32() { b } else { a },
+    |a: half::bf16, b: half::bf16| if b.to_f32() > a.to_f32() { b } else { a },
+    |v: i32| half::bf16::from_f32(v as f32)
 );
 
 /// `dst = srcs(0) op srcs(1) op ... op srcs(n-1)`, strictly left to right (rank order).

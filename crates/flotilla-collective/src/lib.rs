@@ -105,5 +105,7 @@ mod wire;
 pub use comm::{Communicator, RD_THRESHOLD_BYTES};
 pub use element::{Element, ReduceOp};
 pub use error::{CommError, Result};
+/// Brain floating point, 16 bits (from the `half` crate), an [`Element`].
+pub use half::bf16;
 pub use options::{Algorithm, Options, Transport};
 pub use rendezvous::RendezvousServer;

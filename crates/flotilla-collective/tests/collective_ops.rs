@@ -1,4 +1,4 @@
-//! Every collective x element type x reduce op against a sequential reference, for 1 to 5
+//! Every collective x element type (f32, f64, i32, i64, bf16) x reduce op against a sequential reference, for 1 to 5
 //! ranks, both transports and both TCP algorithms, with lengths that do not divide evenly.
 #![allow(clippy::unwrap_used)]
 
@@ -90,6 +90,8 @@ fn check_all(transport: Transport, algorithm: Algorithm, n: usize) {
         check_all_for::<f64>(&mut comm, 2, false);
         check_all_for::<i32>(&mut comm, 3, false);
         check_all_for::<i64>(&mut comm, 4, n <= 3);
+        // bf16: sums and products of 5 values in -4..=4 stay exact (3^5 = 243 has 8 bits).
+        check_all_for::<flotilla_collective::bf16>(&mut comm, 5, false);
         comm.transport()
     });
     let want = if n == 1 && transport == Transport::Tcp {

@@ -80,6 +80,15 @@ test_elem!(f32, |a: f32, b: f32| a + b, |a: f32, b: f32| a * b);
 test_elem!(f64, |a: f64, b: f64| a + b, |a: f64, b: f64| a * b);
 test_elem!(i32, i32::wrapping_add, i32::wrapping_mul);
 test_elem!(i64, i64::wrapping_add, i64::wrapping_mul);
+test_elem!(
+    flotilla_collective::bf16,
+    |a: flotilla_collective::bf16, b: flotilla_collective::bf16| {
+        flotilla_collective::bf16::from_f32(a.to_f32() + b.to_f32())
+    },
+    |a: flotilla_collective::bf16, b: flotilla_collective::bf16| {
+        flotilla_collective::bf16::from_f32(a.to_f32() * b.to_f32())
+    }
+);
 
 /// Small integers in -4..=4 (exact in every type, sums and products of 5 stay exact).
 pub(crate) fn input<T: TestElem>(seed: u64, rank: usize, len: usize) -> Vec<T> {

@@ -13,7 +13,7 @@
 //! Workers send a message at least every heartbeat interval. A worker silent for the
 //! heartbeat timeout, or whose session stream closes, is declared lost.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -360,39 +360,29 @@ impl Core {
         if t.index() >= j.graph.len() {
             return;
         }
-        let mut added = std::collections::HashSet::new();
+        // Exact paths, and every uploaded file a glob pattern matches (`*` within a folder).
+        let opts = glob::MatchOptions {
+            require_literal_separator: true,
+            ..glob::MatchOptions::new()
+        };
+        let mut chosen: BTreeMap<&str, &proto::Object> = BTreeMap::new();
         for p in &j.graph.task(t).inputs {
             if crate::client::is_glob(p) {
-                let Ok(pattern) = glob::Pattern::new(p) else {
-                    continue;
-                };
-                let opts = glob::MatchOptions {
-                    require_literal_separator: true,
-                    ..glob::MatchOptions::new()
-                };
-                let mut matched: Vec<&proto::Object> = files
-                    .iter()
-                    .filter(|(path, _)| pattern.matches_with(path, opts))
-                    .map(|(_, o)| o)
-                    .collect();
-                matched.sort_by(|a, b| a.path.cmp(&b.path));
-                for o in matched {
-                    if added.insert(o.path.clone()) {
-                        a.inputs.push(proto::Input {
-                            object: Some(o.clone()),
-                            from: String::new(),
-                        });
+                if let Ok(pattern) = glob::Pattern::new(p) {
+                    for (path, o) in files {
+                        if pattern.matches_with(path, opts) {
+                            chosen.insert(path, o);
+                        }
                     }
                 }
-            } else if let Some(o) = files.get(p) {
-                if added.insert(o.path.clone()) {
-                    a.inputs.push(proto::Input {
-                        object: Some(o.clone()),
-                        from: String::new(),
-                    });
-                }
+            } else if let Some((path, o)) = files.get_key_value(p) {
+                chosen.insert(path, o);
             }
         }
+        a.inputs.extend(chosen.into_values().map(|o| proto::Input {
+            object: Some(o.clone()),
+            from: String::new(),
+        }));
     }
 
     /// Transfer staging: every output of the job's done tasks, in task order, with the data

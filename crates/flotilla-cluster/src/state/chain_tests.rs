@@ -154,6 +154,13 @@ fn no_chaining_with_two_unfinished_predecessors_or_transfer_staging() {
     assert_eq!(assigns(&out).len(), 2);
     assert_eq!(sim.state(job, "z"), TaskState::Waiting);
     let (job, out) = sim.submit(&format!("staging = \"transfer\"\n{CHAIN}"));
-    let _ = job;
-    assert!(assigns(&out).iter().all(|(_, a)| a.after.is_none()));
+    let placed = assigns(&out);
+    assert_eq!(
+        placed.len(),
+        1,
+        "only a: nothing chained behind it in transfer staging"
+    );
+    assert_eq!(sim.name(placed[0].1.task), "a");
+    assert_eq!(placed[0].1.after, None);
+    assert_eq!(sim.state(job, "b"), TaskState::Waiting);
 }

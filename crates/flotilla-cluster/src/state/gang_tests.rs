@@ -1,7 +1,7 @@
 //! Gangs (`group = { size = N }`): all-or-nothing placement, ranks and rendezvous keys,
 //! restarts of the whole gang counted as one retry.
 
-use super::tests::{assigns, config, wspec, Sim};
+use super::tests::{assigns, wspec, Sim};
 use super::*;
 
 fn gang_job(size: u32, retries: u32) -> String {
@@ -179,5 +179,4 @@ fn a_member_that_finished_reruns_when_its_gang_restarts() {
         .all(|c| !matches!(c, Command::Notify(Notification::JobFinished { .. }))));
     sim.finish(w, r1, 2, AttemptOutcome::Succeeded);
     assert_eq!(sim.c.job_status(job).unwrap().state, JobState::Succeeded);
-    let _ = config(0);
 }

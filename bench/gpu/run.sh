@@ -32,6 +32,11 @@ for p in f32 f64; do
   step "chol-mixed-$p" 300 $B bench cholesky --n $N_CHOL --tile 2048 --devices cpu,cuda --precision $p --reps 2 --json \
     --trace "$OUT/chol-mixed-$p.trace.json"
 done
+# Mixed precision through Flotilla (f32 storage, TF32/bf16 products, residual reported).
+for p in tf32 bf16; do
+  step "gemm-cuda-$p" 240 $B bench gemm --n $N_GEMM --tile 4096 --devices cuda --precision $p --reps 3 --json
+done
+step chol-cuda-tf32 300 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision tf32 --reps 2 --json
 step chol-cpu-f64 240 $B bench cholesky --n 8192 --tile 512 --devices cpu --precision f64 --reps 2 --json
 # 3. The same operations in cuBLAS/cuSOLVER called directly (PyTorch), same sizes, same run.
 cat >"$OUT/ref.py" <<PY

@@ -5,7 +5,10 @@ use std::sync::Arc;
 
 use crate::cpu::kernels as cpu;
 use crate::testutil::*;
-use crate::{args, Device, DeviceBuffer, DevicesError, ElemType, Scalar, Side, Trans, Uplo};
+use crate::{
+    args, Device, DeviceBuffer, DeviceKind, DevicesError, ElemType, MathMode, Scalar, Side, Trans,
+    Uplo,
+};
 
 pub(crate) fn put<T: Scalar>(dev: &dyn Device, x: &[T]) -> DeviceBuffer {
     let buf = dev
@@ -156,12 +159,105 @@ fn check_trsm_potrf<T: Scalar>(dev: &dyn Device, seed: u64) {
     }
 }
 
+/// `gemm_mixed` in every mode: each element's error against the exact product of the
+/// unrounded inputs stays within the rounding bound of the mode's input format plus f32
+/// accumulation; where the backend emulates the rounding (every backend but CUDA, whose
+/// tensor cores may convert differently), the result equals the CPU reference up to f32
+/// summation order, and bf16 is measurably less accurate than f32 (the mode is applied).
+fn check_gemm_mixed(dev: &dyn Device, seed: u64) {
+    let mut r = rng(seed);
+    let (m, n, k) = (37, 29, 64);
+    let emulated = dev.info().kind != DeviceKind::Cuda;
+    for ta in TRANS {
+        for tb in TRANS {
+            let (ar, ac) = args::stored(ta, m, k);
+            let (br, bc) = args::stored(tb, k, n);
+            let (lda, ldb, ldc) = (ar + 1, br, m + 2);
+            let a: Vec<f32> = random(&mut r, lda * ac);
+            let b: Vec<f32> = random(&mut r, ldb * bc);
+            let (da, db) = (put(dev, &a), put(dev, &b));
+            // Exact (f64) product of the unrounded inputs, and of their magnitudes.
+            let (a64, b64) = (to_f64(&a), to_f64(&b));
+            let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<f64>>();
+            let mut exact = vec![0.0f64; ldc * n];
+            let mut mag = vec![0.0f64; ldc * n];
+            cpu::gemm(
+                ta, tb, m, n, k, 1.0, &a64, lda, &b64, ldb, 0.0, &mut exact, ldc,
+            )
+            .expect("f64 gemm");
+            cpu::gemm(
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                1.0,
+                &abs(&a64),
+                lda,
+                &abs(&b64),
+                ldb,
+                0.0,
+                &mut mag,
+                ldc,
+            )
+            .expect("f64 gemm of magnitudes");
+            let mut worst = Vec::new();
+            for mode in MathMode::ALL {
+                let dc = put(dev, &vec![f32::NAN; ldc * n]);
+                dev.gemm_mixed(
+                    mode, ta, tb, m, n, k, 1.0, &da, lda, &db, ldb, 0.0, &dc, ldc,
+                )
+                .expect("device gemm_mixed");
+                let got = to_f64(&get::<f32>(dev, &dc));
+                let u = mode.unit_roundoff();
+                let gamma = (k as f64 + 2.0) * f64::from(f32::EPSILON);
+                let mut max_err = 0.0f64;
+                for j in 0..n {
+                    for i in 0..m {
+                        let x = i + j * ldc;
+                        let err = (got[x] - exact[x]).abs();
+                        let bound = (2.0 * u + u * u + gamma) * mag[x] * 1.01;
+                        assert!(
+                            err <= bound,
+                            "gemm_mixed {mode} {ta:?} {tb:?} ({i},{j}): error {err} > {bound}"
+                        );
+                        max_err = max_err.max(err);
+                    }
+                }
+                worst.push(max_err);
+                if emulated {
+                    let mut c = vec![0.0f32; ldc * n];
+                    cpu::gemm_mixed(
+                        mode, ta, tb, m, n, k, 1.0, &a, lda, &b, ldb, 0.0, &mut c, ldc,
+                    )
+                    .expect("cpu gemm_mixed");
+                    let only = |v: &[f64]| {
+                        (0..n)
+                            .flat_map(|j| (0..m).map(move |i| i + j * ldc))
+                            .map(|x| v[x])
+                            .collect::<Vec<f64>>()
+                    };
+                    let err = rel_err(&only(&got), &only(&to_f64(&c)));
+                    assert!(err < tol(ElemType::F32), "gemm_mixed {mode} vs cpu: {err}");
+                }
+            }
+            if emulated {
+                assert!(
+                    worst[2] > 10.0 * worst[0],
+                    "bf16 is not less accurate than f32: {worst:?}"
+                );
+            }
+        }
+    }
+}
+
 /// gemm, syrk, trsm and potrf on `dev` equal the CPU kernels' results (f32 always, f64 when
 /// supported, else `Unsupported`).
 pub(crate) fn blas_matches_cpu(dev: &dyn Device) {
     eprintln!("testing {:?}", dev.info());
     check_gemm_syrk::<f32>(dev, 11);
     check_trsm_potrf::<f32>(dev, 12);
+    check_gemm_mixed(dev, 15);
     if dev.supports(ElemType::F64) {
         check_gemm_syrk::<f64>(dev, 13);
         check_trsm_potrf::<f64>(dev, 14);

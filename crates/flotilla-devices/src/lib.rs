@@ -162,6 +162,84 @@ impl fmt::Display for ElemType {
     }
 }
 
+/// How an f32 matrix product reads its inputs; products are always accumulated in f32.
+///
+/// The mixed modes are what tensor cores compute: each input is rounded to a narrower
+/// format (round to nearest, ties to even), the products of two rounded values are exact in
+/// f32, and the sums are f32 sums. The CPU and OpenCL backends compute exactly that (they
+/// round the inputs, then multiply in f32), so a mixed-precision run can be checked, and
+/// its error measured, on any machine; CUDA uses cuBLAS's `CUBLAS_COMPUTE_32F_FAST_TF32` /
+/// `CUBLAS_COMPUTE_32F_FAST_16BF` on the same f32 buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum MathMode {
+    /// Full f32 inputs (24-bit significands).
+    #[default]
+    F32,
+    /// Inputs rounded to TF32: f32's 8-bit exponent, 10 explicit significand bits.
+    Tf32,
+    /// Inputs rounded to bfloat16: f32's 8-bit exponent, 7 explicit significand bits.
+    Bf16,
+}
+
+impl MathMode {
+    /// Every mode, narrowest last.
+    pub const ALL: [MathMode; 3] = [MathMode::F32, MathMode::Tf32, MathMode::Bf16];
+
+    /// The lowercase name: `"f32"`, `"tf32"` or `"bf16"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MathMode::F32 => "f32",
+            MathMode::Tf32 => "tf32",
+            MathMode::Bf16 => "bf16",
+        }
+    }
+
+    /// Explicit significand bits of the input format.
+    pub fn mantissa_bits(self) -> u32 {
+        match self {
+            MathMode::F32 => 23,
+            MathMode::Tf32 => 10,
+            MathMode::Bf16 => 7,
+        }
+    }
+
+    /// The unit roundoff of the input format, `2^-(mantissa_bits + 1)`.
+    pub fn unit_roundoff(self) -> f64 {
+        (-f64::from(self.mantissa_bits() + 1)).exp2()
+    }
+
+    /// `x` rounded to this mode's input format (to nearest, ties to even), as an f32.
+    /// Infinities and NaNs are kept; a value that rounds past f32's largest becomes
+    /// infinite, as the hardware conversion does.
+    pub fn round(self, x: f32) -> f32 {
+        let drop = 23 - self.mantissa_bits();
+        if drop == 0 || !x.is_finite() {
+            return x;
+        }
+        let u = x.to_bits();
+        let lsb = (u >> drop) & 1;
+        let half = 1u32 << (drop - 1);
+        let rounded = u.wrapping_add(half - 1 + lsb) & !((1u32 << drop) - 1);
+        f32::from_bits(rounded)
+    }
+}
+
+impl fmt::Display for MathMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for MathMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        MathMode::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| format!("unknown math mode {s:?} (expected f32, tf32 or bf16)"))
+    }
+}
+
 /// Whether an operand is used as stored or transposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Trans {
@@ -302,6 +380,28 @@ pub trait Device: Send + Sync {
     fn gemm(
         &self,
         e: ElemType,
+        ta: Trans,
+        tb: Trans,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()>;
+
+    /// [`Device::gemm`] on f32 matrices with the inputs read in `mode` ([`MathMode`]):
+    /// `op(A)` and `op(B)` rounded to TF32 or bf16, products accumulated in f32. With
+    /// [`MathMode::F32`] it is `gemm(ElemType::F32, ...)`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_mixed(
+        &self,
+        mode: MathMode,
         ta: Trans,
         tb: Trans,
         m: usize,
@@ -567,6 +667,45 @@ mod tests {
         assert_eq!(DeviceKind::Cuda.to_string(), "cuda");
         assert_eq!(ElemType::F32.size_of(), 4);
         assert_eq!(ElemType::F64.size_of(), 8);
+    }
+
+    #[test]
+    fn math_mode_rounds_to_nearest_even_and_parses() {
+        // bf16 keeps 7 explicit bits: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 → 1 (even).
+        assert_eq!(MathMode::Bf16.round(1.0 + 2f32.powi(-8)), 1.0);
+        // 1 + 3·2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6 → 1 + 2^-6 (even).
+        assert_eq!(
+            MathMode::Bf16.round(1.0 + 3.0 * 2f32.powi(-8)),
+            1.0 + 2f32.powi(-6)
+        );
+        assert_eq!(
+            MathMode::Bf16.round(1.0 + 2f32.powi(-7)),
+            1.0 + 2f32.powi(-7)
+        );
+        assert_eq!(MathMode::Tf32.round(1.0 + 2f32.powi(-11)), 1.0);
+        assert_eq!(
+            MathMode::Tf32.round(1.0 + 2f32.powi(-10)),
+            1.0 + 2f32.powi(-10)
+        );
+        assert_eq!(MathMode::Tf32.round(-3.0), -3.0);
+        assert_eq!(MathMode::F32.round(0.1), 0.1);
+        assert!(MathMode::Bf16.round(f32::NAN).is_nan());
+        assert_eq!(MathMode::Bf16.round(f32::MAX), f32::INFINITY);
+        assert_eq!(MathMode::Bf16.round(f32::NEG_INFINITY), f32::NEG_INFINITY);
+        // The rounding error is within the unit roundoff for random values.
+        let mut x = 0.7311f32;
+        for _ in 0..1000 {
+            x = (x * 3.7 + 0.13).fract() * 100.0 - 50.0;
+            for m in MathMode::ALL {
+                let r = m.round(x);
+                let rel = ((r - x) / x).abs() as f64;
+                assert!(rel <= m.unit_roundoff() * 1.0000001, "{m} {x} → {r}: {rel}");
+            }
+        }
+        for m in MathMode::ALL {
+            assert_eq!(m.to_string().parse::<MathMode>(), Ok(m));
+        }
+        assert!("fp8".parse::<MathMode>().is_err());
     }
 
     #[test]

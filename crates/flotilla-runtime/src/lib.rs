@@ -44,7 +44,7 @@ mod worker;
 
 pub use data::{Access, Data, Msi, TransferStats};
 pub use error::{Result, RuntimeError};
-pub use flotilla_devices::DeviceKind;
+pub use flotilla_devices::{DeviceKind, MathMode};
 pub use flotilla_sched::PolicyKind;
 pub use runtime::{DeviceSelection, Runtime, RuntimeBuilder, UnitInfo};
 pub use scope::{Schedule, Scope};

@@ -5,11 +5,17 @@
 //! plain sequential loops below, and each tile can live on whichever memory node last
 //! used it. Every kernel codelet has CPU (faer), OpenCL and CUDA (cuBLAS/cuSOLVER)
 //! implementations; the policy picks per task.
+//!
+//! Precision is chosen per codelet: f64, f32, or f32 storage with the matrix products in a
+//! mixed mode ([`MathMode::Tf32`], [`MathMode::Bf16`]: inputs rounded, f32 accumulation;
+//! [`Kernels::mixed`]). A mixed Cholesky keeps the panel (potrf, trsm) in f32 and runs the
+//! trailing updates (syrk, gemm), nearly all of the flops, in the mixed mode; the caller
+//! measures the residual, as `flotilla bench` always does.
 
 use std::sync::Arc;
 
 use flotilla_devices::cpu::kernels::{self, Scalar};
-use flotilla_devices::{Diag, Side, Trans, Uplo};
+use flotilla_devices::{Diag, MathMode, Side, Trans, Uplo};
 
 use crate::data::Data;
 use crate::error::{Result, RuntimeError};
@@ -236,6 +242,131 @@ impl Kernels {
     }
 }
 
+impl Kernels {
+    /// Codelets for `b × b` f32 tiles whose matrix products (gemm and the syrk update, run
+    /// as a gemm of the whole tile) read their inputs in `mode`; potrf and trsm stay f32.
+    /// The codelets are named after the mode (`gemm_nn_bf16`, ...), so their performance
+    /// history is their own. `MathMode::F32` gives the same kernels as `new::<f32>`.
+    pub fn mixed(b: usize, mode: MathMode) -> Self {
+        let base = Self::new::<f32>(b);
+        if mode == MathMode::F32 {
+            return base;
+        }
+        let p = mode.as_str();
+        let fp = move |_: &[usize]| b as u64;
+        // syrk's update C := C − A·Aᵀ as a mixed gemm of the whole tile (the upper half of
+        // a diagonal tile is never read by the lower Cholesky).
+        let syrk = Codelet::new(format!("syrk_{p}"))
+            .footprint(fp)
+            .cpu(move |ctx| {
+                let a = ctx.data::<f32>(0);
+                kernels::gemm_mixed(
+                    mode,
+                    Trans::No,
+                    Trans::Yes,
+                    b,
+                    b,
+                    b,
+                    -1.0,
+                    a,
+                    b,
+                    a,
+                    b,
+                    1.0,
+                    ctx.data_mut::<f32>(1),
+                    b,
+                )
+                .map_err(task_err)
+            })
+            .opencl(move |ctx| syrk_mixed_dev(ctx, mode, b))
+            .cuda(move |ctx| syrk_mixed_dev(ctx, mode, b));
+        let gemm = |name: &str, tb: Trans, alpha: f32| {
+            Codelet::new(format!("{name}_{p}"))
+                .footprint(fp)
+                .cpu(move |ctx| {
+                    kernels::gemm_mixed(
+                        mode,
+                        Trans::No,
+                        tb,
+                        b,
+                        b,
+                        b,
+                        alpha,
+                        ctx.data::<f32>(0),
+                        b,
+                        ctx.data::<f32>(1),
+                        b,
+                        1.0,
+                        ctx.data_mut::<f32>(2),
+                        b,
+                    )
+                    .map_err(task_err)
+                })
+                .opencl(move |ctx| gemm_mixed_dev(ctx, mode, b, tb, f64::from(alpha)))
+                .cuda(move |ctx| gemm_mixed_dev(ctx, mode, b, tb, f64::from(alpha)))
+        };
+        Self {
+            potrf: base.potrf,
+            trsm: base.trsm,
+            syrk: Arc::new(syrk),
+            gemm_nt: Arc::new(gemm("gemm_nt", Trans::Yes, -1.0)),
+            gemm_nn: Arc::new(gemm("gemm_nn", Trans::No, 1.0)),
+        }
+    }
+}
+
+fn syrk_mixed_dev(
+    ctx: &crate::TaskContext<'_>,
+    mode: MathMode,
+    b: usize,
+) -> std::result::Result<(), TaskError> {
+    ctx.device()
+        .gemm_mixed(
+            mode,
+            Trans::No,
+            Trans::Yes,
+            b,
+            b,
+            b,
+            -1.0,
+            ctx.buffer(0),
+            b,
+            ctx.buffer(0),
+            b,
+            1.0,
+            ctx.buffer(1),
+            b,
+        )
+        .map_err(task_err)
+}
+
+fn gemm_mixed_dev(
+    ctx: &crate::TaskContext<'_>,
+    mode: MathMode,
+    b: usize,
+    tb: Trans,
+    alpha: f64,
+) -> std::result::Result<(), TaskError> {
+    ctx.device()
+        .gemm_mixed(
+            mode,
+            Trans::No,
+            tb,
+            b,
+            b,
+            b,
+            alpha,
+            ctx.buffer(0),
+            b,
+            ctx.buffer(1),
+            b,
+            1.0,
+            ctx.buffer(2),
+            b,
+        )
+        .map_err(task_err)
+}
+
 fn trsm_dev(
     ctx: &crate::TaskContext<'_>,
     e: flotilla_devices::ElemType,
@@ -312,7 +443,15 @@ fn gemm_dev(
 /// triangle) and returns without waiting. Priorities follow the critical path: the
 /// panel of step k outranks the trailing updates.
 pub fn cholesky<T: Element>(rt: &Runtime, a: &TiledMatrix<T>) -> Result<()> {
-    let k = Kernels::new::<T>(a.tile);
+    cholesky_with(rt, a, &Kernels::new::<T>(a.tile))
+}
+
+/// [`cholesky`] of f32 tiles with the trailing updates in `mode` ([`Kernels::mixed`]).
+pub fn cholesky_mixed(rt: &Runtime, a: &TiledMatrix<f32>, mode: MathMode) -> Result<()> {
+    cholesky_with(rt, a, &Kernels::mixed(a.tile, mode))
+}
+
+fn cholesky_with<T: Element>(rt: &Runtime, a: &TiledMatrix<T>, k: &Kernels) -> Result<()> {
     let nt = a.nt as i32;
     for s in 0..a.nt {
         let si = s as i32;
@@ -353,12 +492,32 @@ pub fn gemm<T: Element>(
     b: &TiledMatrix<T>,
     c: &TiledMatrix<T>,
 ) -> Result<()> {
+    gemm_with(rt, a, b, c, &Kernels::new::<T>(a.tile))
+}
+
+/// [`gemm`] of f32 tiles with the products in `mode` ([`Kernels::mixed`]).
+pub fn gemm_mixed(
+    rt: &Runtime,
+    a: &TiledMatrix<f32>,
+    b: &TiledMatrix<f32>,
+    c: &TiledMatrix<f32>,
+    mode: MathMode,
+) -> Result<()> {
+    gemm_with(rt, a, b, c, &Kernels::mixed(a.tile, mode))
+}
+
+fn gemm_with<T: Element>(
+    rt: &Runtime,
+    a: &TiledMatrix<T>,
+    b: &TiledMatrix<T>,
+    c: &TiledMatrix<T>,
+    k: &Kernels,
+) -> Result<()> {
     if a.n != b.n || a.n != c.n || a.tile != b.tile || a.tile != c.tile {
         return Err(RuntimeError::Config(
             "gemm: the three matrices must have the same size and tiles".into(),
         ));
     }
-    let k = Kernels::new::<T>(a.tile);
     for i in 0..a.nt {
         for j in 0..a.nt {
             for l in 0..a.nt {

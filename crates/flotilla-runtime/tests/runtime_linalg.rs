@@ -210,3 +210,79 @@ fn tempfile_dir() -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// Mixed precision per codelet: f32 tiles whose products read TF32 or bf16 inputs. The
+/// residual of the Cholesky factor and the error of the product grow with the mode's unit
+/// roundoff (f32 < tf32 < bf16) and stay within a small multiple of it, on the CPU workers
+/// and, where there is one, with the OpenCL device taking part.
+#[test]
+fn mixed_precision_cholesky_and_gemm_are_as_accurate_as_their_mode() {
+    use flotilla_runtime::linalg::{cholesky_mixed, gemm_mixed};
+    use flotilla_runtime::MathMode;
+    let n = 128;
+    let a64 = spd(n, 5);
+    let a: Vec<f32> = a64.iter().map(|&x| x as f32).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+    let x: Vec<f32> = (0..n * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let y: Vec<f32> = (0..n * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    // The exact product of x and y, in f64.
+    let mut exact = vec![0.0f64; n * n];
+    for j in 0..n {
+        for k in 0..n {
+            let ykj = f64::from(y[j * n + k]);
+            for i in 0..n {
+                exact[j * n + i] += f64::from(x[k * n + i]) * ykj;
+            }
+        }
+    }
+    let norm = |v: &[f64]| v.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let mut runtimes = vec![(
+        "cpu",
+        Runtime::builder().cpus(2).model_path(None).build().unwrap(),
+    )];
+    if let Some(rt) = opencl_runtime(Runtime::builder().cpus(1).model_path(None)) {
+        runtimes.push(("cpu+opencl", rt));
+    }
+    for (name, rt) in &runtimes {
+        let mut chol = Vec::new();
+        let mut prod = Vec::new();
+        for mode in MathMode::ALL {
+            let t = TiledMatrix::from_dense(rt, &a, n, 32).unwrap();
+            cholesky_mixed(rt, &t, mode).unwrap();
+            rt.wait_all().unwrap();
+            let l = t.into_dense(rt).unwrap();
+            let r = cholesky_residual(&a, &l, n);
+            let u = mode.unit_roundoff();
+            eprintln!("{name} cholesky {mode}: residual {r:.3e} (u = {u:.1e})");
+            assert!(r < 4.0 * u, "{name} cholesky {mode}: residual {r} ≥ 4u");
+            chol.push(r);
+
+            let (tx, ty) = (
+                TiledMatrix::from_dense(rt, &x, n, 32).unwrap(),
+                TiledMatrix::from_dense(rt, &y, n, 32).unwrap(),
+            );
+            let tc = TiledMatrix::from_dense(rt, &vec![0.0f32; n * n], n, 32).unwrap();
+            gemm_mixed(rt, &tx, &ty, &tc, mode).unwrap();
+            rt.wait_all().unwrap();
+            let c = tc.into_dense(rt).unwrap();
+            drop((tx.into_dense(rt).unwrap(), ty.into_dense(rt).unwrap()));
+            let diff: Vec<f64> = c
+                .iter()
+                .zip(&exact)
+                .map(|(&g, &e)| f64::from(g) - e)
+                .collect();
+            let err = norm(&diff) / norm(&exact);
+            eprintln!("{name} gemm {mode}: relative error {err:.3e}");
+            assert!(err < 4.0 * u, "{name} gemm {mode}: error {err} ≥ 4u");
+            prod.push(err);
+        }
+        assert!(
+            chol[0] < chol[1] && chol[1] < chol[2],
+            "{name}: cholesky residuals not ordered by precision: {chol:?}"
+        );
+        assert!(
+            prod[0] < prod[1] && prod[1] < prod[2],
+            "{name}: gemm errors not ordered by precision: {prod:?}"
+        );
+    }
+}

@@ -179,7 +179,9 @@ struct LinalgArgs {
     /// dmda with devices, ws without).
     #[arg(long)]
     policy: Option<PolicyKind>,
-    /// f64 or f32.
+    /// f64, f32, or f32 storage with the matrix products in tf32 or bf16 (inputs rounded,
+    /// f32 accumulation; Cholesky keeps potrf and trsm in f32). The residual is always
+    /// reported unless --no-check.
     #[arg(long, default_value = "f64")]
     precision: linalg::Precision,
     /// Timed runs after one calibration run; the best is reported.

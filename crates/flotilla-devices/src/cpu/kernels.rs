@@ -13,7 +13,7 @@ use faer::linalg::matmul::triangular::{self, BlockStructure};
 use faer::linalg::triangular_solve as tri;
 use faer::{Accum, MatMut, MatRef, Par};
 
-use crate::{args, DevicesError, Diag, ElemType, Result, Side, Trans, Uplo};
+use crate::{args, DevicesError, Diag, ElemType, MathMode, Result, Side, Trans, Uplo};
 
 /// A real element type the kernels work on: `f32` or `f64`.
 pub trait Scalar: faer::traits::RealField + Copy + Send + Sync + std::fmt::Debug + 'static {
@@ -121,6 +121,34 @@ pub fn gemm<T: Scalar>(
     let c = view_mut(c, m, n, ldc);
     faer::linalg::matmul::matmul(c, Accum::Add, a, b, alpha, Par::Seq);
     Ok(())
+}
+
+/// [`gemm`] on f32 with the inputs read in `mode`: A and B rounded to TF32 or bf16
+/// ([`MathMode::round`]), then multiplied and accumulated in f32. This is the reference for
+/// the devices' mixed-precision products.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_mixed(
+    mode: MathMode,
+    ta: Trans,
+    tb: Trans,
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) -> Result<()> {
+    if mode == MathMode::F32 {
+        return gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    }
+    let round = |x: &[f32]| x.iter().map(|&v| mode.round(v)).collect::<Vec<f32>>();
+    let (ar, br) = (round(a), round(b));
+    gemm(ta, tb, m, n, k, alpha, &ar, lda, &br, ldb, beta, c, ldc)
 }
 
 /// `C := alpha A Aᵀ + beta C` (`t = No`, A n×k) or `C := alpha Aᵀ A + beta C` (`t = Yes`,

@@ -17,7 +17,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::pool::{MemPool, PoolBlock, PoolStats, RawAlloc};
 use crate::{
-    no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag, ElemType,
+    no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag, ElemType, MathMode,
     MemAccount, Reservation, Result, Side, Trans, Uplo,
 };
 
@@ -237,6 +237,54 @@ impl Device for HostDevice {
                 ldc,
             ),
         }
+    }
+
+    fn gemm_mixed(
+        &self,
+        mode: MathMode,
+        ta: Trans,
+        tb: Trans,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()> {
+        let (ab, bb, cb) = (
+            self.buf("gemm", a)?,
+            self.buf("gemm", b)?,
+            self.buf("gemm", c)?,
+        );
+        no_alias("gemm", c, &[a, b])?;
+        let _serial = self.compute.lock();
+        let (aw, bw, mut cw) = (
+            ab.words().read_recursive(),
+            bb.words().read_recursive(),
+            cb.words().write(),
+        );
+        let (la, lb, lc) = (a.len_bytes(), b.len_bytes(), c.len_bytes());
+        kernels::gemm_mixed(
+            mode,
+            ta,
+            tb,
+            m,
+            n,
+            k,
+            alpha as f32,
+            elems(&aw, la),
+            lda,
+            elems(&bw, lb),
+            ldb,
+            beta as f32,
+            elems_mut(&mut cw, lc),
+            ldc,
+        )
     }
 
     fn syrk(

@@ -28,7 +28,8 @@ use parking_lot::Mutex;
 use crate::pool::{MemPool, PoolBlock, PoolStats, RawAlloc};
 use crate::{
     args, no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag,
-    DiscoverOptions, Discovery, ElemType, MemAccount, Reservation, Result, Side, Trans, Uplo,
+    DiscoverOptions, Discovery, ElemType, MathMode, MemAccount, Reservation, Result, Side, Trans,
+    Uplo,
 };
 
 /// Whether the CUDA driver library can be loaded on this machine.
@@ -421,6 +422,90 @@ impl Device for CudaDevice {
                     lc,
                 ),
             }
+        };
+        self.finish(OP, status)
+    }
+
+    fn gemm_mixed(
+        &self,
+        mode: MathMode,
+        ta: Trans,
+        tb: Trans,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()> {
+        const OP: &str = "gemm";
+        let e = ElemType::F32;
+        let (ab, bb, cb) = (self.buf(OP, a)?, self.buf(OP, b)?, self.buf(OP, c)?);
+        args::gemm(
+            ta,
+            tb,
+            m,
+            n,
+            k,
+            (lda, Self::elems(a, e)),
+            (ldb, Self::elems(b, e)),
+            (ldc, Self::elems(c, e)),
+        )?;
+        no_alias(OP, c, &[a, b])?;
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let (mi, ni, ki) = (int(OP, "m", m)?, int(OP, "n", n)?, int(OP, "k", k)?);
+        let (la, lb, lc) = (
+            int(OP, "lda", lda)?,
+            int(OP, "ldb", ldb)?,
+            int(OP, "ldc", ldc)?,
+        );
+        // f32 storage, f32 accumulation; the compute type says how tensor cores read the
+        // inputs. CUBLAS_COMPUTE_32F is plain SGEMM (no TF32 even if the handle allows it).
+        let compute = match mode {
+            MathMode::F32 => blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            MathMode::Tf32 => blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+            MathMode::Bf16 => blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+        };
+        let r32 = blas::cudaDataType::CUDA_R_32F;
+        let (alpha, beta) = (alpha as f32, beta as f32);
+        let h = self.handles.lock();
+        self.bind(OP)?;
+        let (pa, pb, pc) = (
+            self.ptr(ab, &self.compute),
+            self.ptr(bb, &self.compute),
+            self.ptr(cb, &self.compute),
+        );
+        // SAFETY: as in gemm; alpha and beta are host f32 scalars, as CUBLAS_COMPUTE_32F*
+        // requires.
+        let status = unsafe {
+            blas::cublasGemmEx(
+                *h.blas.handle(),
+                op_of(ta),
+                op_of(tb),
+                mi,
+                ni,
+                ki,
+                (&alpha as *const f32).cast(),
+                pa as *const std::ffi::c_void,
+                r32,
+                la,
+                pb as *const std::ffi::c_void,
+                r32,
+                lb,
+                (&beta as *const f32).cast(),
+                pc as *mut std::ffi::c_void,
+                r32,
+                lc,
+                compute,
+                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
         };
         self.finish(OP, status)
     }

@@ -11,14 +11,32 @@ typedef float real;
 
 #define TS 16
 
+// The inputs of a mixed-precision product (float programs only): x rounded to nearest,
+// ties to even, keeping `keep` explicit significand bits (10 = TF32, 7 = bf16, 23 = x).
+// Infinities and NaNs pass unchanged; must match MathMode::round on the host.
+#ifndef USE_FP64
+inline float round_in(const float x, const int keep) {
+    if (keep >= 23 || isinf(x) || isnan(x)) return x;
+    const int drop = 23 - keep;
+    const uint u = as_uint(x);
+    const uint lsb = (u >> drop) & 1u;
+    const uint halfway = 1u << (drop - 1);
+    return as_float((u + (halfway - 1u + lsb)) & ~((1u << drop) - 1u));
+}
+#define ROUND_IN(x) round_in((x), keep)
+#else
+#define ROUND_IN(x) (x)
+#endif
+
 // C := alpha op(A) op(B) + beta C, op(A) m x k, op(B) k x n, C m x n.
 // tri = 0: whole C; 1: only the lower triangle (i >= j); 2: only the upper one (i <= j).
 // beta == 0: C is not read. Work-groups of TS x TS, dimension 0 along the rows of C.
+// keep: significand bits the inputs are rounded to (float only; 23 = not rounded).
 __kernel __attribute__((reqd_work_group_size(TS, TS, 1)))
 void gemm(const int ta, const int tb, const int m, const int n, const int k,
           const real alpha, __global const real* A, const int lda,
           __global const real* B, const int ldb, const real beta,
-          __global real* C, const int ldc, const int tri)
+          __global real* C, const int ldc, const int tri, const int keep)
 {
     const int li = get_local_id(0);
     const int lj = get_local_id(1);
@@ -31,13 +49,13 @@ void gemm(const int ta, const int tb, const int m, const int n, const int k,
         const int p = p0 + lj;
         real av = 0;
         if (i < m && p < k) {
-            av = ta ? A[p + (long)i * lda] : A[i + (long)p * lda];
+            av = ROUND_IN(ta ? A[p + (long)i * lda] : A[i + (long)p * lda]);
         }
         As[lj][li] = av;
         const int q = p0 + li;
         real bv = 0;
         if (q < k && j < n) {
-            bv = tb ? B[j + (long)q * ldb] : B[q + (long)j * ldb];
+            bv = ROUND_IN(tb ? B[j + (long)q * ldb] : B[q + (long)j * ldb]);
         }
         Bs[lj][li] = bv;
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -38,7 +38,8 @@ use parking_lot::Mutex;
 use crate::kernel_cache::{CacheKey, CacheOutcome, KernelCache, KernelCacheDir};
 use crate::{
     args, no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag,
-    DiscoverOptions, Discovery, ElemType, MemAccount, Reservation, Result, Side, Trans, Uplo,
+    DiscoverOptions, Discovery, ElemType, MathMode, MemAccount, Reservation, Result, Side, Trans,
+    Uplo,
 };
 
 const SOURCE: &str = include_str!("kernels.cl");
@@ -402,6 +403,7 @@ impl OpenClDevice {
         beta: f64,
         (c, ldc): (&ClBuffer, usize),
         tri: cl_int,
+        mode: MathMode,
     ) -> Result<()> {
         if m == 0 || n == 0 {
             return Ok(());
@@ -420,6 +422,7 @@ impl OpenClDevice {
         let (am, bm, cm) = (a.buffer.get(), b.buffer.get(), c.buffer.get());
         let ta = cl_int::from(ta == Trans::Yes);
         let tb = cl_int::from(tb == Trans::Yes);
+        let keep = mode.mantissa_bits() as cl_int;
         // SAFETY: argument indices and types match `gemm` in kernels.cl (int, real, global
         // pointers as cl_mem); `set_real` picks float or double to match the program.
         unsafe {
@@ -439,6 +442,7 @@ impl OpenClDevice {
                 .and(setm(11, &cm))
                 .and(set(12, &dims[5]))
                 .and(set(13, &tri))
+                .and(set(14, &keep))
         }
         .map_err(|e| self.backend_err(op, e))?;
         self.launch(kern, &global, &[TS, TS])
@@ -608,6 +612,57 @@ impl Device for OpenClDevice {
             beta,
             (cb, ldc),
             0,
+            MathMode::F32,
+        )
+    }
+
+    fn gemm_mixed(
+        &self,
+        mode: MathMode,
+        ta: Trans,
+        tb: Trans,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()> {
+        let e = ElemType::F32;
+        let (ab, bb, cb) = (
+            self.buf("gemm", a)?,
+            self.buf("gemm", b)?,
+            self.buf("gemm", c)?,
+        );
+        args::gemm(
+            ta,
+            tb,
+            m,
+            n,
+            k,
+            (lda, Self::elems(a, e)),
+            (ldb, Self::elems(b, e)),
+            (ldc, Self::elems(c, e)),
+        )?;
+        no_alias("gemm", c, &[a, b])?;
+        self.gemm_kernel(
+            "gemm",
+            e,
+            ta,
+            tb,
+            (m, n, k),
+            alpha,
+            (ab, lda),
+            (bb, ldb),
+            beta,
+            (cb, ldc),
+            0,
+            mode,
         )
     }
 
@@ -650,6 +705,7 @@ impl Device for OpenClDevice {
             beta,
             (cb, ldc),
             tri,
+            MathMode::F32,
         )
     }
 

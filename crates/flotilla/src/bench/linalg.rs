@@ -6,10 +6,13 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use flotilla_runtime::linalg::{cholesky, gemm, Element, Kernels, TiledMatrix};
+use flotilla_devices::MathMode;
+use flotilla_runtime::linalg::{
+    cholesky, cholesky_mixed, gemm, gemm_mixed, Element, Kernels, TiledMatrix,
+};
 use flotilla_runtime::{DeviceSelection, PolicyKind, Runtime, RuntimeError};
 
-/// f32 or f64.
+/// The element type, and for f32 how the matrix products read their inputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
@@ -17,6 +20,23 @@ pub enum Precision {
     F32,
     /// Double precision.
     F64,
+    /// f32 storage, products with TF32 inputs and f32 accumulation (Cholesky: the
+    /// trailing updates; potrf and trsm in f32).
+    Tf32,
+    /// f32 storage, products with bf16 inputs and f32 accumulation.
+    Bf16,
+}
+
+impl Precision {
+    /// The mixed mode of the f32 products, `None` for f64.
+    fn mode(self) -> Option<MathMode> {
+        match self {
+            Precision::F64 => None,
+            Precision::F32 => Some(MathMode::F32),
+            Precision::Tf32 => Some(MathMode::Tf32),
+            Precision::Bf16 => Some(MathMode::Bf16),
+        }
+    }
 }
 
 impl std::str::FromStr for Precision {
@@ -25,7 +45,11 @@ impl std::str::FromStr for Precision {
         match s {
             "f32" => Ok(Precision::F32),
             "f64" => Ok(Precision::F64),
-            o => Err(format!("unknown precision {o:?} (expected f32 or f64)")),
+            "tf32" => Ok(Precision::Tf32),
+            "bf16" => Ok(Precision::Bf16),
+            o => Err(format!(
+                "unknown precision {o:?} (expected f32, f64, tf32 or bf16)"
+            )),
         }
     }
 }
@@ -125,28 +149,31 @@ fn tasks_per_kind(rt: &Runtime, before: &[u64]) -> std::collections::BTreeMap<St
 
 /// Runs the tiled Cholesky benchmark.
 pub fn run_cholesky(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> {
-    match cfg.precision {
-        Precision::F64 => cholesky_t::<f64>(cfg),
-        Precision::F32 => cholesky_t::<f32>(cfg),
+    match cfg.precision.mode() {
+        None => cholesky_t::<f64>(cfg, cholesky),
+        Some(mode) => cholesky_t::<f32>(cfg, move |rt, a| cholesky_mixed(rt, a, mode)),
     }
 }
 
 /// Runs the tiled GEMM benchmark.
 pub fn run_gemm(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> {
-    match cfg.precision {
-        Precision::F64 => gemm_t::<f64>(cfg),
-        Precision::F32 => gemm_t::<f32>(cfg),
+    match cfg.precision.mode() {
+        None => gemm_t::<f64>(cfg, gemm),
+        Some(mode) => gemm_t::<f32>(cfg, move |rt, a, b, c| gemm_mixed(rt, a, b, c, mode)),
     }
 }
 
-fn cholesky_t<T: Element>(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> {
+fn cholesky_t<T: Element>(
+    cfg: &LinalgConfig,
+    factor: impl Fn(&Runtime, &TiledMatrix<T>) -> Result<(), RuntimeError>,
+) -> Result<LinalgResult, RuntimeError> {
     let rt = build_runtime(cfg)?;
     let n = cfg.n;
     let a = spd_matrix::<T>(n, 42);
     // One untimed run calibrates the performance models (dmda needs them).
     {
         let t = TiledMatrix::from_dense(&rt, &a, n, cfg.tile)?;
-        cholesky(&rt, &t)?;
+        factor(&rt, &t)?;
         rt.wait_all()?;
         drop(t.into_dense(&rt)?);
     }
@@ -156,7 +183,7 @@ fn cholesky_t<T: Element>(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeErr
     for _ in 0..cfg.reps.max(1) {
         let t = TiledMatrix::from_dense(&rt, &a, n, cfg.tile)?;
         let start = Instant::now();
-        cholesky(&rt, &t)?;
+        factor(&rt, &t)?;
         rt.wait_all()?;
         times.push(start.elapsed().as_secs_f64());
         last = Some(t);
@@ -253,7 +280,15 @@ fn tiled_residual<T: Element>(
     Ok((num / den).sqrt())
 }
 
-fn gemm_t<T: Element>(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> {
+fn gemm_t<T: Element>(
+    cfg: &LinalgConfig,
+    product: impl Fn(
+        &Runtime,
+        &TiledMatrix<T>,
+        &TiledMatrix<T>,
+        &TiledMatrix<T>,
+    ) -> Result<(), RuntimeError>,
+) -> Result<LinalgResult, RuntimeError> {
     let rt = build_runtime(cfg)?;
     let n = cfg.n;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
@@ -275,7 +310,7 @@ fn gemm_t<T: Element>(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> 
         }
         let tc = TiledMatrix::from_dense(&rt, &zero, n, cfg.tile)?;
         let start = Instant::now();
-        gemm(&rt, &ta, &tb, &tc)?;
+        product(&rt, &ta, &tb, &tc)?;
         rt.wait_all()?;
         if rep > 0 {
             times.push(start.elapsed().as_secs_f64());

@@ -536,3 +536,93 @@ pub(crate) fn tiled_cholesky_on_device(dev: &dyn Device) {
         dev.info().name
     );
 }
+
+/// Host memory pinned through `dev` uploads and downloads the same bytes (64 MiB, so a
+/// GPU's DMA path is the one taken), and unpinning it leaves it usable.
+pub(crate) fn pinned_copies_round_trip(dev: &dyn Device) {
+    let len = 64 << 20;
+    let src: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+    let mut dst = vec![0u8; len];
+    // SAFETY: both vectors outlive their pins (dropped at the end of this block).
+    let pins = unsafe {
+        (
+            dev.pin_host_memory(src.as_ptr(), len).expect("pin src"),
+            dev.pin_host_memory(dst.as_ptr(), len).expect("pin dst"),
+        )
+    };
+    let buf = dev.alloc(len).expect("alloc");
+    let t = std::time::Instant::now();
+    dev.upload(&buf, &src).expect("upload");
+    let up = t.elapsed().as_secs_f64();
+    let t = std::time::Instant::now();
+    dev.download(&buf, &mut dst).expect("download");
+    let down = t.elapsed().as_secs_f64();
+    eprintln!(
+        "{}: pinned={} upload {:.1} GB/s, download {:.1} GB/s",
+        dev.info().name,
+        pins.0.is_some(),
+        len as f64 / up / 1e9,
+        len as f64 / down / 1e9
+    );
+    assert!(src == dst, "pinned round trip changed the bytes");
+    drop(pins);
+    dst.fill(0);
+    dev.download(&buf, &mut dst)
+        .expect("download after unpinning");
+    assert!(src == dst);
+}
+
+/// On a GPU: bf16 and TF32 products of large matrices really run in the narrower format
+/// (their error against f32 is of the format's size), and are reported with their speed.
+pub(crate) fn mixed_precision_on_tensor_cores(dev: &dyn Device) {
+    let n = 2048;
+    let mut r = rng(21);
+    let a: Vec<f32> = random(&mut r, n * n);
+    let b: Vec<f32> = random(&mut r, n * n);
+    let (da, db) = (put(dev, &a), put(dev, &b));
+    let mut results = Vec::new();
+    for mode in MathMode::ALL {
+        let dc = put(dev, &vec![0.0f32; n * n]);
+        let no = Trans::No;
+        dev.gemm_mixed(mode, no, no, n, n, n, 1.0, &da, n, &db, n, 0.0, &dc, n)
+            .expect("warm-up");
+        let t = std::time::Instant::now();
+        dev.gemm_mixed(mode, no, no, n, n, n, 1.0, &da, n, &db, n, 0.0, &dc, n)
+            .expect("gemm_mixed");
+        let s = t.elapsed().as_secs_f64();
+        eprintln!(
+            "{} gemm_mixed {mode} n={n}: {:.1} TFLOP/s",
+            dev.info().name,
+            2.0 * (n as f64).powi(3) / s / 1e12
+        );
+        results.push(to_f64(&get::<f32>(dev, &dc)));
+    }
+    for (i, mode) in MathMode::ALL.iter().enumerate().skip(1) {
+        let err = rel_err(&results[i], &results[0]);
+        eprintln!("{mode} vs f32: relative difference {err:.2e}");
+        assert!(err < 8.0 * mode.unit_roundoff(), "{mode}: {err}");
+    }
+}
+
+/// A buffer written on `a` arrives intact on `b` by a direct copy, when the two have one.
+pub(crate) fn peer_copies_between(a: &dyn Device, b: &dyn Device) {
+    if !a.can_copy_to_peer(b) {
+        eprintln!("{} → {}: no peer path", a.info().name, b.info().name);
+        return;
+    }
+    let len = 64 << 20;
+    let src: Vec<u8> = (0..len).map(|i| (i % 241) as u8).collect();
+    let (ba, bb) = (a.alloc(len).expect("alloc"), b.alloc(len).expect("alloc"));
+    a.upload(&ba, &src).expect("upload");
+    let t = std::time::Instant::now();
+    a.copy_to_peer(&ba, b, &bb, len).expect("peer copy");
+    eprintln!(
+        "peer copy {} → {}: {:.1} GB/s",
+        a.info().name,
+        b.info().name,
+        len as f64 / t.elapsed().as_secs_f64() / 1e9
+    );
+    let mut out = vec![0u8; len];
+    b.download(&bb, &mut out).expect("download");
+    assert!(out == src, "peer copy changed the bytes");
+}

@@ -74,6 +74,7 @@ pub mod kernel_cache;
 pub mod pool;
 #[cfg(test)]
 mod testutil;
+pub mod topology;
 
 // The one place where backends are switched on or off. A disabled backend is replaced by a
 // stub whose discovery only records why it is absent.
@@ -303,6 +304,9 @@ pub struct DeviceInfo {
     pub compute_units: u32,
     /// The performance-model key: `"opencl:<device name>"` or `"cuda:<device name>"`.
     pub arch: String,
+    /// Where the device sits (PCI address, NUMA node, host link), when known: CUDA GPUs
+    /// on Linux; `None` for OpenCL devices and the host device.
+    pub topology: Option<topology::Topology>,
 }
 
 /// Memory owned by one device; freed when dropped.
@@ -350,6 +354,37 @@ impl fmt::Debug for DeviceBuffer {
         f.debug_struct("DeviceBuffer")
             .field("len", &self.len)
             .field("device_uid", &self.device_uid)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Host memory page-locked ("pinned") by a device's driver, so copies to and from it run
+/// at the link's full speed by DMA instead of through the driver's own staging buffers.
+/// The memory is unpinned when this is dropped.
+pub struct HostPin {
+    len: usize,
+    _inner: Box<dyn Any + Send + Sync>,
+}
+
+impl HostPin {
+    /// Wraps a backend registration; dropping `inner` unregisters the memory.
+    pub(crate) fn new(len: usize, inner: impl Any + Send + Sync) -> Self {
+        HostPin {
+            len,
+            _inner: Box::new(inner),
+        }
+    }
+
+    /// Bytes pinned.
+    pub fn len_bytes(&self) -> usize {
+        self.len
+    }
+}
+
+impl fmt::Debug for HostPin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostPin")
+            .field("len", &self.len)
             .finish_non_exhaustive()
     }
 }
@@ -461,6 +496,47 @@ pub trait Device: Send + Sync {
 
     /// Waits until all work submitted to this device has completed.
     fn synchronize(&self) -> Result<()>;
+
+    /// This device as `Any`, so a backend can recognise a device of its own kind (for
+    /// [`Device::copy_to_peer`]).
+    fn as_any(&self) -> &dyn Any;
+
+    /// Whether [`Device::copy_to_peer`] copies from this device's memory into `dst`'s
+    /// directly (a peer-to-peer link), without going through host memory. False unless
+    /// the backend knows a direct path.
+    fn can_copy_to_peer(&self, dst: &dyn Device) -> bool {
+        let _ = dst;
+        false
+    }
+
+    /// Copies the first `bytes` bytes of `src` (a buffer of this device) into `dst_buf`, a
+    /// buffer of `dst`, over a direct link; blocking. Fails with `Unsupported` when
+    /// [`Device::can_copy_to_peer`] is false.
+    fn copy_to_peer(
+        &self,
+        src: &DeviceBuffer,
+        dst: &dyn Device,
+        dst_buf: &DeviceBuffer,
+        bytes: usize,
+    ) -> Result<()> {
+        let _ = (src, dst_buf, bytes);
+        Err(DevicesError::Unsupported {
+            device: self.info().name.clone(),
+            what: format!("peer-to-peer copy to {}", dst.info().name),
+        })
+    }
+
+    /// Page-locks the host memory `[ptr, ptr + len)` for this device's transfers (CUDA:
+    /// `cuMemHostRegister`, portable to every context), or `None` where the backend gains
+    /// nothing from it (CPU, OpenCL). The memory stays pinned until the pin is dropped.
+    ///
+    /// # Safety
+    /// The memory must stay allocated, and must not move, until the returned pin is
+    /// dropped.
+    unsafe fn pin_host_memory(&self, ptr: *const u8, len: usize) -> Result<Option<HostPin>> {
+        let _ = (ptr, len);
+        Ok(None)
+    }
 
     /// Whether kernels of element type `e` can run here.
     fn supports(&self, e: ElemType) -> bool;

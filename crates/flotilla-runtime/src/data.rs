@@ -11,8 +11,10 @@
 //!
 //! Transitions, all made under the data's `coherence` lock:
 //! - *read on node n* (`R`): if n is `Invalid`, copy from a valid node (the host if it is
-//!   valid, else any device; a device→device copy goes through the host, which becomes
-//!   `Shared` too). The source, if `Modified`, becomes `Shared`; n becomes `Shared`.
+//!   valid, else any device). Between two devices with a direct link
+//!   ([`Device::can_copy_to_peer`], e.g. NVLink or PCIe peer-to-peer between GPUs) the copy
+//!   is direct and the host stays `Invalid`; otherwise it goes through the host, which
+//!   becomes `Shared` too. The source, if `Modified`, becomes `Shared`; n becomes `Shared`.
 //! - *write on node n* (`W`): n gets a buffer and becomes `Modified`; every other node
 //!   becomes `Invalid` (device buffers are freed).
 //! - *read-write on node n* (`RW`): a read, then a write.
@@ -21,6 +23,12 @@
 //!   then n becomes `Invalid` and its buffer is freed. If only one valid copy is left, it
 //!   becomes `Modified`.
 //! - *unregister*: the data is brought home (a read on node 0), device buffers are freed.
+//!
+//! # Pinned host memory
+//! Plain data of at least [`PIN_MIN_BYTES`] is page-locked when registered, through the
+//! first device whose backend gains from it (CUDA: `cuMemHostRegister`), so its copies run
+//! by DMA at the link's speed; the pin is dropped before the data is handed back or freed.
+//! The vector's heap block never moves while registered: tasks get slices, never the `Vec`.
 //!
 //! # Why this is race free
 //! The task graph orders every writer after every earlier reader and writer of the same
@@ -41,7 +49,7 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use flotilla_core::DataId;
-use flotilla_devices::{Device, DeviceBuffer, DevicesError};
+use flotilla_devices::{Device, DeviceBuffer, DevicesError, HostPin};
 use parking_lot::Mutex;
 
 use crate::error::{Result, RuntimeError};
@@ -49,6 +57,10 @@ use crate::task::TaskNode;
 
 /// The index of host memory among the memory nodes.
 pub(crate) const HOST: usize = 0;
+
+/// Registered data at least this large is page-locked when a device's backend gains from
+/// it: pinning costs about as much as a copy, so small data is not worth it.
+pub const PIN_MIN_BYTES: usize = 256 << 10;
 
 /// How a task uses a piece of data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -170,6 +182,9 @@ pub(crate) struct DataCell {
     pub(crate) coherence: Mutex<Coherence>,
     /// Bit n set when node n holds a valid replica (a lock-free copy for the scheduler).
     pub(crate) valid_mask: AtomicU64,
+    /// The page-lock on the host storage, if any. Declared before `host` so that it is
+    /// dropped first when the cell goes away.
+    host_pin: Mutex<Option<HostPin>>,
     host: UnsafeCell<Box<dyn HostData>>,
 }
 
@@ -234,6 +249,11 @@ impl<T> Data<T> {
     pub fn states(&self) -> Vec<Msi> {
         self.cell.coherence.lock().states.clone()
     }
+    /// Whether its host storage is page-locked for faster device copies (see
+    /// [`PIN_MIN_BYTES`]).
+    pub fn host_pinned(&self) -> bool {
+        self.cell.host_pin.lock().is_some()
+    }
 }
 
 impl<T> std::fmt::Debug for Data<T> {
@@ -263,12 +283,18 @@ pub struct TransferStats {
     pub evictions: u64,
     /// Evictions that first wrote a modified replica back to the host.
     pub writebacks: u64,
+    /// Direct device → device copies (no host replica made).
+    pub peer_copies: u64,
+    /// Host bytes currently page-locked for faster copies.
+    pub pinned_bytes: u64,
 }
 
 /// One completed copy, reported to the tracer and the transfer model.
 pub(crate) struct TransferEvent {
     pub(crate) node: usize,
     pub(crate) upload: bool,
+    /// A direct copy from another device into `node` (not over the host link).
+    pub(crate) peer: bool,
     pub(crate) bytes: usize,
     pub(crate) start: Instant,
     pub(crate) end: Instant,
@@ -281,6 +307,8 @@ pub(crate) struct DataManager {
     clock: AtomicU64,
     stats: Mutex<TransferStats>,
     pub(crate) on_transfer: Option<Box<dyn Fn(TransferEvent) + Send + Sync>>,
+    /// Whether registered data is page-locked (see the module docs).
+    pub(crate) pin_host: bool,
 }
 
 impl DataManager {
@@ -307,6 +335,7 @@ impl DataManager {
             clock: AtomicU64::new(0),
             stats: Mutex::new(TransferStats::default()),
             on_transfer: None,
+            pin_host: true,
         }
     }
 
@@ -340,6 +369,7 @@ impl DataManager {
                 last_use: vec![0; n],
             }),
             valid_mask: AtomicU64::new(1),
+            host_pin: Mutex::new(None),
             host: UnsafeCell::new(host),
         })
     }
@@ -347,9 +377,46 @@ impl DataManager {
     /// Registers a vector of plain data (it may move to devices).
     pub(crate) fn register<T: bytemuck::Pod + Send + Sync>(&self, v: Vec<T>) -> Data<Vec<T>> {
         let bytes = std::mem::size_of_val(v.as_slice());
+        let ptr = v.as_ptr().cast::<u8>();
+        let cell = self.new_cell(Box::new(PodVec(v)), bytes, std::any::type_name::<T>());
+        if self.pin_host && bytes >= PIN_MIN_BYTES {
+            // SAFETY: the vector's heap block stays in place while registered (tasks see
+            // slices, never the Vec), and the pin is dropped before the block can be freed
+            // or handed back: by `unpin_host` before `unregister` takes the vector, or
+            // first among the cell's fields when the cell is dropped.
+            *cell.host_pin.lock() = unsafe { self.pin(ptr, bytes) };
+        }
         Data {
-            cell: self.new_cell(Box::new(PodVec(v)), bytes, std::any::type_name::<T>()),
+            cell,
             _t: PhantomData,
+        }
+    }
+
+    /// Pins `[ptr, ptr + len)` through the first device that does it; a failure only
+    /// leaves the memory pageable (slower copies).
+    ///
+    /// # Safety
+    /// As [`Device::pin_host_memory`].
+    unsafe fn pin(&self, ptr: *const u8, len: usize) -> Option<HostPin> {
+        for mem in self.nodes.iter().flatten() {
+            // SAFETY: forwarded to the caller.
+            match unsafe { mem.device.pin_host_memory(ptr, len) } {
+                Ok(Some(pin)) => {
+                    self.stats.lock().pinned_bytes += len as u64;
+                    return Some(pin);
+                }
+                Ok(None) => {}
+                // The memory stays pageable: copies are slower, nothing else changes.
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Drops the page-lock of `cell`'s host storage (before the storage is handed back).
+    pub(crate) fn unpin_host(&self, cell: &DataCell) {
+        if let Some(pin) = cell.host_pin.lock().take() {
+            self.stats.lock().pinned_bytes -= pin.len_bytes() as u64;
         }
     }
 
@@ -440,8 +507,14 @@ impl DataManager {
                 }
             }
         };
-        if src != HOST {
-            // Device → host first (also the way between two devices).
+        if src != HOST && node != HOST && self.direct(src, node) {
+            if c.buffers[node].is_none() {
+                let buf = self.alloc_on(cell, node)?;
+                c.buffers[node] = Some(Arc::new(buf));
+            }
+            self.copy_peer(cell, c, src, node)?;
+        } else if src != HOST {
+            // Device → host first (also the way between two devices without a link).
             self.download(cell, c, src)?;
             c.states[HOST] = Msi::Shared;
             c.states[src] = Msi::Shared;
@@ -449,7 +522,7 @@ impl DataManager {
                 return Ok(());
             }
         }
-        if node != HOST {
+        if node != HOST && c.states[HOST] != Msi::Invalid {
             if c.buffers[node].is_none() {
                 let buf = self.alloc_on(cell, node)?;
                 c.buffers[node] = Some(Arc::new(buf));
@@ -461,6 +534,49 @@ impl DataManager {
             if *s == Msi::Modified {
                 *s = Msi::Shared;
             }
+        }
+        Ok(())
+    }
+
+    /// Whether device nodes `a` and `b` have a direct link for copies from `a` to `b`.
+    pub(crate) fn direct(&self, a: usize, b: usize) -> bool {
+        match (&self.nodes[a], &self.nodes[b]) {
+            (Some(x), Some(y)) => x.device.can_copy_to_peer(y.device.as_ref()),
+            _ => false,
+        }
+    }
+
+    /// Copies `cell`'s replica on device node `src` straight into its buffer on `dst`.
+    fn copy_peer(&self, cell: &DataCell, c: &Coherence, src: usize, dst: usize) -> Result<()> {
+        let (Some(from), Some(to), Some(sb), Some(db)) = (
+            &self.nodes[src],
+            &self.nodes[dst],
+            &c.buffers[src],
+            &c.buffers[dst],
+        ) else {
+            return Err(RuntimeError::Config(format!(
+                "no buffers for data {} on nodes {src} and {dst}",
+                cell.id
+            )));
+        };
+        let start = Instant::now();
+        from.device
+            .copy_to_peer(sb, to.device.as_ref(), db, cell.bytes)
+            .map_err(|e| self.device_err(src, e))?;
+        {
+            let mut s = self.stats.lock();
+            s.peer_copies += 1;
+            s.bytes += cell.bytes as u64;
+        }
+        if let Some(f) = &self.on_transfer {
+            f(TransferEvent {
+                node: dst,
+                upload: true,
+                peer: true,
+                bytes: cell.bytes,
+                start,
+                end: Instant::now(),
+            });
         }
         Ok(())
     }
@@ -524,6 +640,7 @@ impl DataManager {
             f(TransferEvent {
                 node,
                 upload,
+                peer: false,
                 bytes,
                 start,
                 end: Instant::now(),
@@ -651,5 +768,95 @@ impl DataManager {
         c.states[HOST] = Msi::Modified;
         cell.set_mask(&c);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_devices::cpu::HostDevice;
+
+    fn host_devices(n: usize) -> (Vec<Arc<HostDevice>>, DataManager) {
+        let devs: Vec<Arc<HostDevice>> =
+            (0..n).map(|_| Arc::new(HostDevice::new(1 << 30))).collect();
+        let dyns: Vec<Arc<dyn Device>> =
+            devs.iter().map(|d| d.clone() as Arc<dyn Device>).collect();
+        (devs, DataManager::new(&dyns, None))
+    }
+
+    fn read_back(dev: &HostDevice, buf: &DeviceBuffer) -> Vec<u8> {
+        let mut out = vec![0u8; buf.len_bytes()];
+        dev.download(buf, &mut out).expect("download");
+        out
+    }
+
+    /// A replica written on one device is copied straight to another device that has a
+    /// direct link: no host copy is made (the host stays invalid), one peer copy is
+    /// counted, and bringing the data home afterwards downloads the right bytes.
+    #[test]
+    fn device_to_device_reads_use_the_direct_link() {
+        let (devs, dm) = host_devices(2);
+        assert!(dm.direct(1, 2) && dm.direct(2, 1));
+        let data = dm.register(vec![0u8; 4096]);
+        let cell = &data.cell;
+        // A "kernel" on node 1 writes the data.
+        let buf1 = dm
+            .acquire(cell, 1, Access::W)
+            .expect("acquire")
+            .expect("buffer");
+        let written: Vec<u8> = (0..4096).map(|i| (i % 251) as u8).collect();
+        devs[0].upload(&buf1, &written).expect("kernel output");
+        dm.release(cell, 1);
+        assert_eq!(
+            data.states(),
+            vec![Msi::Invalid, Msi::Modified, Msi::Invalid]
+        );
+        // A reader on node 2.
+        let buf2 = dm
+            .acquire(cell, 2, Access::R)
+            .expect("acquire")
+            .expect("buffer");
+        assert_eq!(read_back(&devs[1], &buf2), written);
+        dm.release(cell, 2);
+        assert_eq!(data.states(), vec![Msi::Invalid, Msi::Shared, Msi::Shared]);
+        let s = dm.stats();
+        assert_eq!((s.peer_copies, s.uploads, s.downloads), (1, 0, 0));
+        assert_eq!(s.bytes, 4096);
+        // Home: one download, and the host copy is the written one.
+        dm.bring_home(cell).expect("home");
+        assert_eq!(cell.host().bytes().expect("bytes"), &written[..]);
+        assert_eq!(dm.stats().downloads, 1);
+        assert_eq!(
+            data.states(),
+            vec![Msi::Modified, Msi::Invalid, Msi::Invalid]
+        );
+    }
+
+    /// Data of at least PIN_MIN_BYTES is pinned at registration, exactly its heap block;
+    /// smaller data is not; the pin is dropped before the data is handed back, and when a
+    /// registered value is dropped without being handed back.
+    #[test]
+    fn large_registered_data_is_pinned_until_handed_back_or_dropped() {
+        let (devs, dm) = host_devices(1);
+        let big = vec![1.0f32; PIN_MIN_BYTES / 4];
+        let (addr, len) = (big.as_ptr() as usize, PIN_MIN_BYTES);
+        let big = dm.register(big);
+        let small = dm.register(vec![1.0f32; 16]);
+        assert!(big.host_pinned() && !small.host_pinned());
+        assert_eq!(devs[0].pinned_ranges(), vec![(addr, len)]);
+        assert_eq!(dm.stats().pinned_bytes, len as u64);
+        dm.unpin_host(&big.cell);
+        assert!(devs[0].pinned_ranges().is_empty());
+        assert_eq!(dm.stats().pinned_bytes, 0);
+        // Dropping registered data without unregistering it drops its pin too.
+        let again = dm.register(vec![0u8; PIN_MIN_BYTES]);
+        assert_eq!(devs[0].pinned_ranges().len(), 1);
+        drop(again);
+        assert!(devs[0].pinned_ranges().is_empty());
+        // Switched off: nothing is pinned.
+        let (devs, mut dm) = host_devices(1);
+        dm.pin_host = false;
+        let d = dm.register(vec![0u8; PIN_MIN_BYTES]);
+        assert!(!d.host_pinned() && devs[0].pinned_ranges().is_empty());
     }
 }

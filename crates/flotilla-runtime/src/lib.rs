@@ -39,10 +39,11 @@ mod runtime;
 mod scope;
 mod sleep;
 mod task;
+mod topo;
 mod trace;
 mod worker;
 
-pub use data::{Access, Data, Msi, TransferStats};
+pub use data::{Access, Data, Msi, TransferStats, PIN_MIN_BYTES};
 pub use error::{Result, RuntimeError};
 pub use flotilla_devices::{DeviceKind, MathMode};
 pub use flotilla_sched::PolicyKind;

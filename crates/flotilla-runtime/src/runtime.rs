@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use crossbeam_deque::{Injector, Worker};
 use flotilla_devices::{Device, DeviceKind, DiscoverOptions};
-use flotilla_sched::{BuiltinPolicy, Link, PerfModel, Platform, PolicyKind, UnitKind};
+use flotilla_sched::{BuiltinPolicy, PerfModel, Platform, PolicyKind, UnitKind};
 use parking_lot::{Condvar, Mutex};
 
 use crate::data::{Data, DataManager, TransferStats, HOST};
@@ -75,6 +75,7 @@ pub struct RuntimeBuilder {
     trace: Option<PathBuf>,
     model_path: Option<Option<PathBuf>>,
     pin: bool,
+    pin_host: Option<bool>,
     device_mem_limit: Option<u64>,
     seed: u64,
 }
@@ -88,6 +89,7 @@ impl Default for RuntimeBuilder {
             trace: None,
             model_path: None,
             pin: true,
+            pin_host: None,
             device_mem_limit: None,
             seed: 0x5eed,
         }
@@ -125,6 +127,13 @@ impl RuntimeBuilder {
     /// Whether CPU workers are pinned to cores (default: yes, where the OS allows).
     pub fn pin(mut self, on: bool) -> Self {
         self.pin = on;
+        self
+    }
+    /// Whether registered data of at least [`crate::PIN_MIN_BYTES`] is page-locked for
+    /// faster copies where a device's backend gains from it (CUDA). Default: yes, unless
+    /// `FLOTILLA_PIN_HOST=0`.
+    pub fn pin_host_memory(mut self, on: bool) -> Self {
+        self.pin_host = Some(on);
         self
     }
     /// Caps the memory the runtime uses on each device (to test eviction, or to share).
@@ -209,6 +218,8 @@ impl RuntimeBuilder {
             archs.push("cpu".to_string());
             names.push(format!("cpu{i}"));
         }
+        let mut dev_nodes = Vec::new();
+        let mut host_links = Vec::new();
         for d in &devices {
             let info = d.info();
             let node = platform.add_node(&info.name);
@@ -218,18 +229,28 @@ impl RuntimeBuilder {
                 DeviceKind::Cpu => UnitKind::Cpu,
             };
             platform.add_unit(kind, node, &info.arch);
-            // A first guess, replaced by measured transfers as they happen.
-            platform.set_link(
-                host,
-                node,
-                Link {
-                    bandwidth: 8e9,
-                    latency: 20e-6,
-                },
-            );
+            // From the device's PCIe link when known, else a guess; either is replaced by
+            // measured transfers as they happen.
+            let pcie = info
+                .topology
+                .as_ref()
+                .and_then(|t| t.link)
+                .map(|l| l.bandwidth());
+            let link = crate::topo::host_link(pcie);
+            platform.set_link(host, node, link);
+            dev_nodes.push(node);
+            host_links.push(link);
             kinds.push(info.kind);
             archs.push(info.arch.clone());
             names.push(format!("{} ({})", info.name, info.kind));
+        }
+        // Between devices: direct where a peer path exists, else two copies via the host.
+        for (i, a) in devices.iter().enumerate() {
+            for (j, b) in devices.iter().enumerate().skip(i + 1) {
+                let direct = a.can_copy_to_peer(b.as_ref()) && b.can_copy_to_peer(a.as_ref());
+                let link = crate::topo::device_link(host_links[i], host_links[j], direct);
+                platform.set_link(dev_nodes[i], dev_nodes[j], link);
+            }
         }
 
         let model_path = match self.model_path {
@@ -247,13 +268,22 @@ impl RuntimeBuilder {
 
         let links = Arc::new(LinkObservations::new(devices.len() + 1));
         let mut data = DataManager::new(&devices, self.device_mem_limit);
+        data.pin_host = self
+            .pin_host
+            .unwrap_or_else(|| std::env::var("FLOTILLA_PIN_HOST").as_deref() != Ok("0"));
         {
             let tracer = tracer.clone();
             let links = links.clone();
             data.on_transfer = Some(Box::new(move |ev| {
-                links.observe(ev.node, ev.bytes, (ev.end - ev.start).as_secs_f64());
+                if !ev.peer {
+                    links.observe(ev.node, ev.bytes, (ev.end - ev.start).as_secs_f64());
+                }
                 if let Some(t) = &tracer {
-                    let name = if ev.upload { "upload" } else { "download" };
+                    let name = match (ev.peer, ev.upload) {
+                        (true, _) => "peer copy",
+                        (false, true) => "upload",
+                        (false, false) => "download",
+                    };
                     t.span(Track::Transfers(ev.node), name, ev.start, ev.end);
                 }
             }));
@@ -304,14 +334,26 @@ impl RuntimeBuilder {
         } else {
             Vec::new()
         };
+        // Device threads go to the cores left after the CPU workers' (by default one per
+        // device: `cpus` defaults to cores minus devices), on the device's NUMA node where
+        // known, never onto a CPU worker's core.
+        let local: Vec<Vec<usize>> = devices
+            .iter()
+            .map(|d| {
+                d.info()
+                    .topology
+                    .as_ref()
+                    .map(|t| t.local_cpus.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let ids: Vec<usize> = core_ids.iter().map(|c| c.id).collect();
+        let assignment = crate::topo::assign_cores(&ids, n_cpu, &local);
+        let core_of = |id: Option<usize>| id.map(|id| core_affinity::CoreId { id });
         let mut threads = Vec::new();
         for (i, (local, parker)) in locals.into_iter().zip(parkers).enumerate() {
             let reg = registry.clone();
-            let core = if core_ids.is_empty() {
-                None
-            } else {
-                Some(core_ids[i % core_ids.len()])
-            };
+            let core = core_of(assignment.workers[i]);
             let h = std::thread::Builder::new()
                 .name(format!("flotilla-cpu{i}"))
                 .spawn(move || crate::worker::run(reg, i, local, parker, core))
@@ -321,11 +363,8 @@ impl RuntimeBuilder {
                 })?;
             threads.push(h);
         }
-        // Device threads go to the cores left after the CPU workers' (by default one per
-        // device: `cpus` defaults to cores minus devices), never onto a CPU worker's core.
-        let spare: Vec<core_affinity::CoreId> = core_ids.iter().skip(n_cpu).copied().collect();
         for (i, (d, t)) in devices.iter().zip(dev_threads).enumerate() {
-            let core = (!spare.is_empty()).then(|| spare[i % spare.len()]);
+            let core = core_of(assignment.devices[i]);
             let hs = device::start(registry.clone(), d.clone(), i, n_cpu + i, 1 + i, t, core)
                 .map_err(|source| RuntimeError::Io {
                     path: "spawning a device thread".into(),
@@ -595,6 +634,7 @@ impl Runtime {
     pub fn unregister<T: Send + 'static>(&self, data: Data<T>) -> Result<T> {
         self.wait_for_data(&data);
         self.registry.data.bring_home(&data.cell)?;
+        self.registry.data.unpin_host(&data.cell);
         // SAFETY: every task using the data has finished and the handle is consumed, so
         // nothing else reads or writes its host storage any more.
         let host = unsafe { data.cell.host_mut() };

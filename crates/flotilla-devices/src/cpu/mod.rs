@@ -17,8 +17,8 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::pool::{MemPool, PoolBlock, PoolStats, RawAlloc};
 use crate::{
-    no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag, ElemType, MathMode,
-    MemAccount, Reservation, Result, Side, Trans, Uplo,
+    no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag, ElemType, HostPin,
+    MathMode, MemAccount, Reservation, Result, Side, Trans, Uplo,
 };
 
 /// Host memory in 8-byte words, so the bytes can be viewed as `f32` or `f64` without
@@ -60,6 +60,24 @@ pub struct HostDevice {
     mem: Arc<MemAccount>,
     pool: Arc<MemPool<HostRaw>>,
     compute: Mutex<()>,
+    /// Host ranges "pinned" through [`Device::pin_host_memory`] (nothing is page-locked:
+    /// the ranges are recorded so tests can see what a CUDA device would have pinned).
+    pinned: Arc<Mutex<Vec<(usize, usize)>>>,
+}
+
+/// A [`HostDevice`] pin: removes its range from the device's list when dropped.
+struct HostDevicePin {
+    range: (usize, usize),
+    pinned: Arc<Mutex<Vec<(usize, usize)>>>,
+}
+
+impl Drop for HostDevicePin {
+    fn drop(&mut self) {
+        let mut p = self.pinned.lock();
+        if let Some(i) = p.iter().position(|r| *r == self.range) {
+            p.swap_remove(i);
+        }
+    }
 }
 
 impl HostDevice {
@@ -74,12 +92,19 @@ impl HostDevice {
                 global_mem: mem_limit,
                 compute_units: 1,
                 arch: "cpu:host".to_string(),
+                topology: None,
             },
             uid: crate::next_device_uid(),
             mem: MemAccount::new(name.clone(), mem_limit),
             pool: MemPool::with_soft_cap(name, HostRaw, mem_limit),
             compute: Mutex::new(()),
+            pinned: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// The host ranges `(address, bytes)` pinned through this device and not yet unpinned.
+    pub fn pinned_ranges(&self) -> Vec<(usize, usize)> {
+        self.pinned.lock().clone()
     }
 
     /// The counters of the memory pool behind [`Device::alloc`].
@@ -399,6 +424,68 @@ impl Device for HostDevice {
         Ok(())
     }
 
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    /// Two host devices share the host's memory bus: a direct copy is a memcpy.
+    fn can_copy_to_peer(&self, dst: &dyn Device) -> bool {
+        dst.as_any().downcast_ref::<HostDevice>().is_some()
+    }
+
+    fn copy_to_peer(
+        &self,
+        src: &DeviceBuffer,
+        dst: &dyn Device,
+        dst_buf: &DeviceBuffer,
+        bytes: usize,
+    ) -> Result<()> {
+        let Some(peer) = dst.as_any().downcast_ref::<HostDevice>() else {
+            return Err(DevicesError::Unsupported {
+                device: self.info.name.clone(),
+                what: format!("peer-to-peer copy to {}", dst.info().name),
+            });
+        };
+        let from = self.buf("copy_to_peer", src)?;
+        let to = peer.buf("copy_to_peer", dst_buf)?;
+        if bytes > src.len_bytes() || bytes > dst_buf.len_bytes() {
+            return Err(DevicesError::bad_args(
+                "copy_to_peer",
+                format!(
+                    "{bytes} bytes from a buffer of {} into one of {}",
+                    src.len_bytes(),
+                    dst_buf.len_bytes()
+                ),
+            ));
+        }
+        if std::ptr::eq(from, to) {
+            return Ok(());
+        }
+        let r = from.words().read_recursive();
+        let mut w = to.words().write();
+        bytes_mut(&mut w, bytes).copy_from_slice(self::bytes(&r, bytes));
+        Ok(())
+    }
+
+    unsafe fn pin_host_memory(&self, ptr: *const u8, len: usize) -> Result<Option<HostPin>> {
+        let range = (ptr as usize, len);
+        let mut p = self.pinned.lock();
+        if p.iter().any(|&(a, l)| a < range.0 + len && range.0 < a + l) {
+            return Err(DevicesError::bad_args(
+                "pin_host_memory",
+                "the range overlaps memory already pinned",
+            ));
+        }
+        p.push(range);
+        Ok(Some(HostPin::new(
+            len,
+            HostDevicePin {
+                range,
+                pinned: Arc::clone(&self.pinned),
+            },
+        )))
+    }
+
     fn supports(&self, _e: ElemType) -> bool {
         true
     }
@@ -424,6 +511,10 @@ mod tests {
     #[test]
     fn host_device_kernels_match_cpu_kernels() {
         devtest::blas_matches_cpu(&HostDevice::new(1 << 30));
+        let (a, b) = (HostDevice::new(1 << 30), HostDevice::new(1 << 30));
+        devtest::pinned_copies_round_trip(&a);
+        assert!(a.pinned_ranges().is_empty(), "pins dropped");
+        devtest::peer_copies_between(&a, &b);
     }
 
     #[test]

@@ -4,11 +4,22 @@
 //! driver (`libcuda`), cuBLAS and cuSOLVER, and reports `"no CUDA driver"` (or which library
 //! is missing) instead of calling into cudarc.
 //!
-//! Each [`CudaDevice`] holds the GPU's primary context, a `transfer` stream for uploads and
-//! downloads and a `compute` stream, to which its cuBLAS and cuSOLVER handles are bound.
-//! Every call synchronises its stream before returning, so calls are blocking and cudarc's
-//! cross-stream event tracking is switched off (it would only add events to wait on).
-//! Kernel calls are serialised by a lock around the handles.
+//! Each [`CudaDevice`] holds the GPU's primary context and three streams: `transfer` for
+//! uploads (host → device), `d2h` for downloads and peer copies, and `compute`, to which its
+//! cuBLAS and cuSOLVER handles are bound; so an upload by the runtime's prefetch thread, a
+//! kernel on its compute thread and a download (a write-back, a result going home) proceed
+//! at the same time on the GPU's separate copy engines. Every call synchronises its stream
+//! before returning, so calls are blocking and cudarc's cross-stream event tracking is
+//! switched off (it would only add events to wait on). Kernel calls are serialised by a lock
+//! around the handles.
+//!
+//! Host memory registered with the runtime can be page-locked ([`Device::pin_host_memory`],
+//! `cuMemHostRegister` with the portable flag, so every GPU's context sees it pinned): the
+//! copies then run by DMA at the link's speed instead of through the driver's staging
+//! buffers. Two GPUs with a peer-to-peer path (NVLink or PCIe P2P, as the driver reports)
+//! copy between each other directly ([`Device::copy_to_peer`], `cuMemcpyPeerAsync` after
+//! enabling peer access both ways). Each GPU's PCI address, NUMA node and host link are
+//! read from sysfs ([`crate::topology`]).
 //!
 //! Device memory comes from a [`MemPool`] over `cuMemAlloc` (see [`crate::pool`]): dropping a
 //! buffer returns its block to the pool, and the next request of the same size class reuses
@@ -18,6 +29,7 @@
 //! take the pool's memory (in use + cached) past it trims the cache first, and a driver
 //! out-of-memory trims it and retries once.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::cublas::{sys as blas, CudaBlas};
@@ -28,8 +40,8 @@ use parking_lot::Mutex;
 use crate::pool::{MemPool, PoolBlock, PoolStats, RawAlloc};
 use crate::{
     args, no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag,
-    DiscoverOptions, Discovery, ElemType, MathMode, MemAccount, Reservation, Result, Side, Trans,
-    Uplo,
+    DiscoverOptions, Discovery, ElemType, HostPin, MathMode, MemAccount, Reservation, Result, Side,
+    Trans, Uplo,
 };
 
 /// Whether the CUDA driver library can be loaded on this machine.
@@ -138,10 +150,44 @@ pub struct CudaDevice {
     uid: u64,
     ctx: Arc<CudaContext>,
     transfer: Arc<CudaStream>,
+    d2h: Arc<CudaStream>,
     compute: Arc<CudaStream>,
     handles: Mutex<Handles>,
     mem: Arc<MemAccount>,
     pool: Arc<MemPool<CudaRaw>>,
+    /// Whether a direct path to each peer GPU (by ordinal) exists and is enabled.
+    peers: Mutex<HashMap<usize, bool>>,
+}
+
+/// Host memory registered with `cuMemHostRegister`; unregistered on drop.
+struct CudaPin {
+    ctx: Arc<CudaContext>,
+    /// The registered address (a pointer kept as an integer: the pin owns no memory).
+    addr: usize,
+}
+
+impl Drop for CudaPin {
+    fn drop(&mut self) {
+        // A failure here leaves the pages locked until the process ends; nothing else
+        // depends on it, so it is ignored.
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `addr` was registered by `pin_host_memory` and not unregistered since.
+            let _ = unsafe { drv::cuMemHostUnregister(self.addr as *mut std::ffi::c_void) };
+        }
+    }
+}
+
+/// The PCI address of GPU `dev` as the driver writes it (`0000:1B:00.0`).
+fn pci_bus_id(dev: drv::CUdevice) -> Option<String> {
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: the buffer holds 32 chars and its length is passed; the driver NUL-terminates.
+    let r = unsafe { drv::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32, dev) };
+    if r != drv::cudaError_enum::CUDA_SUCCESS {
+        return None;
+    }
+    // SAFETY: NUL-terminated by the driver within the buffer (zeroed beforehand).
+    let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    id.to_str().ok().map(str::to_string)
 }
 
 /// A size as cuBLAS's `int`, or `BadArgs`.
@@ -192,6 +238,7 @@ impl CudaDevice {
             .attribute(drv::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| err("device query", &e))?;
         let transfer = ctx.new_stream().map_err(|e| err("create stream", &e))?;
+        let d2h = ctx.new_stream().map_err(|e| err("create stream", &e))?;
         let compute = ctx.new_stream().map_err(|e| err("create stream", &e))?;
         let blas = CudaBlas::new(Arc::clone(&compute)).map_err(|e| err("create cublas", &e))?;
         let solver = DnHandle::new(Arc::clone(&compute)).map_err(|e| err("create cusolver", &e))?;
@@ -203,6 +250,8 @@ impl CudaDevice {
             global_mem: limit,
             compute_units: u32::try_from(sms).unwrap_or(0),
             arch: format!("cuda:{name}"),
+            topology: pci_bus_id(ctx.cu_device())
+                .and_then(|id| crate::topology::Topology::read(std::path::Path::new("/sys"), &id)),
         };
         let raw = CudaRaw {
             name: name.clone(),
@@ -216,8 +265,10 @@ impl CudaDevice {
             uid: crate::next_device_uid(),
             ctx,
             transfer,
+            d2h,
             compute,
             handles: Mutex::new(Handles { blas, solver }),
+            peers: Mutex::new(HashMap::new()),
         })
     }
 
@@ -229,6 +280,40 @@ impl CudaDevice {
     /// Frees the device memory the pool keeps for reuse; returns the bytes freed.
     pub fn trim_pool(&self) -> u64 {
         self.pool.trim()
+    }
+
+    /// Whether this GPU can reach `peer` directly; the first time, enables peer access in
+    /// both contexts (the answer is cached).
+    fn peer_path(&self, peer: &CudaDevice) -> bool {
+        let ordinal = peer.ctx.ordinal();
+        if ordinal == self.ctx.ordinal() {
+            return true;
+        }
+        let mut peers = self.peers.lock();
+        if let Some(&ok) = peers.get(&ordinal) {
+            return ok;
+        }
+        let enable = |from: &CudaDevice, to: &CudaDevice| -> bool {
+            let mut can = 0;
+            // SAFETY: plain queries and a context setting on two open contexts.
+            unsafe {
+                if drv::cuDeviceCanAccessPeer(&mut can, from.ctx.cu_device(), to.ctx.cu_device())
+                    != drv::cudaError_enum::CUDA_SUCCESS
+                    || can == 0
+                    || from.ctx.bind_to_thread().is_err()
+                {
+                    return false;
+                }
+                matches!(
+                    drv::cuCtxEnablePeerAccess(to.ctx.cu_ctx(), 0),
+                    drv::cudaError_enum::CUDA_SUCCESS
+                        | drv::cudaError_enum::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+                )
+            }
+        };
+        let ok = enable(self, peer) && enable(peer, self);
+        peers.insert(ordinal, ok);
+        ok
     }
 
     fn backend_err(&self, op: &'static str, e: impl std::fmt::Display) -> DevicesError {
@@ -330,11 +415,11 @@ impl Device for CudaDevice {
             return Ok(());
         }
         self.bind("download")?;
-        let p = self.ptr(buf, &self.transfer);
+        let p = self.ptr(buf, &self.d2h);
         // SAFETY: the source holds at least `dst.len()` bytes; the stream is synchronised
         // before `dst` can go away.
-        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, p, self.transfer.cu_stream()) }
-            .and_then(|()| self.transfer.synchronize())
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, p, self.d2h.cu_stream()) }
+            .and_then(|()| self.d2h.synchronize())
             .map_err(|e| self.driver_err("download", e))
     }
 
@@ -745,8 +830,96 @@ impl Device for CudaDevice {
     fn synchronize(&self) -> Result<()> {
         self.transfer
             .synchronize()
+            .and_then(|()| self.d2h.synchronize())
             .and_then(|()| self.compute.synchronize())
             .map_err(|e| self.driver_err("synchronize", e))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn can_copy_to_peer(&self, dst: &dyn Device) -> bool {
+        dst.as_any()
+            .downcast_ref::<CudaDevice>()
+            .is_some_and(|peer| self.peer_path(peer))
+    }
+
+    fn copy_to_peer(
+        &self,
+        src: &DeviceBuffer,
+        dst: &dyn Device,
+        dst_buf: &DeviceBuffer,
+        bytes: usize,
+    ) -> Result<()> {
+        const OP: &str = "copy_to_peer";
+        let peer = match dst.as_any().downcast_ref::<CudaDevice>() {
+            Some(peer) if self.peer_path(peer) => peer,
+            _ => {
+                return Err(DevicesError::Unsupported {
+                    device: self.info.name.clone(),
+                    what: format!("peer-to-peer copy to {}", dst.info().name),
+                })
+            }
+        };
+        let (from, to) = (self.buf(OP, src)?, peer.buf(OP, dst_buf)?);
+        if bytes > src.len_bytes() || bytes > dst_buf.len_bytes() {
+            return Err(DevicesError::bad_args(
+                OP,
+                format!(
+                    "{bytes} bytes from a buffer of {} into one of {}",
+                    src.len_bytes(),
+                    dst_buf.len_bytes()
+                ),
+            ));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.bind(OP)?;
+        let (ps, pd) = (self.ptr(from, &self.d2h), peer.ptr(to, &self.d2h));
+        // SAFETY: both buffers hold at least `bytes` bytes and live until the stream is
+        // synchronised below; no call of either device uses them meanwhile (the runtime
+        // copies only unpinned-by-tasks replicas under the data's coherence lock).
+        unsafe {
+            cudarc::driver::result::memcpy_peer_async(
+                peer.ctx.cu_ctx(),
+                pd,
+                self.ctx.cu_ctx(),
+                ps,
+                bytes,
+                self.d2h.cu_stream(),
+            )
+        }
+        .and_then(|()| self.d2h.synchronize())
+        .map_err(|e| self.driver_err(OP, e))
+    }
+
+    unsafe fn pin_host_memory(&self, ptr: *const u8, len: usize) -> Result<Option<HostPin>> {
+        if len == 0 {
+            return Ok(None);
+        }
+        self.bind("pin host memory")?;
+        // SAFETY: the caller keeps the range allocated and in place until the pin drops.
+        let r = unsafe {
+            drv::cuMemHostRegister_v2(
+                ptr as *mut std::ffi::c_void,
+                len,
+                drv::CU_MEMHOSTREGISTER_PORTABLE,
+            )
+        };
+        match r {
+            drv::cudaError_enum::CUDA_SUCCESS => Ok(Some(HostPin::new(
+                len,
+                CudaPin {
+                    ctx: Arc::clone(&self.ctx),
+                    addr: ptr as usize,
+                },
+            ))),
+            // Pinned by someone else (another registration overlapping it): already fast.
+            drv::cudaError_enum::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => Ok(None),
+            other => Err(self.backend_err("pin host memory", format!("{other:?}"))),
+        }
     }
 
     fn supports(&self, _e: ElemType) -> bool {
@@ -798,6 +971,17 @@ mod tests {
             drop(dev.alloc(700).expect("alloc"));
             let _again = dev.alloc(1000).expect("alloc");
             assert_eq!(dev.pool_stats().hits, hits + 1);
+            drop(dev);
+            let dev = &found.devices[0];
+            eprintln!("GPU 0 topology: {:?}", dev.info().topology);
+            crate::devtest::pinned_copies_round_trip(dev.as_ref());
+            crate::devtest::mixed_precision_on_tensor_cores(dev.as_ref());
+            if found.devices.len() > 1 {
+                crate::devtest::peer_copies_between(
+                    found.devices[0].as_ref(),
+                    found.devices[1].as_ref(),
+                );
+            }
         } else {
             assert!(found.devices.is_empty());
             assert_eq!(found.skipped, vec!["no CUDA driver".to_string()]);

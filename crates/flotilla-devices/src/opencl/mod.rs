@@ -218,6 +218,7 @@ impl OpenClDevice {
             global_mem: limit,
             compute_units,
             arch: format!("opencl:{name}"),
+            topology: None,
         };
         Ok(OpenClDevice {
             mem: MemAccount::new(name, limit),
@@ -848,6 +849,10 @@ impl Device for OpenClDevice {
             .finish()
             .and(self.compute.finish())
             .map_err(|e| self.backend_err("synchronize", e))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn supports(&self, e: ElemType) -> bool {

@@ -56,8 +56,49 @@ fn check(buf: &[f32], n: usize, bytes: usize) -> Result<()> {
     Ok(())
 }
 
-/// Runs the benchmark for every size in `sizes` (bytes); every rank gets the same points.
+/// Where the benchmarked data lives: host memory ([`run`]) or, for device collectives, a
+/// device buffer staged through the host.
+pub trait BenchTarget {
+    /// Makes the target's elements equal to `values`.
+    fn load(&mut self, values: &[f32]) -> Result<()>;
+    /// One allreduce (f32, sum) of the target's elements.
+    fn allreduce(&mut self, comm: &mut Communicator) -> Result<()>;
+    /// Copies the target's elements into `out`.
+    fn read(&mut self, out: &mut [f32]) -> Result<()>;
+}
+
+/// A host vector.
+struct HostTarget(Vec<f32>);
+
+impl BenchTarget for HostTarget {
+    fn load(&mut self, values: &[f32]) -> Result<()> {
+        self.0.copy_from_slice(values);
+        Ok(())
+    }
+    fn allreduce(&mut self, comm: &mut Communicator) -> Result<()> {
+        comm.allreduce(&mut self.0, ReduceOp::Sum)
+    }
+    fn read(&mut self, out: &mut [f32]) -> Result<()> {
+        out.copy_from_slice(&self.0);
+        Ok(())
+    }
+}
+
+/// Runs the benchmark for every size in `sizes` (bytes) on host memory; every rank gets
+/// the same points.
 pub fn run(comm: &mut Communicator, sizes: &[usize], rounds: usize) -> Result<Vec<BenchPoint>> {
+    run_with(comm, sizes, rounds, |count| {
+        Ok(Box::new(HostTarget(vec![0f32; count])))
+    })
+}
+
+/// [`run`] on the targets `target_for(count)` makes, one per size (`count` f32 elements).
+pub fn run_with(
+    comm: &mut Communicator,
+    sizes: &[usize],
+    rounds: usize,
+    mut target_for: impl FnMut(usize) -> Result<Box<dyn BenchTarget>>,
+) -> Result<Vec<BenchPoint>> {
     let n = comm.size();
     let rounds = rounds.max(1);
     let mut out = Vec::with_capacity(sizes.len());
@@ -65,25 +106,31 @@ pub fn run(comm: &mut Communicator, sizes: &[usize], rounds: usize) -> Result<Ve
         let count = bytes / 4;
         let bytes = count * 4;
         let iters = iters_for(bytes);
-        let mut buf = vec![0f32; count];
-        fill(&mut buf, comm.rank());
-        comm.allreduce(&mut buf, ReduceOp::Sum)?;
-        check(&buf, n, bytes)?;
-        buf.iter_mut().for_each(|x| *x = 0.0);
+        let mut target = target_for(count)?;
+        let mut host = vec![0f32; count];
+        fill(&mut host, comm.rank());
+        target.load(&host)?;
+        target.allreduce(comm)?;
+        target.read(&mut host)?;
+        check(&host, n, bytes)?;
+        host.iter_mut().for_each(|x| *x = 0.0);
+        target.load(&host)?;
         let mut times = Vec::with_capacity(rounds);
         for _ in 0..rounds {
             comm.barrier()?;
             let t = Instant::now();
             for _ in 0..iters {
-                comm.allreduce(&mut buf, ReduceOp::Sum)?;
+                target.allreduce(comm)?;
             }
             let mut mean = [t.elapsed().as_secs_f64() / iters as f64];
             comm.allreduce(&mut mean, ReduceOp::Max)?;
             times.push(mean[0]);
         }
-        fill(&mut buf, comm.rank());
-        comm.allreduce(&mut buf, ReduceOp::Sum)?;
-        check(&buf, n, bytes)?;
+        fill(&mut host, comm.rank());
+        target.load(&host)?;
+        target.allreduce(comm)?;
+        target.read(&mut host)?;
+        check(&host, n, bytes)?;
         times.sort_by(f64::total_cmp);
         let seconds = times[times.len() / 2];
         let algbw = if seconds > 0.0 {

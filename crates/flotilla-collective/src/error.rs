@@ -53,6 +53,10 @@ pub enum CommError {
         /// The rank that aborted.
         by: usize,
     },
+    /// Moving a rank's data between its device memory and the host failed (device
+    /// collectives and their benchmark).
+    #[error("staging device memory: {0}")]
+    Staging(String),
 }
 
 fn fmt_peer(peer: Option<usize>) -> String {

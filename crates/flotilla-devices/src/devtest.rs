@@ -255,6 +255,7 @@ fn check_gemm_mixed(dev: &dyn Device, seed: u64) {
 /// supported, else `Unsupported`).
 pub(crate) fn blas_matches_cpu(dev: &dyn Device) {
     eprintln!("testing {:?}", dev.info());
+    copies_at_offsets(dev);
     check_gemm_syrk::<f32>(dev, 11);
     check_trsm_potrf::<f32>(dev, 12);
     check_gemm_mixed(dev, 15);
@@ -625,4 +626,35 @@ pub(crate) fn peer_copies_between(a: &dyn Device, b: &dyn Device) {
     let mut out = vec![0u8; len];
     b.download(&bb, &mut out).expect("download");
     assert!(out == src, "peer copy changed the bytes");
+}
+
+/// `upload_at` and `download_at` touch exactly the bytes asked for, and a range past the
+/// buffer's end is `BadArgs`.
+fn copies_at_offsets(dev: &dyn Device) {
+    let buf = dev.alloc(1000).expect("alloc");
+    dev.upload(&buf, &[7u8; 1000]).expect("fill");
+    dev.upload_at(&buf, 100, &[1u8; 50]).expect("upload_at");
+    dev.upload_at(&buf, 990, &[2u8; 10])
+        .expect("upload_at the end");
+    let mut all = vec![0u8; 1000];
+    dev.download(&buf, &mut all).expect("download");
+    for (i, &b) in all.iter().enumerate() {
+        let want = match i {
+            100..150 => 1,
+            990.. => 2,
+            _ => 7,
+        };
+        assert_eq!(b, want, "byte {i}");
+    }
+    let mut part = vec![0u8; 60];
+    dev.download_at(&buf, 95, &mut part).expect("download_at");
+    assert_eq!(&part[..5], &[7; 5]);
+    assert_eq!(&part[5..55], &[1; 50]);
+    assert_eq!(&part[55..], &[7; 5]);
+    for r in [
+        dev.upload_at(&buf, 991, &[0u8; 10]),
+        dev.download_at(&buf, usize::MAX, &mut [0u8; 2]),
+    ] {
+        assert!(matches!(r, Err(DevicesError::BadArgs { .. })), "{r:?}");
+    }
 }

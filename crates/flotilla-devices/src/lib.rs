@@ -404,10 +404,21 @@ pub trait Device: Send + Sync {
     fn alloc(&self, bytes: usize) -> Result<DeviceBuffer>;
 
     /// Copies `src` into the start of `dst` (`src.len() ≤ dst.len_bytes()`), blocking.
-    fn upload(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<()>;
+    fn upload(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<()> {
+        self.upload_at(dst, 0, src)
+    }
 
     /// Copies the start of `src` into `dst` (`dst.len() ≤ src.len_bytes()`), blocking.
-    fn download(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()>;
+    fn download(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+        self.download_at(src, 0, dst)
+    }
+
+    /// Copies `src` into `dst` from byte `offset` on (`offset + src.len() ≤
+    /// dst.len_bytes()`), blocking.
+    fn upload_at(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()>;
+
+    /// Copies bytes `offset..offset + dst.len()` of `src` into `dst`, blocking.
+    fn download_at(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()>;
 
     /// `C := alpha op(A) op(B) + beta C` with `op(A)` m×k, `op(B)` k×n, C m×n.
     /// When `beta` is 0, C is not read.
@@ -632,6 +643,23 @@ fn guarded(backend: &str, found: &mut Discovery, f: impl FnOnce(&mut Discovery))
                 .skipped
                 .push(format!("{backend} discovery panicked: {msg}"));
         }
+    }
+}
+
+/// Fails with `BadArgs` unless bytes `offset..offset + len` lie inside a buffer of
+/// `capacity` bytes.
+pub(crate) fn copy_range(
+    op: &'static str,
+    offset: usize,
+    len: usize,
+    capacity: usize,
+) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= capacity => Ok(()),
+        _ => Err(DevicesError::bad_args(
+            op,
+            format!("bytes {offset}..{offset}+{len} of a buffer of {capacity}"),
+        )),
     }
 }
 

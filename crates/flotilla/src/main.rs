@@ -80,6 +80,14 @@ struct AllreduceArgs {
     /// Timed rounds per size; the median is reported.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Where each rank's data lives: host, or device memory staged through the host:
+    /// cpu-device (a host memory node of its own), opencl, cuda.
+    #[arg(long, default_value = "host")]
+    memory: String,
+    /// The device staging pipeline's chunk in bytes (0: one piece; default: 4 MiB chunks on
+    /// CUDA, one piece on devices whose copies are the CPU's).
+    #[arg(long)]
+    chunk_bytes: Option<usize>,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -109,6 +117,12 @@ struct AllreduceRankArgs {
     /// Timed rounds per size.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// host, cpu-device, opencl or cuda.
+    #[arg(long, default_value = "host")]
+    memory: String,
+    /// The staging pipeline's chunk in bytes (0: one piece; default: by device kind).
+    #[arg(long)]
+    chunk_bytes: Option<usize>,
 }
 
 #[derive(Args)]
@@ -348,29 +362,42 @@ fn run_local(command: Command) -> Result<()> {
             use flotilla::bench::allreduce;
             allreduce::parse_sizes(&a.bytes)?;
             allreduce::parse_transport(&a.transport)?;
+            allreduce::parse_memory(&a.memory)?;
             let exe = std::env::current_exe()?;
-            allreduce::launch(&exe, a.ranks, &a.bytes, &a.transport, a.rounds, |p| {
-                if a.json {
-                    println!("{}", serde_json::to_string(&p).unwrap_or_default());
-                } else {
-                    println!(
-                        "allreduce f32 sum ranks={} transport={} bytes={:>10}: {:>10.1} us  algbw {:.3} GB/s  busbw {:.3} GB/s",
+            let staging = (a.memory.as_str(), a.chunk_bytes);
+            allreduce::launch(
+                &exe,
+                a.ranks,
+                &a.bytes,
+                &a.transport,
+                a.rounds,
+                staging,
+                |p| {
+                    if a.json {
+                        println!("{}", serde_json::to_string(&p).unwrap_or_default());
+                    } else {
+                        println!(
+                        "allreduce f32 sum ranks={} transport={} memory={} bytes={:>10}: {:>10.1} us  algbw {:.3} GB/s  busbw {:.3} GB/s",
                         p.ranks,
                         p.transport,
+                        p.memory,
                         p.bytes,
                         p.seconds * 1e6,
                         p.algbw_gbs,
                         p.busbw_gbs
                     );
-                }
-            })?;
+                    }
+                },
+            )?;
             Ok(())
         }
         Command::Bench(Bench::AllreduceRank(a)) => {
             use flotilla::bench::allreduce;
             let sizes = allreduce::parse_sizes(&a.bytes)?;
             let transport = allreduce::parse_transport(&a.transport)?;
-            let (rank, points) = allreduce::run_rank(&sizes, transport, a.rounds)?;
+            let memory = allreduce::parse_memory(&a.memory)?;
+            let (rank, points) =
+                allreduce::run_rank(&sizes, transport, a.rounds, memory, a.chunk_bytes)?;
             if rank == 0 {
                 for p in points {
                     println!("{}", serde_json::to_string(&p)?);

@@ -133,6 +133,66 @@ fn bench_cholesky_and_gemm_report_accurate_results() {
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert!(v["residual"].as_f64().unwrap() < 1e-5, "{out}");
     assert_eq!(v["tasks_per_kind"]["cpu"], 64);
+    // Mixed precision: the product in bf16 is measurably less accurate than in f32.
+    let (ok, out, err) = flotilla(&[
+        "bench",
+        "gemm",
+        "--n",
+        "128",
+        "--tile",
+        "32",
+        "--reps",
+        "1",
+        "--precision",
+        "bf16",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let w: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(w["precision"], "bf16");
+    let (f32_res, bf16_res) = (
+        v["residual"].as_f64().unwrap(),
+        w["residual"].as_f64().unwrap(),
+    );
+    assert!(bf16_res > 100.0 * f32_res && bf16_res < 1e-2, "{out}");
+}
+
+#[test]
+fn bench_allreduce_on_device_memory_checks_and_reports_its_staging() {
+    for (memory, chunk) in [("cpu-device", "0"), ("cpu-device", "65536")] {
+        let (ok, out, err) = flotilla(&[
+            "bench",
+            "allreduce",
+            "--ranks",
+            "2",
+            "--bytes",
+            "4K,1M",
+            "--rounds",
+            "1",
+            "--memory",
+            memory,
+            "--chunk-bytes",
+            chunk,
+            "--json",
+        ]);
+        assert!(ok, "{err}");
+        let lines: Vec<serde_json::Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        for v in &lines {
+            assert_eq!(v["memory"], memory);
+            assert_eq!(v["pinned"], true, "the host device pins: {v}");
+            assert!(v["busbw_gbs"].as_f64().unwrap() > 0.0);
+        }
+        // The last call (1 MiB) went through the pipeline when a chunk was forced.
+        let want = if chunk == "0" { 0 } else { 65536 };
+        assert_eq!(lines[1]["chunk_bytes"], want, "{out}");
+    }
+    let (ok, _, err) = flotilla(&["bench", "allreduce", "--memory", "tpu"]);
+    assert!(!ok);
+    assert!(err.contains("tpu"), "{err}");
 }
 
 #[test]

@@ -1,13 +1,14 @@
 //! Allreduce of device buffers: two ranks (threads), one holding its buffer on the CPU
 //! "device", the other on an OpenCL device (PoCL in CI), meet at a rendezvous and end with the
-//! same sums in their device memory.
+//! same sums in their device memory: in one piece, and through the chunked pipeline with
+//! staging memory reused (and, on the host device, pinned) across calls.
 
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 
 use flotilla::collective::{Communicator, ReduceOp, RendezvousServer};
-use flotilla::device_collective::{allreduce_device, DeviceCollectiveError};
+use flotilla::device_collective::{allreduce_device, DeviceCollectiveError, DeviceStaging};
 use flotilla::devices::cpu::HostDevice;
 use flotilla::devices::{discover_report, Device, DiscoverOptions};
 
@@ -52,6 +53,29 @@ fn ranks_on_a_cpu_and_an_opencl_device_allreduce_their_device_buffers() {
                 let buf = dev.alloc(n * 8 + 64).unwrap();
                 dev.upload(&buf, bytemuck::cast_slice(&data)).unwrap();
                 allreduce_device::<f64>(&mut comm, dev.as_ref(), &buf, n, ReduceOp::Sum).unwrap();
+                // Twice more through the pipeline (13 chunks of 64 KiB, the last one short),
+                // with the staging memory kept: the sums of sums.
+                let mut staging = DeviceStaging::with_chunk_bytes(64 << 10);
+                for _ in 0..2 {
+                    staging
+                        .allreduce::<f64>(&mut comm, dev.as_ref(), &buf, n, ReduceOp::Sum)
+                        .unwrap();
+                }
+                assert!(staging.capacity_bytes() >= n * 8);
+                if dev.info().kind == flotilla::devices::DeviceKind::Cpu {
+                    assert!(staging.is_pinned(), "the host device pins what it is given");
+                }
+                // Another element type and op through the same staging.
+                let ints: Vec<i32> = (0..n as i32).map(|i| i * (rank as i32 * 2 - 1)).collect();
+                let ibuf = dev.alloc(n * 4).unwrap();
+                dev.upload(&ibuf, bytemuck::cast_slice(&ints)).unwrap();
+                staging
+                    .allreduce::<i32>(&mut comm, dev.as_ref(), &ibuf, n, ReduceOp::Max)
+                    .unwrap();
+                let mut imax = vec![0i32; n];
+                dev.download(&ibuf, bytemuck::cast_slice_mut(&mut imax))
+                    .unwrap();
+                assert!(imax.iter().enumerate().all(|(i, &v)| v == i as i32));
                 let mut back = vec![0f64; n];
                 dev.download(&buf, bytemuck::cast_slice_mut(&mut back))
                     .unwrap();
@@ -67,7 +91,8 @@ fn ranks_on_a_cpu_and_an_opencl_device_allreduce_their_device_buffers() {
     for h in handles {
         let (kind, back) = h.join().unwrap();
         for (i, v) in back.iter().enumerate() {
-            assert_eq!(*v, (3 * i) as f64, "element {i} on a {kind:?} device");
+            // 3i after the first allreduce, doubled by each of the two after it.
+            assert_eq!(*v, (12 * i) as f64, "element {i} on a {kind:?} device");
         }
     }
 }

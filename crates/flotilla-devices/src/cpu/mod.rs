@@ -173,29 +173,19 @@ impl Device for HostDevice {
         ))
     }
 
-    fn upload(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<()> {
+    fn upload_at(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
         let buf = self.buf("upload", dst)?;
-        if src.len() > dst.len_bytes() {
-            return Err(DevicesError::bad_args(
-                "upload",
-                format!("{} bytes into a buffer of {}", src.len(), dst.len_bytes()),
-            ));
-        }
+        crate::copy_range("upload", offset, src.len(), dst.len_bytes())?;
         let mut words = buf.words().write();
-        bytes_mut(&mut words, src.len()).copy_from_slice(src);
+        bytes_mut(&mut words, offset + src.len())[offset..].copy_from_slice(src);
         Ok(())
     }
 
-    fn download(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+    fn download_at(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         let buf = self.buf("download", src)?;
-        if dst.len() > src.len_bytes() {
-            return Err(DevicesError::bad_args(
-                "download",
-                format!("{} bytes from a buffer of {}", dst.len(), src.len_bytes()),
-            ));
-        }
+        crate::copy_range("download", offset, dst.len(), src.len_bytes())?;
         let words = buf.words().read_recursive();
-        dst.copy_from_slice(bytes(&words, dst.len()));
+        dst.copy_from_slice(&bytes(&words, offset + dst.len())[offset..]);
         Ok(())
     }
 

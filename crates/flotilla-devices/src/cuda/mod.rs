@@ -383,40 +383,30 @@ impl Device for CudaDevice {
         ))
     }
 
-    fn upload(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<()> {
+    fn upload_at(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
         let buf = self.buf("upload", dst)?;
-        if src.len() > dst.len_bytes() {
-            return Err(DevicesError::bad_args(
-                "upload",
-                format!("{} bytes into a buffer of {}", src.len(), dst.len_bytes()),
-            ));
-        }
+        crate::copy_range("upload", offset, src.len(), dst.len_bytes())?;
         if src.is_empty() {
             return Ok(());
         }
         self.bind("upload")?;
-        let p = self.ptr(buf, &self.transfer);
-        // SAFETY: the destination holds at least `src.len()` bytes; the stream is synchronised
+        let p = self.ptr(buf, &self.transfer) + offset as drv::CUdeviceptr;
+        // SAFETY: the destination holds `offset + src.len()` bytes; the stream is synchronised
         // before `src` can go away.
         unsafe { cudarc::driver::result::memcpy_htod_async(p, src, self.transfer.cu_stream()) }
             .and_then(|()| self.transfer.synchronize())
             .map_err(|e| self.driver_err("upload", e))
     }
 
-    fn download(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+    fn download_at(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         let buf = self.buf("download", src)?;
-        if dst.len() > src.len_bytes() {
-            return Err(DevicesError::bad_args(
-                "download",
-                format!("{} bytes from a buffer of {}", dst.len(), src.len_bytes()),
-            ));
-        }
+        crate::copy_range("download", offset, dst.len(), src.len_bytes())?;
         if dst.is_empty() {
             return Ok(());
         }
         self.bind("download")?;
-        let p = self.ptr(buf, &self.d2h);
-        // SAFETY: the source holds at least `dst.len()` bytes; the stream is synchronised
+        let p = self.ptr(buf, &self.d2h) + offset as drv::CUdeviceptr;
+        // SAFETY: the source holds `offset + dst.len()` bytes; the stream is synchronised
         // before `dst` can go away.
         unsafe { cudarc::driver::result::memcpy_dtoh_async(dst, p, self.d2h.cu_stream()) }
             .and_then(|()| self.d2h.synchronize())

@@ -507,14 +507,9 @@ impl Device for OpenClDevice {
         ))
     }
 
-    fn upload(&self, dst: &DeviceBuffer, src: &[u8]) -> Result<()> {
+    fn upload_at(&self, dst: &DeviceBuffer, offset: usize, src: &[u8]) -> Result<()> {
         let buf = self.buf("upload", dst)?;
-        if src.len() > dst.len_bytes() {
-            return Err(DevicesError::bad_args(
-                "upload",
-                format!("{} bytes into a buffer of {}", src.len(), dst.len_bytes()),
-            ));
-        }
+        crate::copy_range("upload", offset, src.len(), dst.len_bytes())?;
         if src.is_empty() {
             return Ok(());
         }
@@ -525,7 +520,7 @@ impl Device for OpenClDevice {
                 self.transfer.get(),
                 buf.buffer.get(),
                 CL_BLOCKING,
-                0,
+                offset,
                 src.len(),
                 src.as_ptr().cast(),
                 0,
@@ -537,14 +532,9 @@ impl Device for OpenClDevice {
         Ok(())
     }
 
-    fn download(&self, src: &DeviceBuffer, dst: &mut [u8]) -> Result<()> {
+    fn download_at(&self, src: &DeviceBuffer, offset: usize, dst: &mut [u8]) -> Result<()> {
         let buf = self.buf("download", src)?;
-        if dst.len() > src.len_bytes() {
-            return Err(DevicesError::bad_args(
-                "download",
-                format!("{} bytes from a buffer of {}", dst.len(), src.len_bytes()),
-            ));
-        }
+        crate::copy_range("download", offset, dst.len(), src.len_bytes())?;
         if dst.is_empty() {
             return Ok(());
         }
@@ -555,7 +545,7 @@ impl Device for OpenClDevice {
                 self.transfer.get(),
                 buf.buffer.get(),
                 CL_BLOCKING,
-                0,
+                offset,
                 dst.len(),
                 dst.as_mut_ptr().cast(),
                 0,

@@ -12,6 +12,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use flotilla_collective::{bench, Communicator, Options, Transport};
+use flotilla_devices::{Device, DeviceBuffer};
+
+use crate::device_collective::{DeviceCollectiveError, DeviceStaging};
 use serde::{Deserialize, Serialize};
 
 /// One size's result: one JSON line.
@@ -39,6 +42,109 @@ pub struct AllreducePoint {
     pub algbw_gbs: f64,
     /// `algbw · 2(n−1)/n`, GB/s.
     pub busbw_gbs: f64,
+    /// Where each rank's data lives: `host`, or a device (`cpu-device`, `opencl`, `cuda`)
+    /// staged through the host ([`crate::device_collective`]).
+    #[serde(default = "host_memory")]
+    pub memory: String,
+    /// The staging pipeline's chunk in the last call (0: one piece), for device memory.
+    #[serde(default)]
+    pub chunk_bytes: usize,
+    /// Whether the staging memory was page-locked, for device memory.
+    #[serde(default)]
+    pub pinned: bool,
+}
+
+fn host_memory() -> String {
+    "host".into()
+}
+
+/// Where `bench allreduce` keeps each rank's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    /// A host vector (the plain collective).
+    Host,
+    /// A buffer on a device of this kind (`Cpu`: the host device, a memory node of its own),
+    /// staged through host memory.
+    Device(flotilla_devices::DeviceKind),
+}
+
+/// The memory named on the command line: `host`, `cpu-device`, `opencl` or `cuda`.
+pub fn parse_memory(text: &str) -> Result<Memory, AllreduceBenchError> {
+    use flotilla_devices::DeviceKind;
+    match text {
+        "host" => Ok(Memory::Host),
+        "cpu-device" => Ok(Memory::Device(DeviceKind::Cpu)),
+        "opencl" => Ok(Memory::Device(DeviceKind::OpenCl)),
+        "cuda" => Ok(Memory::Device(DeviceKind::Cuda)),
+        other => Err(AllreduceBenchError::BadSize(format!(
+            "--memory {other:?}: expected host, cpu-device, opencl or cuda"
+        ))),
+    }
+}
+
+/// A device buffer allreduced through [`DeviceStaging`].
+struct DeviceTarget {
+    device: std::sync::Arc<dyn Device>,
+    buf: DeviceBuffer,
+    count: usize,
+    staging: std::rc::Rc<std::cell::RefCell<DeviceStaging>>,
+}
+
+fn staging_err(e: impl std::fmt::Display) -> flotilla_collective::CommError {
+    flotilla_collective::CommError::Staging(e.to_string())
+}
+
+impl bench::BenchTarget for DeviceTarget {
+    fn load(&mut self, values: &[f32]) -> flotilla_collective::Result<()> {
+        self.device
+            .upload(&self.buf, bytemuck::cast_slice(values))
+            .map_err(staging_err)
+    }
+    fn allreduce(&mut self, comm: &mut Communicator) -> flotilla_collective::Result<()> {
+        let r = self.staging.borrow_mut().allreduce::<f32>(
+            comm,
+            self.device.as_ref(),
+            &self.buf,
+            self.count,
+            flotilla_collective::ReduceOp::Sum,
+        );
+        r.map_err(|e| match e {
+            DeviceCollectiveError::Comm(c) => c,
+            other => staging_err(other),
+        })
+    }
+    fn read(&mut self, out: &mut [f32]) -> flotilla_collective::Result<()> {
+        self.device
+            .download(&self.buf, bytemuck::cast_slice_mut(out))
+            .map_err(staging_err)
+    }
+}
+
+/// The device of `kind` this rank uses: the host device, the first OpenCL device, or
+/// GPU `rank % count`.
+fn rank_device(
+    kind: flotilla_devices::DeviceKind,
+    rank: usize,
+) -> Result<std::sync::Arc<dyn Device>, AllreduceBenchError> {
+    use flotilla_devices::{discover_report, DeviceKind, DiscoverOptions};
+    if kind == DeviceKind::Cpu {
+        return Ok(std::sync::Arc::new(flotilla_devices::cpu::HostDevice::new(
+            u64::MAX,
+        )));
+    }
+    let found = discover_report(&DiscoverOptions {
+        opencl: kind == DeviceKind::OpenCl,
+        cuda: kind == DeviceKind::Cuda,
+        mem_limit: None,
+    });
+    let n = found.devices.len();
+    if n == 0 {
+        return Err(AllreduceBenchError::Rank {
+            rank,
+            message: format!("no {kind} device: {}", found.skipped.join("; ")),
+        });
+    }
+    Ok(found.devices[rank % n].clone())
 }
 
 /// Errors of the benchmark.
@@ -119,13 +225,44 @@ pub fn run_rank(
     sizes: &[usize],
     transport: Transport,
     rounds: usize,
+    memory: Memory,
+    chunk_bytes: Option<usize>,
 ) -> Result<(usize, Vec<AllreducePoint>), AllreduceBenchError> {
     let options = Options {
         transport,
         ..Options::default()
     };
     let mut comm = Communicator::from_env_with(options)?;
-    let points = bench::run(&mut comm, sizes, rounds.max(1))?;
+    let staging = std::rc::Rc::new(std::cell::RefCell::new(match chunk_bytes {
+        None => DeviceStaging::new(),
+        Some(0) => DeviceStaging::with_chunk_bytes(usize::MAX),
+        Some(c) => DeviceStaging::with_chunk_bytes(c),
+    }));
+    let (points, memory_name) = match memory {
+        Memory::Host => (bench::run(&mut comm, sizes, rounds.max(1))?, host_memory()),
+        Memory::Device(kind) => {
+            let device = rank_device(kind, comm.rank())?;
+            let name = match kind {
+                flotilla_devices::DeviceKind::Cpu => "cpu-device".to_string(),
+                k => k.to_string(),
+            };
+            let points = bench::run_with(&mut comm, sizes, rounds.max(1), |count| {
+                let buf = device.alloc(count * 4).map_err(staging_err)?;
+                Ok(Box::new(DeviceTarget {
+                    device: device.clone(),
+                    buf,
+                    count,
+                    staging: staging.clone(),
+                }))
+            })?;
+            (points, name)
+        }
+    };
+    let pinned = memory != Memory::Host && staging.borrow().is_pinned();
+    let chunk_used = match memory {
+        Memory::Host => 0,
+        Memory::Device(_) => staging.borrow().last_chunk_bytes(),
+    };
     let used = transport_name(comm.transport()).to_string();
     let ranks = comm.size();
     let out = points
@@ -142,6 +279,9 @@ pub fn run_rank(
             max_seconds: p.max_seconds,
             algbw_gbs: p.algbw_gbs,
             busbw_gbs: p.busbw_gbs,
+            memory: memory_name.clone(),
+            chunk_bytes: chunk_used,
+            pinned,
         })
         .collect();
     Ok((comm.rank(), out))
@@ -155,8 +295,10 @@ pub fn launch(
     sizes: &str,
     transport: &str,
     rounds: usize,
+    staging: (&str, Option<usize>),
     mut on_point: impl FnMut(AllreducePoint),
 ) -> Result<(), AllreduceBenchError> {
+    let (memory, chunk_bytes) = staging;
     let server = flotilla_collective::RendezvousServer::bind("127.0.0.1:0")?;
     let key = format!("bench-{}", std::process::id());
     let rendezvous = format!("{}/{key}", server.local_addr());
@@ -165,6 +307,12 @@ pub fn launch(
         let child = Command::new(exe)
             .args(["bench", "allreduce-rank", "--bytes", sizes])
             .args(["--transport", transport, "--rounds", &rounds.to_string()])
+            .args(["--memory", memory])
+            .args(
+                chunk_bytes
+                    .map(|c| vec!["--chunk-bytes".to_string(), c.to_string()])
+                    .unwrap_or_default(),
+            )
             .env("FLOTILLA_RANK", rank.to_string())
             .env("FLOTILLA_WORLD_SIZE", ranks.to_string())
             .env("FLOTILLA_RENDEZVOUS", &rendezvous)
@@ -234,5 +382,7 @@ mod tests {
             .contains("multiple of 4"));
         assert!(parse_sizes("1X").is_err());
         assert!(parse_transport("udp").is_err());
+        assert_eq!(parse_memory("host").unwrap(), Memory::Host);
+        assert!(parse_memory("gpu").is_err());
     }
 }

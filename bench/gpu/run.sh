@@ -17,12 +17,18 @@ step() { # name, timeout seconds, command...
   echo "   exit $? ($(tail -1 "$OUT/$name.txt" | cut -c1-160))" | tee -a "$OUT/summary.txt"
 }
 step nvidia-smi 30 nvidia-smi
-step build 420 cargo build --release -p flotilla
-B=./target/release/flotilla
-# 1. Correctness on the real GPU: the device crate's CUDA tests (they skip without a driver:
-#    grep for "skipping" in the output to be sure they ran).
-step cuda-tests 300 cargo test --release -p flotilla-devices cuda -- --nocapture
-grep -c skipping "$OUT/cuda-tests.txt" | sed 's/^/   skipped lines: /' | tee -a "$OUT/summary.txt"
+# Prebuilt binaries (bench/gpu/prebuild.sh, carried as target/gpu-bin) save the build.
+if [ -x target/gpu-bin/flotilla ] && target/gpu-bin/flotilla --help >/dev/null 2>&1; then
+  B=./target/gpu-bin/flotilla
+  # 1. Correctness on the real GPU: the device crate's tests, CUDA ones included (they
+  #    print "CUDA driver present" when they really ran).
+  step cuda-tests 300 target/gpu-bin/devices-tests cuda --nocapture
+else
+  step build 420 cargo build --release -p flotilla
+  B=./target/release/flotilla
+  step cuda-tests 300 cargo test --release -p flotilla-devices cuda -- --nocapture
+fi
+grep -c "CUDA driver present" "$OUT/cuda-tests.txt" | sed 's/^/   ran on a GPU: /' | tee -a "$OUT/summary.txt"
 if [ "$QUICK" = quick ]; then N_GEMM=8192; N_CHOL=16384; else N_GEMM=16384; N_CHOL=32768; fi
 # 2. GEMM and Cholesky through Flotilla: GPU alone, CPU alone (small), CPU + GPU, with traces.
 for p in f32 f64; do
@@ -37,6 +43,13 @@ for p in tf32 bf16; do
   step "gemm-cuda-$p" 240 $B bench gemm --n $N_GEMM --tile 4096 --devices cuda --precision $p --reps 3 --json
 done
 step chol-cuda-tf32 300 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision tf32 --reps 2 --json
+# Pinned vs pageable registered data, through Flotilla (FLOTILLA_PIN_HOST=0 turns pinning off).
+step chol-cuda-f32-pageable 300 env FLOTILLA_PIN_HOST=0 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision f32 --reps 2 --json
+# Device collectives: two ranks on the one GPU, staged through pinned host memory,
+# pipelined (default on CUDA) and in one piece.
+step allreduce-cuda 200 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --memory cuda --rounds 3 --json
+step allreduce-cuda-onepiece 200 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --memory cuda --chunk-bytes 0 --rounds 3 --json
+step allreduce-host 120 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --rounds 3 --json
 step chol-cpu-f64 240 $B bench cholesky --n 8192 --tile 512 --devices cpu --precision f64 --reps 2 --json
 # 3. The same operations in cuBLAS/cuSOLVER called directly (PyTorch), same sizes, same run.
 cat >"$OUT/ref.py" <<PY

@@ -17,6 +17,7 @@ step() { # name, timeout seconds, command...
   echo "   exit $? ($(tail -1 "$OUT/$name.txt" | cut -c1-160))" | tee -a "$OUT/summary.txt"
 }
 step nvidia-smi 30 nvidia-smi
+step nvidia-topo 30 nvidia-smi topo -m
 # Prebuilt binaries (bench/gpu/prebuild.sh, carried as target/gpu-bin) save the build.
 if [ -x target/gpu-bin/flotilla ] && target/gpu-bin/flotilla --help >/dev/null 2>&1; then
   B=./target/gpu-bin/flotilla
@@ -29,6 +30,7 @@ else
   step cuda-tests 300 cargo test --release -p flotilla-devices cuda -- --nocapture
 fi
 grep -c "CUDA driver present" "$OUT/cuda-tests.txt" | sed 's/^/   ran on a GPU: /' | tee -a "$OUT/summary.txt"
+step devices 60 $B devices
 if [ "$QUICK" = quick ]; then N_GEMM=8192; N_CHOL=16384; else N_GEMM=16384; N_CHOL=32768; fi
 # 2. GEMM and Cholesky through Flotilla: GPU alone, CPU alone (small), CPU + GPU, with traces.
 for p in f32 f64; do

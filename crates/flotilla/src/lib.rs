@@ -25,6 +25,7 @@
 
 pub mod bench;
 pub mod device_collective;
+pub mod devices_report;
 
 /// The cluster: coordinator, workers, protocol, client API.
 pub use flotilla_cluster as cluster;

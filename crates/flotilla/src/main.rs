@@ -44,6 +44,9 @@ enum Command {
     Bench(Bench),
     /// Run a placement policy on a DAG in virtual time and print the schedule.
     Simulate(SimulateArgs),
+    /// List the devices found (OpenCL, CUDA): memory, PCI address, NUMA node, host link,
+    /// peer-to-peer paths, and why others were skipped.
+    Devices(DevicesArgs),
 }
 
 #[derive(Subcommand)]
@@ -89,6 +92,13 @@ struct AllreduceArgs {
     #[arg(long)]
     chunk_bytes: Option<usize>,
     /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct DevicesArgs {
+    /// One JSON object.
     #[arg(long)]
     json: bool,
 }
@@ -431,6 +441,15 @@ fn run_local(command: Command) -> Result<()> {
         Command::Bench(Bench::Gemm(a)) => {
             let r = linalg::run_gemm(&linalg_config(&a))?;
             print(a.json, &r, human_linalg)
+        }
+        Command::Devices(a) => {
+            let report = flotilla::devices_report::report();
+            if a.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{}", report.human());
+            }
+            Ok(())
         }
         Command::Simulate(a) => {
             let dag = match (&a.dag, a.cholesky) {

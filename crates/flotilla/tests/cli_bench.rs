@@ -204,3 +204,33 @@ fn bench_rejects_bad_arguments_clearly() {
     assert!(!ok);
     assert!(err.contains("tpu"), "{err}");
 }
+
+#[test]
+fn devices_lists_what_discovery_found_and_why_others_were_skipped() {
+    let (ok, out, err) = flotilla(&["devices", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let devices = v["devices"].as_array().unwrap();
+    for d in devices {
+        assert!(d["kind"] == "opencl" || d["kind"] == "cuda", "{d}");
+        assert!(d["memory_bytes"].as_u64().unwrap() > 0);
+    }
+    let skipped = v["skipped"].as_array().unwrap();
+    // Either GPUs are listed (with their PCI address, from the driver) or the reason there
+    // are none is.
+    let cuda_reason = skipped.iter().any(|s| {
+        let s = s.as_str().unwrap();
+        s == "no CUDA driver" || s.starts_with("cuda")
+    });
+    let gpus: Vec<&serde_json::Value> = devices.iter().filter(|d| d["kind"] == "cuda").collect();
+    assert!(cuda_reason || !gpus.is_empty(), "{out}");
+    for g in gpus {
+        assert!(g["pci_bus_id"].is_string(), "{g}");
+    }
+    let (ok, text, err) = flotilla(&["devices"]);
+    assert!(ok, "{err}");
+    assert!(
+        text.contains("skipped:") || text.contains("compute units"),
+        "{text}"
+    );
+}

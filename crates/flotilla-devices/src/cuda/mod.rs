@@ -250,8 +250,15 @@ impl CudaDevice {
             global_mem: limit,
             compute_units: u32::try_from(sms).unwrap_or(0),
             arch: format!("cuda:{name}"),
-            topology: pci_bus_id(ctx.cu_device())
-                .and_then(|id| crate::topology::Topology::read(std::path::Path::new("/sys"), &id)),
+            topology: pci_bus_id(ctx.cu_device()).map(|id| {
+                // Without sysfs (some containers) the address alone is still known.
+                crate::topology::Topology::read(std::path::Path::new("/sys"), &id).unwrap_or(
+                    crate::topology::Topology {
+                        pci_bus_id: id.to_ascii_lowercase(),
+                        ..Default::default()
+                    },
+                )
+            }),
         };
         let raw = CudaRaw {
             name: name.clone(),

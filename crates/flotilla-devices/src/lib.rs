@@ -82,7 +82,11 @@ pub mod topology;
 pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 mod cuda {
-    pub(crate) fn discover_into(_opts: &crate::DiscoverOptions, found: &mut crate::Discovery) {
+    pub(crate) fn discover_into(
+        _opts: &crate::DiscoverOptions,
+        _kernel_cache: &crate::KernelCacheDir,
+        found: &mut crate::Discovery,
+    ) {
         found
             .skipped
             .push("cuda backend not compiled in (feature `cuda` is off)".to_string());
@@ -614,7 +618,9 @@ pub fn discover_report_with(opts: &DiscoverOptions, kernel_cache: &KernelCacheDi
         });
     }
     if opts.cuda {
-        guarded("cuda", &mut found, |found| cuda::discover_into(opts, found));
+        guarded("cuda", &mut found, |found| {
+            cuda::discover_into(opts, kernel_cache, found)
+        });
     }
     found
 }

@@ -21,6 +21,12 @@
 //! enabling peer access both ways). Each GPU's PCI address, NUMA node and host link are
 //! read from sysfs ([`crate::topology`]).
 //!
+//! Kernels of one's own: [`CudaDevice::compile_kernel`] compiles CUDA C with NVRTC for the
+//! GPU's architecture, keeps the PTX in the [kernel cache](crate::kernel_cache) (keyed by
+//! source, options, GPU and driver), and [`CudaDevice::launch`] runs it on the compute
+//! stream with device buffers and scalars as arguments. A codelet reaches them from its
+//! `&dyn Device` through [`Device::as_any`].
+//!
 //! Device memory comes from a [`MemPool`] over `cuMemAlloc` (see [`crate::pool`]): dropping a
 //! buffer returns its block to the pool, and the next request of the same size class reuses
 //! it without a driver call. The device's accounting ([`Device::mem_used`], the limit behind
@@ -34,9 +40,13 @@ use std::sync::Arc;
 
 use cudarc::cublas::{sys as blas, CudaBlas};
 use cudarc::cusolver::{sys as solver, DnHandle};
-use cudarc::driver::{sys as drv, CudaContext, CudaSlice, CudaStream, DevicePtr, DriverError};
+use cudarc::driver::{
+    sys as drv, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    DriverError,
+};
 use parking_lot::Mutex;
 
+use crate::kernel_cache::{CacheKey, CacheOutcome, KernelCache, KernelCacheDir};
 use crate::pool::{MemPool, PoolBlock, PoolStats, RawAlloc};
 use crate::{
     args, no_alias, Device, DeviceBuffer, DeviceInfo, DeviceKind, DevicesError, Diag,
@@ -51,7 +61,11 @@ pub fn driver_present() -> bool {
 }
 
 /// Adds every CUDA GPU to `found`, or the reason there are none.
-pub(crate) fn discover_into(opts: &DiscoverOptions, found: &mut Discovery) {
+pub(crate) fn discover_into(
+    opts: &DiscoverOptions,
+    kernel_cache: &KernelCacheDir,
+    found: &mut Discovery,
+) {
     if !driver_present() {
         found.skipped.push("no CUDA driver".to_string());
         return;
@@ -83,7 +97,7 @@ pub(crate) fn discover_into(opts: &DiscoverOptions, found: &mut Discovery) {
         found.skipped.push("cuda: no CUDA GPU".to_string());
     }
     for ordinal in 0..count {
-        match CudaDevice::new(ordinal, opts.mem_limit) {
+        match CudaDevice::with_kernel_cache(ordinal, opts.mem_limit, kernel_cache) {
             Ok(dev) => found.devices.push(Arc::new(dev)),
             Err(e) => found
                 .skipped
@@ -157,6 +171,43 @@ pub struct CudaDevice {
     pool: Arc<MemPool<CudaRaw>>,
     /// Whether a direct path to each peer GPU (by ordinal) exists and is enabled.
     peers: Mutex<HashMap<usize, bool>>,
+    /// Where NVRTC's PTX is kept; `None` when no folder is configured.
+    kernel_cache: Option<KernelCache>,
+}
+
+/// A CUDA C kernel compiled for one GPU ([`CudaDevice::compile_kernel`]).
+pub struct CudaKernel {
+    name: String,
+    device_uid: u64,
+    function: CudaFunction,
+    /// The module the function lives in; kept loaded as long as the kernel.
+    _module: Arc<CudaModule>,
+    /// Where the PTX came from (`None` without a kernel cache).
+    pub origin: Option<CacheOutcome>,
+}
+
+impl std::fmt::Debug for CudaKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaKernel")
+            .field("name", &self.name)
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One argument of [`CudaDevice::launch`], in the kernel's parameter order.
+#[derive(Debug, Clone, Copy)]
+pub enum KernelArg<'a> {
+    /// A buffer of this device, passed as its device address (a pointer parameter).
+    Buffer(&'a DeviceBuffer),
+    /// `int`.
+    I32(i32),
+    /// `long long` / `size_t`-sized integer.
+    I64(i64),
+    /// `float`.
+    F32(f32),
+    /// `double`.
+    F64(f64),
 }
 
 /// Host memory registered with `cuMemHostRegister`; unregistered on drop.
@@ -219,8 +270,18 @@ fn solver_fill_of(u: Uplo) -> solver::cublasFillMode_t {
 }
 
 impl CudaDevice {
-    /// Opens GPU `ordinal`. Call only when [`driver_present`] is true.
+    /// Opens GPU `ordinal`, its compiled kernels cached in `$FLOTILLA_HOME/kernels`. Call
+    /// only when [`driver_present`] is true.
     pub fn new(ordinal: usize, mem_limit: Option<u64>) -> Result<Self> {
+        Self::with_kernel_cache(ordinal, mem_limit, &KernelCacheDir::Default)
+    }
+
+    /// [`CudaDevice::new`] with the compiled kernels cached in `kernel_cache`.
+    pub fn with_kernel_cache(
+        ordinal: usize,
+        mem_limit: Option<u64>,
+        kernel_cache: &KernelCacheDir,
+    ) -> Result<Self> {
         let err = |op: &'static str, e: &dyn std::fmt::Display| DevicesError::Backend {
             backend: "cuda",
             device: format!("GPU {ordinal}"),
@@ -276,6 +337,7 @@ impl CudaDevice {
             compute,
             handles: Mutex::new(Handles { blas, solver }),
             peers: Mutex::new(HashMap::new()),
+            kernel_cache: kernel_cache.open(),
         })
     }
 
@@ -287,6 +349,161 @@ impl CudaDevice {
     /// Frees the device memory the pool keeps for reuse; returns the bytes freed.
     pub fn trim_pool(&self) -> u64 {
         self.pool.trim()
+    }
+
+    /// Compiles the CUDA C `source` with NVRTC for this GPU (`--gpu-architecture=sm_XY` is
+    /// added to `options`) and returns its `extern "C" __global__` function `name`. The PTX
+    /// is kept in the kernel cache, so the next process (or device) with the same source,
+    /// options, GPU and driver loads it without compiling.
+    ///
+    /// # Errors
+    /// `Unsupported` without the NVRTC library; `BadArgs` for a source or name with a NUL
+    /// byte; `Backend` with NVRTC's log when the source does not compile, or when the
+    /// function is missing.
+    pub fn compile_kernel(&self, source: &str, name: &str, options: &[&str]) -> Result<CudaKernel> {
+        const OP: &str = "compile kernel";
+        // SAFETY: only tries to open the library by name.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(DevicesError::Unsupported {
+                device: self.info.name.clone(),
+                what: "compiling kernels (no NVRTC library, libnvrtc)".into(),
+            });
+        }
+        if source.contains('\0') || name.contains('\0') || options.iter().any(|o| o.contains('\0'))
+        {
+            return Err(DevicesError::bad_args(
+                OP,
+                "a NUL byte in the source, name or options",
+            ));
+        }
+        let (major, minor) = self
+            .ctx
+            .compute_capability()
+            .map_err(|e| self.driver_err(OP, e))?;
+        let mut driver = 0;
+        // SAFETY: writes one int.
+        let _ = unsafe { drv::cuDriverGetVersion(&mut driver) };
+        let arch = format!("--gpu-architecture=sm_{major}{minor}");
+        let mut all: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+        all.push(arch);
+        let joined = all.join("\u{1f}");
+        let driver = driver.to_le_bytes();
+        let key_parts = [
+            b"cuda-ptx".as_slice(),
+            self.info.name.as_bytes(),
+            &driver,
+            joined.as_bytes(),
+            source.as_bytes(),
+        ];
+        let compile = || -> Result<cudarc::nvrtc::Ptx> {
+            cudarc::nvrtc::compile_ptx_with_opts(
+                source,
+                cudarc::nvrtc::CompileOptions {
+                    options: all.clone(),
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| self.backend_err(OP, e))
+        };
+        let load = |ptx: cudarc::nvrtc::Ptx| -> Result<(Arc<CudaModule>, CudaFunction)> {
+            let module = self
+                .ctx
+                .load_module(ptx)
+                .map_err(|e| self.driver_err("load module", e))?;
+            let function = module
+                .load_function(name)
+                .map_err(|e| self.backend_err(OP, format!("no function {name:?}: {e}")))?;
+            Ok((module, function))
+        };
+        let (module, function, origin) = match &self.kernel_cache {
+            None => {
+                let (m, f) = load(compile()?)?;
+                (m, f, None)
+            }
+            Some(cache) => {
+                let key = CacheKey::new(&key_parts);
+                let cached = cache
+                    .load(&key)
+                    .and_then(|bytes| String::from_utf8(bytes).ok())
+                    .and_then(|text| load(cudarc::nvrtc::Ptx::from_src(text)).ok());
+                match cached {
+                    Some((m, f)) => (m, f, Some(CacheOutcome::Hit)),
+                    None => {
+                        let ptx = compile()?;
+                        let text = ptx.to_src();
+                        let (m, f) = load(ptx)?;
+                        let outcome = match cache.store(&key, text.as_bytes()) {
+                            Ok(()) => CacheOutcome::Stored,
+                            Err(_) => CacheOutcome::NotStored,
+                        };
+                        (m, f, Some(outcome))
+                    }
+                }
+            }
+        };
+        Ok(CudaKernel {
+            name: name.to_string(),
+            device_uid: self.uid,
+            function,
+            _module: module,
+            origin,
+        })
+    }
+
+    /// Runs `kernel` on the compute stream with `grid` × `block` threads, `shared_bytes` of
+    /// dynamic shared memory and `args` in the kernel's parameter order, and waits for it.
+    /// Serialised with this device's other kernels.
+    ///
+    /// # Safety
+    /// `args` must match the kernel's parameters in number and types, and the kernel must
+    /// stay within the buffers it is given: the driver checks neither.
+    pub unsafe fn launch(
+        &self,
+        kernel: &CudaKernel,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_bytes: u32,
+        args: &[KernelArg<'_>],
+    ) -> Result<()> {
+        const OP: &str = "launch";
+        if kernel.device_uid != self.uid {
+            return Err(DevicesError::bad_args(
+                OP,
+                format!("kernel {} was compiled for another device", kernel.name),
+            ));
+        }
+        // One 8-byte slot per argument, each holding the value the kernel reads.
+        let mut slots: Vec<u64> = Vec::with_capacity(args.len());
+        for a in args {
+            slots.push(match *a {
+                KernelArg::Buffer(b) => self.ptr(self.buf(OP, b)?, &self.compute),
+                KernelArg::I32(v) => u64::from(v as u32),
+                KernelArg::I64(v) => v as u64,
+                KernelArg::F32(v) => u64::from(v.to_bits()),
+                KernelArg::F64(v) => v.to_bits(),
+            });
+        }
+        // Little-endian: a 4-byte parameter reads the low half of its slot.
+        let mut params: Vec<*mut std::ffi::c_void> = slots
+            .iter_mut()
+            .map(|s| (s as *mut u64).cast::<std::ffi::c_void>())
+            .collect();
+        let _h = self.handles.lock();
+        self.bind(OP)?;
+        // SAFETY: the caller vouches for the arguments; `slots` outlives the launch call,
+        // which copies the parameters.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                kernel.function.cu_function(),
+                grid,
+                block,
+                shared_bytes,
+                self.compute.cu_stream(),
+                &mut params,
+            )
+        }
+        .and_then(|()| self.compute.synchronize())
+        .map_err(|e| self.driver_err(OP, e))
     }
 
     /// Whether this GPU can reach `peer` directly; the first time, enables peer access in
@@ -940,6 +1157,56 @@ impl std::fmt::Debug for CudaDevice {
 mod tests {
     use super::*;
 
+    /// A saxpy kernel from CUDA C: compiled by NVRTC and stored in a fresh cache, loaded from
+    /// it by a second device instance, and computing the right result.
+    fn nvrtc_kernels_compile_once_and_run() {
+        const SRC: &str = r#"extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
+            int i = blockIdx.x * blockDim.x + threadIdx.x;
+            if (i < n) y[i] = a * x[i] + y[i];
+        }"#;
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let cache = KernelCacheDir::At(dir.path().to_path_buf());
+        let n = 1000usize;
+        for round in 0..2 {
+            let dev = CudaDevice::with_kernel_cache(0, None, &cache).expect("open GPU 0");
+            let k = dev.compile_kernel(SRC, "saxpy", &[]).expect("compile");
+            let want = if round == 0 {
+                CacheOutcome::Stored
+            } else {
+                CacheOutcome::Hit
+            };
+            assert_eq!(k.origin, Some(want), "round {round}");
+            let x: Vec<f32> = (0..n).map(|i| i as f32).collect();
+            let y: Vec<f32> = vec![1.0; n];
+            let (bx, by) = (crate::devtest::put(&dev, &x), crate::devtest::put(&dev, &y));
+            // SAFETY: the arguments match saxpy's parameters; n threads cover n elements.
+            unsafe {
+                dev.launch(
+                    &k,
+                    (n.div_ceil(256) as u32, 1, 1),
+                    (256, 1, 1),
+                    0,
+                    &[
+                        KernelArg::F32(2.0),
+                        KernelArg::Buffer(&bx),
+                        KernelArg::Buffer(&by),
+                        KernelArg::I32(n as i32),
+                    ],
+                )
+            }
+            .expect("launch");
+            let out: Vec<f32> = crate::devtest::get(&dev, &by);
+            assert!(out
+                .iter()
+                .enumerate()
+                .all(|(i, &v)| v == 2.0 * i as f32 + 1.0));
+            let err = dev
+                .compile_kernel("this is not CUDA", "f", &[])
+                .unwrap_err();
+            assert!(matches!(err, DevicesError::Backend { .. }), "{err}");
+        }
+    }
+
     /// Without a driver, discovery reports "no CUDA driver" and no device, and does not panic;
     /// with one, every device found is a CUDA device.
     #[test]
@@ -973,6 +1240,7 @@ mod tests {
             eprintln!("GPU 0 topology: {:?}", dev.info().topology);
             crate::devtest::pinned_copies_round_trip(dev.as_ref());
             crate::devtest::mixed_precision_on_tensor_cores(dev.as_ref());
+            nvrtc_kernels_compile_once_and_run();
             if found.devices.len() > 1 {
                 crate::devtest::peer_copies_between(
                     found.devices[0].as_ref(),

@@ -43,6 +43,15 @@ pub enum TrainError {
     /// The ranks disagree on something they must share (resume step, parameters, data).
     #[error("ranks disagree on {0}")]
     Disagreement(&'static str),
+    /// The device computing the gradient failed.
+    #[error("device failed at step {step}: {source}")]
+    Device {
+        /// The step being run.
+        step: u64,
+        /// The cause.
+        #[source]
+        source: flotilla_devices::DevicesError,
+    },
     /// The collective operation failed (a peer died, a timeout, a rendezvous problem).
     #[error("collective failed at step {step}: {source}")]
     Comm {

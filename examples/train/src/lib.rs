@@ -23,6 +23,7 @@
 pub mod checkpoint;
 pub mod data;
 pub mod error;
+pub mod gradient;
 pub mod model;
 pub mod reducer;
 pub mod rng;
@@ -31,9 +32,10 @@ pub mod trainer;
 pub use checkpoint::{Checkpoint, CheckpointDir, Latest};
 pub use data::Dataset;
 pub use error::{Result, TrainError};
+pub use gradient::{Gradient, OnDevice, OnHost};
 pub use model::Mlp;
 pub use reducer::{Local, Reducer};
-pub use trainer::{train, Event, Outcome, Summary, TrainConfig};
+pub use trainer::{train, train_with, Event, Outcome, Summary, TrainConfig};
 
 /// Samples of the digits file used for training; the rest are the test set.
 pub const TRAIN_SAMPLES: usize = 1500;

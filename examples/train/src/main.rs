@@ -10,12 +10,16 @@ use std::fs::File;
 use std::io::{LineWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
 use flotilla_collective::{Communicator, Options};
-use flotilla_train::{train, Dataset, Event, Local, Outcome, Reducer, TrainConfig, TRAIN_SAMPLES};
+use flotilla_train::{
+    train_with, Dataset, Event, Gradient, Local, OnDevice, OnHost, Outcome, Reducer, TrainConfig,
+    TRAIN_SAMPLES,
+};
 
 /// Data-parallel SGD on the digits data set: each rank computes the gradient of its slice of
 /// every global batch, one allreduce sums them, every rank takes the same step.
@@ -68,6 +72,11 @@ struct Args {
     /// Testing: sleep this long after every step.
     #[arg(long, default_value_t = 0)]
     step_delay_ms: u64,
+    /// Where this rank computes its gradients: host (one sample at a time), or as matrix
+    /// products on a Flotilla device: cpu-device, opencl (the first OpenCL device), cuda
+    /// (GPU rank mod GPUs).
+    #[arg(long, default_value = "host")]
+    device: String,
 }
 
 fn main() -> ExitCode {
@@ -145,6 +154,31 @@ fn run(args: &Args) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The gradient computation `--device` names.
+fn gradient_for(device: &str, rank: usize) -> anyhow::Result<Box<dyn Gradient>> {
+    use flotilla_devices::{cpu::HostDevice, discover_report, DeviceKind, DiscoverOptions};
+    let kind = match device {
+        "host" => return Ok(Box::new(OnHost)),
+        "cpu-device" => return Ok(Box::new(OnDevice::new(Arc::new(HostDevice::new(1 << 30)))?)),
+        "opencl" => DeviceKind::OpenCl,
+        "cuda" => DeviceKind::Cuda,
+        other => bail!("--device {other:?}: expected host, cpu-device, opencl or cuda"),
+    };
+    let found = discover_report(&DiscoverOptions {
+        opencl: kind == DeviceKind::OpenCl,
+        cuda: kind == DeviceKind::Cuda,
+        mem_limit: None,
+    });
+    let n = found.devices.len();
+    if n == 0 {
+        bail!(
+            "--device {device}: none found ({})",
+            found.skipped.join("; ")
+        );
+    }
+    Ok(Box::new(OnDevice::new(found.devices[rank % n].clone())?))
+}
+
 fn run_rank<R: Reducer>(
     args: &Args,
     config: &TrainConfig,
@@ -161,33 +195,42 @@ fn run_rank<R: Reducer>(
         }
         None => Box::new(std::io::stdout()),
     };
+    let mut gradient = gradient_for(&args.device, rank)?;
+    eprintln!("rank {rank}: gradients on {}", gradient.name());
     let mut write_error = None;
-    let outcome = train(config, train_set, test_set, reducer, |event| {
-        let line = match event {
-            Event::Step { step, loss } => format!("step {step} loss {loss:.9}"),
-            Event::Resumed { step, path } => {
-                eprintln!(
-                    "rank {rank}: resuming from step {step} ({})",
-                    path.display()
-                );
-                return;
+    let outcome = train_with(
+        config,
+        train_set,
+        test_set,
+        reducer,
+        &mut gradient,
+        |event| {
+            let line = match event {
+                Event::Step { step, loss } => format!("step {step} loss {loss:.9}"),
+                Event::Resumed { step, path } => {
+                    eprintln!(
+                        "rank {rank}: resuming from step {step} ({})",
+                        path.display()
+                    );
+                    return;
+                }
+                Event::SkippedCheckpoint(e) => {
+                    eprintln!("rank {rank}: warning: skipping damaged checkpoint: {e}");
+                    return;
+                }
+                Event::Checkpointed { step, path } => {
+                    eprintln!(
+                        "rank {rank}: checkpoint of step {step} in {}",
+                        path.display()
+                    );
+                    return;
+                }
+            };
+            if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+                write_error.get_or_insert(e);
             }
-            Event::SkippedCheckpoint(e) => {
-                eprintln!("rank {rank}: warning: skipping damaged checkpoint: {e}");
-                return;
-            }
-            Event::Checkpointed { step, path } => {
-                eprintln!(
-                    "rank {rank}: checkpoint of step {step} in {}",
-                    path.display()
-                );
-                return;
-            }
-        };
-        if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
-            write_error.get_or_insert(e);
-        }
-    })
+        },
+    )
     .with_context(|| format!("rank {rank}"))?;
     if let Some(e) = write_error {
         return Err(e).context("writing progress lines");

@@ -49,6 +49,26 @@ impl Mlp {
         &self.params
     }
 
+    /// The parameters as layers: `(W1 (32×64 row-major), b1, W2 (10×32 row-major), b2)`.
+    pub fn layers(&self) -> (&[f32], &[f32], &[f32], &[f32]) {
+        let p = &self.params;
+        (&p[W1..B1], &p[B1..W2], &p[W2..B2], &p[B2..PARAMS])
+    }
+
+    /// Adds per-layer gradients, laid out as [`Mlp::layers`], to the flat `grad`.
+    pub fn add_to_layers(
+        &self,
+        grad: &mut [f32],
+        (gw1, gb1, gw2, gb2): (&[f32], &[f32], &[f32], &[f32]),
+    ) {
+        let ranges = [(W1, gw1), (B1, gb1), (W2, gw2), (B2, gb2)];
+        for (start, g) in ranges {
+            for (dst, v) in grad[start..start + g.len()].iter_mut().zip(g) {
+                *dst += v;
+            }
+        }
+    }
+
     /// Forward pass of one sample: fills `hidden` (tanh activations) and `probs` (softmax),
     /// returns the cross-entropy loss for `label`.
     fn forward(

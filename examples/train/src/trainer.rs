@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::checkpoint::{Checkpoint, CheckpointDir};
 use crate::data::Dataset;
 use crate::error::{Result, TrainError};
+use crate::gradient::{Gradient, OnHost};
 use crate::model::{Mlp, PARAMS};
 use crate::reducer::Reducer;
 use crate::rng::Sampler;
@@ -122,12 +123,26 @@ pub enum Outcome {
     },
 }
 
-/// Runs (or resumes) data-parallel training on `train`, evaluating on `test` at the end.
+/// Runs (or resumes) data-parallel training on `train`, evaluating on `test` at the end;
+/// gradients are computed on the host ([`OnHost`]).
 pub fn train<R: Reducer>(
     config: &TrainConfig,
     train: &Dataset,
     test: &Dataset,
     reducer: &mut R,
+    on_event: impl FnMut(Event<'_>),
+) -> Result<Outcome> {
+    train_with(config, train, test, reducer, &mut OnHost, on_event)
+}
+
+/// [`train`] with this rank's gradients computed by `gradient` (on a device:
+/// [`OnDevice`](crate::OnDevice)).
+pub fn train_with<R: Reducer, G: Gradient>(
+    config: &TrainConfig,
+    train: &Dataset,
+    test: &Dataset,
+    reducer: &mut R,
+    gradient: &mut G,
     mut on_event: impl FnMut(Event<'_>),
 ) -> Result<Outcome> {
     let (rank, size) = (reducer.rank(), reducer.size());
@@ -250,7 +265,9 @@ pub fn train<R: Reducer>(
         let global = sampler.next_batch();
         let mine = &global[rank * per_rank..(rank + 1) * per_rank];
         buf.fill(0.0);
-        let loss_sum = model.accumulate_gradient(train, mine, &mut buf[..PARAMS]);
+        let loss_sum = gradient
+            .accumulate(&model, train, mine, &mut buf[..PARAMS])
+            .map_err(|source| TrainError::Device { step, source })?;
         buf[PARAMS] = loss_sum;
         reducer
             .allreduce_sum(&mut buf)

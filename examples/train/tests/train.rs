@@ -437,3 +437,41 @@ fn bad_gang_settings_are_refused_before_joining() {
         assert!(stderr.contains(want), "{stderr}");
     }
 }
+
+#[test]
+fn gradients_on_a_device_train_like_the_host_loop() {
+    let server = RendezvousServer::bind("127.0.0.1:0").expect("bind rendezvous server");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (host, _) = run_ok(Join::Alone, &dir.path().join("host"), &[]);
+    // Two ranks computing their gradients as matrix products on the CPU device.
+    let (on_device, errors) = run_ok(
+        Join::Flags(&server, "device", 2),
+        &dir.path().join("device"),
+        &["--device", "cpu-device"],
+    );
+    assert!(all_said(&errors, "gradients on host (cpu)"), "{errors:?}");
+    let (a, b) = (losses(&on_device), losses(&host));
+    assert_eq!(a.len(), b.len());
+    for ((step, x), (_, y)) in a.iter().zip(&b) {
+        // Batched products sum in another order than the per-sample loop.
+        assert!(
+            (x - y).abs() <= 1e-3 * y.abs(),
+            "step {step}: {x} on the device vs {y} on the host"
+        );
+    }
+    assert!(accuracy(&on_device) > MIN_TEST_ACCURACY);
+    // A device that does not exist is refused by name.
+    let out = Command::new(env!("CARGO_BIN_EXE_flotilla-train"))
+        .arg("--data")
+        .arg(data())
+        .args(["--device", "tpu", "--steps", "1"])
+        .arg("--checkpoint-dir")
+        .arg(dir.path().join("tpu"))
+        .env_remove("FLOTILLA_RENDEZVOUS")
+        .env_remove("FLOTILLA_RANK")
+        .env_remove("FLOTILLA_WORLD_SIZE")
+        .output()
+        .expect("run flotilla-train");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tpu"));
+}

@@ -52,6 +52,11 @@ step chol-cuda-f32-pageable 300 env FLOTILLA_PIN_HOST=0 $B bench cholesky --n $N
 step allreduce-cuda 200 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --memory cuda --rounds 3 --json
 step allreduce-cuda-onepiece 200 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --memory cuda --chunk-bytes 0 --rounds 3 --json
 step allreduce-host 120 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --rounds 3 --json
+# The training example with its gradients on the GPU (cuBLAS): same curve as on the host.
+if [ -x target/gpu-bin/flotilla-train ]; then TR=target/gpu-bin/flotilla-train; else
+  step build-train 300 cargo build --release -p flotilla-train; TR=target/release/flotilla-train; fi
+step train-host 120 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-host" --device host
+step train-cuda 120 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-cuda" --device cuda
 step chol-cpu-f64 240 $B bench cholesky --n 8192 --tile 512 --devices cpu --precision f64 --reps 2 --json
 # 3. The same operations in cuBLAS/cuSOLVER called directly (PyTorch), same sizes, same run.
 cat >"$OUT/ref.py" <<PY

@@ -58,6 +58,8 @@ pub struct DeviceStaging {
     /// The pipeline's chunk; `None`: [`DEFAULT_CHUNK_BYTES`] on CUDA, one piece elsewhere.
     chunk_bytes: Option<usize>,
     last_chunk: usize,
+    /// Whether pinning the current `words` was attempted.
+    pin_tried: bool,
 }
 
 impl Default for DeviceStaging {
@@ -75,6 +77,7 @@ impl DeviceStaging {
             words: Vec::new(),
             chunk_bytes: None,
             last_chunk: 0,
+            pin_tried: false,
         }
     }
 
@@ -106,7 +109,7 @@ impl DeviceStaging {
     /// not pin leaves it pageable; so does a failed pin).
     fn reserve(&mut self, bytes: usize, device: &dyn Device) {
         let words = bytes.div_ceil(8);
-        if self.words.len() >= words && (self.pin.is_some() || self.words.is_empty()) {
+        if self.words.len() >= words && (self.pin_tried || self.words.is_empty()) {
             return;
         }
         // Unpin before the memory can move or be freed.
@@ -114,6 +117,9 @@ impl DeviceStaging {
         if self.words.len() < words {
             self.words = vec![0u64; words];
         }
+        // One attempt per allocation: a backend that does not pin, or a failed pin, is
+        // not asked again until the memory is replaced.
+        self.pin_tried = true;
         // SAFETY: `words` is neither resized nor freed while the pin lives: `reserve` drops
         // the pin before replacing them, and the pin is dropped before them with `self`.
         self.pin =

@@ -31,6 +31,8 @@ else
 fi
 grep -c "CUDA driver present" "$OUT/cuda-tests.txt" | sed 's/^/   ran on a GPU: /' | tee -a "$OUT/summary.txt"
 step devices 60 $B devices
+# Host <-> GPU bandwidth through Flotilla's device layer, pageable and pinned, same run.
+step copy-cuda 120 $B bench copy --device cuda --mib 1024 --reps 5 --json
 if [ "$QUICK" = quick ]; then N_GEMM=8192; N_CHOL=16384; else N_GEMM=16384; N_CHOL=32768; fi
 # 2. GEMM and Cholesky through Flotilla: GPU alone, CPU alone (small), CPU + GPU, with traces.
 for p in f32 f64; do

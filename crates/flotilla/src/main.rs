@@ -63,6 +63,8 @@ enum Bench {
     Allreduce(AllreduceArgs),
     /// One object over loopback through gRPC (Objects.Fetch) and through framed TCP.
     Transfer(TransferArgs),
+    /// Host <-> device copies from pageable and pinned memory, and device -> device.
+    Copy(CopyArgs),
     /// One rank of `bench allreduce` (FLOTILLA_RANK, FLOTILLA_WORLD_SIZE, FLOTILLA_RENDEZVOUS
     /// from the environment, as a gang member gets them); rank 0 prints JSON lines.
     #[command(hide = true)]
@@ -91,6 +93,22 @@ struct AllreduceArgs {
     /// CUDA, one piece on devices whose copies are the CPU's).
     #[arg(long)]
     chunk_bytes: Option<usize>,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct CopyArgs {
+    /// cpu-device, opencl or cuda.
+    #[arg(long, default_value = "cuda")]
+    device: String,
+    /// MiB per copy.
+    #[arg(long, default_value_t = 256)]
+    mib: usize,
+    /// Timed copies per path; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -441,6 +459,24 @@ fn run_local(command: Command) -> Result<()> {
         Command::Bench(Bench::Gemm(a)) => {
             let r = linalg::run_gemm(&linalg_config(&a))?;
             print(a.json, &r, human_linalg)
+        }
+        Command::Bench(Bench::Copy(a)) => {
+            let points = flotilla::bench::copy::run(&a.device, a.mib << 20, a.reps)?;
+            for p in points {
+                if a.json {
+                    println!("{}", serde_json::to_string(&p)?);
+                } else {
+                    println!(
+                        "copy {} {:<32} {} {} MiB: {:.2} GB/s",
+                        p.direction,
+                        p.memory,
+                        p.device,
+                        p.bytes >> 20,
+                        p.gbs
+                    );
+                }
+            }
+            Ok(())
         }
         Command::Devices(a) => {
             let report = flotilla::devices_report::report();

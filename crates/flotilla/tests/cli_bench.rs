@@ -234,3 +234,51 @@ fn devices_lists_what_discovery_found_and_why_others_were_skipped() {
         "{text}"
     );
 }
+
+#[test]
+fn bench_copy_measures_pageable_pinned_and_peer_paths() {
+    let (ok, out, err) = flotilla(&[
+        "bench",
+        "copy",
+        "--device",
+        "cpu-device",
+        "--mib",
+        "4",
+        "--reps",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let points: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let paths: Vec<(String, String)> = points
+        .iter()
+        .map(|p| {
+            (
+                p["direction"].as_str().unwrap().to_string(),
+                p["memory"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want = [
+        ("h2d", "pageable"),
+        ("d2h", "pageable"),
+        ("h2d", "pinned"),
+        ("d2h", "pinned"),
+        ("peer", "device"),
+    ];
+    assert_eq!(
+        paths,
+        want.map(|(d, m)| (d.to_string(), m.to_string())).to_vec(),
+        "{out}"
+    );
+    for p in &points {
+        assert_eq!(p["bytes"], 4 << 20);
+        assert!(p["gbs"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    let (ok, _, err) = flotilla(&["bench", "copy", "--device", "tpu"]);
+    assert!(!ok);
+    assert!(err.contains("tpu"), "{err}");
+}

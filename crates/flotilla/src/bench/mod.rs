@@ -4,6 +4,7 @@
 
 pub mod allreduce;
 pub mod cluster;
+pub mod copy;
 pub mod linalg;
 pub mod overhead;
 pub mod wfcommons;

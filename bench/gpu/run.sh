@@ -1,66 +1,47 @@
 #!/usr/bin/env bash
 # Everything GPU in one run, for a machine lent with an NVIDIA GPU (the `device` tool gives
-# 15 minutes in all, so this builds, checks and times in one go and writes under $OUT).
-#   OUT=/tmp/out bash bench/gpu/run.sh [quick]
-# Prepared without a GPU: it has not run yet. Each step is time-boxed and independent, so a
-# failing step still leaves the others' results.
+# 15 minutes in all, start included), writing under $OUT:
+#   bash bench/gpu/prebuild.sh            # here, without a GPU: binaries into target/gpu-bin
+#   run(command="OUT=$OUT BUDGET_S=540 bash bench/gpu/run.sh quick", carry=["target/gpu-bin"])
+# Prepared without a GPU: it has not run yet. Steps run in order of importance (correctness,
+# then the figures the issue names against cuBLAS/cuSOLVER in the same run, then the rest);
+# each is time-boxed and independent, so a failing step still leaves the others' results,
+# and once BUDGET_S seconds have passed the remaining steps are skipped (listed as such).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/flotilla-gpu}
 mkdir -p "$OUT"
 QUICK=${1:-}
+BUDGET_S=${BUDGET_S:-900}
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 step() { # name, timeout seconds, command...
   local name=$1 t=$2; shift 2
-  log "$name"
+  local left=$((BUDGET_S - SECONDS))
+  if [ "$left" -le 10 ]; then log "$name: skipped (budget spent)"; return; fi
+  [ "$t" -gt "$left" ] && t=$left
+  log "$name (at ${SECONDS}s)"
   timeout "$t" "$@" >"$OUT/$name.txt" 2>&1
   echo "   exit $? ($(tail -1 "$OUT/$name.txt" | cut -c1-160))" | tee -a "$OUT/summary.txt"
 }
+if [ "$QUICK" = quick ]; then N_GEMM=8192; N_CHOL=16384; else N_GEMM=16384; N_CHOL=32768; fi
+
+# 1. What the machine is, and correctness on the real GPU.
 step nvidia-smi 30 nvidia-smi
 step nvidia-topo 30 nvidia-smi topo -m
-# Prebuilt binaries (bench/gpu/prebuild.sh, carried as target/gpu-bin) save the build.
 if [ -x target/gpu-bin/flotilla ] && target/gpu-bin/flotilla --help >/dev/null 2>&1; then
   B=./target/gpu-bin/flotilla
-  # 1. Correctness on the real GPU: the device crate's tests, CUDA ones included (they
-  #    print "CUDA driver present" when they really ran).
-  step cuda-tests 300 target/gpu-bin/devices-tests cuda --nocapture
+  # The device crate's tests, CUDA ones included (they print "CUDA driver present" when
+  # they really ran on a GPU).
+  step cuda-tests 240 target/gpu-bin/devices-tests cuda --nocapture
 else
-  step build 420 cargo build --release -p flotilla
+  step build 420 cargo build --release -p flotilla -p flotilla-train
   B=./target/release/flotilla
-  step cuda-tests 300 cargo test --release -p flotilla-devices cuda -- --nocapture
+  step cuda-tests 240 cargo test --release -p flotilla-devices cuda -- --nocapture
 fi
 grep -c "CUDA driver present" "$OUT/cuda-tests.txt" | sed 's/^/   ran on a GPU: /' | tee -a "$OUT/summary.txt"
 step devices 60 $B devices
-# Host <-> GPU bandwidth through Flotilla's device layer, pageable and pinned, same run.
-step copy-cuda 120 $B bench copy --device cuda --mib 1024 --reps 5 --json
-if [ "$QUICK" = quick ]; then N_GEMM=8192; N_CHOL=16384; else N_GEMM=16384; N_CHOL=32768; fi
-# 2. GEMM and Cholesky through Flotilla: GPU alone, CPU alone (small), CPU + GPU, with traces.
-for p in f32 f64; do
-  step "gemm-cuda-$p" 240 $B bench gemm --n $N_GEMM --tile 4096 --devices cuda --precision $p --reps 3 --json
-  step "chol-cuda-$p" 300 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision $p --reps 2 --json \
-    --trace "$OUT/chol-cuda-$p.trace.json"
-  step "chol-mixed-$p" 300 $B bench cholesky --n $N_CHOL --tile 2048 --devices cpu,cuda --precision $p --reps 2 --json \
-    --trace "$OUT/chol-mixed-$p.trace.json"
-done
-# Mixed precision through Flotilla (f32 storage, TF32/bf16 products, residual reported).
-for p in tf32 bf16; do
-  step "gemm-cuda-$p" 240 $B bench gemm --n $N_GEMM --tile 4096 --devices cuda --precision $p --reps 3 --json
-done
-step chol-cuda-tf32 300 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision tf32 --reps 2 --json
-# Pinned vs pageable registered data, through Flotilla (FLOTILLA_PIN_HOST=0 turns pinning off).
-step chol-cuda-f32-pageable 300 env FLOTILLA_PIN_HOST=0 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision f32 --reps 2 --json
-# Device collectives: two ranks on the one GPU, staged through pinned host memory,
-# pipelined (default on CUDA) and in one piece.
-step allreduce-cuda 200 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --memory cuda --rounds 3 --json
-step allreduce-cuda-onepiece 200 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --memory cuda --chunk-bytes 0 --rounds 3 --json
-step allreduce-host 120 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --rounds 3 --json
-# The training example with its gradients on the GPU (cuBLAS): same curve as on the host.
-if [ -x target/gpu-bin/flotilla-train ]; then TR=target/gpu-bin/flotilla-train; else
-  step build-train 300 cargo build --release -p flotilla-train; TR=target/release/flotilla-train; fi
-step train-host 120 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-host" --device host
-step train-cuda 120 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-cuda" --device cuda
-step chol-cpu-f64 240 $B bench cholesky --n 8192 --tile 512 --devices cpu --precision f64 --reps 2 --json
-# 3. The same operations in cuBLAS/cuSOLVER called directly (PyTorch), same sizes, same run.
+
+# 2. The references: cuBLAS / cuSOLVER called directly (PyTorch), same sizes, same run.
 cat >"$OUT/ref.py" <<PY
 import json, time, torch
 def t(f, reps=3):
@@ -95,5 +76,32 @@ for name, h in [("pageable", x), ("pinned", xp)]:
     s = t(lambda: d.copy_(h, non_blocking=False)); print(json.dumps({"ref": "h2d", "memory": name, "gbs": 4 * (1 << 28) / s / 1e9}))
     s = t(lambda: h.copy_(d, non_blocking=False)); print(json.dumps({"ref": "d2h", "memory": name, "gbs": 4 * (1 << 28) / s / 1e9}))
 PY
-step reference 300 python3 "$OUT/ref.py"
-log "done; results in $OUT"
+step reference 240 python3 "$OUT/ref.py"
+
+# 3. The headline figures through Flotilla (GPU alone; CPU + GPU; traces).
+step gemm-cuda-f32 180 $B bench gemm --n $N_GEMM --tile 4096 --devices cuda --precision f32 --reps 3 --json
+step chol-cuda-f64 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision f64 --reps 2 --json \
+  --trace "$OUT/chol-cuda-f64.trace.json"
+step chol-mixed-f64 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cpu,cuda --precision f64 --reps 2 --json \
+  --trace "$OUT/chol-mixed-f64.trace.json"
+step copy-cuda 120 $B bench copy --device cuda --mib 1024 --reps 5 --json
+for p in tf32 bf16 f64; do
+  step "gemm-cuda-$p" 180 $B bench gemm --n $N_GEMM --tile 4096 --devices cuda --precision $p --reps 3 --json
+done
+step chol-cuda-f32 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision f32 --reps 2 --json
+step chol-cuda-tf32 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision tf32 --reps 2 --json
+
+# 4. The rest: pinned vs pageable registered data (FLOTILLA_PIN_HOST=0), CPU + GPU in f32,
+#    device collectives (two ranks on the one GPU, pipelined and in one piece, next to host
+#    memory), the training example on the GPU, the CPU alone.
+step chol-cuda-f32-pageable 240 env FLOTILLA_PIN_HOST=0 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision f32 --reps 2 --json
+step chol-mixed-f32 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cpu,cuda --precision f32 --reps 2 --json \
+  --trace "$OUT/chol-mixed-f32.trace.json"
+step allreduce-cuda 150 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --memory cuda --rounds 3 --json
+step allreduce-cuda-onepiece 150 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --memory cuda --chunk-bytes 0 --rounds 3 --json
+step allreduce-host 90 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --rounds 3 --json
+if [ -x target/gpu-bin/flotilla-train ]; then TR=target/gpu-bin/flotilla-train; else TR=target/release/flotilla-train; fi
+step train-host 90 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-host" --device host
+step train-cuda 90 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-cuda" --device cuda
+step chol-cpu-f64 180 $B bench cholesky --n 8192 --tile 512 --devices cpu --precision f64 --reps 2 --json
+log "done at ${SECONDS}s; results in $OUT"

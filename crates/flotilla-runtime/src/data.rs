@@ -292,6 +292,8 @@ pub struct TransferStats {
 /// One completed copy, reported to the tracer and the transfer model.
 pub(crate) struct TransferEvent {
     pub(crate) node: usize,
+    /// The other end: the host for uploads and downloads, the source device of a peer copy.
+    pub(crate) from: usize,
     pub(crate) upload: bool,
     /// A direct copy from another device into `node` (not over the host link).
     pub(crate) peer: bool,
@@ -571,6 +573,7 @@ impl DataManager {
         if let Some(f) = &self.on_transfer {
             f(TransferEvent {
                 node: dst,
+                from: src,
                 upload: true,
                 peer: true,
                 bytes: cell.bytes,
@@ -639,6 +642,7 @@ impl DataManager {
         if let Some(f) = &self.on_transfer {
             f(TransferEvent {
                 node,
+                from: HOST,
                 upload,
                 peer: false,
                 bytes,

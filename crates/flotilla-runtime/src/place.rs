@@ -106,16 +106,19 @@ pub(crate) fn place(reg: &Arc<Registry>, node: Arc<TaskNode>) {
         let v = reg.links.version();
         if v != s.links_seen {
             s.links_seen = v;
-            for node in 1..reg.data.node_count() {
-                if let Some(bw) = reg.links.bandwidth(node) {
-                    s.platform.set_link(
-                        MemNodeId::new(0),
-                        MemNodeId::new(node as u32),
-                        Link {
-                            bandwidth: bw,
-                            latency: 20e-6,
-                        },
-                    );
+            let n = reg.data.node_count();
+            for a in 0..n {
+                for b in a + 1..n {
+                    if let Some(bw) = reg.links.bandwidth(a, b) {
+                        s.platform.set_link(
+                            MemNodeId::new(a as u32),
+                            MemNodeId::new(b as u32),
+                            Link {
+                                bandwidth: bw,
+                                latency: 20e-6,
+                            },
+                        );
+                    }
                 }
             }
         }

@@ -275,9 +275,12 @@ impl RuntimeBuilder {
             let tracer = tracer.clone();
             let links = links.clone();
             data.on_transfer = Some(Box::new(move |ev| {
-                if !ev.peer {
-                    links.observe(ev.node, ev.bytes, (ev.end - ev.start).as_secs_f64());
-                }
+                links.observe(
+                    ev.from,
+                    ev.node,
+                    ev.bytes,
+                    (ev.end - ev.start).as_secs_f64(),
+                );
                 if let Some(t) = &tracer {
                     let name = match (ev.peer, ev.upload) {
                         (true, _) => "peer copy",
@@ -383,34 +386,65 @@ impl RuntimeBuilder {
     }
 }
 
-/// Measured transfer rates per memory node, folded into the platform model.
+/// Measured transfer rates per pair of memory nodes (host ↔ device, and device ↔ device
+/// over a direct link), folded into the platform model.
 pub(crate) struct LinkObservations {
-    per_node: Vec<Mutex<(u64, f64)>>,
+    nodes: usize,
+    /// `nodes × nodes`, only `[min(a, b) * nodes + max(a, b)]` used: (bytes, seconds).
+    pairs: Vec<Mutex<(u64, f64)>>,
     version: AtomicU64,
 }
 
 impl LinkObservations {
-    fn new(nodes: usize) -> Self {
+    pub(crate) fn new(nodes: usize) -> Self {
         Self {
-            per_node: (0..nodes).map(|_| Mutex::new((0, 0.0))).collect(),
+            nodes,
+            pairs: (0..nodes * nodes).map(|_| Mutex::new((0, 0.0))).collect(),
             version: AtomicU64::new(0),
         }
     }
-    fn observe(&self, node: usize, bytes: usize, secs: f64) {
-        if let Some(m) = self.per_node.get(node) {
+    fn slot(&self, a: usize, b: usize) -> Option<&Mutex<(u64, f64)>> {
+        let (lo, hi) = (a.min(b), a.max(b));
+        (hi < self.nodes && lo != hi).then(|| &self.pairs[lo * self.nodes + hi])
+    }
+    /// One copy of `bytes` between nodes `a` and `b` that took `secs`.
+    pub(crate) fn observe(&self, a: usize, b: usize, bytes: usize, secs: f64) {
+        if let Some(m) = self.slot(a, b) {
             let mut g = m.lock();
             g.0 += bytes as u64;
             g.1 += secs;
             self.version.fetch_add(1, Ordering::Relaxed);
         }
     }
-    /// Bytes per second seen on `node`'s link, once enough bytes moved to say.
-    pub(crate) fn bandwidth(&self, node: usize) -> Option<f64> {
-        let g = self.per_node.get(node)?.lock();
+    /// Bytes per second seen between `a` and `b`, once enough bytes moved to say.
+    pub(crate) fn bandwidth(&self, a: usize, b: usize) -> Option<f64> {
+        let g = self.slot(a, b)?.lock();
         (g.0 >= 1 << 20 && g.1 > 0.0).then(|| g.0 as f64 / g.1)
     }
     pub(crate) fn version(&self) -> u64 {
         self.version.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod link_tests {
+    use super::LinkObservations;
+
+    #[test]
+    fn pairs_are_measured_both_ways_once_a_mebibyte_moved() {
+        let l = LinkObservations::new(3);
+        l.observe(0, 1, 1 << 19, 0.5);
+        assert_eq!(l.bandwidth(1, 0), None, "half a MiB is not enough to say");
+        l.observe(1, 0, 1 << 19, 0.5);
+        assert_eq!(l.bandwidth(0, 1), Some((1 << 20) as f64));
+        l.observe(2, 1, 4 << 20, 1.0);
+        assert_eq!(l.bandwidth(1, 2), Some((4 << 20) as f64));
+        assert_eq!(l.bandwidth(0, 2), None);
+        // A node with itself, or out of range: ignored.
+        l.observe(1, 1, 1 << 30, 1.0);
+        l.observe(0, 7, 1 << 30, 1.0);
+        assert_eq!(l.bandwidth(1, 1), None);
+        assert_eq!(l.version(), 3);
     }
 }
 

@@ -303,6 +303,21 @@ impl Communicator {
         &self.options
     }
 
+    /// Breaks the communicator on purpose, as an error inside a collective does: every
+    /// later call here fails with [`CommError::Aborted`], and every peer's pending or next
+    /// call fails within moments instead of waiting for its timeout (NCCL's
+    /// `ncclCommAbort`). For a rank that cannot take part in a collective its peers have
+    /// entered (its device copy failed, its buffer is too small).
+    pub fn abort(&mut self) {
+        if self.broken.is_none() {
+            self.broken = Some(Broken::Aborted { by: self.rank });
+            if let Some(seg) = &self.shm {
+                seg.abort();
+            }
+            self.mesh.shutdown_all();
+        }
+    }
+
     /// Runs `f` unless broken; on error breaks the communicator and tells the peers.
     fn guarded<R>(
         &mut self,

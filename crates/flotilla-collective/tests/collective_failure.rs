@@ -229,3 +229,33 @@ fn timeout_is_the_backstop() {
         "{elapsed:?}"
     );
 }
+
+#[test]
+fn an_aborting_rank_fails_its_peers_at_once() {
+    for transport in [Transport::Tcp, Transport::Shm] {
+        let results = run_group(3, options(transport, Algorithm::Auto), |mut comm| {
+            let mut buf = vec![1.0f32; 1000];
+            comm.allreduce(&mut buf, ReduceOp::Sum).unwrap();
+            let start = Instant::now();
+            if comm.rank() == 1 {
+                // This rank cannot take part in the next collective.
+                comm.abort();
+                comm.abort(); // twice is harmless
+                let e = comm.allreduce(&mut buf, ReduceOp::Sum).unwrap_err();
+                return (start.elapsed(), e.to_string());
+            }
+            let e = comm.allreduce(&mut buf, ReduceOp::Sum).unwrap_err();
+            (start.elapsed(), e.to_string())
+        });
+        for (rank, (elapsed, msg)) in results.iter().enumerate() {
+            assert!(
+                *elapsed < Duration::from_secs(3),
+                "{transport:?} rank {rank}: {elapsed:?} {msg}"
+            );
+            assert!(
+                msg.contains("aborted") || msg.contains("lost peer"),
+                "{transport:?} rank {rank}: {msg}"
+            );
+        }
+    }
+}

@@ -184,7 +184,7 @@ pub(crate) struct DataCell {
     pub(crate) valid_mask: AtomicU64,
     /// The page-lock on the host storage, if any. Declared before `host` so that it is
     /// dropped first when the cell goes away.
-    host_pin: Mutex<Option<HostPin>>,
+    host_pin: Mutex<Option<PinnedHost>>,
     host: UnsafeCell<Box<dyn HostData>>,
 }
 
@@ -262,6 +262,20 @@ impl<T> std::fmt::Debug for Data<T> {
     }
 }
 
+/// A page-lock on a datum's host storage, counted in the data manager's pinned bytes for
+/// as long as it lives (however it ends: unregistered or dropped).
+struct PinnedHost {
+    _pin: HostPin,
+    len: u64,
+    counter: Arc<AtomicU64>,
+}
+
+impl Drop for PinnedHost {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.len, Ordering::Relaxed);
+    }
+}
+
 /// One device memory node as the data manager sees it.
 pub(crate) struct NodeMem {
     pub(crate) device: Arc<dyn Device>,
@@ -311,6 +325,8 @@ pub(crate) struct DataManager {
     pub(crate) on_transfer: Option<Box<dyn Fn(TransferEvent) + Send + Sync>>,
     /// Whether registered data is page-locked (see the module docs).
     pub(crate) pin_host: bool,
+    /// Host bytes page-locked now.
+    pinned: Arc<AtomicU64>,
 }
 
 impl DataManager {
@@ -338,6 +354,7 @@ impl DataManager {
             stats: Mutex::new(TransferStats::default()),
             on_transfer: None,
             pin_host: true,
+            pinned: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -346,7 +363,9 @@ impl DataManager {
     }
 
     pub(crate) fn stats(&self) -> TransferStats {
-        self.stats.lock().clone()
+        let mut s = self.stats.lock().clone();
+        s.pinned_bytes = self.pinned.load(Ordering::Relaxed);
+        s
     }
 
     fn new_cell(
@@ -399,13 +418,18 @@ impl DataManager {
     ///
     /// # Safety
     /// As [`Device::pin_host_memory`].
-    unsafe fn pin(&self, ptr: *const u8, len: usize) -> Option<HostPin> {
+    unsafe fn pin(&self, ptr: *const u8, len: usize) -> Option<PinnedHost> {
         for mem in self.nodes.iter().flatten() {
             // SAFETY: forwarded to the caller.
             match unsafe { mem.device.pin_host_memory(ptr, len) } {
                 Ok(Some(pin)) => {
-                    self.stats.lock().pinned_bytes += len as u64;
-                    return Some(pin);
+                    let len = pin.len_bytes() as u64;
+                    self.pinned.fetch_add(len, Ordering::Relaxed);
+                    return Some(PinnedHost {
+                        _pin: pin,
+                        len,
+                        counter: Arc::clone(&self.pinned),
+                    });
                 }
                 Ok(None) => {}
                 // The memory stays pageable: copies are slower, nothing else changes.
@@ -417,9 +441,7 @@ impl DataManager {
 
     /// Drops the page-lock of `cell`'s host storage (before the storage is handed back).
     pub(crate) fn unpin_host(&self, cell: &DataCell) {
-        if let Some(pin) = cell.host_pin.lock().take() {
-            self.stats.lock().pinned_bytes -= pin.len_bytes() as u64;
-        }
+        drop(cell.host_pin.lock().take());
     }
 
     /// Registers any value; it stays in host memory.
@@ -496,10 +518,15 @@ impl DataManager {
 
     /// Copies a valid replica to `node` (which is invalid).
     fn fetch(&self, cell: &Arc<DataCell>, c: &mut Coherence, node: usize) -> Result<()> {
+        let valid = |i: &usize| c.states[*i] != Msi::Invalid;
         let src = if c.states[HOST] != Msi::Invalid {
             HOST
         } else {
-            match (0..c.states.len()).find(|&i| c.states[i] != Msi::Invalid) {
+            // A device with a direct link to `node` first, else any valid one.
+            let direct = (1..c.states.len())
+                .filter(valid)
+                .find(|&i| node != HOST && self.direct(i, node));
+            match direct.or_else(|| (0..c.states.len()).find(valid)) {
                 Some(i) => i,
                 None => {
                     return Err(RuntimeError::Config(format!(
@@ -855,8 +882,10 @@ mod tests {
         // Dropping registered data without unregistering it drops its pin too.
         let again = dm.register(vec![0u8; PIN_MIN_BYTES]);
         assert_eq!(devs[0].pinned_ranges().len(), 1);
+        assert_eq!(dm.stats().pinned_bytes, PIN_MIN_BYTES as u64);
         drop(again);
         assert!(devs[0].pinned_ranges().is_empty());
+        assert_eq!(dm.stats().pinned_bytes, 0);
         // Switched off: nothing is pinned.
         let (devs, mut dm) = host_devices(1);
         dm.pin_host = false;

@@ -322,12 +322,21 @@ impl<'a> TaskContext<'a> {
             ),
         }
     }
-    /// A registered object for writing (its access mode must be `W` or `RW`).
+    /// A registered object for writing (its access mode must be `W` or `RW`). Not for
+    /// plain data registered with `Runtime::register` (use [`TaskContext::data_mut`]): its
+    /// vector must keep its size and place while registered (device replicas and pinned
+    /// host memory depend on both).
     #[allow(clippy::mut_from_ref)]
     pub fn object_mut<T: Any + Send + Sync>(&self, i: usize) -> &mut T {
         self.check_writes(i);
-        self.mark(i, true);
         let cell = self.cell(i);
+        if cell.host().bytes().is_some() {
+            panic!(
+                "codelet {}: data {i} is plain data ({}); write it with data_mut, not object_mut",
+                self.node.codelet.name, cell.type_name
+            );
+        }
+        self.mark(i, true);
         // SAFETY: as in `data_mut`.
         let host = unsafe { cell.host_mut() };
         match host.as_any_mut().downcast_mut::<T>() {

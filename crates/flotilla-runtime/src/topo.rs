@@ -54,9 +54,9 @@ pub(crate) struct CoreAssignment {
 /// Pins `n_workers` CPU workers and the driving threads of devices with the given local
 /// cores (`device_local[i]`: the cores of device i's NUMA node, empty when unknown) onto
 /// `cores`. Devices get the cores the workers leave (`cores − workers` of them, by default
-/// one per device), each preferring a core on its own NUMA node, so the threads that feed
-/// a GPU never wait behind CPU tasks and touch memory near it; workers take the rest in
-/// order.
+/// one per device; more devices than that share them in turn), each preferring a core on
+/// its own NUMA node, so the threads that feed a GPU never wait behind CPU tasks and touch
+/// memory near it; workers take the rest in order.
 pub(crate) fn assign_cores(
     cores: &[usize],
     n_workers: usize,
@@ -74,7 +74,9 @@ pub(crate) fn assign_cores(
     let mut reserved = 0;
     for local in device_local {
         if reserved == spare {
-            devices.push(None);
+            // More devices than spare cores: they share the spare ones, in turn.
+            let shared = (spare > 0).then(|| devices[devices.len() % spare]);
+            devices.push(shared.flatten());
             continue;
         }
         // Prefer the last free core of the device's node (workers fill from the front);
@@ -134,9 +136,12 @@ mod tests {
         assert_eq!(a.workers, vec![Some(0), Some(1)]);
         let a = assign_cores(&cores, 3, &[]);
         assert_eq!(a.workers, vec![Some(0), Some(1), Some(0)]);
-        // One spare core for two devices: the first device gets it.
+        // One spare core for two devices: they share it.
         let a = assign_cores(&[0, 1, 2], 2, &[vec![], vec![]]);
-        assert_eq!(a.devices, vec![Some(2), None]);
+        assert_eq!(a.devices, vec![Some(2), Some(2)]);
+        // Two spare cores for three devices: in turn.
+        let a = assign_cores(&[0, 1, 2, 3], 2, &[vec![], vec![], vec![]]);
+        assert_eq!(a.devices, vec![Some(3), Some(2), Some(3)]);
         // Pinning off (no cores): nothing pinned.
         let a = assign_cores(&[], 2, &[vec![]]);
         assert_eq!(a.workers, vec![None, None]);

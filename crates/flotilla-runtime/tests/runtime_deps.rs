@@ -224,3 +224,20 @@ fn objects_are_host_data() {
     assert_eq!(m.len(), 10);
     assert_eq!(m["k9"], 9);
 }
+
+/// Plain data keeps its size and place while registered (device replicas and pinned host
+/// memory rely on it): a codelet that asks for the vector itself to grow it fails, and the
+/// data is unchanged.
+#[test]
+fn plain_data_cannot_be_resized_through_object_mut() {
+    let rt = Runtime::builder().cpus(1).model_path(None).build().unwrap();
+    let v = rt.register(vec![1.0f32; 8]);
+    let grow = Arc::new(Codelet::new("grow").cpu(|ctx| {
+        ctx.object_mut::<Vec<f32>>(0).push(2.0);
+        Ok(())
+    }));
+    rt.task(&grow).rw(&v).submit().unwrap();
+    let e = rt.wait_all().unwrap_err().to_string();
+    assert!(e.contains("data_mut"), "{e}");
+    assert_eq!(rt.unregister(v).unwrap(), vec![1.0f32; 8]);
+}

@@ -1,22 +1,21 @@
 //! Collectives on device memory: allreduce of a buffer that lives on a GPU or an OpenCL
 //! device ([`flotilla_devices::Device`]), staged through host memory.
 //!
-//! On a GPU the buffer moves in chunks through a pipeline of three stages on three
+//! The buffer moves in chunks of [`DEFAULT_CHUNK_BYTES`], one allreduce per chunk, on
+//! every rank whatever its device, so ranks on different kinds of devices make the same
+//! sequence of calls. On a GPU the chunks go through a pipeline of three stages on three
 //! threads: chunk k + 1 is copied off the device while chunk k is allreduced between the
 //! ranks (TCP or shared memory, [`flotilla_collective`]) and chunk k − 1 is copied back, so
 //! for large buffers the copies (done by the GPU's copy engines) hide behind the network.
 //! Where the "copies" are the CPU's own memcpy (the host device, OpenCL on the CPU) the
-//! stages compete for the same cores, and one piece is faster (measured: 64 MiB between
-//! two ranks on 2 cores, 1.67 GB/s in one piece vs 1.40 GB/s in 4 MiB chunks), so that is
-//! the default there; [`DeviceStaging::with_chunk_bytes`] forces either. The host side is a [`DeviceStaging`] buffer
-//! kept between calls and page-locked through the device where its backend gains from it
-//! (CUDA: `cuMemHostRegister`), so the copies run by DMA at the link's speed. Ranks may
-//! hold their buffers on different kinds of devices (a CPU rank beside an OpenCL rank).
+//! stages would compete for the same cores (measured: 64 MiB between two ranks on 2 cores,
+//! 1.40 GB/s with the threads vs 1.67 GB/s without), so there the chunks go one after the
+//! other on the calling thread; [`DeviceStaging::with_overlap`] forces either.
 //!
-//! Not done: NCCL between several GPUs of one host (GPU-to-GPU without the host). It needs
-//! a machine with two or more GPUs to be tested at all; the one lent to this project has
-//! one.
-
+//! A rank whose own part fails (a copy to or from its device, a buffer too small) aborts
+//! its communicator ([`Communicator::abort`]), so its peers' calls fail at once instead of
+//! waiting for their timeout, and returns the error.
+//!
 use std::sync::mpsc;
 
 use flotilla_collective::{CommError, Communicator, Element, ReduceOp};
@@ -55,9 +54,12 @@ pub struct DeviceStaging {
     pin: Option<HostPin>,
     /// 8-byte words, so every element type can be viewed in place.
     words: Vec<u64>,
-    /// The pipeline's chunk; `None`: [`DEFAULT_CHUNK_BYTES`] on CUDA, one piece elsewhere.
-    chunk_bytes: Option<usize>,
+    /// Bytes per chunk (and per allreduce call); the same on every rank.
+    chunk_bytes: usize,
+    /// Run the copies on their own threads; `None`: on CUDA devices only.
+    overlap: Option<bool>,
     last_chunk: usize,
+    last_overlap: bool,
     /// Whether pinning the current `words` was attempted.
     pin_tried: bool,
 }
@@ -69,25 +71,39 @@ impl Default for DeviceStaging {
 }
 
 impl DeviceStaging {
-    /// Empty staging, pipelined in [`DEFAULT_CHUNK_BYTES`] chunks on CUDA devices and in
-    /// one piece elsewhere (see the module docs); memory is taken at first use.
+    /// Empty staging with [`DEFAULT_CHUNK_BYTES`] chunks, overlapped on CUDA devices (see
+    /// the module docs); memory is taken at first use.
     pub fn new() -> Self {
         DeviceStaging {
             pin: None,
             words: Vec::new(),
-            chunk_bytes: None,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            overlap: None,
             last_chunk: 0,
+            last_overlap: false,
             pin_tried: false,
         }
     }
 
-    /// Empty staging whose pipeline moves `chunk_bytes` per step (at least 8) on every
-    /// device; `usize::MAX` moves everything in one piece.
+    /// Empty staging moving `chunk_bytes` per allreduce call (at least 8; `usize::MAX`:
+    /// everything in one call). Every rank of a communicator must use the same value.
     pub fn with_chunk_bytes(chunk_bytes: usize) -> Self {
         DeviceStaging {
-            chunk_bytes: Some(chunk_bytes.max(8)),
+            chunk_bytes: chunk_bytes.max(8),
             ..Self::new()
         }
+    }
+
+    /// Runs the copies on their own threads (`true`) or on the calling thread (`false`),
+    /// whatever the device. Ranks may differ in this.
+    pub fn with_overlap(mut self, overlap: bool) -> Self {
+        self.overlap = Some(overlap);
+        self
+    }
+
+    /// Whether the last call ran its copies on their own threads.
+    pub fn last_overlapped(&self) -> bool {
+        self.last_overlap
     }
 
     /// Whether the staging memory is page-locked.
@@ -130,9 +146,26 @@ impl DeviceStaging {
 
     /// Allreduces the first `count` elements of type `T` of `buf` (on `device`) across the
     /// communicator: every rank ends with the elementwise `op` over all ranks' buffers.
-    /// Every rank must pass the same `count` (chunking is by count, so the ranks' chunks
-    /// match whatever their devices).
+    /// Every rank must pass the same `count` and use the same chunk size. On an error of
+    /// this rank's own (its device, its buffer) the communicator is aborted first.
     pub fn allreduce<T: Element>(
+        &mut self,
+        comm: &mut Communicator,
+        device: &dyn Device,
+        buf: &DeviceBuffer,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<(), DeviceCollectiveError> {
+        let r = self.allreduce_inner::<T>(comm, device, buf, count, op);
+        if let Err(e) = &r {
+            if !matches!(e, DeviceCollectiveError::Comm(_)) {
+                comm.abort();
+            }
+        }
+        r
+    }
+
+    fn allreduce_inner<T: Element>(
         &mut self,
         comm: &mut Communicator,
         device: &dyn Device,
@@ -150,21 +183,23 @@ impl DeviceStaging {
                 capacity: buf.len_bytes(),
             })?;
         self.reserve(bytes, device);
-        let chunk_bytes = self.chunk_bytes.unwrap_or(match device.info().kind {
-            flotilla_devices::DeviceKind::Cuda => DEFAULT_CHUNK_BYTES,
-            _ => usize::MAX,
-        });
-        let chunk = (chunk_bytes / size).max(1);
+        let chunk = (self.chunk_bytes / size).max(1);
+        let overlap = self
+            .overlap
+            .unwrap_or(device.info().kind == flotilla_devices::DeviceKind::Cuda);
         let host: &mut [T] = &mut bytemuck::cast_slice_mut::<u64, T>(&mut self.words)[..count];
-        if count <= chunk {
-            self.last_chunk = 0;
-            device.download(buf, bytemuck::cast_slice_mut(host))?;
-            comm.allreduce(host, op)?;
-            device.upload(buf, bytemuck::cast_slice(host))?;
-            return Ok(());
+        self.last_chunk = if count <= chunk { 0 } else { chunk * size };
+        self.last_overlap = overlap && count > chunk;
+        if self.last_overlap {
+            return pipeline(comm, device, buf, host, chunk, op);
         }
-        self.last_chunk = chunk * size;
-        pipeline(comm, device, buf, host, chunk, op)
+        for (k, part) in host.chunks_mut(chunk).enumerate() {
+            let offset = k * chunk * size;
+            device.download_at(buf, offset, bytemuck::cast_slice_mut(part))?;
+            comm.allreduce(part, op)?;
+            device.upload_at(buf, offset, bytemuck::cast_slice(part))?;
+        }
+        Ok(())
     }
 }
 

@@ -89,10 +89,13 @@ struct AllreduceArgs {
     /// cpu-device (a host memory node of its own), opencl, cuda.
     #[arg(long, default_value = "host")]
     memory: String,
-    /// The device staging pipeline's chunk in bytes (0: one piece; default: 4 MiB chunks on
-    /// CUDA, one piece on devices whose copies are the CPU's).
+    /// Bytes per allreduce call when staging device memory (0: one piece; default 4 MiB).
     #[arg(long)]
     chunk_bytes: Option<usize>,
+    /// Device copies on their own threads, overlapping the allreduce (true/false; default:
+    /// on CUDA only).
+    #[arg(long)]
+    overlap: Option<bool>,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -148,9 +151,12 @@ struct AllreduceRankArgs {
     /// host, cpu-device, opencl or cuda.
     #[arg(long, default_value = "host")]
     memory: String,
-    /// The staging pipeline's chunk in bytes (0: one piece; default: by device kind).
+    /// Bytes per allreduce call when staging (0: one piece; default 4 MiB).
     #[arg(long)]
     chunk_bytes: Option<usize>,
+    /// Device copies on their own threads (default: on CUDA only).
+    #[arg(long)]
+    overlap: Option<bool>,
 }
 
 #[derive(Args)]
@@ -392,7 +398,7 @@ fn run_local(command: Command) -> Result<()> {
             allreduce::parse_transport(&a.transport)?;
             allreduce::parse_memory(&a.memory)?;
             let exe = std::env::current_exe()?;
-            let staging = (a.memory.as_str(), a.chunk_bytes);
+            let staging = (a.memory.as_str(), a.chunk_bytes, a.overlap);
             allreduce::launch(
                 &exe,
                 a.ranks,
@@ -424,8 +430,14 @@ fn run_local(command: Command) -> Result<()> {
             let sizes = allreduce::parse_sizes(&a.bytes)?;
             let transport = allreduce::parse_transport(&a.transport)?;
             let memory = allreduce::parse_memory(&a.memory)?;
-            let (rank, points) =
-                allreduce::run_rank(&sizes, transport, a.rounds, memory, a.chunk_bytes)?;
+            let (rank, points) = allreduce::run_rank(
+                &sizes,
+                transport,
+                a.rounds,
+                memory,
+                a.chunk_bytes,
+                a.overlap,
+            )?;
             if rank == 0 {
                 for p in points {
                     println!("{}", serde_json::to_string(&p)?);

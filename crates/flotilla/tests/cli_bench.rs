@@ -159,7 +159,11 @@ fn bench_cholesky_and_gemm_report_accurate_results() {
 
 #[test]
 fn bench_allreduce_on_device_memory_checks_and_reports_its_staging() {
-    for (memory, chunk) in [("cpu-device", "0"), ("cpu-device", "65536")] {
+    for (memory, chunk, overlap) in [
+        ("cpu-device", "0", "false"),
+        ("cpu-device", "65536", "false"),
+        ("cpu-device", "65536", "true"),
+    ] {
         let (ok, out, err) = flotilla(&[
             "bench",
             "allreduce",
@@ -173,6 +177,8 @@ fn bench_allreduce_on_device_memory_checks_and_reports_its_staging() {
             memory,
             "--chunk-bytes",
             chunk,
+            "--overlap",
+            overlap,
             "--json",
         ]);
         assert!(ok, "{err}");
@@ -189,6 +195,11 @@ fn bench_allreduce_on_device_memory_checks_and_reports_its_staging() {
         // The last call (1 MiB) went through the pipeline when a chunk was forced.
         let want = if chunk == "0" { 0 } else { 65536 };
         assert_eq!(lines[1]["chunk_bytes"], want, "{out}");
+        assert_eq!(
+            lines[1]["overlap"],
+            chunk != "0" && overlap == "true",
+            "{out}"
+        );
     }
     let (ok, _, err) = flotilla(&["bench", "allreduce", "--memory", "tpu"]);
     assert!(!ok);

@@ -55,11 +55,15 @@ fn ranks_on_a_cpu_and_an_opencl_device_allreduce_their_device_buffers() {
                 allreduce_device::<f64>(&mut comm, dev.as_ref(), &buf, n, ReduceOp::Sum).unwrap();
                 // Twice more through the pipeline (13 chunks of 64 KiB, the last one short),
                 // with the staging memory kept: the sums of sums.
-                let mut staging = DeviceStaging::with_chunk_bytes(64 << 10);
+                // Rank 0 runs its copies on their own threads, rank 1 on its own thread: the
+                // chunks, hence the calls, are the same.
+                let mut staging = DeviceStaging::with_chunk_bytes(64 << 10).with_overlap(rank == 0);
                 for _ in 0..2 {
                     staging
                         .allreduce::<f64>(&mut comm, dev.as_ref(), &buf, n, ReduceOp::Sum)
                         .unwrap();
+                    assert_eq!(staging.last_overlapped(), rank == 0);
+                    assert_eq!(staging.last_chunk_bytes(), 64 << 10);
                 }
                 assert!(staging.capacity_bytes() >= n * 8);
                 if dev.info().kind == flotilla::devices::DeviceKind::Cpu {
@@ -94,5 +98,53 @@ fn ranks_on_a_cpu_and_an_opencl_device_allreduce_their_device_buffers() {
             // 3i after the first allreduce, doubled by each of the two after it.
             assert_eq!(*v, (12 * i) as f64, "element {i} on a {kind:?} device");
         }
+    }
+}
+
+/// A rank whose own part fails (here: a buffer of another device) aborts the communicator,
+/// so its peer fails at once instead of waiting for its timeout.
+#[test]
+fn a_rank_whose_device_copy_fails_fails_its_peer_at_once() {
+    let server = RendezvousServer::bind("127.0.0.1:0").unwrap();
+    let addr = format!("{}/failing", server.local_addr());
+    let n = 300_000usize;
+    let handles: Vec<_> = (0..2usize)
+        .map(|rank| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let dev = HostDevice::new(1 << 30);
+                let other = HostDevice::new(1 << 30);
+                let mut comm = Communicator::connect(&addr, rank, 2).unwrap();
+                // Rank 1's buffer belongs to another device: its first download fails.
+                let buf = if rank == 1 {
+                    other.alloc(n * 4)
+                } else {
+                    dev.alloc(n * 4)
+                }
+                .unwrap();
+                let start = std::time::Instant::now();
+                let e = DeviceStaging::with_chunk_bytes(256 << 10)
+                    .allreduce::<f32>(&mut comm, &dev, &buf, n, ReduceOp::Sum)
+                    .unwrap_err();
+                (start.elapsed(), e)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(
+        matches!(results[1].1, DeviceCollectiveError::Device(_)),
+        "{}",
+        results[1].1
+    );
+    assert!(
+        matches!(results[0].1, DeviceCollectiveError::Comm(_)),
+        "{}",
+        results[0].1
+    );
+    for (elapsed, e) in &results {
+        assert!(
+            *elapsed < std::time::Duration::from_secs(5),
+            "{elapsed:?}: {e}"
+        );
     }
 }

@@ -451,9 +451,10 @@ impl Device for HostDevice {
         if std::ptr::eq(from, to) {
             return Ok(());
         }
-        let r = from.words().read_recursive();
-        let mut w = to.words().write();
-        bytes_mut(&mut w, bytes).copy_from_slice(self::bytes(&r, bytes));
+        // Through a temporary, holding one buffer's lock at a time: two copies in opposite
+        // directions at once must not wait on each other's locks.
+        let staged = self::bytes(&from.words().read_recursive(), bytes).to_vec();
+        bytes_mut(&mut to.words().write(), bytes).copy_from_slice(&staged);
         Ok(())
     }
 

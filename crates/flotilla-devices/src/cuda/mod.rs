@@ -54,6 +54,13 @@ use crate::{
     Trans, Uplo,
 };
 
+/// Makes `ctx` current on this thread. cudarc reports, from `bind_to_thread`, an error an
+/// earlier asynchronous operation left behind (a failed free in a `Drop`); that error is
+/// consumed by the report, so a second attempt binds unless binding itself fails.
+fn bind_ctx(ctx: &CudaContext) -> std::result::Result<(), DriverError> {
+    ctx.bind_to_thread().or_else(|_| ctx.bind_to_thread())
+}
+
 /// Whether the CUDA driver library can be loaded on this machine.
 pub fn driver_present() -> bool {
     // SAFETY: only tries to open the library by name; no cudarc state is touched.
@@ -130,17 +137,19 @@ impl RawAlloc for CudaRaw {
                 message: e.to_string(),
             },
         };
-        self.ctx.bind_to_thread().map_err(&err)?;
+        bind_ctx(&self.ctx).map_err(&err)?;
         let slice = self.stream.alloc_zeros::<u8>(bytes).map_err(&err)?;
         self.stream.synchronize().map_err(&err)?;
         Ok(slice)
     }
 
     fn free(&self, block: CudaSlice<u8>) {
-        // Dropping a `CudaSlice` frees its memory (cudarc binds the context and calls
-        // cuMemFree/cuMemFreeAsync on the slice's stream), as it did before the pool. No call
-        // can still be using the block: every call synchronises before returning, and a
-        // block is only cached after its buffer was dropped.
+        // Dropping a `CudaSlice` frees its memory (cuMemFree/cuMemFreeAsync on the slice's
+        // stream) without making its context current, and a trim can run on a thread where
+        // another GPU's context is: bind ours first. No call can still be using the block:
+        // every call synchronises before returning, and a block is only cached after its
+        // buffer was dropped.
+        let _ = bind_ctx(&self.ctx);
         drop(block);
     }
 }
@@ -221,11 +230,51 @@ impl Drop for CudaPin {
     fn drop(&mut self) {
         // A failure here leaves the pages locked until the process ends; nothing else
         // depends on it, so it is ignored.
-        if self.ctx.bind_to_thread().is_ok() {
+        if bind_ctx(&self.ctx).is_ok() {
             // SAFETY: `addr` was registered by `pin_host_memory` and not unregistered since.
             let _ = unsafe { drv::cuMemHostUnregister(self.addr as *mut std::ffi::c_void) };
         }
     }
+}
+
+/// Compiles CUDA C with NVRTC and returns the CUBIN (machine code for the architecture
+/// in `options`), or NVRTC's error and log.
+fn compile_cubin(source: &str, options: &[String]) -> std::result::Result<Vec<u8>, String> {
+    use cudarc::nvrtc::{result as rtc, sys as rtc_sys};
+    let src = std::ffi::CString::new(source).map_err(|e| e.to_string())?;
+    let prog = rtc::create_program(&src, None).map_err(|e| format!("{e:?}"))?;
+    // SAFETY: `prog` is a live program until destroyed below; the buffers passed have the
+    // sizes NVRTC asked for.
+    let out = unsafe {
+        match rtc::compile_program(prog, options) {
+            Err(e) => {
+                let log = rtc::get_program_log(prog)
+                    .map(|l| {
+                        std::ffi::CStr::from_ptr(l.as_ptr())
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(format!("{e:?}: {log}"))
+            }
+            Ok(()) => {
+                let mut size = 0usize;
+                rtc_sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .map_err(|e| format!("{e:?}"))
+                    .and_then(|()| {
+                        let mut cubin = vec![0u8; size];
+                        rtc_sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| cubin)
+                            .map_err(|e| format!("{e:?}"))
+                    })
+            }
+        }
+    };
+    // SAFETY: destroyed once, after its last use.
+    let _ = unsafe { rtc::destroy_program(prog) };
+    out
 }
 
 /// The PCI address of GPU `dev` as the driver writes it (`0000:1B:00.0`).
@@ -352,9 +401,10 @@ impl CudaDevice {
     }
 
     /// Compiles the CUDA C `source` with NVRTC for this GPU (`--gpu-architecture=sm_XY` is
-    /// added to `options`) and returns its `extern "C" __global__` function `name`. The PTX
-    /// is kept in the kernel cache, so the next process (or device) with the same source,
-    /// options, GPU and driver loads it without compiling.
+    /// added to `options` unless they name an architecture) and returns its
+    /// `extern "C" __global__` function `name`. The CUBIN is kept in the kernel cache, so
+    /// the next process (or device) with the same source, options, GPU and driver loads it
+    /// without compiling.
     ///
     /// # Errors
     /// `Unsupported` without the NVRTC library; `BadArgs` for a source or name with a NUL
@@ -383,27 +433,24 @@ impl CudaDevice {
         let mut driver = 0;
         // SAFETY: writes one int.
         let _ = unsafe { drv::cuDriverGetVersion(&mut driver) };
-        let arch = format!("--gpu-architecture=sm_{major}{minor}");
         let mut all: Vec<String> = options.iter().map(|o| o.to_string()).collect();
-        all.push(arch);
+        let names_arch = |o: &String| o.starts_with("--gpu-architecture") || o.starts_with("-arch");
+        if !all.iter().any(names_arch) {
+            all.push(format!("--gpu-architecture=sm_{major}{minor}"));
+        }
         let joined = all.join("\u{1f}");
         let driver = driver.to_le_bytes();
         let key_parts = [
-            b"cuda-ptx".as_slice(),
+            b"cuda-cubin".as_slice(),
             self.info.name.as_bytes(),
             &driver,
             joined.as_bytes(),
             source.as_bytes(),
         ];
-        let compile = || -> Result<cudarc::nvrtc::Ptx> {
-            cudarc::nvrtc::compile_ptx_with_opts(
-                source,
-                cudarc::nvrtc::CompileOptions {
-                    options: all.clone(),
-                    ..Default::default()
-                },
-            )
-            .map_err(|e| self.backend_err(OP, e))
+        // Compiled to a CUBIN for the GPU's own architecture (no PTX JIT at load time, so a
+        // toolkit newer than the driver still works).
+        let compile = || -> Result<Vec<u8>> {
+            compile_cubin(source, &all).map_err(|e| self.backend_err(OP, e))
         };
         let load = |ptx: cudarc::nvrtc::Ptx| -> Result<(Arc<CudaModule>, CudaFunction)> {
             let module = self
@@ -415,24 +462,21 @@ impl CudaDevice {
                 .map_err(|e| self.backend_err(OP, format!("no function {name:?}: {e}")))?;
             Ok((module, function))
         };
+        let image = |cubin: Vec<u8>| cudarc::nvrtc::Ptx::from_binary(cubin);
         let (module, function, origin) = match &self.kernel_cache {
             None => {
-                let (m, f) = load(compile()?)?;
+                let (m, f) = load(image(compile()?))?;
                 (m, f, None)
             }
             Some(cache) => {
                 let key = CacheKey::new(&key_parts);
-                let cached = cache
-                    .load(&key)
-                    .and_then(|bytes| String::from_utf8(bytes).ok())
-                    .and_then(|text| load(cudarc::nvrtc::Ptx::from_src(text)).ok());
+                let cached = cache.load(&key).and_then(|cubin| load(image(cubin)).ok());
                 match cached {
                     Some((m, f)) => (m, f, Some(CacheOutcome::Hit)),
                     None => {
-                        let ptx = compile()?;
-                        let text = ptx.to_src();
-                        let (m, f) = load(ptx)?;
-                        let outcome = match cache.store(&key, text.as_bytes()) {
+                        let cubin = compile()?;
+                        let (m, f) = load(image(cubin.clone()))?;
+                        let outcome = match cache.store(&key, &cubin) {
                             Ok(()) => CacheOutcome::Stored,
                             Err(_) => CacheOutcome::NotStored,
                         };
@@ -490,6 +534,18 @@ impl CudaDevice {
             .collect();
         let _h = self.handles.lock();
         self.bind(OP)?;
+        if shared_bytes > 48 << 10 {
+            // Above 48 KiB of dynamic shared memory a kernel must opt in.
+            // SAFETY: an attribute of a loaded function.
+            let r = unsafe {
+                drv::cuFuncSetAttribute(
+                    kernel.function.cu_function(),
+                    drv::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    i32::try_from(shared_bytes).unwrap_or(i32::MAX),
+                )
+            };
+            r.result().map_err(|e| self.driver_err(OP, e))?;
+        }
         // SAFETY: the caller vouches for the arguments; `slots` outlives the launch call,
         // which copies the parameters.
         unsafe {
@@ -524,15 +580,33 @@ impl CudaDevice {
                 if drv::cuDeviceCanAccessPeer(&mut can, from.ctx.cu_device(), to.ctx.cu_device())
                     != drv::cudaError_enum::CUDA_SUCCESS
                     || can == 0
-                    || from.ctx.bind_to_thread().is_err()
+                    || bind_ctx(&from.ctx).is_err()
                 {
                     return false;
                 }
-                matches!(
+                let enabled = matches!(
                     drv::cuCtxEnablePeerAccess(to.ctx.cu_ctx(), 0),
                     drv::cudaError_enum::CUDA_SUCCESS
                         | drv::cudaError_enum::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-                )
+                );
+                // cudarc allocates from each device's default memory pool
+                // (cuMemAllocAsync) where the device has one, and peer access to pool
+                // memory is granted per pool: let `from` read and write `to`'s pool.
+                let mut pool: drv::CUmemoryPool = std::ptr::null_mut();
+                if enabled
+                    && drv::cuDeviceGetDefaultMemPool(&mut pool, to.ctx.cu_device())
+                        == drv::cudaError_enum::CUDA_SUCCESS
+                {
+                    let desc = drv::CUmemAccessDesc {
+                        location: drv::CUmemLocation {
+                            type_: drv::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                            id: from.ctx.cu_device(),
+                        },
+                        flags: drv::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                    };
+                    let _ = drv::cuMemPoolSetAccess(pool, &desc, 1);
+                }
+                enabled
             }
         };
         let ok = enable(self, peer) && enable(peer, self);
@@ -569,9 +643,7 @@ impl CudaDevice {
 
     /// Binds the context to this thread, for the raw calls that follow.
     fn bind(&self, op: &'static str) -> Result<()> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| self.driver_err(op, e))
+        bind_ctx(&self.ctx).map_err(|e| self.driver_err(op, e))
     }
 
     fn finish(&self, op: &'static str, status: blas::cublasStatus_t) -> Result<()> {
@@ -1130,8 +1202,35 @@ impl Device for CudaDevice {
                     addr: ptr as usize,
                 },
             ))),
-            // Pinned by someone else (another registration overlapping it): already fast.
-            drv::cudaError_enum::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => Ok(None),
+            // The driver pins whole pages, so a range that shares its first or last page
+            // with memory already pinned (a neighbouring allocation) is refused: pin the
+            // pages that lie wholly inside it instead. Copies of the range are then only
+            // partly from pinned memory; the pin's length says how much.
+            drv::cudaError_enum::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED => {
+                const PAGE: usize = 4096;
+                let start = (ptr as usize).div_ceil(PAGE) * PAGE;
+                let end = (ptr as usize + len) / PAGE * PAGE;
+                if end <= start {
+                    return Ok(None);
+                }
+                // SAFETY: a sub-range of the caller's range, under the same promise.
+                let inner = unsafe {
+                    drv::cuMemHostRegister_v2(
+                        start as *mut std::ffi::c_void,
+                        end - start,
+                        drv::CU_MEMHOSTREGISTER_PORTABLE,
+                    )
+                };
+                Ok((inner == drv::cudaError_enum::CUDA_SUCCESS).then(|| {
+                    HostPin::new(
+                        end - start,
+                        CudaPin {
+                            ctx: Arc::clone(&self.ctx),
+                            addr: start,
+                        },
+                    )
+                }))
+            }
             other => Err(self.backend_err("pin host memory", format!("{other:?}"))),
         }
     }

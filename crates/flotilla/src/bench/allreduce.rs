@@ -52,6 +52,9 @@ pub struct AllreducePoint {
     /// Whether the staging memory was page-locked, for device memory.
     #[serde(default)]
     pub pinned: bool,
+    /// Whether the copies ran on their own threads, overlapping the allreduce.
+    #[serde(default)]
+    pub overlap: bool,
 }
 
 fn host_memory() -> String {
@@ -227,17 +230,22 @@ pub fn run_rank(
     rounds: usize,
     memory: Memory,
     chunk_bytes: Option<usize>,
+    overlap: Option<bool>,
 ) -> Result<(usize, Vec<AllreducePoint>), AllreduceBenchError> {
     let options = Options {
         transport,
         ..Options::default()
     };
     let mut comm = Communicator::from_env_with(options)?;
-    let staging = std::rc::Rc::new(std::cell::RefCell::new(match chunk_bytes {
+    let mut staging = match chunk_bytes {
         None => DeviceStaging::new(),
         Some(0) => DeviceStaging::with_chunk_bytes(usize::MAX),
         Some(c) => DeviceStaging::with_chunk_bytes(c),
-    }));
+    };
+    if let Some(o) = overlap {
+        staging = staging.with_overlap(o);
+    }
+    let staging = std::rc::Rc::new(std::cell::RefCell::new(staging));
     let (points, memory_name) = match memory {
         Memory::Host => (bench::run(&mut comm, sizes, rounds.max(1))?, host_memory()),
         Memory::Device(kind) => {
@@ -259,6 +267,7 @@ pub fn run_rank(
         }
     };
     let pinned = memory != Memory::Host && staging.borrow().is_pinned();
+    let overlapped = memory != Memory::Host && staging.borrow().last_overlapped();
     let chunk_used = match memory {
         Memory::Host => 0,
         Memory::Device(_) => staging.borrow().last_chunk_bytes(),
@@ -282,6 +291,7 @@ pub fn run_rank(
             memory: memory_name.clone(),
             chunk_bytes: chunk_used,
             pinned,
+            overlap: overlapped,
         })
         .collect();
     Ok((comm.rank(), out))
@@ -295,10 +305,10 @@ pub fn launch(
     sizes: &str,
     transport: &str,
     rounds: usize,
-    staging: (&str, Option<usize>),
+    staging: (&str, Option<usize>, Option<bool>),
     mut on_point: impl FnMut(AllreducePoint),
 ) -> Result<(), AllreduceBenchError> {
-    let (memory, chunk_bytes) = staging;
+    let (memory, chunk_bytes, overlap) = staging;
     let server = flotilla_collective::RendezvousServer::bind("127.0.0.1:0")?;
     let key = format!("bench-{}", std::process::id());
     let rendezvous = format!("{}/{key}", server.local_addr());
@@ -311,6 +321,11 @@ pub fn launch(
             .args(
                 chunk_bytes
                     .map(|c| vec!["--chunk-bytes".to_string(), c.to_string()])
+                    .unwrap_or_default(),
+            )
+            .args(
+                overlap
+                    .map(|o| vec!["--overlap".to_string(), o.to_string()])
                     .unwrap_or_default(),
             )
             .env("FLOTILLA_RANK", rank.to_string())

@@ -164,6 +164,59 @@ fn int(op: &'static str, what: &str, v: usize) -> Result<cl_int> {
 }
 
 impl OpenClDevice {
+    /// `gemm` (f64, or f32 with the inputs read in `mode`) for both trait methods.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_in(
+        &self,
+        e: ElemType,
+        mode: MathMode,
+        ta: Trans,
+        tb: Trans,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()> {
+        let (ab, bb, cb) = (
+            self.buf("gemm", a)?,
+            self.buf("gemm", b)?,
+            self.buf("gemm", c)?,
+        );
+        args::gemm(
+            ta,
+            tb,
+            m,
+            n,
+            k,
+            (lda, Self::elems(a, e)),
+            (ldb, Self::elems(b, e)),
+            (ldc, Self::elems(c, e)),
+        )?;
+        no_alias("gemm", c, &[a, b])?;
+        self.check_elem(e)?;
+        self.gemm_kernel(
+            "gemm",
+            e,
+            ta,
+            tb,
+            (m, n, k),
+            alpha,
+            (ab, lda),
+            (bb, ldb),
+            beta,
+            (cb, ldc),
+            0,
+            mode,
+        )
+    }
+
     /// Opens `device`: a context, two queues and the memory accounting. Kernels are built on
     /// first use, through the kernel cache in `$FLOTILLA_HOME/kernels`.
     pub fn new(device: ClDevice, mem_limit: Option<u64>) -> Result<Self> {
@@ -574,36 +627,22 @@ impl Device for OpenClDevice {
         c: &DeviceBuffer,
         ldc: usize,
     ) -> Result<()> {
-        let (ab, bb, cb) = (
-            self.buf("gemm", a)?,
-            self.buf("gemm", b)?,
-            self.buf("gemm", c)?,
-        );
-        args::gemm(
+        self.gemm_in(
+            e,
+            MathMode::F32,
             ta,
             tb,
             m,
             n,
             k,
-            (lda, Self::elems(a, e)),
-            (ldb, Self::elems(b, e)),
-            (ldc, Self::elems(c, e)),
-        )?;
-        no_alias("gemm", c, &[a, b])?;
-        self.check_elem(e)?;
-        self.gemm_kernel(
-            "gemm",
-            e,
-            ta,
-            tb,
-            (m, n, k),
             alpha,
-            (ab, lda),
-            (bb, ldb),
+            a,
+            lda,
+            b,
+            ldb,
             beta,
-            (cb, ldc),
-            0,
-            MathMode::F32,
+            c,
+            ldc,
         )
     }
 
@@ -624,36 +663,22 @@ impl Device for OpenClDevice {
         c: &DeviceBuffer,
         ldc: usize,
     ) -> Result<()> {
-        let e = ElemType::F32;
-        let (ab, bb, cb) = (
-            self.buf("gemm", a)?,
-            self.buf("gemm", b)?,
-            self.buf("gemm", c)?,
-        );
-        args::gemm(
+        self.gemm_in(
+            ElemType::F32,
+            mode,
             ta,
             tb,
             m,
             n,
             k,
-            (lda, Self::elems(a, e)),
-            (ldb, Self::elems(b, e)),
-            (ldc, Self::elems(c, e)),
-        )?;
-        no_alias("gemm", c, &[a, b])?;
-        self.gemm_kernel(
-            "gemm",
-            e,
-            ta,
-            tb,
-            (m, n, k),
             alpha,
-            (ab, lda),
-            (bb, ldb),
+            a,
+            lda,
+            b,
+            ldb,
             beta,
-            (cb, ldc),
-            0,
-            mode,
+            c,
+            ldc,
         )
     }
 

@@ -818,6 +818,43 @@ mod tests {
         assert!("fp8".parse::<MathMode>().is_err());
     }
 
+    /// The nearest value with `mantissa_bits` explicit bits (ties to even), computed in
+    /// f64 arithmetic, independently of the bit trick in `MathMode::round`.
+    fn reference_round(x: f32, mantissa_bits: u32) -> f32 {
+        if x == 0.0 || !x.is_finite() {
+            return x;
+        }
+        let v = f64::from(x).abs();
+        let e = v.log2().floor().max(-126.0);
+        let ulp = (e - f64::from(mantissa_bits)).exp2();
+        let q = v / ulp;
+        let mut r = q.round();
+        if (q - q.floor() - 0.5).abs() < 1e-12 && r % 2.0 != 0.0 {
+            r -= 1.0; // a tie goes to the even neighbour
+        }
+        let out = (r * ulp).copysign(f64::from(x));
+        if out.abs() > f64::from(f32::MAX) {
+            f32::INFINITY.copysign(x)
+        } else {
+            out as f32
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn math_mode_round_matches_a_reference(bits in proptest::prelude::any::<u32>()) {
+            let x = f32::from_bits(bits);
+            for m in MathMode::ALL {
+                let got = m.round(x);
+                let want = reference_round(x, m.mantissa_bits());
+                proptest::prop_assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "{m} {x:e} ({bits:#010x}): {got:e} vs {want:e}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn mem_account_refuses_past_limit_and_frees_on_drop() {
         let acc = MemAccount::new("dev".into(), 100);

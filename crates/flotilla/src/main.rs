@@ -217,10 +217,12 @@ struct LinalgArgs {
     /// Tile size (must divide n).
     #[arg(long, default_value_t = 256)]
     tile: usize,
-    /// Devices: cpu, opencl, cuda, or a comma list (cpu,opencl).
+    /// The units that run tasks: cpu, opencl, cuda, or a comma list (cpu,cuda). Without
+    /// cpu in the list no CPU worker runs tasks (`--devices cuda` is the GPU alone).
     #[arg(long, default_value = "cpu")]
     devices: String,
-    /// CPU workers (default: one per core, less one per device).
+    /// CPU workers (default: one per core, less one per device, when --devices lists
+    /// cpu; else none).
     #[arg(long)]
     cpus: Option<usize>,
     /// Placement policy: eager, ws, random, dmda, heft (default: FLOTILLA_SCHED, else

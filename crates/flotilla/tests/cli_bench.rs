@@ -293,3 +293,50 @@ fn bench_copy_measures_pageable_pinned_and_peer_paths() {
     assert!(!ok);
     assert!(err.contains("tpu"), "{err}");
 }
+
+/// `--devices opencl` is the device alone: no CPU worker takes a task; `cpu,opencl` mixes.
+#[test]
+fn bench_devices_name_the_units_that_run_tasks() {
+    let (ok, out, err) = flotilla(&[
+        "bench",
+        "cholesky",
+        "--n",
+        "256",
+        "--tile",
+        "64",
+        "--devices",
+        "opencl",
+        "--reps",
+        "1",
+        "--json",
+    ]);
+    if !ok {
+        let required = std::env::var("FLOTILLA_REQUIRE_OPENCL").is_ok_and(|v| v == "1");
+        assert!(!required && err.contains("no opencl device"), "{err}");
+        eprintln!("skipping: no OpenCL device ({err})");
+        return;
+    }
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["cpus"], 0, "{out}");
+    assert_eq!(v["tasks_per_kind"]["opencl"], 20, "{out}");
+    assert!(v["tasks_per_kind"].get("cpu").is_none(), "{out}");
+    assert!(v["residual"].as_f64().unwrap() < 1e-12, "{out}");
+    let (ok, out, err) = flotilla(&[
+        "bench",
+        "cholesky",
+        "--n",
+        "256",
+        "--tile",
+        "64",
+        "--devices",
+        "cpu,opencl",
+        "--cpus",
+        "1",
+        "--reps",
+        "1",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["cpus"], 1, "{out}");
+}

@@ -61,7 +61,8 @@ pub struct LinalgConfig {
     pub n: usize,
     /// Tile size (must divide `n`).
     pub tile: usize,
-    /// Devices besides the CPU workers, as `cpu,opencl,cuda`.
+    /// The units that run tasks, as `cpu,opencl,cuda`; without `cpu` there are no CPU
+    /// workers unless `cpus` says otherwise (`cuda` alone is the GPU alone).
     pub devices: String,
     /// CPU workers (default: one per core, less one per device).
     pub cpus: Option<usize>,
@@ -109,8 +110,14 @@ pub struct LinalgResult {
 fn build_runtime(cfg: &LinalgConfig) -> Result<Runtime, RuntimeError> {
     let sel = DeviceSelection::parse(&cfg.devices).map_err(RuntimeError::Config)?;
     let mut b = Runtime::builder().devices(sel);
-    if let Some(c) = cfg.cpus {
-        b = b.cpus(c);
+    let lists_cpu = cfg
+        .devices
+        .split(',')
+        .any(|d| matches!(d.trim(), "cpu" | "all" | ""));
+    match cfg.cpus {
+        Some(c) => b = b.cpus(c),
+        None if !lists_cpu => b = b.cpus(0),
+        None => {}
     }
     if let Some(p) = cfg.policy {
         b = b.policy(p);

@@ -103,5 +103,9 @@ step allreduce-host 90 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --rounds
 if [ -x target/gpu-bin/flotilla-train ]; then TR=target/gpu-bin/flotilla-train; else TR=target/release/flotilla-train; fi
 step train-host 90 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-host" --device host
 step train-cuda 90 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-cuda" --device cuda
+# The sweep example (tasks with a CPU and a GPU variant) with points big enough for a GPU:
+# on the CPU alone, then with the GPU too (the scheduler learns both variants' times).
+step sweep-cpu 180 env SWEEP_ENSEMBLE=262144 $B run examples/sweep/job.toml --gpus none
+step sweep-cpu-gpu 180 env SWEEP_ENSEMBLE=262144 $B run examples/sweep/job.toml --gpus all
 step chol-cpu-f64 180 $B bench cholesky --n 8192 --tile 512 --devices cpu --precision f64 --reps 2 --json
 log "done at ${SECONDS}s; results in $OUT"

@@ -1,7 +1,18 @@
 //! Argument checks shared by every backend: each matrix operand must fit its slice or buffer.
 //! Lengths are in elements.
 
-use crate::{DevicesError, Result, Side, Trans};
+use crate::{DevicesError, ElemType, MathMode, Result, Side, Trans};
+
+/// Mixed modes apply to f32 products only.
+pub(crate) fn gemm_mode(e: ElemType, mode: MathMode) -> Result<()> {
+    if e == ElemType::F64 && mode != MathMode::F32 {
+        return Err(DevicesError::bad_args(
+            "gemm",
+            format!("math mode {mode} is for f32 products, not f64"),
+        ));
+    }
+    Ok(())
+}
 
 /// Checks that a `rows`×`cols` column-major matrix with leading dimension `ld` fits in `len`
 /// elements, and that `ld ≥ max(1, rows)` (so columns never overlap).

@@ -311,6 +311,28 @@ pub(crate) fn bad_arguments_are_errors(dev: &dyn Device, other: &dyn Device) {
         matches!(err, Err(DevicesError::BadArgs { op: "gemm", .. })),
         "{err:?}"
     );
+    // a mixed mode on an f64 product
+    let err = dev.gemm_mode(
+        ElemType::F64,
+        MathMode::Bf16,
+        no,
+        no,
+        1,
+        1,
+        1,
+        1.0,
+        &a,
+        1,
+        &a,
+        1,
+        0.0,
+        &c,
+        1,
+    );
+    assert!(
+        matches!(err, Err(DevicesError::BadArgs { op: "gemm", .. })),
+        "{err:?}"
+    );
     // buffer too small for 5x5
     let err = dev.syrk(e, Uplo::Lower, no, 5, 5, 1.0, &a, 5, 0.0, &c, 5);
     assert!(

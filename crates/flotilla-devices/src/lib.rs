@@ -443,7 +443,25 @@ pub trait Device: Send + Sync {
         beta: f64,
         c: &DeviceBuffer,
         ldc: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.gemm_mode(
+            e,
+            MathMode::F32,
+            ta,
+            tb,
+            m,
+            n,
+            k,
+            alpha,
+            a,
+            lda,
+            b,
+            ldb,
+            beta,
+            c,
+            ldc,
+        )
+    }
 
     /// [`Device::gemm`] on f32 matrices with the inputs read in `mode` ([`MathMode`]):
     /// `op(A)` and `op(B)` rounded to TF32 or bf16, products accumulated in f32. With
@@ -451,6 +469,47 @@ pub trait Device: Send + Sync {
     #[allow(clippy::too_many_arguments)]
     fn gemm_mixed(
         &self,
+        mode: MathMode,
+        ta: Trans,
+        tb: Trans,
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f64,
+        a: &DeviceBuffer,
+        lda: usize,
+        b: &DeviceBuffer,
+        ldb: usize,
+        beta: f64,
+        c: &DeviceBuffer,
+        ldc: usize,
+    ) -> Result<()> {
+        self.gemm_mode(
+            ElemType::F32,
+            mode,
+            ta,
+            tb,
+            m,
+            n,
+            k,
+            alpha,
+            a,
+            lda,
+            b,
+            ldb,
+            beta,
+            c,
+            ldc,
+        )
+    }
+
+    /// The product behind [`Device::gemm`] and [`Device::gemm_mixed`], the one a backend
+    /// implements: element type `e`, and for f32 the mode its inputs are read in (f64 takes
+    /// only [`MathMode::F32`]; anything else is `BadArgs`).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_mode(
+        &self,
+        e: ElemType,
         mode: MathMode,
         ta: Trans,
         tb: Trans,

@@ -81,75 +81,6 @@ impl Drop for HostDevicePin {
 }
 
 impl HostDevice {
-    /// `gemm` (f64, or f32 with the inputs read in `mode`) for both trait methods.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm_in(
-        &self,
-        e: ElemType,
-        mode: MathMode,
-        ta: Trans,
-        tb: Trans,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f64,
-        a: &DeviceBuffer,
-        lda: usize,
-        b: &DeviceBuffer,
-        ldb: usize,
-        beta: f64,
-        c: &DeviceBuffer,
-        ldc: usize,
-    ) -> Result<()> {
-        let (ab, bb, cb) = (
-            self.buf("gemm", a)?,
-            self.buf("gemm", b)?,
-            self.buf("gemm", c)?,
-        );
-        no_alias("gemm", c, &[a, b])?;
-        let _serial = self.compute.lock();
-        // a and b may be the same buffer: two read locks are fine.
-        let (aw, bw, mut cw) = (
-            ab.words().read_recursive(),
-            bb.words().read_recursive(),
-            cb.words().write(),
-        );
-        let (la, lb, lc) = (a.len_bytes(), b.len_bytes(), c.len_bytes());
-        match e {
-            ElemType::F32 => kernels::gemm_mixed(
-                mode,
-                ta,
-                tb,
-                m,
-                n,
-                k,
-                alpha as f32,
-                elems(&aw, la),
-                lda,
-                elems(&bw, lb),
-                ldb,
-                beta as f32,
-                elems_mut(&mut cw, lc),
-                ldc,
-            ),
-            ElemType::F64 => kernels::gemm::<f64>(
-                ta,
-                tb,
-                m,
-                n,
-                k,
-                alpha,
-                elems(&aw, la),
-                lda,
-                elems(&bw, lb),
-                ldb,
-                beta,
-                elems_mut(&mut cw, lc),
-                ldc,
-            ),
-        }
-    }
-
     /// A host device that allocates at most `mem_limit` bytes.
     pub fn new(mem_limit: u64) -> Self {
         let name = "host".to_string();
@@ -258,44 +189,9 @@ impl Device for HostDevice {
         Ok(())
     }
 
-    fn gemm(
+    fn gemm_mode(
         &self,
         e: ElemType,
-        ta: Trans,
-        tb: Trans,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f64,
-        a: &DeviceBuffer,
-        lda: usize,
-        b: &DeviceBuffer,
-        ldb: usize,
-        beta: f64,
-        c: &DeviceBuffer,
-        ldc: usize,
-    ) -> Result<()> {
-        self.gemm_in(
-            e,
-            MathMode::F32,
-            ta,
-            tb,
-            m,
-            n,
-            k,
-            alpha,
-            a,
-            lda,
-            b,
-            ldb,
-            beta,
-            c,
-            ldc,
-        )
-    }
-
-    fn gemm_mixed(
-        &self,
         mode: MathMode,
         ta: Trans,
         tb: Trans,
@@ -311,23 +207,54 @@ impl Device for HostDevice {
         c: &DeviceBuffer,
         ldc: usize,
     ) -> Result<()> {
-        self.gemm_in(
-            ElemType::F32,
-            mode,
-            ta,
-            tb,
-            m,
-            n,
-            k,
-            alpha,
-            a,
-            lda,
-            b,
-            ldb,
-            beta,
-            c,
-            ldc,
-        )
+        crate::args::gemm_mode(e, mode)?;
+        let (ab, bb, cb) = (
+            self.buf("gemm", a)?,
+            self.buf("gemm", b)?,
+            self.buf("gemm", c)?,
+        );
+        no_alias("gemm", c, &[a, b])?;
+        let _serial = self.compute.lock();
+        // a and b may be the same buffer: two read locks are fine.
+        let (aw, bw, mut cw) = (
+            ab.words().read_recursive(),
+            bb.words().read_recursive(),
+            cb.words().write(),
+        );
+        let (la, lb, lc) = (a.len_bytes(), b.len_bytes(), c.len_bytes());
+        match e {
+            ElemType::F32 => kernels::gemm_mixed(
+                mode,
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                alpha as f32,
+                elems(&aw, la),
+                lda,
+                elems(&bw, lb),
+                ldb,
+                beta as f32,
+                elems_mut(&mut cw, lc),
+                ldc,
+            ),
+            ElemType::F64 => kernels::gemm::<f64>(
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                alpha,
+                elems(&aw, la),
+                lda,
+                elems(&bw, lb),
+                ldb,
+                beta,
+                elems_mut(&mut cw, lc),
+                ldc,
+            ),
+        }
     }
 
     fn syrk(

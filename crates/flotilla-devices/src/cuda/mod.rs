@@ -709,9 +709,10 @@ impl Device for CudaDevice {
             .map_err(|e| self.driver_err("download", e))
     }
 
-    fn gemm(
+    fn gemm_mode(
         &self,
         e: ElemType,
+        mode: MathMode,
         ta: Trans,
         tb: Trans,
         m: usize,
@@ -727,6 +728,7 @@ impl Device for CudaDevice {
         ldc: usize,
     ) -> Result<()> {
         const OP: &str = "gemm";
+        args::gemm_mode(e, mode)?;
         let (ab, bb, cb) = (self.buf(OP, a)?, self.buf(OP, b)?, self.buf(OP, c)?);
         args::gemm(
             ta,
@@ -757,10 +759,11 @@ impl Device for CudaDevice {
         );
         let (oa, ob) = (op_of(ta), op_of(tb));
         // SAFETY: the operands were checked to fit their buffers with these shapes and leading
-        // dimensions; alpha and beta are host scalars (cuBLAS's default pointer mode).
+        // dimensions; alpha and beta are host scalars (cuBLAS's default pointer mode), f32
+        // for the f32 products as CUBLAS_COMPUTE_32F* requires.
         let status = unsafe {
-            match e {
-                ElemType::F64 => blas::cublasDgemm_v2(
+            match (e, mode) {
+                (ElemType::F64, _) => blas::cublasDgemm_v2(
                     *h.blas.handle(),
                     oa,
                     ob,
@@ -776,7 +779,7 @@ impl Device for CudaDevice {
                     pc as *mut f64,
                     lc,
                 ),
-                ElemType::F32 => blas::cublasSgemm_v2(
+                (ElemType::F32, MathMode::F32) => blas::cublasSgemm_v2(
                     *h.blas.handle(),
                     oa,
                     ob,
@@ -792,91 +795,39 @@ impl Device for CudaDevice {
                     pc as *mut f32,
                     lc,
                 ),
+                // f32 storage and accumulation; the compute type says how tensor cores read
+                // the inputs.
+                (ElemType::F32, MathMode::Tf32 | MathMode::Bf16) => {
+                    let compute = if mode == MathMode::Tf32 {
+                        blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+                    } else {
+                        blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF
+                    };
+                    let r32 = blas::cudaDataType::CUDA_R_32F;
+                    let (alpha, beta) = (alpha as f32, beta as f32);
+                    blas::cublasGemmEx(
+                        *h.blas.handle(),
+                        oa,
+                        ob,
+                        mi,
+                        ni,
+                        ki,
+                        (&alpha as *const f32).cast(),
+                        pa as *const std::ffi::c_void,
+                        r32,
+                        la,
+                        pb as *const std::ffi::c_void,
+                        r32,
+                        lb,
+                        (&beta as *const f32).cast(),
+                        pc as *mut std::ffi::c_void,
+                        r32,
+                        lc,
+                        compute,
+                        blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                }
             }
-        };
-        self.finish(OP, status)
-    }
-
-    fn gemm_mixed(
-        &self,
-        mode: MathMode,
-        ta: Trans,
-        tb: Trans,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f64,
-        a: &DeviceBuffer,
-        lda: usize,
-        b: &DeviceBuffer,
-        ldb: usize,
-        beta: f64,
-        c: &DeviceBuffer,
-        ldc: usize,
-    ) -> Result<()> {
-        const OP: &str = "gemm";
-        let e = ElemType::F32;
-        let (ab, bb, cb) = (self.buf(OP, a)?, self.buf(OP, b)?, self.buf(OP, c)?);
-        args::gemm(
-            ta,
-            tb,
-            m,
-            n,
-            k,
-            (lda, Self::elems(a, e)),
-            (ldb, Self::elems(b, e)),
-            (ldc, Self::elems(c, e)),
-        )?;
-        no_alias(OP, c, &[a, b])?;
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        let (mi, ni, ki) = (int(OP, "m", m)?, int(OP, "n", n)?, int(OP, "k", k)?);
-        let (la, lb, lc) = (
-            int(OP, "lda", lda)?,
-            int(OP, "ldb", ldb)?,
-            int(OP, "ldc", ldc)?,
-        );
-        // f32 storage, f32 accumulation; the compute type says how tensor cores read the
-        // inputs. CUBLAS_COMPUTE_32F is plain SGEMM (no TF32 even if the handle allows it).
-        let compute = match mode {
-            MathMode::F32 => blas::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            MathMode::Tf32 => blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-            MathMode::Bf16 => blas::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
-        };
-        let r32 = blas::cudaDataType::CUDA_R_32F;
-        let (alpha, beta) = (alpha as f32, beta as f32);
-        let h = self.handles.lock();
-        self.bind(OP)?;
-        let (pa, pb, pc) = (
-            self.ptr(ab, &self.compute),
-            self.ptr(bb, &self.compute),
-            self.ptr(cb, &self.compute),
-        );
-        // SAFETY: as in gemm; alpha and beta are host f32 scalars, as CUBLAS_COMPUTE_32F*
-        // requires.
-        let status = unsafe {
-            blas::cublasGemmEx(
-                *h.blas.handle(),
-                op_of(ta),
-                op_of(tb),
-                mi,
-                ni,
-                ki,
-                (&alpha as *const f32).cast(),
-                pa as *const std::ffi::c_void,
-                r32,
-                la,
-                pb as *const std::ffi::c_void,
-                r32,
-                lb,
-                (&beta as *const f32).cast(),
-                pc as *mut std::ffi::c_void,
-                r32,
-                lc,
-                compute,
-                blas::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
         };
         self.finish(OP, status)
     }

@@ -164,59 +164,6 @@ fn int(op: &'static str, what: &str, v: usize) -> Result<cl_int> {
 }
 
 impl OpenClDevice {
-    /// `gemm` (f64, or f32 with the inputs read in `mode`) for both trait methods.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm_in(
-        &self,
-        e: ElemType,
-        mode: MathMode,
-        ta: Trans,
-        tb: Trans,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f64,
-        a: &DeviceBuffer,
-        lda: usize,
-        b: &DeviceBuffer,
-        ldb: usize,
-        beta: f64,
-        c: &DeviceBuffer,
-        ldc: usize,
-    ) -> Result<()> {
-        let (ab, bb, cb) = (
-            self.buf("gemm", a)?,
-            self.buf("gemm", b)?,
-            self.buf("gemm", c)?,
-        );
-        args::gemm(
-            ta,
-            tb,
-            m,
-            n,
-            k,
-            (lda, Self::elems(a, e)),
-            (ldb, Self::elems(b, e)),
-            (ldc, Self::elems(c, e)),
-        )?;
-        no_alias("gemm", c, &[a, b])?;
-        self.check_elem(e)?;
-        self.gemm_kernel(
-            "gemm",
-            e,
-            ta,
-            tb,
-            (m, n, k),
-            alpha,
-            (ab, lda),
-            (bb, ldb),
-            beta,
-            (cb, ldc),
-            0,
-            mode,
-        )
-    }
-
     /// Opens `device`: a context, two queues and the memory accounting. Kernels are built on
     /// first use, through the kernel cache in `$FLOTILLA_HOME/kernels`.
     pub fn new(device: ClDevice, mem_limit: Option<u64>) -> Result<Self> {
@@ -610,44 +557,9 @@ impl Device for OpenClDevice {
         Ok(())
     }
 
-    fn gemm(
+    fn gemm_mode(
         &self,
         e: ElemType,
-        ta: Trans,
-        tb: Trans,
-        m: usize,
-        n: usize,
-        k: usize,
-        alpha: f64,
-        a: &DeviceBuffer,
-        lda: usize,
-        b: &DeviceBuffer,
-        ldb: usize,
-        beta: f64,
-        c: &DeviceBuffer,
-        ldc: usize,
-    ) -> Result<()> {
-        self.gemm_in(
-            e,
-            MathMode::F32,
-            ta,
-            tb,
-            m,
-            n,
-            k,
-            alpha,
-            a,
-            lda,
-            b,
-            ldb,
-            beta,
-            c,
-            ldc,
-        )
-    }
-
-    fn gemm_mixed(
-        &self,
         mode: MathMode,
         ta: Trans,
         tb: Trans,
@@ -663,22 +575,37 @@ impl Device for OpenClDevice {
         c: &DeviceBuffer,
         ldc: usize,
     ) -> Result<()> {
-        self.gemm_in(
-            ElemType::F32,
-            mode,
+        args::gemm_mode(e, mode)?;
+        let (ab, bb, cb) = (
+            self.buf("gemm", a)?,
+            self.buf("gemm", b)?,
+            self.buf("gemm", c)?,
+        );
+        args::gemm(
             ta,
             tb,
             m,
             n,
             k,
+            (lda, Self::elems(a, e)),
+            (ldb, Self::elems(b, e)),
+            (ldc, Self::elems(c, e)),
+        )?;
+        no_alias("gemm", c, &[a, b])?;
+        self.check_elem(e)?;
+        self.gemm_kernel(
+            "gemm",
+            e,
+            ta,
+            tb,
+            (m, n, k),
             alpha,
-            a,
-            lda,
-            b,
-            ldb,
+            (ab, lda),
+            (bb, ldb),
             beta,
-            c,
-            ldc,
+            (cb, ldc),
+            0,
+            mode,
         )
     }
 

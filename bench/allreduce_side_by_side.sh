@@ -15,8 +15,8 @@ gcc -O2 -pthread "$HPC/memcpy_bw.c" -o /tmp/flotilla_memcpy_bw
 MPI="mpirun --allow-run-as-root --oversubscribe -np 2 --bind-to none --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo --mca pml ob1"
 /tmp/flotilla_memcpy_bw 1 5
 for r in $(seq "$ROUNDS"); do
-  ./target/release/flotilla bench allreduce --ranks 2 --transport shm --bytes 4K,1M,64M,256M --rounds 5 --json
+  ./target/release/flotilla bench allreduce --ranks 2 --transport shm --bytes 4KiB,1MiB,64MiB,256MiB --rounds 5 --json
   $MPI --mca btl self,vader "$BIN" 5 | sed "s/^allreduce/RESULT mpi_allreduce transport=shm(vader) round=$r/"
-  ./target/release/flotilla bench allreduce --ranks 2 --transport tcp --bytes 4K,1M,64M,256M --rounds 5 --json
+  ./target/release/flotilla bench allreduce --ranks 2 --transport tcp --bytes 4KiB,1MiB,64MiB,256MiB --rounds 5 --json
   $MPI --mca btl self,tcp "$BIN" 5 | sed "s/^allreduce/RESULT mpi_allreduce transport=tcp-loopback round=$r/"
 done

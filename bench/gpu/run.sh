@@ -97,9 +97,9 @@ step chol-cuda-tf32 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda
 step chol-cuda-f32-pageable 240 env FLOTILLA_PIN_HOST=0 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision f32 --reps 2 --json
 step chol-mixed-f32 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cpu,cuda --precision f32 --reps 2 --json \
   --trace "$OUT/chol-mixed-f32.trace.json"
-step allreduce-cuda 150 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --memory cuda --rounds 3 --json
-step allreduce-cuda-onepiece 150 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --memory cuda --chunk-bytes 0 --rounds 3 --json
-step allreduce-host 90 $B bench allreduce --ranks 2 --bytes 1M,64M,256M --rounds 3 --json
+step allreduce-cuda 150 $B bench allreduce --ranks 2 --bytes 1MiB,64MiB,256MiB --memory cuda --rounds 3 --json
+step allreduce-cuda-onepiece 150 $B bench allreduce --ranks 2 --bytes 1MiB,64MiB,256MiB --memory cuda --chunk-bytes 0 --rounds 3 --json
+step allreduce-host 90 $B bench allreduce --ranks 2 --bytes 1MiB,64MiB,256MiB --rounds 3 --json
 if [ -x target/gpu-bin/flotilla-train ]; then TR=target/gpu-bin/flotilla-train; else TR=target/release/flotilla-train; fi
 step train-host 90 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-host" --device host
 step train-cuda 90 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-cuda" --device cuda

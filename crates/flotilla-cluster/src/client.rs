@@ -78,8 +78,8 @@ impl Client {
     pub async fn connect(remote: &Remote) -> Result<Self> {
         let channel = remote.channel().await?;
         let inner = CoordinatorClient::with_interceptor(channel, TokenAdd::new(&remote.token)?)
-            .max_decoding_message_size(256 << 20)
-            .max_encoding_message_size(256 << 20);
+            .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES);
         Ok(Self {
             inner,
             addr: remote.addr.clone(),

@@ -1,9 +1,11 @@
-//! Conversions between the wire types (`proto`) and the state machine's types.
+//! Conversions between the wire types (`proto`) and the pure states' types (the
+//! coordinator's and the agent's). The only place that knows both.
 
 use flotilla_core::{JobId, Resources, TaskId, WorkerId};
 
+use crate::agent::{Attempt, Work};
 use crate::proto;
-use crate::state::{self, AssignedKind, Event, TaskRef};
+use crate::state::{self, AssignedKind, AttemptOutcome, AttemptResult, Event, TaskRef};
 
 pub(crate) fn key(task: TaskRef, attempt: u32) -> proto::TaskKey {
     proto::TaskKey {
@@ -54,7 +56,7 @@ pub(crate) fn resources_from_proto(r: &proto::ResourceSet) -> Resources {
     out
 }
 
-fn object_from(o: &proto::Object) -> state::ObjectRef {
+pub(crate) fn object_from(o: &proto::Object) -> state::ObjectRef {
     state::ObjectRef {
         path: o.path.clone(),
         hash: o.hash.clone(),
@@ -197,4 +199,44 @@ pub(crate) fn assignment(a: state::Assignment) -> proto::Assignment {
         }
     }
     out
+}
+
+/// An assignment as the agent's state sees it, the wire form kept as what to run. `None`
+/// without a task key (nothing could be reported about it).
+pub(crate) fn work(a: proto::Assignment) -> Option<Work<proto::Assignment>> {
+    let key = task_key(a.task.as_ref()?);
+    Some(Work {
+        key,
+        need: a
+            .resources
+            .as_ref()
+            .map(resources_from_proto)
+            .unwrap_or_else(Resources::zero),
+        gpus: a.gpu_indices.clone(),
+        after: a.after.as_ref().map(task_key),
+        payload: a,
+    })
+}
+
+/// An attempt's end as the worker reports it.
+pub(crate) fn task_result(k: Attempt, r: AttemptResult) -> proto::TaskResult {
+    use proto::task_result::Outcome;
+    let (outcome, message, retryable) = match r.outcome {
+        AttemptOutcome::Succeeded => (Outcome::Succeeded, String::new(), false),
+        AttemptOutcome::Cancelled => (Outcome::Cancelled, "cancelled".to_string(), false),
+        AttemptOutcome::Failed { message, retryable } => (Outcome::Failed, message, retryable),
+    };
+    proto::TaskResult {
+        task: Some(key(k.0, k.1)),
+        outcome: outcome as i32,
+        message,
+        retryable,
+        usage: Some(proto::Usage {
+            cpu_seconds: r.usage.cpu_seconds,
+            peak_rss_bytes: r.usage.peak_rss_bytes,
+            wall_seconds: r.usage.wall_seconds,
+        }),
+        outputs: r.outputs.iter().map(object_to).collect(),
+        variant: r.variant.unwrap_or_default(),
+    }
 }

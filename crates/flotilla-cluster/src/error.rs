@@ -19,6 +19,9 @@ pub enum ClusterError {
     /// Bad configuration or arguments.
     #[error("{0}")]
     Config(String),
+    /// A worker offers resources no ledger can hold (a negative amount, a GPU listed twice).
+    #[error("the worker's offer: {0}")]
+    Offer(#[from] flotilla_core::ledger::LedgerError),
     /// The job file was refused.
     #[error("{0}")]
     Job(#[from] flotilla_core::CoreError),

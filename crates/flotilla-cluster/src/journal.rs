@@ -20,10 +20,10 @@
 //! it is written once, in order, and read once, in order. One `write` of a batch costs a few
 //! microseconds, and a crc per record detects damage.
 //!
-//! Who writes what, in order: the server appends each journaled event before applying it,
-//! and the `TaskAssigned` records from
-//! [`Coordinator::take_journal_records`](crate::state::Coordinator::take_journal_records)
-//! before it sends the matching `Assign` commands; one batch of both per append.
+//! Who writes what, in order: the server applies a batch of events, then appends the
+//! journaled ones and the `TaskAssigned` records from
+//! [`Coordinator::take_journal_records`](crate::state::Coordinator::take_journal_records) in
+//! one append, and only then replies and sends the matching `Assign` commands.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -127,14 +127,14 @@ impl Server {
         let router = builder
             .add_service(tonic::service::interceptor::InterceptedService::new(
                 CoordinatorServer::new(api.clone())
-                    .max_decoding_message_size(256 << 20)
-                    .max_encoding_message_size(256 << 20),
+                    .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
                 check.clone(),
             ))
             .add_service(tonic::service::interceptor::InterceptedService::new(
                 WorkersServer::new(api)
-                    .max_decoding_message_size(256 << 20)
-                    .max_encoding_message_size(256 << 20),
+                    .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
                 check.clone(),
             ))
             .add_service(crate::objects::objects_service(store, check));

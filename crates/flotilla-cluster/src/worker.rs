@@ -13,21 +13,26 @@
 //! applies each result at most once, so a result that was in flight when the coordinator
 //! died is neither lost nor counted twice.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use flotilla_core::ledger::{Ledger, LedgerGpu};
+use flotilla_core::Resources;
 use flotilla_exec::{CancelHandle, Limits, Output, ProcessSpec, Termination, WasmRunner, WasmSpec};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use crate::agent::{Agent, Attempt, Command, Report};
 use crate::auth::TokenAdd;
+use crate::convert;
 use crate::error::{ClusterError, Result};
 use crate::objects::ObjectStore;
 use crate::proto::workers_client::WorkersClient;
-use crate::proto::{self, Assignment, TaskKey, TaskResult};
+use crate::proto::{self, Assignment, TaskKey};
+use crate::state::{AttemptOutcome, AttemptResult, Millis};
 use crate::transport::Remote;
 
 /// A GPU the worker offers.
@@ -67,7 +72,7 @@ pub struct WorkerConfig {
 impl WorkerConfig {
     /// A config with this machine's defaults: all cores, no GPUs, work dir under the temp dir.
     pub fn local(remote: Remote) -> Self {
-        let host = hostname();
+        let host = flotilla_core::host::hostname();
         Self {
             remote,
             name: host.clone(),
@@ -98,15 +103,6 @@ pub fn total_memory() -> u64 {
         .unwrap_or(0)
 }
 
-/// This machine's host name.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
 /// A hardware class from the CPU model and core count, e.g. `x86_64-AMD EPYC 9B14-2c`.
 pub fn default_hw_class() -> String {
     let model = std::fs::read_to_string("/proc/cpuinfo")
@@ -124,100 +120,48 @@ pub fn default_hw_class() -> String {
     format!("{}-{}-{}c", std::env::consts::ARCH, model, cores)
 }
 
-/// Free resources of the worker.
-#[derive(Clone, Debug)]
-struct Free {
-    cpus: f64,
-    mem: u64,
-    /// Free fraction of each GPU, by position in `WorkerConfig::gpus`.
-    gpus: Vec<f64>,
-    gpu_mem: Vec<u64>,
-    custom: HashMap<String, f64>,
-}
-
-const EPS: f64 = 1e-9;
-
-impl Free {
-    fn fits(&self, r: &proto::ResourceSet, gpu_idx: &[u32], gpus: &[WorkerGpu]) -> bool {
-        if r.cpus > self.cpus + EPS || (r.mem > 0 && self.mem < r.mem && self.mem != u64::MAX) {
-            return false;
-        }
-        for c in &r.custom {
-            if self.custom.get(&c.name).copied().unwrap_or(0.0) + EPS < c.amount {
-                return false;
-            }
-        }
-        let per_gpu = per_gpu_share(r.gpus, gpu_idx.len());
-        for i in gpu_idx {
-            let Some(pos) = gpus.iter().position(|g| g.index == *i) else {
-                return false;
-            };
-            if self.gpus[pos] + EPS < per_gpu || self.gpu_mem[pos] < r.gpu_mem {
-                return false;
-            }
-        }
-        true
+impl WorkerConfig {
+    /// What the worker offers, as one amount (GPUs counted from the list).
+    pub fn offer(&self) -> Resources {
+        let mut r = Resources::zero();
+        r.cpus = self.cpus;
+        r.mem = self.mem;
+        r.gpus = self.gpus.len() as f64;
+        r.gpu_mem = self.gpus.iter().map(|g| g.mem_bytes).max().unwrap_or(0);
+        r.custom = self.custom.iter().cloned().collect();
+        r
     }
-    fn take(&mut self, r: &proto::ResourceSet, gpu_idx: &[u32], gpus: &[WorkerGpu], sign: f64) {
-        self.cpus += sign * r.cpus;
-        if self.mem != u64::MAX {
-            if sign < 0.0 {
-                self.mem = self.mem.saturating_sub(r.mem);
-            } else {
-                self.mem = self.mem.saturating_add(r.mem);
-            }
-        }
-        for c in &r.custom {
-            *self.custom.entry(c.name.clone()).or_insert(0.0) += sign * c.amount;
-        }
-        let per_gpu = per_gpu_share(r.gpus, gpu_idx.len());
-        for i in gpu_idx {
-            if let Some(pos) = gpus.iter().position(|g| g.index == *i) {
-                self.gpus[pos] += sign * per_gpu;
-                if sign < 0.0 {
-                    self.gpu_mem[pos] = self.gpu_mem[pos].saturating_sub(r.gpu_mem);
-                } else {
-                    self.gpu_mem[pos] = self.gpu_mem[pos].saturating_add(r.gpu_mem);
-                }
-            }
-        }
+
+    /// The ledger of this offer, as the coordinator keeps it too.
+    fn ledger(&self) -> Result<Ledger> {
+        let gpus: Vec<LedgerGpu> = self
+            .gpus
+            .iter()
+            .map(|g| LedgerGpu {
+                index: g.index,
+                mem_bytes: g.mem_bytes,
+            })
+            .collect();
+        Ok(Ledger::new(self.offer(), &gpus)?)
     }
 }
 
-fn per_gpu_share(gpus: f64, n: usize) -> f64 {
-    if n == 0 {
-        0.0
-    } else if gpus < 1.0 {
-        gpus
-    } else {
-        1.0
-    }
-}
-
+/// A running attempt's I/O: its cancel handle and log files (path, bytes sent so far).
 struct Running {
     cancel: CancelHandle,
     logs: [(PathBuf, u64); 2],
 }
 
-/// Mutable state of the agent, shared by the session and the task threads.
+/// The agent's state and the I/O of what runs, under one lock (task threads and the session
+/// both change it).
 struct Local {
-    free: Free,
-    queue: VecDeque<Assignment>,
-    running: HashMap<(u64, u32, u32), Running>,
-    /// Results sent recently, re-sent after a reconnect (the coordinator drops duplicates).
-    recent: VecDeque<(Instant, TaskResult)>,
-    /// Attempts that succeeded here lately, for chained assignments (`after`): a set and
-    /// its insertion order, capped at [`SUCCEEDED_KEPT`].
-    succeeded: std::collections::HashSet<(u64, u32, u32)>,
-    succeeded_order: VecDeque<(u64, u32, u32)>,
+    agent: Agent<Assignment>,
+    runs: HashMap<Attempt, Running>,
 }
-
-/// How many recent successes a worker remembers for chained assignments.
-const SUCCEEDED_KEPT: usize = 4096;
 
 enum Out {
     Started(TaskKey),
-    Finished(TaskResult),
+    Finished(proto::TaskResult),
     Returned(TaskKey),
     Log(proto::TaskLog),
 }
@@ -294,15 +238,84 @@ struct Shared {
     data_addr: String,
     /// The coordinator's rendezvous port for gangs (0 before registering or when none).
     rendezvous_port: std::sync::atomic::AtomicU32,
+    /// The agent's clock starts here.
+    epoch: Instant,
 }
 
-fn key3(k: &TaskKey) -> (u64, u32, u32) {
-    (k.job, k.task, k.attempt)
+impl Shared {
+    /// Milliseconds since the worker started (the agent's clock).
+    fn now(&self) -> Millis {
+        self.epoch.elapsed().as_millis() as Millis
+    }
+
+    /// Carries out the agent's commands in order (called with its lock held, so reports
+    /// leave in the order the agent made them).
+    fn apply(
+        self: &Arc<Self>,
+        runs: &mut HashMap<Attempt, Running>,
+        cmds: Vec<Command<Assignment>>,
+    ) {
+        for c in cmds {
+            match c {
+                Command::Report(Report::Started(k)) => {
+                    let _ = self.out.send(Out::Started(convert::key(k.0, k.1)));
+                }
+                Command::Report(Report::Finished(k, r)) => {
+                    let _ = self.out.send(Out::Finished(convert::task_result(k, r)));
+                }
+                Command::Report(Report::Returned(k)) => {
+                    let _ = self.out.send(Out::Returned(convert::key(k.0, k.1)));
+                }
+                Command::Kill(k) => {
+                    if let Some(r) = runs.get(&k) {
+                        r.cancel.cancel();
+                    }
+                }
+                Command::Start { key, payload } => self.start(runs, key, payload),
+            }
+        }
+    }
+
+    /// Runs an attempt the agent started on a pool thread; its end goes back to the agent.
+    fn start(self: &Arc<Self>, runs: &mut HashMap<Attempt, Running>, key: Attempt, a: Assignment) {
+        let cancel = CancelHandle::new();
+        let pkey = convert::key(key.0, key.1);
+        let logs = log_paths(&self.config.work_dir, &pkey);
+        runs.insert(
+            key,
+            Running {
+                cancel: cancel.clone(),
+                logs: [(logs.0.clone(), 0), (logs.1.clone(), 0)],
+            },
+        );
+        let sh = self.clone();
+        self.pool.spawn(move || {
+            let result = execute(&sh, &a, &pkey, &cancel, &logs);
+            let mut l = sh.local.lock();
+            let Local { agent, runs } = &mut *l;
+            // Final log bytes, then the result.
+            if let Some(run) = runs.remove(&key) {
+                for (i, (path, mut off)) in run.logs.into_iter().enumerate() {
+                    while let Some(data) = read_from(&path, &mut off, 4 << 20) {
+                        let _ = sh.out.send(Out::Log(proto::TaskLog {
+                            task: Some(pkey),
+                            data,
+                            stderr: i == 1,
+                        }));
+                    }
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+            let cmds = agent.finished(key, result, sh.now());
+            sh.apply(runs, cmds);
+        });
+    }
 }
 
 /// Runs a worker until `shutdown` turns true: connects (retrying while the coordinator is
 /// unreachable), registers, runs tasks, reconnects after a broken session.
 pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+    let ledger = config.ledger()?;
     std::fs::create_dir_all(&config.work_dir).map_err(|e| ClusterError::io(&config.work_dir, e))?;
     let objects = Arc::new(ObjectStore::open(&config.work_dir.join("objects"))?);
     let data = crate::framed::serve_framed(
@@ -320,34 +333,20 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
             None
         }
     };
-    let free = Free {
-        cpus: config.cpus,
-        mem: if config.mem == 0 {
-            u64::MAX
-        } else {
-            config.mem
-        },
-        gpus: vec![1.0; config.gpus.len()],
-        gpu_mem: config.gpus.iter().map(|g| g.mem_bytes).collect(),
-        custom: config.custom.iter().cloned().collect(),
-    };
     let shared = Arc::new(Shared {
         pool: Pool::new(),
         previous: Mutex::new(None),
         config,
         local: Mutex::new(Local {
-            free,
-            queue: VecDeque::new(),
-            running: HashMap::new(),
-            recent: VecDeque::new(),
-            succeeded: std::collections::HashSet::new(),
-            succeeded_order: VecDeque::new(),
+            agent: Agent::new(ledger),
+            runs: HashMap::new(),
         }),
         out: out_tx,
         wasm,
         objects,
         data_addr,
         rendezvous_port: std::sync::atomic::AtomicU32::new(0),
+        epoch: Instant::now(),
     });
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -375,7 +374,7 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
     let running: Vec<CancelHandle> = shared
         .local
         .lock()
-        .running
+        .runs
         .values()
         .map(|r| r.cancel.clone())
         .collect();
@@ -390,20 +389,40 @@ enum SessionEnd {
     Broken(String),
 }
 
-fn resource_set(cfg: &WorkerConfig) -> proto::ResourceSet {
-    proto::ResourceSet {
-        cpus: cfg.cpus,
-        gpus: cfg.gpus.len() as f64,
-        mem: cfg.mem,
-        gpu_mem: cfg.gpus.iter().map(|g| g.mem_bytes).max().unwrap_or(0),
-        custom: cfg
-            .custom
-            .iter()
-            .map(|(n, a)| proto::CustomResource {
-                name: n.clone(),
-                amount: *a,
-            })
+/// What a registration carries of the agent: what runs, what finished lately (re-sent: the
+/// coordinator applies each result once) and the output written while there was no session.
+struct Rejoining {
+    running: Vec<TaskKey>,
+    finished: Vec<proto::TaskResult>,
+    logs: Vec<proto::TaskLog>,
+}
+
+fn rejoin(shared: &Shared, out_rx: &mut mpsc::UnboundedReceiver<Out>) -> Rejoining {
+    let mut l = shared.local.lock();
+    // Under the lock nothing new is reported: what waits in the channel is older than the
+    // rejoin. Its finishes are among the agent's recent ones, its starts are implied by what
+    // runs, its returns by the dropped queue; only the output is kept.
+    let mut logs = Vec::new();
+    while let Ok(o) = out_rx.try_recv() {
+        if let Out::Log(log) = o {
+            logs.push(log);
+        }
+    }
+    let r = l.agent.rejoin(shared.now());
+    if !r.dropped.is_empty() {
+        tracing::debug!(
+            dropped = r.dropped.len(),
+            "queued attempts dropped: the coordinator places them again"
+        );
+    }
+    Rejoining {
+        running: r.running.iter().map(|k| convert::key(k.0, k.1)).collect(),
+        finished: r
+            .resend
+            .into_iter()
+            .map(|(k, res)| convert::task_result(k, res))
             .collect(),
+        logs,
     }
 }
 
@@ -415,66 +434,18 @@ async fn session(
     let cfg = &shared.config;
     let channel = cfg.remote.channel().await?;
     let mut client = WorkersClient::with_interceptor(channel, TokenAdd::new(&cfg.remote.token)?)
-        .max_decoding_message_size(256 << 20)
-        .max_encoding_message_size(256 << 20);
-    let (running, resend) = {
-        let mut l = shared.local.lock();
-        // Attempts queued but not started are dropped: the coordinator places again every
-        // attempt this worker does not report running (it declared the old session lost,
-        // or, after its own restart, learns it from `previous_worker`).
-        l.queue.clear();
-        let now = Instant::now();
-        while l
-            .recent
-            .front()
-            .is_some_and(|(t, _)| now.duration_since(*t) > Duration::from_secs(60))
-        {
-            l.recent.pop_front();
-        }
-        let running: Vec<TaskKey> = l
-            .running
-            .keys()
-            .map(|(j, t, a)| TaskKey {
-                job: *j,
-                task: *t,
-                attempt: *a,
-            })
-            .collect();
-        (
-            running,
-            l.recent.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(),
-        )
-    };
-    // What finished while there was no session is reported with the registration, before
-    // the coordinator decides which of the old id's attempts never reached us. (A task that
-    // is no longer in `running` has already queued its result: both happen under the lock.)
-    let mut resend = resend;
-    let mut carried_logs = Vec::new();
-    while let Ok(o) = out_rx.try_recv() {
-        match o {
-            Out::Finished(r) => {
-                shared
-                    .local
-                    .lock()
-                    .recent
-                    .push_back((Instant::now(), r.clone()));
-                resend.push(r);
-            }
-            Out::Log(l) => carried_logs.push(l),
-            // Starts are implied by `running`; returns by the cleared queue.
-            Out::Started(_) | Out::Returned(_) => {}
-        }
-    }
+        .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
+    let back = rejoin(shared, out_rx);
     let held = shared.objects.held();
-    let resources = resource_set(cfg);
     let previous_worker = *shared.previous.lock();
     let reply = client
         .register(proto::RegisterRequest {
             protocol_version: proto::PROTOCOL_VERSION,
             name: cfg.name.clone(),
-            hostname: hostname(),
+            hostname: flotilla_core::host::hostname(),
             hw_class: cfg.hw_class.clone(),
-            resources: Some(resources),
+            resources: Some(convert::resources_to_proto(&cfg.offer())),
             gpus: cfg
                 .gpus
                 .iter()
@@ -485,10 +456,10 @@ async fn session(
                 })
                 .collect(),
             data_addr: shared.data_addr.clone(),
-            running,
+            running: back.running,
             held,
             previous_worker,
-            finished: resend,
+            finished: back.finished,
         })
         .await?
         .into_inner();
@@ -510,7 +481,7 @@ async fn session(
     // The first message names us (and carries the output written while away).
     let _ = tx.send(proto::WorkerMessage {
         worker: me,
-        logs: carried_logs,
+        logs: back.logs,
         ..Default::default()
     });
     let mut inbound = client
@@ -534,37 +505,7 @@ async fn session(
                 }
             }
             Some(first) = out_rx.recv() => {
-                let mut m = proto::WorkerMessage { worker: me, ..Default::default() };
-                let add = |o: Out, m: &mut proto::WorkerMessage| match o {
-                    Out::Started(k) => m.started.push(k),
-                    Out::Finished(r) => m.finished.push(r),
-                    Out::Returned(k) => m.returned.push(k),
-                    Out::Log(l) => m.logs.push(l),
-                };
-                add(first, &mut m);
-                while m.finished.len() + m.started.len() < 4096 {
-                    match out_rx.try_recv() {
-                        Ok(o) => add(o, &mut m),
-                        Err(_) => break,
-                    }
-                }
-                if !m.finished.is_empty() {
-                    // A task that started and finished within this batch needs no start.
-                    if !m.started.is_empty() {
-                        let done: std::collections::HashSet<(u64, u32, u32)> =
-                            m.finished.iter().filter_map(|r| r.task.as_ref().map(key3)).collect();
-                        m.started.retain(|k| !done.contains(&key3(k)));
-                    }
-                    let mut l = shared.local.lock();
-                    let now = Instant::now();
-                    for r in &m.finished {
-                        l.recent.push_back((now, r.clone()));
-                    }
-                    while l.recent.front().is_some_and(|(t, _)| now.duration_since(*t) > Duration::from_secs(60)) {
-                        l.recent.pop_front();
-                    }
-                }
-                if tx.send(m).is_err() {
+                if tx.send(batch(me, first, out_rx)).is_err() {
                     return Ok(SessionEnd::Broken("the outgoing stream closed".into()));
                 }
             }
@@ -578,18 +519,41 @@ async fn session(
     }
 }
 
+/// One message of what waits to be sent, `first` first (at most 4,096 starts and finishes).
+fn batch(me: u32, first: Out, out_rx: &mut mpsc::UnboundedReceiver<Out>) -> proto::WorkerMessage {
+    let mut m = proto::WorkerMessage {
+        worker: me,
+        ..Default::default()
+    };
+    let add = |o: Out, m: &mut proto::WorkerMessage| match o {
+        Out::Started(k) => m.started.push(k),
+        Out::Finished(r) => m.finished.push(r),
+        Out::Returned(k) => m.returned.push(k),
+        Out::Log(l) => m.logs.push(l),
+    };
+    add(first, &mut m);
+    while m.finished.len() + m.started.len() < 4096 {
+        match out_rx.try_recv() {
+            Ok(o) => add(o, &mut m),
+            Err(_) => break,
+        }
+    }
+    // A task that started and finished within this batch needs no start.
+    if !m.finished.is_empty() && !m.started.is_empty() {
+        let done: HashSet<TaskKey> = m.finished.iter().filter_map(|r| r.task).collect();
+        m.started.retain(|k| !done.contains(k));
+    }
+    m
+}
+
 /// Sends what running tasks wrote since the last look (`flotilla logs --follow`).
 fn tail_logs(shared: &Shared) {
     let mut l = shared.local.lock();
-    for ((job, task, attempt), r) in l.running.iter_mut() {
+    for (key, r) in l.runs.iter_mut() {
         for (i, (path, off)) in r.logs.iter_mut().enumerate() {
             if let Some(data) = read_from(path, off, 1 << 20) {
                 let _ = shared.out.send(Out::Log(proto::TaskLog {
-                    task: Some(TaskKey {
-                        job: *job,
-                        task: *task,
-                        attempt: *attempt,
-                    }),
+                    task: Some(convert::key(key.0, key.1)),
                     data,
                     stderr: i == 1,
                 }));
@@ -616,112 +580,13 @@ fn read_from(path: &Path, off: &mut u64, max: u64) -> Option<Vec<u8>> {
 }
 
 fn on_message(shared: &Arc<Shared>, m: proto::CoordinatorMessage) {
-    {
-        let mut l = shared.local.lock();
-        for k in &m.cancel {
-            let key = key3(k);
-            if let Some(r) = l.running.get(&key) {
-                r.cancel.cancel();
-            } else if let Some(pos) = l
-                .queue
-                .iter()
-                .position(|a| a.task.as_ref().map(key3) == Some(key))
-            {
-                l.queue.remove(pos);
-                let _ = shared.out.send(Out::Finished(TaskResult {
-                    task: Some(*k),
-                    outcome: proto::task_result::Outcome::Cancelled as i32,
-                    message: "cancelled before it started".into(),
-                    ..Default::default()
-                }));
-            }
-        }
-        for k in &m.retract {
-            let key = key3(k);
-            if let Some(pos) = l
-                .queue
-                .iter()
-                .position(|a| a.task.as_ref().map(key3) == Some(key))
-            {
-                l.queue.remove(pos);
-                let _ = shared.out.send(Out::Returned(*k));
-            }
-        }
-        l.queue.extend(m.assign);
-    }
-    start_ready(shared);
-}
-
-/// Starts every queued task whose resources are free.
-fn start_ready(shared: &Arc<Shared>) {
+    let cancel: Vec<Attempt> = m.cancel.iter().map(convert::task_key).collect();
+    let retract: Vec<Attempt> = m.retract.iter().map(convert::task_key).collect();
+    let assign = m.assign.into_iter().filter_map(convert::work).collect();
     let mut l = shared.local.lock();
-    let gpus = &shared.config.gpus;
-    let mut i = 0;
-    while i < l.queue.len() {
-        let a = &l.queue[i];
-        // Chained: waits until its predecessor's attempt succeeded here.
-        if let Some(after) = &a.after {
-            if !l.succeeded.contains(&key3(after)) {
-                i += 1;
-                continue;
-            }
-        }
-        let r = a.resources.clone().unwrap_or_default();
-        if !l.free.fits(&r, &a.gpu_indices, gpus) {
-            i += 1;
-            continue;
-        }
-        let Some(a) = l.queue.remove(i) else { break };
-        let Some(key) = a.task else { continue };
-        l.free.take(&r, &a.gpu_indices, gpus, -1.0);
-        let cancel = CancelHandle::new();
-        let logs = log_paths(&shared.config.work_dir, &key);
-        l.running.insert(
-            key3(&key),
-            Running {
-                cancel: cancel.clone(),
-                logs: [(logs.0.clone(), 0), (logs.1.clone(), 0)],
-            },
-        );
-        let _ = shared.out.send(Out::Started(key));
-        let sh = shared.clone();
-        shared.pool.spawn(move || {
-            let result = execute(&sh, &a, &key, &cancel, &logs);
-            let r = a.resources.clone().unwrap_or_default();
-            {
-                let mut l = sh.local.lock();
-                // Final log bytes, then the result.
-                if let Some(run) = l.running.remove(&key3(&key)) {
-                    for (i, (path, mut off)) in run.logs.into_iter().enumerate() {
-                        while let Some(data) = read_from(&path, &mut off, 4 << 20) {
-                            let _ = sh.out.send(Out::Log(proto::TaskLog {
-                                task: Some(key),
-                                data,
-                                stderr: i == 1,
-                            }));
-                        }
-                        let _ = std::fs::remove_file(&path);
-                    }
-                }
-                l.free.take(&r, &a.gpu_indices, &sh.config.gpus, 1.0);
-                if result.outcome == proto::task_result::Outcome::Succeeded as i32 {
-                    let k = key3(&key);
-                    if l.succeeded.insert(k) {
-                        l.succeeded_order.push_back(k);
-                        if l.succeeded_order.len() > SUCCEEDED_KEPT {
-                            if let Some(old) = l.succeeded_order.pop_front() {
-                                l.succeeded.remove(&old);
-                            }
-                        }
-                    }
-                }
-                // Sent under the lock: the coordinator must hear of this finish before
-                // any start that uses what it freed.
-                let _ = sh.out.send(Out::Finished(result));
-            }
-            start_ready(&sh);
-        });
-    }
+    let Local { agent, runs } = &mut *l;
+    let cmds = agent.message(&cancel, &retract, assign, shared.now());
+    shared.apply(runs, cmds);
 }
 
 fn log_paths(work: &Path, k: &TaskKey) -> (PathBuf, PathBuf) {
@@ -732,13 +597,12 @@ fn log_paths(work: &Path, k: &TaskKey) -> (PathBuf, PathBuf) {
     )
 }
 
-fn failed(key: &TaskKey, message: String, retryable: bool) -> TaskResult {
-    TaskResult {
-        task: Some(*key),
-        outcome: proto::task_result::Outcome::Failed as i32,
-        message,
-        retryable,
-        ..Default::default()
+fn failed(message: String, retryable: bool) -> AttemptResult {
+    AttemptResult {
+        outcome: AttemptOutcome::Failed { message, retryable },
+        usage: Default::default(),
+        outputs: Vec::new(),
+        variant: None,
     }
 }
 
@@ -749,21 +613,17 @@ fn execute(
     key: &TaskKey,
     cancel: &CancelHandle,
     logs: &(PathBuf, PathBuf),
-) -> TaskResult {
+) -> AttemptResult {
     if let Some(dir) = logs.0.parent() {
         if let Err(e) = std::fs::create_dir_all(dir) {
-            return failed(
-                key,
-                format!("worker cannot create {}: {e}", dir.display()),
-                true,
-            );
+            return failed(format!("worker cannot create {}: {e}", dir.display()), true);
         }
     }
     // Where the task runs: the shared job folder, or a sandbox with its inputs staged.
     let root = if a.transfer {
         match crate::objects::stage_inputs(&sh.objects, &sh.config.work_dir, a, &sh.config.remote) {
             Ok(dir) => dir,
-            Err(e) => return failed(key, format!("staging inputs: {e}"), true),
+            Err(e) => return failed(format!("staging inputs: {e}"), true),
         }
     } else {
         PathBuf::from(&a.job_dir)
@@ -773,37 +633,34 @@ fn execute(
     } else {
         root.join(&a.cwd)
     };
-    let mut env: Vec<(String, String)> = vec![
-        ("FLOTILLA_JOB".into(), a.job_name.clone()),
-        ("FLOTILLA_JOB_ID".into(), key.job.to_string()),
-        ("FLOTILLA_TASK".into(), a.name.clone()),
-        ("FLOTILLA_ATTEMPT".into(), key.attempt.to_string()),
-    ];
-    if let Some(i) = a.index {
-        env.push(("FLOTILLA_INDEX".into(), i.to_string()));
-    }
-    if let Some(g) = &a.gang {
-        env.push(("FLOTILLA_RANK".into(), g.rank.to_string()));
-        env.push(("FLOTILLA_WORLD_SIZE".into(), g.size.to_string()));
+    let rendezvous = a.gang.as_ref().map(|g| {
         let port = sh
             .rendezvous_port
             .load(std::sync::atomic::Ordering::Relaxed);
-        env.push((
-            "FLOTILLA_RENDEZVOUS".into(),
-            format!("{}:{port}/{}", sh.config.remote.host(), g.key),
-        ));
+        flotilla_exec::GangEnv {
+            rank: g.rank,
+            size: g.size,
+            rendezvous: format!("{}:{port}/{}", sh.config.remote.host(), g.key),
+        }
+    });
+    // A worker that manages GPUs hides them from a task given none.
+    let gpus = (!a.gpu_indices.is_empty() || !sh.config.gpus.is_empty())
+        .then_some(a.gpu_indices.as_slice());
+    let mut env = flotilla_exec::TaskEnv {
+        job: &a.job_name,
+        job_id: key.job,
+        task: &a.name,
+        attempt: key.attempt,
+        index: a.index,
+        gang: rendezvous,
+        gpus,
     }
-    if !a.gpu_indices.is_empty() {
-        let list: Vec<String> = a.gpu_indices.iter().map(|i| i.to_string()).collect();
-        env.push(("CUDA_VISIBLE_DEVICES".into(), list.join(",")));
-    } else if a.resources.as_ref().is_some_and(|r| r.gpus == 0.0) && !sh.config.gpus.is_empty() {
-        env.push(("CUDA_VISIBLE_DEVICES".into(), String::new()));
-    }
+    .vars();
     env.extend(a.env.iter().map(|e| (e.name.clone(), e.value.clone())));
     let timeout = a.timeout_ms.map(Duration::from_millis);
     let outcome = if !a.wasm_module.is_empty() {
         let Some(runner) = &sh.wasm else {
-            return failed(key, "this worker cannot run wasm tasks".into(), false);
+            return failed("this worker cannot run wasm tasks".into(), false);
         };
         let spec = WasmSpec {
             module: root.join(&a.wasm_module),
@@ -851,48 +708,38 @@ fn execute(
     };
     let outcome = match outcome {
         Ok(o) => o,
-        Err(e) => return failed(key, e.to_string(), false),
+        Err(e) => return failed(e.to_string(), false),
     };
-    let usage = Some(proto::Usage {
+    let usage = crate::state::Usage {
         cpu_seconds: outcome.usage.cpu_seconds,
         peak_rss_bytes: outcome.usage.peak_rss_bytes,
         wall_seconds: outcome.usage.wall_seconds,
-    });
+    };
+    let end = |outcome: AttemptOutcome| AttemptResult {
+        outcome,
+        usage,
+        outputs: Vec::new(),
+        variant: None,
+    };
     if matches!(outcome.termination, Termination::Cancelled) {
-        return TaskResult {
-            task: Some(*key),
-            outcome: proto::task_result::Outcome::Cancelled as i32,
-            message: "cancelled".into(),
-            usage,
-            ..Default::default()
-        };
+        return end(AttemptOutcome::Cancelled);
     }
     if !outcome.success() {
-        let mut r = failed(key, outcome.describe(), true);
-        r.usage = usage;
-        return r;
+        return end(AttemptOutcome::Failed {
+            message: outcome.describe(),
+            retryable: true,
+        });
     }
     // Declared outputs must exist; in transfer staging they are hashed and kept here.
-    let outputs = match crate::objects::collect_outputs(
-        &sh.objects,
-        &root,
-        &a.outputs,
-        a.transfer,
-        Some(*key),
-    ) {
-        Ok(o) => o,
-        Err(e) => {
-            let mut r = failed(key, e.to_string(), false);
-            r.usage = usage;
-            return r;
-        }
-    };
-    TaskResult {
-        task: Some(*key),
-        outcome: proto::task_result::Outcome::Succeeded as i32,
-        usage,
-        outputs,
-        variant: a.variant.clone(),
-        ..Default::default()
+    match crate::objects::collect_outputs(&sh.objects, &root, &a.outputs, a.transfer, Some(*key)) {
+        Ok(outputs) => AttemptResult {
+            outputs: outputs.iter().map(convert::object_from).collect(),
+            variant: (!a.variant.is_empty()).then(|| a.variant.clone()),
+            ..end(AttemptOutcome::Succeeded)
+        },
+        Err(e) => end(AttemptOutcome::Failed {
+            message: e.to_string(),
+            retryable: false,
+        }),
     }
 }

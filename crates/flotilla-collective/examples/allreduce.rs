@@ -1,24 +1,18 @@
 //! Allreduce benchmark: spawns `--ranks` copies of itself as processes (default 2) that
 //! rendezvous on a local server and run `flotilla_collective::bench::run`.
 //!
-//! `cargo run --release -p flotilla-collective --example allreduce -- --transport tcp --sizes 1M,64M,256M`
+//! `cargo run --release -p flotilla-collective --example allreduce -- --transport tcp --sizes 1MiB,64MiB,256MiB`
 //!
 //! Options: `--ranks N`, `--transport auto|tcp|shm`, `--algo auto|ring|rd`, `--det`,
-//! `--sizes LIST` (suffixes K, M), `--rounds R`.
+//! `--sizes LIST` (`KiB`, `MiB`, … as the job file reads sizes), `--rounds R`.
 
 use std::process::Command;
 
 use flotilla_collective::{bench, Algorithm, Communicator, Options, RendezvousServer, Transport};
 
+/// A size as the job file writes it (`1MiB`, `64MiB`; `K`/`M` are decimal).
 fn parse_size(s: &str) -> anyhow::Result<usize> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1usize << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    Ok(num.parse::<usize>()? * mul)
+    Ok(usize::try_from(flotilla_core::size::parse_size(s)?)?)
 }
 
 fn main() -> anyhow::Result<()> {

@@ -15,7 +15,7 @@ use crate::shm_ops;
 use crate::wire::{self, Reader, Writer};
 
 /// Below this many bytes [`Algorithm::Auto`] uses recursive doubling on TCP, from here on the
-/// ring. Measured on the 2-core development machine, see the crate docs.
+/// ring. Measured on the 2-core development machine (BENCHMARKS.md, "Collectives").
 pub const RD_THRESHOLD_BYTES: usize = 128 << 10;
 
 /// How an earlier failure broke the communicator (replayed by later calls).

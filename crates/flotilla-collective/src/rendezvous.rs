@@ -365,9 +365,7 @@ pub(crate) fn join(
 /// `hostname/boot_id`: equal for two processes exactly when they share a kernel (and so
 /// `/dev/shm`).
 pub(crate) fn host_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown-host".into());
+    let host = flotilla_core::host::hostname();
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
         .unwrap_or_default();

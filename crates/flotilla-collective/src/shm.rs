@@ -244,7 +244,7 @@ impl Segment {
         if seg.header(0).load(Ordering::Acquire) != SHM_MAGIC
             || seg.header(1).load(Ordering::Relaxed) != n as u64
             || slot_bytes < 4096
-            || slot_bytes % 4096 != 0
+            || !slot_bytes.is_multiple_of(4096)
             || total != len
         {
             return Err(CommError::InvalidArgument(format!(
@@ -259,7 +259,7 @@ impl Segment {
     }
 
     fn atomic(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= self.map.len());
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.map.len());
         // SAFETY: the offset is 8-aligned inside the live mapping (page aligned base), and
         // every process accesses these words only atomically.
         unsafe { &*(self.map.as_mut_ptr().add(off) as *const AtomicU64) }
@@ -303,7 +303,7 @@ impl Segment {
     /// between the moments described in the module docs.
     pub(crate) unsafe fn slot<T>(&self, r: usize, s: usize, off: usize, len: usize) -> *mut T {
         debug_assert!(off + len * std::mem::size_of::<T>() <= self.slot_bytes);
-        debug_assert!(off % std::mem::align_of::<T>() == 0);
+        debug_assert!(off.is_multiple_of(std::mem::align_of::<T>()));
         let base = self.slots_off + (r * 2 + s) * self.slot_bytes + off;
         // SAFETY: in bounds by the assertion above (the caller keeps off + len within a slot).
         unsafe { self.map.as_mut_ptr().add(base).cast() }
@@ -397,7 +397,7 @@ impl Segment {
             }
             std::hint::spin_loop();
             iter += 1;
-            if iter % 64 == 0
+            if iter.is_multiple_of(64)
                 && (self.abort_word().load(Ordering::Relaxed) != 0 || start.elapsed() >= SPIN)
             {
                 break;

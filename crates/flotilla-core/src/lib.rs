@@ -1,7 +1,8 @@
 //! flotilla-core: Flotilla's vocabulary: ids, resources, job and task specs (parse,
 //! validate, expand arrays) and errors.
 //!
-//! It is pure: no I/O beyond parsing a string, no async, so every other crate (the
+//! It is pure: no I/O beyond parsing a string (save [`host`], which reads the host name and
+//! `FLOTILLA_HOME`), no async, so every other crate (the
 //! scheduler, the runtime, the coordinator) can share it and test against it
 //! deterministically.
 //!
@@ -44,8 +45,10 @@
 pub mod duration;
 pub mod error;
 pub mod graph;
+pub mod host;
 pub mod ids;
 pub mod job;
+pub mod ledger;
 mod parse;
 pub mod resources;
 pub mod size;
@@ -58,6 +61,7 @@ pub use ids::{DataId, JobId, MemNodeId, TaskId, UnitId, WorkerId};
 pub use job::{
     Defaults, Dependency, Group, JobSpec, Staging, TaskBody, TaskSpec, VariantSpec, WasmSpec,
 };
+pub use ledger::Ledger;
 pub use parse::parse_job;
 pub use resources::{ResourceRequest, Resources};
 pub use source::SourceMap;

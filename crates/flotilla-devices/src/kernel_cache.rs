@@ -74,14 +74,7 @@ impl KernelCacheDir {
     /// default cannot be resolved.
     pub fn resolve(&self) -> Option<PathBuf> {
         match self {
-            KernelCacheDir::Default => {
-                let home = match std::env::var_os("FLOTILLA_HOME") {
-                    Some(h) if !h.is_empty() => PathBuf::from(h),
-                    _ => PathBuf::from(std::env::var_os("HOME").filter(|h| !h.is_empty())?)
-                        .join(".flotilla"),
-                };
-                Some(home.join("kernels"))
-            }
+            KernelCacheDir::Default => Some(flotilla_core::host::flotilla_home()?.join("kernels")),
             KernelCacheDir::At(dir) => Some(dir.clone()),
             KernelCacheDir::Off => None,
         }

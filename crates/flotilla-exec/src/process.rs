@@ -114,27 +114,62 @@ impl ProcessSpec {
     }
 }
 
-/// The variables every process task gets: `FLOTILLA_JOB`, `FLOTILLA_TASK`, `FLOTILLA_INDEX`
-/// (array tasks only) and `CUDA_VISIBLE_DEVICES` (when the worker manages GPUs: `Some(&[])`
-/// hides every GPU from a task that was assigned none).
-pub fn task_env(
-    job: &str,
-    task: &str,
-    index: Option<u64>,
-    gpus: Option<&[u32]>,
-) -> Vec<(String, String)> {
-    let mut env = vec![
-        ("FLOTILLA_JOB".to_owned(), job.to_owned()),
-        ("FLOTILLA_TASK".to_owned(), task.to_owned()),
-    ];
-    if let Some(index) = index {
-        env.push(("FLOTILLA_INDEX".to_owned(), index.to_string()));
+/// What a task is told about itself through its environment, process and WASM tasks alike.
+/// [`TaskEnv::vars`] lists every variable a worker sets for a task; the job file's own `env`
+/// comes after them.
+#[derive(Clone, Debug, Default)]
+pub struct TaskEnv<'a> {
+    /// The job's name (`FLOTILLA_JOB`).
+    pub job: &'a str,
+    /// The job's id (`FLOTILLA_JOB_ID`).
+    pub job_id: u64,
+    /// The task instance's name, e.g. `tile[7]` (`FLOTILLA_TASK`).
+    pub task: &'a str,
+    /// The attempt, from 0 (`FLOTILLA_ATTEMPT`).
+    pub attempt: u32,
+    /// The index in its array (`FLOTILLA_INDEX`, array tasks only).
+    pub index: Option<u64>,
+    /// Its place in a gang (`FLOTILLA_RANK`, `FLOTILLA_WORLD_SIZE`, `FLOTILLA_RENDEZVOUS`).
+    pub gang: Option<GangEnv>,
+    /// The GPUs it may use (`CUDA_VISIBLE_DEVICES`), when the worker manages GPUs: `Some(&[])`
+    /// hides every GPU from a task given none.
+    pub gpus: Option<&'a [u32]>,
+}
+
+/// A gang member's place, for [`TaskEnv`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GangEnv {
+    /// Its rank, from 0.
+    pub rank: u32,
+    /// How many members the gang has.
+    pub size: u32,
+    /// Where the members meet: `HOST:PORT/KEY`.
+    pub rendezvous: String,
+}
+
+impl TaskEnv<'_> {
+    /// The variables, in a fixed order.
+    pub fn vars(&self) -> Vec<(String, String)> {
+        let mut env = vec![
+            ("FLOTILLA_JOB".to_owned(), self.job.to_owned()),
+            ("FLOTILLA_JOB_ID".to_owned(), self.job_id.to_string()),
+            ("FLOTILLA_TASK".to_owned(), self.task.to_owned()),
+            ("FLOTILLA_ATTEMPT".to_owned(), self.attempt.to_string()),
+        ];
+        if let Some(index) = self.index {
+            env.push(("FLOTILLA_INDEX".to_owned(), index.to_string()));
+        }
+        if let Some(g) = &self.gang {
+            env.push(("FLOTILLA_RANK".to_owned(), g.rank.to_string()));
+            env.push(("FLOTILLA_WORLD_SIZE".to_owned(), g.size.to_string()));
+            env.push(("FLOTILLA_RENDEZVOUS".to_owned(), g.rendezvous.clone()));
+        }
+        if let Some(gpus) = self.gpus {
+            let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
+            env.push(("CUDA_VISIBLE_DEVICES".to_owned(), list.join(",")));
+        }
+        env
     }
-    if let Some(gpus) = gpus {
-        let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
-        env.push(("CUDA_VISIBLE_DEVICES".to_owned(), list.join(",")));
-    }
-    env
 }
 
 fn stdio(opened: Opened) -> Stdio {
@@ -432,17 +467,45 @@ mod tests {
             "echo $FLOTILLA_JOB $FLOTILLA_TASK $FLOTILLA_INDEX; echo $CUDA_VISIBLE_DEVICES; pwd",
             &cwd,
         );
-        spec.env = task_env("mandel", "tile[7]", Some(7), Some(&[1, 3]));
+        spec.env = TaskEnv {
+            job: "mandel",
+            task: "tile[7]",
+            index: Some(7),
+            gpus: Some(&[1, 3]),
+            ..TaskEnv::default()
+        }
+        .vars();
         let out = cwd.join("out");
         spec.stdout = Output::File(out.clone());
         assert!(run(&spec).success());
         let text = fs::read_to_string(&out).expect("stdout");
         assert_eq!(text, format!("mandel tile[7] 7\n1,3\n{}\n", cwd.display()));
 
-        assert_eq!(task_env("j", "t", None, None).len(), 2);
+        let plain = TaskEnv {
+            job: "j",
+            task: "t",
+            ..TaskEnv::default()
+        };
+        assert_eq!(plain.vars().len(), 4);
+        let hidden = TaskEnv {
+            gpus: Some(&[]),
+            ..plain.clone()
+        };
         assert_eq!(
-            task_env("j", "t", None, Some(&[]))[2],
+            hidden.vars()[4],
             ("CUDA_VISIBLE_DEVICES".to_owned(), String::new())
+        );
+        let gang = TaskEnv {
+            gang: Some(GangEnv {
+                rank: 1,
+                size: 2,
+                rendezvous: "h:1/k".into(),
+            }),
+            ..plain
+        };
+        assert_eq!(
+            gang.vars()[6],
+            ("FLOTILLA_RENDEZVOUS".to_owned(), "h:1/k".to_owned())
         );
 
         // A cleared environment holds exactly what the spec sets.

@@ -449,16 +449,12 @@ mod link_tests {
 }
 
 fn default_model_path() -> Option<PathBuf> {
-    let home = match std::env::var_os("FLOTILLA_HOME") {
-        Some(h) => PathBuf::from(h),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".flotilla"),
-    };
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".to_string());
-    Some(home.join("perfmodels").join(format!("{host}.json")))
+    let host = flotilla_core::host::hostname();
+    Some(
+        flotilla_core::host::flotilla_home()?
+            .join("perfmodels")
+            .join(format!("{host}.json")),
+    )
 }
 
 fn load_model(path: &Path) -> Result<PerfModel> {

@@ -70,12 +70,12 @@ impl Sleep {
         self.sleeping[idx].store(false, Ordering::SeqCst);
     }
 
-    /// After pushing shared work: wakes one sleeping worker, if any.
     /// How many pushes there have been.
     pub(crate) fn posted(&self) -> u64 {
         self.posted.load(Ordering::Relaxed)
     }
 
+    /// After pushing shared work: wakes one sleeping worker, if any.
     pub(crate) fn wake_any(&self) {
         self.posted.fetch_add(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);

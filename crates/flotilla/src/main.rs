@@ -76,8 +76,9 @@ struct AllreduceArgs {
     /// Ranks (processes on this machine).
     #[arg(long, default_value_t = 2)]
     ranks: usize,
-    /// Message sizes (K, M, G are powers of 1024).
-    #[arg(long, default_value = "4K,1M,64M,256M")]
+    /// Message sizes, as the job file writes sizes (KiB, MiB, GiB are powers of 1024; K, M, G
+    /// of 1000).
+    #[arg(long, default_value = "4KiB,1MiB,64MiB,256MiB")]
     bytes: String,
     /// tcp (loopback), shm (shared memory) or auto.
     #[arg(long, default_value = "auto")]
@@ -139,8 +140,9 @@ struct TransferArgs {
 
 #[derive(Args)]
 struct AllreduceRankArgs {
-    /// Message sizes (K, M, G are powers of 1024).
-    #[arg(long, default_value = "4K,1M,64M,256M")]
+    /// Message sizes, as the job file writes sizes (KiB, MiB, GiB are powers of 1024; K, M, G
+    /// of 1000).
+    #[arg(long, default_value = "4KiB,1MiB,64MiB,256MiB")]
     bytes: String,
     /// tcp, shm or auto.
     #[arg(long, default_value = "auto")]
@@ -185,6 +187,9 @@ struct ClusterArgs {
     /// Chained dispatch depth (0: every hop of a chain goes through the coordinator).
     #[arg(long, default_value_t = 8)]
     chain_depth: usize,
+    /// Then restart the coordinator this many times on the same state (journal replay).
+    #[arg(long, default_value_t = 0)]
+    restarts: usize,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -343,13 +348,14 @@ fn run(cli: Cli) -> Result<bool> {
                 reps: a.reps,
                 xargs: !a.no_xargs,
                 chain_depth: a.chain_depth,
+                restarts: a.restarts,
             };
             let r = tokio_runtime()?
                 .block_on(flotilla::bench::cluster::run(&cfg))
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             print(a.json, &r, |r| {
                 format!(
-                    "cluster {} ({}) tasks={} workers={}x{}: {:.0} tasks/s, {:.3} ms/task, median {:.3} s{}",
+                    "cluster {} ({}) tasks={} workers={}x{}: {:.0} tasks/s, {:.3} ms/task, median {:.3} s{}{}",
                     r.workload,
                     r.kind,
                     r.tasks,
@@ -360,6 +366,11 @@ fn run(cli: Cli) -> Result<bool> {
                     r.seconds,
                     match (r.xargs_tasks_per_s, r.ratio_to_xargs) {
                         (Some(x), Some(q)) => format!("; xargs -P {:.0} tasks/s, ratio {q:.2}", x),
+                        _ => String::new(),
+                    },
+                    match (r.restart_s, r.journal_bytes) {
+                        (Some(s), Some(b)) => format!("; restart {:.1} ms on a {b}-byte journal", s * 1e3),
+                        (Some(s), None) => format!("; restart {:.1} ms", s * 1e3),
                         _ => String::new(),
                     }
                 )

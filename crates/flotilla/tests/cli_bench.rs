@@ -170,7 +170,7 @@ fn bench_allreduce_on_device_memory_checks_and_reports_its_staging() {
             "--ranks",
             "2",
             "--bytes",
-            "4K,1M",
+            "4KiB,1MiB",
             "--rounds",
             "1",
             "--memory",

@@ -84,7 +84,7 @@ name = "allreduce"
 id = "rank"
 group = {{ size = 2 }}
 resources = {{ cpus = 1 }}
-cmd = ["sh", "-c", "exec '{}' bench allreduce-rank --bytes 4K,1M --rounds 2 --transport tcp > out-$FLOTILLA_RANK.json"]
+cmd = ["sh", "-c", "exec '{}' bench allreduce-rank --bytes 4KiB,1MiB --rounds 2 --transport tcp > out-$FLOTILLA_RANK.json"]
 "#,
             kit::BIN
         ),

@@ -106,7 +106,7 @@ fn connect(args: &Args) -> anyhow::Result<Gang> {
         if rank >= size {
             bail!("--rank {rank} is not below --world-size {size}");
         }
-        if size == 0 || args.batch % size != 0 {
+        if size == 0 || !args.batch.is_multiple_of(size) {
             bail!(
                 "global batch {} is not a multiple of --world-size {size}",
                 args.batch

@@ -147,7 +147,7 @@ pub fn train_with<R: Reducer, G: Gradient>(
 ) -> Result<Outcome> {
     let (rank, size) = (reducer.rank(), reducer.size());
     let batch = config.batch;
-    if size == 0 || batch == 0 || batch % size != 0 {
+    if size == 0 || batch == 0 || !batch.is_multiple_of(size) {
         return Err(TrainError::Config(format!(
             "global batch {batch} is not a positive multiple of the world size {size}"
         )));

@@ -84,9 +84,11 @@
 //!
 //! # Restart
 //!
-//! Journaled events ([`JournalRecord`]) are written before they are applied; assignments are
-//! journaled by the server from [`Coordinator::take_journal_records`] before it sends the
-//! `Assign` commands. After a crash the server replays the records with
+//! The server applies a batch of events, then appends the journaled ones ([`JournalRecord`])
+//! and the assignments they caused ([`Coordinator::take_journal_records`]) to the journal in
+//! one write, and only then replies or sends the `Assign` commands: nothing leaves the
+//! coordinator before it is in the journal, so an event applied but not written died with
+//! the process before anyone heard of it. After a crash the server replays the records with
 //! [`Coordinator::replay`] and calls [`Coordinator::recovered`]. A replayed assignment leaves
 //! its task `Assigned` to a *ghost* (the worker id from before the restart): it is not placed
 //! again until a worker joins reporting that `(task, attempt)` running (the task becomes
@@ -272,7 +274,8 @@ pub struct AttemptResult {
 }
 
 /// Everything that can happen to the coordinator. Journaled ones (J) are written to the
-/// journal before they are applied, and replayed after a restart.
+/// journal after they are applied and before anything they caused leaves the coordinator,
+/// and replayed after a restart.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Event {
     /// A job was accepted (J).
@@ -369,7 +372,8 @@ pub enum Event {
 }
 
 impl Event {
-    /// Whether the server must journal this event before applying it.
+    /// Whether the server must journal this event (before it replies or dispatches anything
+    /// the event caused).
     pub fn journaled(&self) -> bool {
         matches!(
             self,

@@ -11,8 +11,8 @@ use proptest::prelude::*;
 
 use super::coordinator::resources_of;
 use super::tests::{config, wspec};
-use super::worker::EPS;
 use super::*;
+use flotilla_core::ledger::EPS;
 
 #[derive(Debug, Clone)]
 struct Group {
@@ -372,8 +372,8 @@ fn check(c: &Coordinator) {
     for w in c.workers_map().values() {
         // Reserved slots fit the capacity (recomputed from the slots, not from `used`).
         let (mut cpus, mut mem, mut lic) = (0.0, 0u64, 0.0);
-        let mut share = vec![0.0; w.gpus.len()];
-        let mut gmem = vec![0u64; w.gpus.len()];
+        let mut share = vec![0.0; w.ledger.gpus().len()];
+        let mut gmem = vec![0u64; w.ledger.gpus().len()];
         for ((t, _), s) in &w.slots {
             if s.started {
                 assert!(s.reserved, "{t} running on {} without a reservation", w.id);
@@ -399,18 +399,18 @@ fn check(c: &Coordinator) {
             }
         }
         assert!(
-            cpus <= w.cap.cpus + EPS,
+            cpus <= w.cap().cpus + EPS,
             "{}: cpus {cpus} > {}",
             w.id,
-            w.cap.cpus
+            w.cap().cpus
         );
-        assert!(mem <= w.cap.mem, "{}: mem oversubscribed", w.id);
-        let cap_lic = w.cap.custom.get("lic").copied().unwrap_or(0.0);
+        assert!(mem <= w.cap().mem, "{}: mem oversubscribed", w.id);
+        let cap_lic = w.cap().custom.get("lic").copied().unwrap_or(0.0);
         assert!(lic <= cap_lic + EPS, "{}: lic {lic} > {cap_lic}", w.id);
-        for (i, g) in w.gpus.iter().enumerate() {
+        for (i, g) in w.ledger.gpus().iter().enumerate() {
             assert!(share[i] <= 1.0 + EPS, "{}: GPU {i} shared beyond 1", w.id);
             assert!(
-                gmem[i] <= g.info.mem_bytes,
+                gmem[i] <= g.gpu.mem_bytes,
                 "{}: GPU {i} memory oversubscribed",
                 w.id
             );

@@ -104,7 +104,7 @@ fn place_plain(
         } else {
             (
                 "eager",
-                format!("{}: most free cpus ({free} of {})", w.id, w.cap.cpus),
+                format!("{}: most free cpus ({free} of {})", w.id, w.cap().cpus),
             )
         };
         return Some(Decision {

@@ -172,29 +172,23 @@ pub enum AllreduceBenchError {
     BadLine(String),
 }
 
-/// Parses `4K,1M,64M,256M` (binary multiples, as OpenMPI's benchmark uses: K = 1024) into byte counts, each a multiple of 4
-/// (whole f32 elements).
+/// Parses a comma-separated list of sizes (`4KiB,1MiB,64MiB`, read by
+/// [`flotilla_core::size::parse_size`]: `K` and `M` are decimal, `KiB` and `MiB` binary, as
+/// OpenMPI's benchmarks use) into byte counts, each a positive multiple of 4 (whole f32
+/// elements).
 pub fn parse_sizes(text: &str) -> Result<Vec<usize>, AllreduceBenchError> {
     text.split(',')
         .map(|s| {
-            let s = s.trim();
-            let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-            let unit = &s[digits.len()..];
-            let scale: usize = match unit.to_ascii_lowercase().as_str() {
-                "" | "b" => 1,
-                "k" | "kib" => 1 << 10,
-                "m" | "mib" => 1 << 20,
-                "g" | "gib" => 1 << 30,
-                _ => return Err(AllreduceBenchError::BadSize(format!("{s:?}: unknown unit"))),
-            };
-            let bytes = digits
-                .parse::<usize>()
+            let bytes = flotilla_core::size::parse_size(s)
                 .ok()
-                .and_then(|n| n.checked_mul(scale))
-                .ok_or_else(|| AllreduceBenchError::BadSize(format!("{s:?} is not a size")))?;
+                .and_then(|b| usize::try_from(b).ok())
+                .ok_or_else(|| {
+                    AllreduceBenchError::BadSize(format!("{:?} is not a size", s.trim()))
+                })?;
             if bytes == 0 || bytes % 4 != 0 {
                 return Err(AllreduceBenchError::BadSize(format!(
-                    "{s:?} must be a positive multiple of 4 bytes (f32 elements)"
+                    "{:?} must be a positive multiple of 4 bytes (f32 elements)",
+                    s.trim()
                 )));
             }
             Ok(bytes)
@@ -386,11 +380,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_parse_in_binary_units_and_must_be_whole_floats() {
+    fn sizes_parse_as_the_job_file_reads_them_and_must_be_whole_floats() {
         assert_eq!(
-            parse_sizes("4K,1M, 64M").unwrap(),
+            parse_sizes("4KiB,1MiB, 64MiB").unwrap(),
             vec![4096, 1 << 20, 64 << 20]
         );
+        assert_eq!(parse_sizes("4K,1MB").unwrap(), vec![4000, 1_000_000]);
         assert!(parse_sizes("6")
             .unwrap_err()
             .to_string()

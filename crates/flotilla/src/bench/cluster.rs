@@ -4,6 +4,10 @@
 //!
 //! Workloads: `true` (N × `/bin/true`), `wasm` (N × a WASM no-op), `chain` (N tasks, each
 //! after the previous; `--kind true|wasm`), `fanout` (N independent tasks + 1 reduce).
+//!
+//! `--restarts R` then stops the coordinator and starts it again R times on the same state
+//! folder (its journal holding every job just run), timing each start until it answers a
+//! status request: the journal replay a restart costs.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,6 +37,8 @@ pub struct ClusterBenchConfig {
     pub xargs: bool,
     /// The coordinator's chained-dispatch depth (0: every hop goes through the coordinator).
     pub chain_depth: usize,
+    /// Coordinator restarts timed after the runs (0: none).
+    pub restarts: usize,
 }
 
 /// One result line.
@@ -64,6 +70,11 @@ pub struct ClusterBenchResult {
     pub xargs_tasks_per_s: Option<f64>,
     /// Our rate over xargs's.
     pub ratio_to_xargs: Option<f64>,
+    /// Median seconds from starting the coordinator on the state folder to its first answer
+    /// (journal replayed), when restarts were timed.
+    pub restart_s: Option<f64>,
+    /// The journal's size when restarted, bytes.
+    pub journal_bytes: Option<u64>,
 }
 
 const NOOP_WAT: &str = "(module (memory (export \"memory\") 1) (func (export \"_start\")))\n";
@@ -141,7 +152,7 @@ pub async fn run(
     let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), dir.join("state"));
     scfg.coordinator.queue_depth = 64;
     scfg.coordinator.chain_depth = cfg.chain_depth;
-    let server = Server::start(scfg).await?;
+    let server = Server::start(scfg.clone()).await?;
     let remote = Remote::new(server.addr().to_string(), server.token().to_string());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut handles = Vec::new();
@@ -192,7 +203,22 @@ pub async fn run(
     }
     server.stop();
     let _ = server.wait().await;
+    let mut restarts = Vec::new();
+    for _ in 0..cfg.restarts {
+        let start = Instant::now();
+        let server = Server::start(scfg.clone()).await?;
+        let remote = Remote::new(server.addr().to_string(), server.token().to_string());
+        Client::connect(&remote).await?.status(None).await?;
+        restarts.push(start.elapsed().as_secs_f64());
+        server.stop();
+        let _ = server.wait().await;
+    }
+    let journal_bytes = std::fs::metadata(dir.join("state").join("journal.log"))
+        .ok()
+        .map(|m| m.len());
     let _ = std::fs::remove_dir_all(&dir);
+    restarts.sort_by(f64::total_cmp);
+    let restart_s = restarts.get(restarts.len() / 2).copied();
 
     let mut sorted = runs.clone();
     sorted.sort_by(f64::total_cmp);
@@ -229,6 +255,8 @@ pub async fn run(
         ms_per_task: med * 1e3 / n_tasks as f64,
         xargs_tasks_per_s: xargs,
         ratio_to_xargs: xargs.map(|x| rate / x),
+        restart_s,
+        journal_bytes: restart_s.and(journal_bytes),
     })
 }
 

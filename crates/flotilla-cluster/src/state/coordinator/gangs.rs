@@ -1,0 +1,220 @@
+//! Gangs: all members placed at once on reserved resources, restarted together.
+
+use super::*;
+
+impl Coordinator {
+    /// Places the gangs of a class whose members are all `Ready`, oldest gang first; stops
+    /// at the first gang that does not fit (later ones would not either).
+    pub(super) fn schedule_gangs(&mut self, job: JobId, c: usize, out: &mut Vec<Command>) {
+        let mut leaders: Vec<TaskId> = Vec::new();
+        {
+            let j = &self.jobs[&job];
+            for &t in &j.classes[c].ready {
+                if let Some(g) = j.graph.task(TaskId::new(t)).gang {
+                    if leaders.last() != Some(&g.first) {
+                        leaders.push(g.first);
+                    }
+                }
+            }
+        }
+        for leader in leaders {
+            match self.place_gang(job, leader, out) {
+                Placed::Yes | Placed::Deferred => {}
+                Placed::Blocked => break,
+            }
+        }
+    }
+
+    /// The members of the gang led by `leader`.
+    pub(super) fn gang_members(&self, job: JobId, leader: TaskId) -> std::ops::Range<u32> {
+        let size = self.jobs[&job]
+            .graph
+            .task(leader)
+            .gang
+            .map_or(1, |g| g.size);
+        leader.0..leader.0 + size
+    }
+
+    /// All or nothing: every member of the gang gets a reserved slot (never a queued one, so
+    /// all start at once) in the same call, or none is placed.
+    pub(super) fn place_gang(
+        &mut self,
+        job: JobId,
+        leader: TaskId,
+        out: &mut Vec<Command>,
+    ) -> Placed {
+        let members = self.gang_members(job, leader);
+        {
+            let j = &self.jobs[&job];
+            let mut done = Vec::new();
+            for m in members.clone() {
+                match j.tasks[m as usize].state {
+                    TaskState::Ready => {}
+                    TaskState::Done => done.push(TaskId::new(m)),
+                    // Not all back yet (a member in backoff, or still reporting).
+                    _ => return Placed::Deferred,
+                }
+            }
+            if !done.is_empty() {
+                // A member finished before the gang broke: the gang reruns as a whole.
+                let j = self.job(job);
+                j.undo_done(&done, "rerun with its gang", out);
+                if done
+                    .iter()
+                    .any(|&m| j.tasks[m.index()].state != TaskState::Ready)
+                {
+                    return Placed::Deferred;
+                }
+            }
+        }
+        let mut staged = Vec::with_capacity(members.len());
+        for m in members.clone() {
+            match self.stage(job, TaskId::new(m), out) {
+                Ok(x) => staged.push(x),
+                Err(p) => return p,
+            }
+        }
+        // Trial reservations, member by member, undone before the real assignments.
+        let mut decisions: Vec<Decision> = Vec::with_capacity(members.len());
+        let mut trial: Vec<(WorkerId, TaskRef)> = Vec::new();
+        let mut leader_variant: Option<usize> = None;
+        let mut fits = true;
+        for (k, m) in members.clone().enumerate() {
+            let t = TaskId::new(m);
+            let j = &self.jobs[&job];
+            let c = j.class_of(t);
+            let inst = j.graph.task(t);
+            let all: Vec<(Option<&str>, &flotilla_core::Resources)> = match &inst.kind {
+                TaskKind::Variants(vs) => vs
+                    .iter()
+                    .map(|v| (Some(v.name.as_str()), &v.resources))
+                    .collect(),
+                _ => vec![(None, &inst.resources)],
+            };
+            // Every member runs the variant rank 0 got.
+            let offset = leader_variant.unwrap_or(0);
+            let options = match leader_variant {
+                Some(v) => vec![all[v]],
+                None => all.clone(),
+            };
+            let codelet = &j.classes[c].codelet;
+            let model = &self.model;
+            let predict = |v: Option<usize>, hw: &str| -> Prediction {
+                match v
+                    .map(|v| v + offset)
+                    .and_then(|v| all.get(v))
+                    .and_then(|o| o.0)
+                {
+                    Some(name) => model.predict(&format!("{codelet}/{name}"), hw, 0),
+                    None => model.predict(codelet, hw, 0),
+                }
+            };
+            let problem = Problem {
+                options,
+                local_bytes: &staged[k].0,
+                queue_depth: 0,
+                explore: j.classes[c].explore,
+            };
+            let Some(mut d) = sched::place(&problem, &self.workers, &predict) else {
+                fits = false;
+                break;
+            };
+            if leader_variant.is_some() {
+                d.variant = d.variant.map(|v| v + offset);
+                d.explored = false;
+            } else {
+                leader_variant = d.variant;
+            }
+            let need = resources_of(j, t, d.variant.map(|v| v as u16)).clone();
+            let tref = j.tref(t);
+            let w = self
+                .workers
+                .get_mut(&d.worker)
+                .expect("placed on a live worker");
+            w.add((tref, u32::MAX), &need, d.gpus.clone(), true);
+            trial.push((d.worker, tref));
+            d.reason.why = format!(
+                "{} (gang of {}: every member placed at once)",
+                d.reason.why,
+                members.len()
+            );
+            decisions.push(d);
+        }
+        for (w, tref) in trial {
+            if let Some(w) = self.workers.get_mut(&w) {
+                w.remove_trial((tref, u32::MAX));
+            }
+        }
+        if !fits {
+            return Placed::Blocked;
+        }
+        let size = members.len() as u32;
+        let attempt = self.jobs[&job].tasks[leader.index()].attempt + 1;
+        let key = format!("{}-{}-{attempt}", job, leader);
+        for ((m, d), (_, inputs)) in members.zip(decisions).zip(staged) {
+            let gang = GangAssignment {
+                rank: m - leader.0,
+                size,
+                key: key.clone(),
+            };
+            self.assign_member(job, TaskId::new(m), d, inputs, Some(gang), None, out);
+        }
+        Placed::Yes
+    }
+
+    /// A member of a gang failed, was cancelled or lost its worker (its own state is already
+    /// dealt with): the other members' current attempts are cancelled and remembered as
+    /// broken, so their reports (probably failures: their peer is gone) count nothing; members
+    /// not on a live worker go back to `Ready`/`Waiting` at once. With `failures`, every
+    /// member's failure count becomes that (the gang's retries are counted once per restart).
+    pub(super) fn break_gang(
+        &mut self,
+        job: JobId,
+        t: TaskId,
+        failures: Option<u32>,
+        message: &str,
+        out: &mut Vec<Command>,
+    ) {
+        let Some(g) = self.jobs[&job].graph.task(t).gang else {
+            return;
+        };
+        let active = self.jobs[&job].is_active();
+        for m in self.gang_members(job, g.first) {
+            let m = TaskId::new(m);
+            if m == t {
+                continue;
+            }
+            let (state, attempt, owner) = {
+                let rt = &mut self.job(job).tasks[m.index()];
+                if let Some(f) = failures {
+                    rt.failures = rt.failures.max(f);
+                }
+                (rt.state, rt.attempt, rt.worker)
+            };
+            if !active || !matches!(state, TaskState::Assigned | TaskState::Running) {
+                continue;
+            }
+            let tref = TaskRef { job, task: m };
+            match owner.and_then(|w| self.workers.get_mut(&w)) {
+                Some(w) => {
+                    if let Some(slot) = w.slots.get_mut(&(tref, attempt)) {
+                        slot.cancel_sent = true;
+                    }
+                    let wid = w.id;
+                    out.push(Command::Cancel {
+                        worker: wid,
+                        task: tref,
+                        attempt,
+                    });
+                    self.job(job).broken.insert((m, attempt));
+                }
+                None => {
+                    self.ghosts.remove(&tref);
+                    let j = self.job(job);
+                    j.tasks[m.index()].worker = None;
+                    j.runnable(m, Some(format!("gang restarts: {message}")), out);
+                }
+            }
+        }
+    }
+}

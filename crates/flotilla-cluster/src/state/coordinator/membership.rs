@@ -1,0 +1,276 @@
+//! Workers joining, rejoining after a restart, and lost; outputs rebuilt from lineage when
+//! their last holder goes.
+
+use super::*;
+
+impl Coordinator {
+    pub(super) fn worker_joined(
+        &mut self,
+        mut w: Worker,
+        running: Vec<(TaskRef, u32)>,
+        held: Vec<(TaskRef, ObjectRef)>,
+        out: &mut Vec<Command>,
+    ) {
+        let id = w.id;
+        self.next_worker = self.next_worker.max(id.0 + 1);
+        for (tref, attempt) in running {
+            let adopted = self.adopt(&mut w, tref, attempt, out);
+            if !adopted {
+                out.push(Command::Cancel {
+                    worker: id,
+                    task: tref,
+                    attempt,
+                });
+            }
+        }
+        for (tref, obj) in held {
+            let Some(j) = self.jobs.get_mut(&tref.job) else {
+                continue;
+            };
+            if j.staging != Staging::Transfer
+                || tref.task.index() >= j.len()
+                || j.tasks[tref.task.index()].state != TaskState::Done
+            {
+                continue;
+            }
+            let objs = j.outputs.entry(tref.task).or_default();
+            if !objs.iter().any(|o| o.path == obj.path) {
+                objs.push(obj);
+            }
+            let hs = j.holders.entry(tref.task).or_default();
+            if !hs.contains(&id) {
+                hs.push(id);
+            }
+            w.holds.insert(tref);
+        }
+        self.workers.insert(id, w);
+    }
+
+    /// A rejoining worker reports an attempt running: it becomes `Running` there if it is the
+    /// current attempt, assigned to a worker that is gone, and fits.
+    pub(super) fn adopt(
+        &mut self,
+        w: &mut Worker,
+        tref: TaskRef,
+        attempt: u32,
+        out: &mut Vec<Command>,
+    ) -> bool {
+        let Some(j) = self.jobs.get_mut(&tref.job) else {
+            return false;
+        };
+        if tref.task.index() >= j.len() || !j.is_active() {
+            return false;
+        }
+        let rt = &j.tasks[tref.task.index()];
+        let current = matches!(rt.state, TaskState::Assigned | TaskState::Running)
+            && rt.attempt == attempt
+            && rt
+                .worker
+                .is_some_and(|o| o != w.id && !self.workers.contains_key(&o));
+        if !current {
+            return false;
+        }
+        let need = resources_of(j, tref.task, rt.variant).clone();
+        let ghost = self.ghosts.get(&tref);
+        let gpus = ghost
+            .and_then(|g| w.gpu_positions(&g.gpu_indices, &need))
+            .filter(|g| w.fits_free_on(&need, g))
+            .or_else(|| w.fit_free(&need));
+        let Some(gpus) = gpus else {
+            // It does not fit (the worker shrank?): cancel there and place it again.
+            self.ghosts.remove(&tref);
+            j.tasks[tref.task.index()].worker = None;
+            j.runnable(
+                tref.task,
+                Some(format!(
+                    "{} reported it running but it does not fit there",
+                    w.id
+                )),
+                out,
+            );
+            return false;
+        };
+        self.ghosts.remove(&tref);
+        w.add((tref, attempt), &need, gpus, true);
+        if let Some(s) = w.slots.get_mut(&(tref, attempt)) {
+            s.started = true;
+        }
+        j.tasks[tref.task.index()].worker = Some(w.id);
+        j.set_state(
+            tref.task,
+            TaskState::Running,
+            Some(format!("reconciled: running on {}", w.id)),
+            out,
+        );
+        true
+    }
+
+    pub(super) fn worker_lost(&mut self, id: WorkerId, reason: &str, out: &mut Vec<Command>) {
+        let w = self
+            .workers
+            .remove(&id)
+            .expect("callers checked the worker");
+        self.retired.insert(id);
+        for ((_, _), slot) in &w.slots {
+            if let Some(thief) = slot.thief.and_then(|t| self.workers.get_mut(&t)) {
+                thief.incoming = thief.incoming.saturating_sub(1);
+            }
+        }
+        for other in self.workers.values_mut() {
+            for s in other.slots.values_mut() {
+                if s.thief == Some(id) {
+                    s.thief = None;
+                }
+            }
+        }
+        let message = format!("worker {id} lost: {reason}");
+        let mut gang_hit: Vec<TaskRef> = Vec::new();
+        for &(tref, attempt) in w.slots.keys() {
+            let Some(j) = self.jobs.get_mut(&tref.job) else {
+                continue;
+            };
+            let rt = &mut j.tasks[tref.task.index()];
+            let current = matches!(rt.state, TaskState::Assigned | TaskState::Running)
+                && rt.attempt == attempt
+                && rt.worker == Some(id);
+            if !current {
+                continue;
+            }
+            rt.worker = None;
+            if j.is_active() {
+                j.runnable(tref.task, Some(message.clone()), out);
+                if j.graph.task(tref.task).gang.is_some() {
+                    gang_hit.push(tref);
+                }
+            } else {
+                j.set_state(tref.task, TaskState::Cancelled, Some(message.clone()), out);
+            }
+        }
+        for tref in gang_hit {
+            self.break_gang(tref.job, tref.task, None, &message, out);
+        }
+        // Lineage: outputs that only this worker held.
+        let mut lost: BTreeMap<JobId, Vec<TaskId>> = BTreeMap::new();
+        for tref in &w.holds {
+            let Some(j) = self.jobs.get_mut(&tref.job) else {
+                continue;
+            };
+            if let Some(hs) = j.holders.get_mut(&tref.task) {
+                hs.retain(|h| *h != id);
+            }
+            if j.is_active() && j.tasks[tref.task.index()].state == TaskState::Done {
+                lost.entry(tref.job).or_default().push(tref.task);
+            }
+        }
+        for (job, tasks) in lost {
+            for t in tasks {
+                if self.has_live_holder(job, t) || !self.outputs_needed(job, t) {
+                    continue;
+                }
+                self.rerun(
+                    job,
+                    t,
+                    &format!("its outputs were lost with worker {id}"),
+                    out,
+                );
+            }
+        }
+    }
+
+    pub(super) fn has_live_holder(&self, job: JobId, t: TaskId) -> bool {
+        self.jobs[&job]
+            .holders
+            .get(&t)
+            .is_some_and(|hs| hs.iter().any(|h| self.workers.contains_key(h)))
+    }
+
+    pub(super) fn has_ghost_holder(&self, job: JobId, t: TaskId) -> bool {
+        self.jobs[&job]
+            .holders
+            .get(&t)
+            .is_some_and(|hs| hs.iter().any(|h| !self.workers.contains_key(h)))
+    }
+
+    /// Whether a `Done` task's outputs matter: it has outputs, and a successor that has not
+    /// staged them yet (not `Done`, not `Running`).
+    pub(super) fn outputs_needed(&self, job: JobId, t: TaskId) -> bool {
+        let j = &self.jobs[&job];
+        j.outputs.get(&t).is_some_and(|o| !o.is_empty())
+            && j.graph.succs(t).iter().any(|s| {
+                !matches!(
+                    j.tasks[s.index()].state,
+                    TaskState::Done | TaskState::Running | TaskState::Cancelled | TaskState::Failed
+                )
+            })
+    }
+
+    /// Lineage: reruns `Done` task `t` and, recursively, its `Done` predecessors whose outputs
+    /// no live worker holds. Successors that were assigned but not started are taken back
+    /// (their inputs named the lost worker).
+    pub(super) fn rerun(&mut self, job: JobId, t: TaskId, message: &str, out: &mut Vec<Command>) {
+        let mut set: Vec<TaskId> = Vec::new();
+        let mut seen: BTreeSet<TaskId> = BTreeSet::new();
+        let mut stack = vec![t];
+        while let Some(p) = stack.pop() {
+            if !seen.insert(p) || self.jobs[&job].tasks[p.index()].state != TaskState::Done {
+                continue;
+            }
+            set.push(p);
+            let preds: Vec<TaskId> = self.jobs[&job].graph.preds(p).to_vec();
+            for q in preds {
+                let j = &self.jobs[&job];
+                let has_outputs = j.outputs.get(&q).is_some_and(|o| !o.is_empty());
+                if has_outputs && !self.has_live_holder(job, q) {
+                    stack.push(q);
+                }
+            }
+        }
+        if set.is_empty() {
+            return;
+        }
+        // Successors assigned but not started would fetch from the lost worker.
+        let mut take_back: Vec<(TaskId, WorkerId, u32)> = Vec::new();
+        {
+            let j = &self.jobs[&job];
+            for &p in &set {
+                for &s in j.graph.succs(p) {
+                    let rt = &j.tasks[s.index()];
+                    if rt.state != TaskState::Assigned {
+                        continue;
+                    }
+                    if let Some(w) = rt.worker.and_then(|w| self.workers.get(&w)) {
+                        let started = w
+                            .slots
+                            .get(&(j.tref(s), rt.attempt))
+                            .is_some_and(|sl| sl.started);
+                        if !started {
+                            take_back.push((s, w.id, rt.attempt));
+                        }
+                    }
+                }
+            }
+        }
+        take_back.sort();
+        take_back.dedup();
+        for (s, w, attempt) in take_back {
+            let tref = TaskRef { job, task: s };
+            if let Some(slot) = self
+                .workers
+                .get_mut(&w)
+                .and_then(|w| w.slots.get_mut(&(tref, attempt)))
+            {
+                slot.cancel_sent = true;
+            }
+            out.push(Command::Cancel {
+                worker: w,
+                task: tref,
+                attempt,
+            });
+            let j = self.job(job);
+            j.tasks[s.index()].worker = None;
+            j.runnable(s, Some(format!("taken back: {message}")), out);
+        }
+        let j = self.job(job);
+        j.undo_done(&set, &format!("rerun: {message}"), out);
+    }
+}

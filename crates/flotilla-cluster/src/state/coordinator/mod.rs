@@ -1,0 +1,456 @@
+//! The [`Coordinator`]: applies events, runs timers, places ready tasks, steals work.
+//!
+//! Every `handle` call: validate the event (an invalid one returns `Err` and changes
+//! nothing), apply it, fire due timers (backoffs, reconcile grace), place ready tasks
+//! (oldest job first, within a job by priority then id), and let idle workers steal queued
+//! tasks. Assignments are gathered per worker and emitted as one `Assign` per worker at the
+//! end of the call, and recorded for the journal ([`Coordinator::take_journal_records`]).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+
+use flotilla_core::{JobId, Staging, TaskId, TaskKind, WorkerId};
+use flotilla_sched::{PerfModel, Prediction};
+
+use super::job::Job;
+use super::sched::{self, Decision, Problem};
+use super::worker::Worker;
+use super::{
+    AssignedKind, Assignment, AttemptOutcome, AttemptResult, Command, Config, Event,
+    GangAssignment, JobState, JournalRecord, Millis, Notification, ObjectRef, Placement, Result,
+    StateError, TaskRef, TaskState,
+};
+
+mod chain;
+mod gangs;
+mod membership;
+mod placement;
+mod reports;
+mod timers;
+
+/// A task journaled as assigned before a restart, to a worker that has not rejoined yet.
+#[derive(Debug, Clone)]
+struct Ghost {
+    worker: WorkerId,
+    attempt: u32,
+    gpu_indices: Vec<u32>,
+    hw_class: String,
+}
+
+/// What placing one ready task did.
+enum Placed {
+    /// Assigned.
+    Yes,
+    /// Not placed, but the class may go on (the task went back to `Waiting`).
+    Deferred,
+    /// The task fits nowhere now; neither will the rest of its class.
+    Blocked,
+}
+
+/// The coordinator's state machine; see the [module docs](super).
+#[derive(Debug)]
+pub struct Coordinator {
+    config: Config,
+    now: Millis,
+    jobs: BTreeMap<JobId, Job>,
+    /// Jobs still running, oldest first.
+    active: BTreeSet<JobId>,
+    next_job: u64,
+    workers: BTreeMap<WorkerId, Worker>,
+    /// Ids that were live (or seen in the journal) and are gone: never reused.
+    retired: BTreeSet<WorkerId>,
+    next_worker: u32,
+    model: PerfModel,
+    /// (due, task, attempt) of tasks in `Backoff`.
+    backoff: BinaryHeap<Reverse<(Millis, TaskRef, u32)>>,
+    /// (due, task, attempt) of ghost assignments.
+    grace: BinaryHeap<Reverse<(Millis, TaskRef, u32)>>,
+    ghosts: BTreeMap<TaskRef, Ghost>,
+    /// End of the reconcile grace after a restart.
+    grace_until: Option<Millis>,
+    journal: Vec<JournalRecord>,
+    pending: BTreeMap<WorkerId, Vec<Assignment>>,
+}
+
+impl Coordinator {
+    /// An empty coordinator.
+    pub fn new(config: Config) -> Self {
+        Coordinator {
+            config,
+            now: 0,
+            jobs: BTreeMap::new(),
+            active: BTreeSet::new(),
+            next_job: 1,
+            workers: BTreeMap::new(),
+            retired: BTreeSet::new(),
+            next_worker: 1,
+            model: PerfModel::new(),
+            backoff: BinaryHeap::new(),
+            grace: BinaryHeap::new(),
+            ghosts: BTreeMap::new(),
+            grace_until: None,
+            journal: Vec::new(),
+            pending: BTreeMap::new(),
+        }
+    }
+
+    /// The id the next submitted job should get (ids are never reused, even after a restart:
+    /// replayed jobs raise it).
+    pub fn next_job_id(&self) -> JobId {
+        JobId::new(self.next_job)
+    }
+
+    /// Allocates an id for a joining worker (never reused: replayed ids raise it).
+    pub fn next_worker_id(&mut self) -> WorkerId {
+        let id = WorkerId::new(self.next_worker);
+        self.next_worker += 1;
+        id
+    }
+
+    /// The performance model learned from finished attempts.
+    pub fn perf_model(&self) -> &PerfModel {
+        &self.model
+    }
+
+    /// Replaces the performance model (e.g. one saved by an earlier run).
+    pub fn set_perf_model(&mut self, model: PerfModel) {
+        self.model = model;
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The records the server must append to the journal (durably) before it sends the
+    /// `Assign` commands of the `handle` calls since the last take: one
+    /// [`JournalRecord::TaskAssigned`] per assignment, in order.
+    pub fn take_journal_records(&mut self) -> Vec<JournalRecord> {
+        std::mem::take(&mut self.journal)
+    }
+
+    /// Applies one journal record after a restart (the same as `handle` with the event).
+    pub fn replay(
+        &mut self,
+        now: Millis,
+        record: JournalRecord,
+        out: &mut Vec<Command>,
+    ) -> Result<()> {
+        if let JournalRecord::TaskFinished { worker, .. } = &record {
+            // Every worker named in the journal existed before the restart: its reports
+            // are stale, never unknown, and its id is not reused.
+            if !self.workers.contains_key(worker) {
+                self.retired.insert(*worker);
+                self.next_worker = self.next_worker.max(worker.0 + 1);
+            }
+        }
+        self.handle(now, record.into(), out)
+    }
+
+    /// Call after replaying the journal: from now on, tasks that were assigned before the
+    /// restart wait `reconcile_grace_ms` for their worker to rejoin and report them; then
+    /// they are placed again.
+    pub fn recovered(&mut self, now: Millis) {
+        let now = now.max(self.now);
+        self.now = now;
+        let due = now.saturating_add(self.config.reconcile_grace_ms);
+        for (t, g) in &self.ghosts {
+            self.grace.push(Reverse((due, *t, g.attempt)));
+        }
+        self.grace_until = Some(due);
+    }
+
+    /// Applies one event at time `now`, appending what must be done to `out`. An invalid
+    /// event (unknown job, task or worker, an id reused, a contradiction) returns `Err` and
+    /// changes nothing; a stale or duplicate report returns `Ok` and has no effect on the
+    /// task.
+    pub fn handle(&mut self, now: Millis, event: Event, out: &mut Vec<Command>) -> Result<()> {
+        let now = now.max(self.now);
+        match event {
+            Event::JobSubmitted {
+                job,
+                spec,
+                dir,
+                tenant,
+            } => {
+                if self.jobs.contains_key(&job) {
+                    return Err(StateError::DuplicateJob(job));
+                }
+                let graph = spec
+                    .expand()
+                    .map_err(|source| StateError::BadJob { job, source })?;
+                self.now = now;
+                let j = Job::new(
+                    job,
+                    spec.name.clone(),
+                    dir,
+                    tenant,
+                    spec.staging,
+                    graph,
+                    now,
+                );
+                self.next_job = self.next_job.max(job.0 + 1);
+                self.jobs.insert(job, j);
+                self.active.insert(job);
+                self.check_job_end(job, out);
+            }
+            Event::JobCancelled { job } => {
+                let j = self.jobs.get(&job).ok_or(StateError::UnknownJob(job))?;
+                self.now = now;
+                if j.is_active() {
+                    self.end_job(job, JobState::Cancelled, out);
+                }
+            }
+            Event::WorkerJoined {
+                worker,
+                spec,
+                running,
+                held,
+            } => {
+                if self.workers.contains_key(&worker) || self.retired.contains(&worker) {
+                    return Err(StateError::DuplicateWorker(worker));
+                }
+                let w = Worker::new(worker, spec, now)
+                    .map_err(|reason| StateError::BadWorker { worker, reason })?;
+                self.now = now;
+                self.worker_joined(w, running, held, out);
+            }
+            Event::WorkerReconciled { worker, previous } => {
+                if !self.workers.contains_key(&worker) {
+                    return Err(StateError::UnknownWorker(worker));
+                }
+                self.now = now;
+                let prev = previous;
+                if prev != worker {
+                    let unreported: Vec<(TaskRef, u32)> = self
+                        .ghosts
+                        .iter()
+                        .filter(|(_, g)| g.worker == prev)
+                        .map(|(t, g)| (*t, g.attempt))
+                        .collect();
+                    for (t, attempt) in unreported {
+                        self.release_ghost(
+                            t,
+                            attempt,
+                            format!("{prev} came back as {worker} without it"),
+                            out,
+                        );
+                    }
+                }
+            }
+            Event::WorkerLost { worker, reason } => {
+                if !self.workers.contains_key(&worker) {
+                    return Err(StateError::UnknownWorker(worker));
+                }
+                self.now = now;
+                self.worker_lost(worker, &reason, out);
+            }
+            Event::TaskStarted {
+                worker,
+                task,
+                attempt,
+            } => {
+                self.check_task(task)?;
+                if !self.workers.contains_key(&worker) {
+                    return self.stale_or_unknown(worker);
+                }
+                self.task_started(worker, task, attempt, out)?;
+                self.now = now;
+            }
+            Event::TaskFinished {
+                worker,
+                task,
+                attempt,
+                result,
+            } => {
+                self.check_task(task)?;
+                let ghost = self.ghosts.get(&task).is_some_and(|g| g.attempt == attempt);
+                if !ghost && !self.workers.contains_key(&worker) {
+                    return self.stale_or_unknown(worker);
+                }
+                self.now = now;
+                self.task_finished(worker, task, attempt, result, out);
+            }
+            Event::TaskReturned {
+                worker,
+                task,
+                attempt,
+            } => {
+                self.check_task(task)?;
+                if !self.workers.contains_key(&worker) {
+                    return self.stale_or_unknown(worker);
+                }
+                self.task_returned(worker, task, attempt, out)?;
+                self.now = now;
+            }
+            Event::TaskAssigned {
+                worker,
+                task,
+                attempt,
+                variant,
+                gpu_indices,
+                hw_class,
+            } => {
+                self.check_task(task)?;
+                self.task_assigned(worker, task, attempt, variant, gpu_indices, hw_class, out)?;
+                self.now = now;
+            }
+            Event::Tick => self.now = now,
+        }
+        self.run_timers(out);
+        self.schedule(out);
+        self.steal(out);
+        for (worker, tasks) in std::mem::take(&mut self.pending) {
+            out.push(Command::Assign { worker, tasks });
+        }
+        Ok(())
+    }
+
+    fn check_task(&self, t: TaskRef) -> Result<()> {
+        let j = self.jobs.get(&t.job).ok_or(StateError::UnknownJob(t.job))?;
+        if t.task.index() >= j.len() {
+            return Err(StateError::UnknownTask(t));
+        }
+        Ok(())
+    }
+
+    /// A report from a worker that is not live: stale (ignored) if the id was known.
+    fn stale_or_unknown(&self, worker: WorkerId) -> Result<()> {
+        if self.retired.contains(&worker) {
+            Ok(())
+        } else {
+            Err(StateError::UnknownWorker(worker))
+        }
+    }
+
+    fn job(&mut self, id: JobId) -> &mut Job {
+        self.jobs
+            .get_mut(&id)
+            .expect("callers checked the job exists")
+    }
+
+    // ---- jobs ----
+
+    /// Ends a job that is complete (every task `Done`).
+    fn check_job_end(&mut self, job: JobId, out: &mut Vec<Command>) {
+        let j = &self.jobs[&job];
+        if j.is_active() && j.counts[TaskState::Done.index()] == j.len() as u64 {
+            self.end_job(job, JobState::Succeeded, out);
+        }
+    }
+
+    /// Moves a job out of `Running`: tasks not on a worker are cancelled, tasks on a worker
+    /// get a `Cancel`; notifies `JobFinished`.
+    fn end_job(&mut self, job: JobId, state: JobState, out: &mut Vec<Command>) {
+        let now = self.now;
+        let j = self
+            .jobs
+            .get_mut(&job)
+            .expect("callers checked the job exists");
+        j.state = state;
+        j.finished = Some(now);
+        self.active.remove(&job);
+        if state != JobState::Succeeded {
+            let message = format!("job {}", state.as_str());
+            for i in 0..j.len() {
+                let t = TaskId::new(i as u32);
+                let (st, attempt, owner) = {
+                    let rt = &j.tasks[i];
+                    (rt.state, rt.attempt, rt.worker)
+                };
+                match st {
+                    TaskState::Waiting | TaskState::Ready | TaskState::Backoff => {
+                        j.set_state(t, TaskState::Cancelled, Some(message.clone()), out);
+                    }
+                    TaskState::Assigned | TaskState::Running => {
+                        let tref = j.tref(t);
+                        let live = owner.and_then(|w| self.workers.get_mut(&w));
+                        match live {
+                            Some(w) => {
+                                if let Some(slot) = w.slots.get_mut(&(tref, attempt)) {
+                                    slot.cancel_sent = true;
+                                }
+                                out.push(Command::Cancel {
+                                    worker: w.id,
+                                    task: tref,
+                                    attempt,
+                                });
+                            }
+                            None => {
+                                self.ghosts.remove(&tref);
+                                j.set_state(t, TaskState::Cancelled, Some(message.clone()), out);
+                            }
+                        }
+                    }
+                    TaskState::Done | TaskState::Failed | TaskState::Cancelled => {}
+                }
+            }
+        }
+        out.push(Command::Notify(Notification::JobFinished { job, state }));
+    }
+
+    // ---- views for status ----
+
+    pub(crate) fn jobs_map(&self) -> &BTreeMap<JobId, Job> {
+        &self.jobs
+    }
+
+    pub(crate) fn workers_map(&self) -> &BTreeMap<WorkerId, Worker> {
+        &self.workers
+    }
+
+    pub(crate) fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// Adds a worker from its spec with the next id (tests).
+    #[cfg(test)]
+    pub(crate) fn join(&mut self, spec: super::WorkerSpec, out: &mut Vec<Command>) -> WorkerId {
+        let id = self.next_worker_id();
+        let now = self.now;
+        self.handle(
+            now,
+            Event::WorkerJoined {
+                worker: id,
+                spec,
+                running: Vec::new(),
+                held: Vec::new(),
+            },
+            out,
+        )
+        .expect("a valid worker");
+        id
+    }
+
+    /// The placement reason kept for a task (tests and status).
+    pub(crate) fn reason_of(&self, job: &Job, t: TaskId) -> Option<Placement> {
+        let rt = &job.tasks[t.index()];
+        if let Some(r) = rt.ext.as_ref().and_then(|e| e.reason.clone()) {
+            return Some(r);
+        }
+        rt.worker.filter(|_| rt.attempt > 0).map(|w| Placement {
+            policy: "eager".into(),
+            predicted_s: None,
+            alternatives: Vec::new(),
+            why: format!("eager: placed on {w}, the fitting worker with the most free cpus"),
+        })
+    }
+}
+
+/// The resources of a task's chosen variant (or its own).
+pub(crate) fn resources_of(j: &Job, t: TaskId, variant: Option<u16>) -> &flotilla_core::Resources {
+    let inst = j.graph.task(t);
+    match (&inst.kind, variant) {
+        (TaskKind::Variants(vs), Some(v)) => vs
+            .get(usize::from(v))
+            .map_or(&inst.resources, |x| &x.resources),
+        _ => &inst.resources,
+    }
+}
+
+fn variant_index(j: &Job, t: TaskId, name: &str) -> Option<u16> {
+    match &j.graph.task(t).kind {
+        TaskKind::Variants(vs) => vs.iter().position(|v| v.name == name).map(|i| i as u16),
+        _ => None,
+    }
+}

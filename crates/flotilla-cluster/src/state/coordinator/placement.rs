@@ -1,0 +1,317 @@
+//! Placing ready tasks (the problem → solution in [`super::super::sched`]), staging their
+//! inputs, assigning them, and work stealing by idle workers.
+
+use super::*;
+
+impl Coordinator {
+    pub(super) fn schedule(&mut self, out: &mut Vec<Command>) {
+        if self.workers.is_empty() {
+            return;
+        }
+        let jobs: Vec<JobId> = self.active.iter().copied().collect();
+        for job in jobs {
+            if self.jobs[&job].counts[TaskState::Ready.index()] == 0 {
+                continue;
+            }
+            let order = self.jobs[&job].class_order.clone();
+            for c in order {
+                let first = TaskId::new(self.jobs[&job].classes[c].first);
+                if self.jobs[&job].graph.task(first).gang.is_some() {
+                    self.schedule_gangs(job, c, out);
+                    continue;
+                }
+                while let Some(&t) = self.jobs[&job].classes[c].ready.first() {
+                    match self.place_one(job, TaskId::new(t), out) {
+                        Placed::Yes | Placed::Deferred => {}
+                        Placed::Blocked => break,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Transfer staging: where a task's inputs are (bytes per worker) and what to fetch from
+    /// whom. `Err` when it cannot be placed now: holders are ghosts still in their grace
+    /// (`Blocked`), or lost (their producers are rerun, `Deferred`).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn stage(
+        &mut self,
+        job: JobId,
+        t: TaskId,
+        out: &mut Vec<Command>,
+    ) -> std::result::Result<(HashMap<WorkerId, u64>, Vec<(ObjectRef, String)>), Placed> {
+        let staging = self.jobs[&job].staging;
+        let mut local_bytes: HashMap<WorkerId, u64> = HashMap::new();
+        let mut inputs: Vec<(ObjectRef, String)> = Vec::new();
+        if staging == Staging::Transfer {
+            let j = &self.jobs[&job];
+            let mut lost = Vec::new();
+            let mut waiting_for_ghosts = false;
+            for &p in j.graph.preds(t) {
+                let Some(objs) = j.outputs.get(&p).filter(|o| !o.is_empty()) else {
+                    continue;
+                };
+                let live: Vec<WorkerId> = j
+                    .holders
+                    .get(&p)
+                    .map(|hs| {
+                        hs.iter()
+                            .copied()
+                            .filter(|h| self.workers.contains_key(h))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                match live.first() {
+                    Some(first) => {
+                        let addr = self.workers[first].spec.data_addr.clone();
+                        for o in objs {
+                            inputs.push((o.clone(), addr.clone()));
+                        }
+                        let bytes: u64 = objs.iter().map(|o| o.size).sum();
+                        for h in live {
+                            *local_bytes.entry(h).or_default() += bytes;
+                        }
+                    }
+                    None if self.in_grace() && self.has_ghost_holder(job, p) => {
+                        waiting_for_ghosts = true;
+                    }
+                    None => lost.push(p),
+                }
+            }
+            if waiting_for_ghosts {
+                return Err(Placed::Blocked);
+            }
+            if !lost.is_empty() {
+                for p in lost {
+                    self.rerun(job, p, "its outputs are held by no live worker", out);
+                }
+                return Err(Placed::Deferred);
+            }
+        }
+        Ok((local_bytes, inputs))
+    }
+
+    pub(super) fn place_one(&mut self, job: JobId, t: TaskId, out: &mut Vec<Command>) -> Placed {
+        let (local_bytes, inputs) = match self.stage(job, t, out) {
+            Ok(x) => x,
+            Err(p) => return p,
+        };
+        let j = &self.jobs[&job];
+        let c = j.class_of(t);
+        let inst = j.graph.task(t);
+        let options: Vec<(Option<&str>, &flotilla_core::Resources)> = match &inst.kind {
+            TaskKind::Variants(vs) => vs
+                .iter()
+                .map(|v| (Some(v.name.as_str()), &v.resources))
+                .collect(),
+            _ => vec![(None, &inst.resources)],
+        };
+        let codelet = &j.classes[c].codelet;
+        let model = &self.model;
+        let predict = |v: Option<usize>, hw: &str| -> Prediction {
+            match v.and_then(|v| options.get(v)).and_then(|o| o.0) {
+                Some(name) => model.predict(&format!("{codelet}/{name}"), hw, 0),
+                None => model.predict(codelet, hw, 0),
+            }
+        };
+        let problem = Problem {
+            options: options.clone(),
+            local_bytes: &local_bytes,
+            queue_depth: self.config.queue_depth,
+            explore: j.classes[c].explore,
+        };
+        let Some(d) = sched::place(&problem, &self.workers, &predict) else {
+            return Placed::Blocked;
+        };
+        self.assign(job, t, d, inputs, out);
+        Placed::Yes
+    }
+
+    pub(super) fn assign(
+        &mut self,
+        job: JobId,
+        t: TaskId,
+        d: Decision,
+        inputs: Vec<(ObjectRef, String)>,
+        out: &mut Vec<Command>,
+    ) {
+        let worker = d.worker;
+        let chain = d.variant.is_none() && self.jobs[&job].graph.task(t).gang.is_none();
+        self.assign_member(job, t, d, inputs, None, None, out);
+        if chain {
+            let attempt = self.jobs[&job].tasks[t.index()].attempt;
+            self.chain_successors(job, t, attempt, worker, out);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn assign_member(
+        &mut self,
+        job: JobId,
+        t: TaskId,
+        d: Decision,
+        inputs: Vec<(ObjectRef, String)>,
+        gang: Option<GangAssignment>,
+        after: Option<(TaskRef, u32)>,
+        out: &mut Vec<Command>,
+    ) {
+        let j = self
+            .jobs
+            .get_mut(&job)
+            .expect("placing a task of a known job");
+        let w = self
+            .workers
+            .get_mut(&d.worker)
+            .expect("placed on a live worker");
+        let c = j.class_of(t);
+        if d.explored {
+            j.classes[c].explore = j.classes[c].explore.wrapping_add(1);
+        }
+        let variant = d.variant.map(|v| v as u16);
+        let need = resources_of(j, t, variant).clone();
+        let tref = j.tref(t);
+        let rt = &mut j.tasks[t.index()];
+        rt.attempt += 1;
+        rt.worker = Some(w.id);
+        rt.variant = variant;
+        let attempt = rt.attempt;
+        if d.reason.policy != "eager" {
+            rt.ext().reason = Some(d.reason.clone());
+        } else if let Some(e) = rt.ext.as_mut() {
+            e.reason = None;
+        }
+        let gpu_indices = w.gpu_indices(&d.gpus);
+        match after {
+            Some(pred) => w.add_chained((tref, attempt), &need, pred),
+            None => w.add((tref, attempt), &need, d.gpus, d.reserved),
+        }
+        let mut resources = Worker::charge(&need);
+        if need.gpus >= 1.0 {
+            resources.gpu_mem = need.gpu_mem;
+        }
+        let inst = j.graph.task(t);
+        let env = |e: &std::collections::BTreeMap<String, String>| -> Vec<(String, String)> {
+            e.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        let kind = match (&inst.kind, d.variant) {
+            (TaskKind::Command { cmd, env: e, cwd }, _) => AssignedKind::Command {
+                cmd: cmd.clone(),
+                env: env(e),
+                cwd: cwd.clone(),
+            },
+            (TaskKind::Variants(vs), Some(v)) => AssignedKind::Command {
+                cmd: vs[v].cmd.clone(),
+                env: env(&vs[v].env),
+                cwd: vs[v].cwd.clone(),
+            },
+            (TaskKind::Variants(vs), None) => AssignedKind::Command {
+                cmd: vs[0].cmd.clone(),
+                env: env(&vs[0].env),
+                cwd: vs[0].cwd.clone(),
+            },
+            (TaskKind::Wasm(m), _) => AssignedKind::Wasm {
+                module: m.module.clone(),
+                entry: m.entry.clone(),
+                args: m.args.clone(),
+                env: env(&m.env),
+                fuel: m.fuel,
+                memory: m.memory,
+            },
+        };
+        let variant_name = j.variant_name(t, variant);
+        let a = Assignment {
+            task: tref,
+            attempt,
+            name: inst.name.clone(),
+            job_name: j.name.clone(),
+            job_dir: j.dir.clone(),
+            staging: j.staging,
+            kind,
+            variant: variant_name.clone(),
+            resources,
+            gpu_indices: gpu_indices.clone(),
+            timeout_ms: inst
+                .timeout
+                .map(|d| d.as_millis().min(u128::from(u64::MAX)) as u64),
+            index: inst.index,
+            inputs,
+            outputs: inst.outputs.clone(),
+            reason: d.reason,
+            gang,
+            after,
+        };
+        self.journal.push(JournalRecord::TaskAssigned {
+            worker: w.id,
+            task: tref,
+            attempt,
+            variant: variant_name,
+            gpu_indices,
+            hw_class: w.spec.hw_class.clone(),
+        });
+        self.pending.entry(w.id).or_default().push(a);
+        j.set_state(t, TaskState::Assigned, None, out);
+    }
+
+    /// An idle worker (nothing assigned or running, no retraction pending for it) takes
+    /// half (rounded up) of the stealable queued tasks of the worker with the longest queue:
+    /// `Retract` is sent; the tasks come back `Ready` on `TaskReturned` and are placed again,
+    /// on the idle worker if it fits there first.
+    pub(super) fn steal(&mut self, out: &mut Vec<Command>) {
+        if self.config.queue_depth == 0 || self.workers.len() < 2 {
+            return;
+        }
+        let idle: Vec<WorkerId> = self
+            .workers
+            .values()
+            .filter(|w| w.is_idle() && w.incoming == 0)
+            .map(|w| w.id)
+            .collect();
+        for thief in idle {
+            let thief_worker = &self.workers[&thief];
+            // Victim: the longest queue of tasks that fit the thief.
+            let mut best: Option<(WorkerId, Vec<(TaskRef, u32)>)> = None;
+            for v in self.workers.values() {
+                if v.id == thief || v.queue.is_empty() {
+                    continue;
+                }
+                let stealable: Vec<(TaskRef, u32)> = v
+                    .queue
+                    .values()
+                    .filter(|k| {
+                        v.slots.get(k).is_some_and(|s| {
+                            s.thief.is_none()
+                                && !s.cancel_sent
+                                && !s.started
+                                && thief_worker.fits_total(&s.res)
+                        })
+                    })
+                    .copied()
+                    .collect();
+                if !stealable.is_empty()
+                    && best.as_ref().is_none_or(|b| stealable.len() > b.1.len())
+                {
+                    best = Some((v.id, stealable));
+                }
+            }
+            let Some((victim, stealable)) = best else {
+                continue;
+            };
+            let take = stealable.len().div_ceil(2);
+            let v = self.workers.get_mut(&victim).expect("found above");
+            // Newest first: the worker reaches them last.
+            let chosen: Vec<(TaskRef, u32)> = stealable.iter().rev().take(take).copied().collect();
+            for key in &chosen {
+                if let Some(s) = v.slots.get_mut(key) {
+                    s.thief = Some(thief);
+                }
+                out.push(Command::Retract {
+                    worker: victim,
+                    task: key.0,
+                    attempt: key.1,
+                });
+            }
+            let t = self.workers.get_mut(&thief).expect("idle worker");
+            t.incoming += chosen.len() as u32;
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! What workers report about attempts: started, returned, finished (succeeded, failed,
+//! cancelled), and assignments replayed from the journal.
+
+use super::*;
+
+/// A success to apply (see [`Coordinator::attempt_succeeded`]).
+struct Succeeded {
+    task: TaskRef,
+    /// The worker that really ran it.
+    ran_on: WorkerId,
+    /// Its hardware class, to record the time under.
+    hw_class: Option<String>,
+    variant: Option<String>,
+    usage: super::super::Usage,
+    outputs: Vec<ObjectRef>,
+}
+
+impl Coordinator {
+    pub(super) fn task_started(
+        &mut self,
+        worker: WorkerId,
+        task: TaskRef,
+        attempt: u32,
+        out: &mut Vec<Command>,
+    ) -> Result<()> {
+        let w = self
+            .workers
+            .get_mut(&worker)
+            .expect("callers checked the worker");
+        let key = (task, attempt);
+        let Some(slot) = w.slots.get_mut(&key) else {
+            return Ok(()); // stale
+        };
+        // A chained task starts when its predecessor succeeded there, which the worker
+        // reported first; clear the mark in case that report was stale here.
+        slot.after = None;
+        if !slot.reserved && !w.promote_one(key) {
+            return Err(StateError::Conflict {
+                task,
+                attempt,
+                worker,
+                reason: "started a queued task beyond the worker's free resources".into(),
+            });
+        }
+        let slot = w.slots.get_mut(&key).expect("present above");
+        slot.started = true;
+        let thief = slot.thief.take();
+        if let Some(t) = thief.and_then(|t| self.workers.get_mut(&t)) {
+            t.incoming = t.incoming.saturating_sub(1);
+        }
+        let j = self.job(task.job);
+        let rt = &j.tasks[task.task.index()];
+        if rt.state == TaskState::Assigned && rt.attempt == attempt && rt.worker == Some(worker) {
+            j.set_state(task.task, TaskState::Running, None, out);
+            let inst = j.graph.task(task.task);
+            if inst.gang.is_none() && !matches!(inst.kind, TaskKind::Variants(_)) {
+                self.chain_successors(task.job, task.task, attempt, worker, out);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn task_returned(
+        &mut self,
+        worker: WorkerId,
+        task: TaskRef,
+        attempt: u32,
+        out: &mut Vec<Command>,
+    ) -> Result<()> {
+        let w = self
+            .workers
+            .get_mut(&worker)
+            .expect("callers checked the worker");
+        let key = (task, attempt);
+        let Some(slot) = w.slots.get(&key) else {
+            return Ok(()); // stale
+        };
+        if slot.started {
+            return Err(StateError::Conflict {
+                task,
+                attempt,
+                worker,
+                reason: "returned a task it had reported started".into(),
+            });
+        }
+        let slot = w.remove(key).expect("present above");
+        if let Some(t) = slot.thief.and_then(|t| self.workers.get_mut(&t)) {
+            t.incoming = t.incoming.saturating_sub(1);
+        }
+        let j = self.job(task.job);
+        let rt = &mut j.tasks[task.task.index()];
+        if rt.state == TaskState::Assigned && rt.attempt == attempt && rt.worker == Some(worker) {
+            rt.worker = None;
+            if j.is_active() {
+                j.runnable(task.task, Some(format!("returned by {worker}")), out);
+            } else {
+                j.set_state(task.task, TaskState::Cancelled, None, out);
+            }
+        }
+        self.settle_chained((task, attempt), false, worker, out);
+        Ok(())
+    }
+
+    pub(super) fn task_finished(
+        &mut self,
+        worker: WorkerId,
+        task: TaskRef,
+        attempt: u32,
+        result: AttemptResult,
+        out: &mut Vec<Command>,
+    ) {
+        let ghost = match self.ghosts.get(&task) {
+            Some(g) if g.attempt == attempt => self.ghosts.remove(&task),
+            _ => None,
+        };
+        let mut hw_class = ghost.as_ref().map(|g| g.hw_class.clone());
+        let owner = ghost.as_ref().map_or(worker, |g| g.worker);
+        if let Some(w) = self.workers.get_mut(&worker) {
+            // Promotion waits until the chained attempts this end releases are queued.
+            if let Some(slot) = w.take((task, attempt)) {
+                if let Some(t) = slot.thief.and_then(|t| self.workers.get_mut(&t)) {
+                    t.incoming = t.incoming.saturating_sub(1);
+                }
+            }
+            let w = self.workers.get_mut(&worker).expect("present above");
+            if result.usage.cpu_seconds.is_finite() && result.usage.cpu_seconds > 0.0 {
+                w.busy_cpu_s += result.usage.cpu_seconds;
+            }
+            hw_class.get_or_insert_with(|| w.spec.hw_class.clone());
+        }
+        let j = self
+            .jobs
+            .get_mut(&task.job)
+            .expect("callers checked the job");
+        let t = task.task;
+        let rt = &j.tasks[t.index()];
+        let current = matches!(rt.state, TaskState::Assigned | TaskState::Running)
+            && rt.attempt == attempt
+            && rt.worker == Some(owner);
+        if !current {
+            // Stale or duplicate: no effect but the freed slot.
+            if let Some(w) = self.workers.get_mut(&worker) {
+                w.promote_queued();
+            }
+            return;
+        }
+        // The worker that really ran it (a rejoined worker reporting a ghost's attempt).
+        let ran_on = if self.workers.contains_key(&worker) {
+            worker
+        } else {
+            owner
+        };
+        let succeeded = matches!(result.outcome, AttemptOutcome::Succeeded)
+            && !j.broken.contains(&(t, attempt));
+        self.settle_chained((task, attempt), succeeded, ran_on, out);
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.promote_queued();
+        }
+        let j = self
+            .jobs
+            .get_mut(&task.job)
+            .expect("callers checked the job");
+        let active = j.is_active();
+        let gang = j.graph.task(t).gang;
+        if gang.is_some() && j.broken.remove(&(t, attempt)) {
+            // Its gang broke while it ran: whatever it says, it reruns with the gang.
+            j.tasks[t.index()].worker = None;
+            if active {
+                j.runnable(
+                    t,
+                    Some(format!("attempt {attempt} stopped with its gang")),
+                    out,
+                );
+            } else {
+                j.set_state(t, TaskState::Cancelled, None, out);
+            }
+            return;
+        }
+        match result.outcome {
+            AttemptOutcome::Succeeded => {
+                let outcome = Succeeded {
+                    task,
+                    ran_on,
+                    hw_class,
+                    variant: result.variant,
+                    usage: result.usage,
+                    outputs: result.outputs,
+                };
+                self.attempt_succeeded(outcome, out);
+            }
+            AttemptOutcome::Failed { message, retryable } => {
+                self.attempt_failed(task, attempt, message, retryable, out);
+            }
+            AttemptOutcome::Cancelled => self.attempt_cancelled(task, attempt, worker, out),
+        }
+    }
+
+    /// The current attempt succeeded: record its time, the outputs it holds, and mark it done.
+    fn attempt_succeeded(&mut self, s: Succeeded, out: &mut Vec<Command>) {
+        let Succeeded {
+            task,
+            ran_on,
+            hw_class,
+            variant,
+            usage,
+            outputs,
+        } = s;
+        let t = task.task;
+        let j = self
+            .jobs
+            .get_mut(&task.job)
+            .expect("callers checked the job");
+        let variant = variant
+            .as_deref()
+            .and_then(|v| variant_index(j, t, v))
+            .or(j.tasks[t.index()].variant);
+        {
+            let rt = &mut j.tasks[t.index()];
+            rt.variant = variant;
+            rt.worker = Some(ran_on);
+            rt.ext().usage = Some(usage);
+        }
+        if let Some(hw) = &hw_class {
+            let c = j.class_of(t);
+            let codelet = match j.variant_name(t, variant) {
+                Some(v) => format!("{}/{v}", j.classes[c].codelet),
+                None => j.classes[c].codelet.clone(),
+            };
+            self.model.record(&codelet, hw, 0, usage.wall_seconds);
+        }
+        let j = self
+            .jobs
+            .get_mut(&task.job)
+            .expect("callers checked the job");
+        if j.staging == Staging::Transfer {
+            j.outputs.insert(t, outputs);
+            j.holders.insert(t, vec![ran_on]);
+            // It fetched its predecessors' outputs: it holds them too.
+            let preds: Vec<TaskId> = j.graph.preds(t).to_vec();
+            let live = self.workers.get_mut(&ran_on);
+            let mut held = Vec::new();
+            for p in preds {
+                if j.outputs.get(&p).is_some_and(|o| !o.is_empty()) {
+                    let hs = j.holders.entry(p).or_default();
+                    if !hs.contains(&ran_on) {
+                        hs.push(ran_on);
+                    }
+                    held.push(j.tref(p));
+                }
+            }
+            if let Some(w) = live {
+                w.holds.insert(task);
+                w.holds.extend(held);
+            }
+        }
+        j.mark_done(t, out);
+        self.check_job_end(task.job, out);
+    }
+
+    /// The current attempt failed: retry after a backoff while retries are left (a gang
+    /// member takes its gang with it), else fail the task and its job.
+    fn attempt_failed(
+        &mut self,
+        task: TaskRef,
+        attempt: u32,
+        message: String,
+        retryable: bool,
+        out: &mut Vec<Command>,
+    ) {
+        let now = self.now;
+        let t = task.task;
+        let j = self
+            .jobs
+            .get_mut(&task.job)
+            .expect("callers checked the job");
+        if !j.is_active() {
+            j.set_state(t, TaskState::Cancelled, Some(message), out);
+            return;
+        }
+        let gang = j.graph.task(t).gang;
+        let retries = j.graph.task(t).retries;
+        let rt = &mut j.tasks[t.index()];
+        rt.failures += 1;
+        let failures = rt.failures;
+        if !(retryable && failures <= retries) {
+            let why = if retryable {
+                format!("{message} (no retries left)")
+            } else {
+                message
+            };
+            j.set_state(t, TaskState::Failed, Some(why), out);
+            self.end_job(task.job, JobState::Failed, out);
+            return;
+        }
+        j.retries += 1;
+        let shift = (failures - 1).min(40);
+        let delay = self
+            .config
+            .retry_backoff_ms
+            .saturating_mul(1u64 << shift)
+            .min(self.config.max_backoff_ms);
+        self.backoff
+            .push(Reverse((now.saturating_add(delay), task, attempt)));
+        j.set_state(
+            t,
+            TaskState::Backoff,
+            Some(format!(
+                "{message} (retry {failures} of {retries} in {delay} ms)"
+            )),
+            out,
+        );
+        if gang.is_some() {
+            self.break_gang(task.job, t, Some(failures), &message, out);
+        }
+    }
+
+    /// The current attempt was cancelled on `worker`: ready again while the job runs (a gang
+    /// member breaks its gang), cancelled otherwise.
+    fn attempt_cancelled(
+        &mut self,
+        task: TaskRef,
+        attempt: u32,
+        worker: WorkerId,
+        out: &mut Vec<Command>,
+    ) {
+        let t = task.task;
+        let j = self
+            .jobs
+            .get_mut(&task.job)
+            .expect("callers checked the job");
+        j.tasks[t.index()].worker = None;
+        if !j.is_active() {
+            j.set_state(t, TaskState::Cancelled, None, out);
+            return;
+        }
+        j.runnable(
+            t,
+            Some(format!("attempt {attempt} cancelled on {worker}")),
+            out,
+        );
+        if j.graph.task(t).gang.is_some() {
+            let why = format!("a member was cancelled on {worker}");
+            self.break_gang(task.job, t, None, &why, out);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn task_assigned(
+        &mut self,
+        worker: WorkerId,
+        task: TaskRef,
+        attempt: u32,
+        variant: Option<String>,
+        gpu_indices: Vec<u32>,
+        hw_class: String,
+        out: &mut Vec<Command>,
+    ) -> Result<()> {
+        let conflict = |reason: &str| StateError::Conflict {
+            task,
+            attempt,
+            worker,
+            reason: reason.into(),
+        };
+        if self.workers.contains_key(&worker) {
+            return Err(conflict(
+                "assignments are made by the coordinator; only a replay may apply one",
+            ));
+        }
+        let j = self
+            .jobs
+            .get_mut(&task.job)
+            .expect("callers checked the job");
+        let rt = &j.tasks[task.task.index()];
+        let done_for_good = rt.state == TaskState::Done && !j.is_active();
+        if done_for_good || matches!(rt.state, TaskState::Failed | TaskState::Cancelled) {
+            return Err(conflict("the task is finished"));
+        }
+        if attempt <= rt.attempt {
+            return Err(conflict("an attempt at least as new was seen already"));
+        }
+        if rt.worker.is_some_and(|w| self.workers.contains_key(&w)) {
+            return Err(conflict("the task is on a live worker"));
+        }
+        let v = match &variant {
+            Some(name) => Some(
+                variant_index(j, task.task, name)
+                    .ok_or_else(|| conflict(&format!("no variant named {name:?}")))?,
+            ),
+            None => None,
+        };
+        self.retired.insert(worker);
+        self.next_worker = self.next_worker.max(worker.0 + 1);
+        if j.tasks[task.task.index()].state == TaskState::Done {
+            // Rerun from lineage before the restart (its outputs were lost).
+            j.undo_done(&[task.task], "rerun: its outputs were lost", out);
+        }
+        let rt = &mut j.tasks[task.task.index()];
+        rt.attempt = attempt;
+        rt.worker = Some(worker);
+        rt.variant = v;
+        if j.is_active() {
+            j.set_state(task.task, TaskState::Assigned, None, out);
+            self.ghosts.insert(
+                task,
+                Ghost {
+                    worker,
+                    attempt,
+                    gpu_indices,
+                    hw_class,
+                },
+            );
+            if self.grace_until.is_some() {
+                let due = self.now.saturating_add(self.config.reconcile_grace_ms);
+                self.grace.push(Reverse((due, task, attempt)));
+            }
+        } else {
+            j.set_state(task.task, TaskState::Cancelled, None, out);
+        }
+        Ok(())
+    }
+}

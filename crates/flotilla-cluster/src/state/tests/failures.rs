@@ -1,0 +1,362 @@
+//! Retries, cancellation, lost workers and lineage.
+
+use super::*;
+
+#[test]
+fn retryable_failures_back_off_exponentially_then_fail_the_job() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        r#"
+[defaults]
+retries = 3
+[[task]]
+id = "flaky"
+cmd = ["x"]
+[[task]]
+id = "other"
+cmd = ["y"]
+resources = { cpus = 1 }
+"#,
+    );
+    let (w, out) = sim.join(wspec(2.0, &[]));
+    let a = assigns(&out);
+    let flaky = sim.tref(job, "flaky");
+    assert_eq!(a[0].1.task, flaky);
+    let running_other = a[1].1.task;
+    sim.ev(Event::TaskStarted {
+        worker: w,
+        task: running_other,
+        attempt: 1,
+    });
+    let mut attempt = 1;
+    // Backoffs: 100, 200, then capped at 350.
+    for (k, delay) in [100u64, 200, 350].into_iter().enumerate() {
+        let out = sim.finish(w, flaky, attempt, failed("boom", true));
+        assert!(notified(&out).contains(&(flaky, TaskState::Backoff)));
+        assert_eq!(sim.state(job, "flaky"), TaskState::Backoff);
+        assert_eq!(sim.c.job_status(job).unwrap().retries, k as u32 + 1);
+        assert!(assigns(&out).is_empty());
+        sim.now += delay - 1;
+        let out = sim.ev(Event::Tick);
+        assert!(assigns(&out).is_empty());
+        assert_eq!(sim.state(job, "flaky"), TaskState::Backoff);
+        sim.now += 1;
+        let out = sim.ev(Event::Tick);
+        let a = assigns(&out);
+        assert_eq!(a.len(), 1, "retried at exactly the deadline");
+        attempt += 1;
+        assert_eq!(a[0].1.attempt, attempt);
+    }
+    let out = sim.finish(w, flaky, attempt, failed("boom", true));
+    assert_eq!(sim.state(job, "flaky"), TaskState::Failed);
+    assert_eq!(job_finished(&out), vec![(job, JobState::Failed)]);
+    assert_eq!(
+        cancels(&out),
+        vec![(w, running_other, 1)],
+        "the running task is cancelled"
+    );
+    let s = sim.c.job_status(job).unwrap();
+    assert_eq!(s.counts.running, 1, "until the worker confirms");
+    assert!(s.tasks[flaky.task.index()]
+        .message
+        .as_deref()
+        .unwrap()
+        .contains("no retries left"));
+    let out = sim.finish(w, running_other, 1, AttemptOutcome::Cancelled);
+    assert_eq!(notified(&out), vec![(running_other, TaskState::Cancelled)]);
+    assert!(job_finished(&out).is_empty(), "JobFinished only once");
+    assert_eq!(sim.c.workers()[0].used.cpus, 0.0);
+}
+
+#[test]
+fn a_non_retryable_failure_fails_for_good() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(DIAMOND);
+    let (w, _) = sim.join(wspec(1.0, &[]));
+    let out = sim.finish(w, sim.tref(job, "a"), 1, failed("bad command", false));
+    assert_eq!(job_finished(&out), vec![(job, JobState::Failed)]);
+    let s = sim.c.job_status(job).unwrap();
+    assert_eq!(s.counts.failed, 1);
+    assert_eq!(s.counts.cancelled, 3);
+    assert_eq!(s.retries, 0);
+}
+
+#[test]
+fn cancelling_a_job_cancels_waiting_tasks_and_stops_running_ones() {
+    let mut sim = Sim::new(1);
+    let (job, _) = sim.submit("[[task]]\nid = \"t\"\narray = \"0..4\"\ncmd = [\"x\"]\n");
+    let (w, out) = sim.join(wspec(1.0, &[]));
+    let a = assigns(&out);
+    assert_eq!(a.len(), 2);
+    sim.ev(Event::TaskStarted {
+        worker: w,
+        task: a[0].1.task,
+        attempt: 1,
+    });
+    let out = sim.ev(Event::JobCancelled { job });
+    assert_eq!(job_finished(&out), vec![(job, JobState::Cancelled)]);
+    let mut c = cancels(&out);
+    c.sort();
+    assert_eq!(c, vec![(w, a[0].1.task, 1), (w, a[1].1.task, 1)]);
+    let s = sim.c.job_status(job).unwrap();
+    assert_eq!(
+        (s.counts.cancelled, s.counts.running, s.counts.assigned),
+        (2, 1, 1)
+    );
+    // Again: nothing; unknown job: refused.
+    assert!(sim.ev(Event::JobCancelled { job }).is_empty());
+    assert_eq!(
+        sim.try_ev(Event::JobCancelled {
+            job: JobId::new(77)
+        })
+        .unwrap_err(),
+        StateError::UnknownJob(JobId::new(77))
+    );
+    // Reports end them: even a success after the cancel is no reason to run more.
+    sim.finish(w, a[0].1.task, 1, AttemptOutcome::Cancelled);
+    let out = sim.finish(w, a[1].1.task, 1, AttemptOutcome::Succeeded);
+    assert!(assigns(&out).is_empty());
+    let s = sim.c.job_status(job).unwrap();
+    assert_eq!(s.state, JobState::Cancelled);
+    assert_eq!(s.counts.cancelled + s.counts.done, 4);
+    assert!(sim.c.workers()[0].tasks.is_empty());
+}
+
+#[test]
+fn a_lost_worker_s_tasks_are_placed_again_and_its_late_reports_ignored() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit("[[task]]\nid = \"t\"\narray = \"0..2\"\ncmd = [\"x\"]\n");
+    let (w1, out) = sim.join(wspec(2.0, &[]));
+    let a = assigns(&out);
+    assert_eq!(a.len(), 2);
+    sim.ev(Event::TaskStarted {
+        worker: w1,
+        task: a[0].1.task,
+        attempt: 1,
+    });
+    let out = sim.ev(Event::WorkerLost {
+        worker: w1,
+        reason: "no heartbeat".into(),
+    });
+    let n = notified(&out);
+    assert!(n.contains(&(a[0].1.task, TaskState::Ready)));
+    assert!(n.contains(&(a[1].1.task, TaskState::Ready)));
+    let s = sim.c.job_status(job).unwrap();
+    assert!(s
+        .tasks
+        .iter()
+        .all(|t| t.failures == 0 && t.message.as_deref().unwrap().contains("lost")));
+    // Unknown worker: refused. Lost worker again: refused (ids are not reused).
+    assert_eq!(
+        sim.try_ev(Event::WorkerLost {
+            worker: w1,
+            reason: String::new()
+        })
+        .unwrap_err(),
+        StateError::UnknownWorker(w1)
+    );
+    let e = sim
+        .try_ev(Event::WorkerJoined {
+            worker: w1,
+            spec: wspec(1.0, &[]),
+            running: vec![],
+            held: vec![],
+        })
+        .unwrap_err();
+    assert_eq!(e, StateError::DuplicateWorker(w1));
+    let (w2, out) = sim.join(wspec(2.0, &[]));
+    let a2 = assigns(&out);
+    assert_eq!(a2.len(), 2);
+    assert!(a2.iter().all(|(w, x)| *w == w2 && x.attempt == 2));
+    // The lost worker's late reports: ignored, never double counted.
+    let out = sim.finish(w1, a[0].1.task, 1, AttemptOutcome::Succeeded);
+    assert!(out.is_empty());
+    let out = sim.ev(Event::TaskStarted {
+        worker: w1,
+        task: a[1].1.task,
+        attempt: 1,
+    });
+    assert!(out.is_empty());
+    assert_eq!(sim.c.job_status(job).unwrap().counts.done, 0);
+    // A worker that never existed: refused.
+    let e = sim
+        .try_ev(Event::TaskStarted {
+            worker: WorkerId::new(500),
+            task: a[1].1.task,
+            attempt: 2,
+        })
+        .unwrap_err();
+    assert_eq!(e, StateError::UnknownWorker(WorkerId::new(500)));
+    // A stale attempt from a live worker: ignored.
+    assert!(sim
+        .ev(Event::TaskStarted {
+            worker: w2,
+            task: a[1].1.task,
+            attempt: 1
+        })
+        .is_empty());
+    for (w, x) in a2 {
+        sim.finish(w, x.task, x.attempt, AttemptOutcome::Succeeded);
+    }
+    assert_eq!(sim.c.job_status(job).unwrap().state, JobState::Succeeded);
+    assert_eq!(sim.c.job_status(job).unwrap().counts.done, 2);
+}
+
+#[test]
+fn lost_outputs_are_rebuilt_from_lineage() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        r#"
+staging = "transfer"
+[[task]]
+id = "a"
+cmd = ["a"]
+outputs = ["a.out"]
+[[task]]
+id = "b"
+cmd = ["b"]
+after = ["a"]
+outputs = ["b.out"]
+[[task]]
+id = "c"
+cmd = ["c"]
+after = ["b"]
+outputs = ["c.out"]
+[[task]]
+id = "side"
+cmd = ["s"]
+"#,
+    );
+    let (w1, out) = sim.join(wspec(1.0, &[]));
+    let ta = sim.tref(job, "a");
+    assert_eq!(assigns(&out)[0].1.task, ta);
+    let out = sim.finish_with(
+        w1,
+        ta,
+        1,
+        AttemptOutcome::Succeeded,
+        vec![obj("a.out", 5)],
+        None,
+        1.0,
+    );
+    let tb = sim.tref(job, "b");
+    assert_eq!(assigns(&out)[0].1.task, tb);
+    assert_eq!(
+        assigns(&out)[0].1.inputs,
+        vec![(obj("a.out", 5), "addr-1".to_string())]
+    );
+    let out = sim.finish_with(
+        w1,
+        tb,
+        1,
+        AttemptOutcome::Succeeded,
+        vec![obj("b.out", 5)],
+        None,
+        1.0,
+    );
+    // c goes next (id order puts c before side).
+    let tc = sim.tref(job, "c");
+    assert_eq!(assigns(&out)[0].1.task, tc);
+    // w1 dies holding a.out and b.out; c was assigned to it and is requeued.
+    let out = sim.ev(Event::WorkerLost {
+        worker: w1,
+        reason: "killed".into(),
+    });
+    assert_eq!(
+        sim.state(job, "b"),
+        TaskState::Waiting,
+        "b needs a's lost output"
+    );
+    assert_eq!(sim.state(job, "a"), TaskState::Ready);
+    assert_eq!(sim.state(job, "c"), TaskState::Waiting);
+    assert!(notified(&out).contains(&(tb, TaskState::Waiting)));
+    let (w2, out) = sim.join(wspec(1.0, &[]));
+    assert_eq!(names(&sim, &out), vec!["a"]);
+    let out = sim.finish_with(
+        w2,
+        ta,
+        2,
+        AttemptOutcome::Succeeded,
+        vec![obj("a.out", 5)],
+        None,
+        1.0,
+    );
+    let a = assigns(&out);
+    assert_eq!(sim.name(a[0].1.task), "b");
+    assert_eq!(a[0].1.inputs, vec![(obj("a.out", 5), "addr-1".to_string())]);
+    assert_eq!(a[0].1.attempt, 2);
+    let out = sim.finish_with(
+        w2,
+        tb,
+        2,
+        AttemptOutcome::Succeeded,
+        vec![obj("b.out", 5)],
+        None,
+        1.0,
+    );
+    assert_eq!(names(&sim, &out), vec!["c"]);
+    let out = sim.finish_with(
+        w2,
+        tc,
+        2,
+        AttemptOutcome::Succeeded,
+        vec![obj("c.out", 5)],
+        None,
+        1.0,
+    );
+    assert_eq!(names(&sim, &out), vec!["side"]);
+    let ts = sim.tref(job, "side");
+    let out = sim.finish(w2, ts, 1, AttemptOutcome::Succeeded);
+    assert_eq!(job_finished(&out), vec![(job, JobState::Succeeded)]);
+    assert_eq!(sim.c.job_status(job).unwrap().retries, 0);
+}
+
+#[test]
+fn outputs_still_held_elsewhere_need_no_rerun_and_unneeded_ones_are_not_rebuilt() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(TRANSFER);
+    let (w1, out1) = sim.join(wspec(1.0, &[]));
+    let (w2, out2) = sim.join(wspec(1.0, &[]));
+    let (ta, tb) = (assigns(&out1)[0].1.task, assigns(&out2)[0].1.task);
+    sim.finish_with(
+        w1,
+        ta,
+        1,
+        AttemptOutcome::Succeeded,
+        vec![obj("a.out", 10)],
+        None,
+        1.0,
+    );
+    let out = sim.finish_with(
+        w2,
+        tb,
+        1,
+        AttemptOutcome::Succeeded,
+        vec![obj("b.out", 1000)],
+        None,
+        1.0,
+    );
+    let tc = assigns(&out)[0].1.task;
+    sim.ev(Event::TaskStarted {
+        worker: w2,
+        task: tc,
+        attempt: 1,
+    });
+    let out = sim.finish_with(
+        w2,
+        tc,
+        1,
+        AttemptOutcome::Succeeded,
+        vec![obj("c.out", 1)],
+        None,
+        1.0,
+    );
+    assert_eq!(job_finished(&out), vec![(job, JobState::Succeeded)]);
+    // Nothing needs a.out any more: losing w1 reruns nothing.
+    let out = sim.ev(Event::WorkerLost {
+        worker: w1,
+        reason: "gone".into(),
+    });
+    assert!(notified(&out).is_empty());
+    assert_eq!(sim.c.job_status(job).unwrap().counts.done, 3);
+}

@@ -1,0 +1,473 @@
+//! Submission, ordering, resources and GPUs, queues, variants, locality and stealing.
+
+use super::*;
+
+#[test]
+fn submission_makes_roots_ready_and_the_rest_waiting() {
+    let mut sim = Sim::new(0);
+    let (job, out) = sim.submit(DIAMOND);
+    assert!(
+        notified(&out).is_empty(),
+        "initial states are read from job_status"
+    );
+    assert_eq!(sim.state(job, "a"), TaskState::Ready);
+    for n in ["b", "c", "d"] {
+        assert_eq!(sim.state(job, n), TaskState::Waiting);
+    }
+    let s = sim.c.job_status(job).unwrap();
+    assert_eq!(s.state, JobState::Running);
+    assert_eq!(s.counts.ready, 1);
+    assert_eq!(s.counts.waiting, 3);
+    assert_eq!(s.total, 4);
+    assert_eq!(sim.c.next_job_id(), JobId::new(job.0 + 1));
+    assert_eq!(sim.c.jobs().len(), 1);
+}
+
+#[test]
+fn a_bad_or_duplicate_submission_is_refused_and_changes_nothing() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(DIAMOND);
+    let before = (sim.c.jobs(), sim.c.next_job_id());
+    let spec = parse_job(DIAMOND, "job.toml").unwrap();
+    let e = sim
+        .try_ev(Event::JobSubmitted {
+            job,
+            spec: spec.clone(),
+            dir: String::new(),
+            tenant: String::new(),
+        })
+        .unwrap_err();
+    assert_eq!(e, StateError::DuplicateJob(job));
+    // A cycle built in code (parse_job would refuse it earlier).
+    let mut bad = spec;
+    bad.tasks[0].after = vec![flotilla_core::Dependency::parse("d").unwrap()];
+    let e = sim
+        .try_ev(Event::JobSubmitted {
+            job: JobId::new(99),
+            spec: bad,
+            dir: String::new(),
+            tenant: String::new(),
+        })
+        .unwrap_err();
+    assert!(matches!(e, StateError::BadJob { .. }), "{e}");
+    assert!(e.to_string().contains("cycle"), "{e}");
+    assert_eq!((sim.c.jobs(), sim.c.next_job_id()), before);
+}
+
+#[test]
+fn an_empty_job_succeeds_at_once() {
+    let mut sim = Sim::new(0);
+    let job = sim.c.next_job_id();
+    let spec = flotilla_core::JobSpec::new("empty");
+    let out = sim.ev(Event::JobSubmitted {
+        job,
+        spec,
+        dir: String::new(),
+        tenant: String::new(),
+    });
+    assert_eq!(job_finished(&out), vec![(job, JobState::Succeeded)]);
+    assert_eq!(
+        sim.c.job_status(job).unwrap().finished_state(),
+        Some(JobState::Succeeded)
+    );
+}
+
+#[test]
+fn dependencies_run_in_order_and_the_job_succeeds_once() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(DIAMOND);
+    let (w, out) = sim.join(wspec(4.0, &[]));
+    let a = assigns(&out);
+    assert_eq!(names(&sim, &out), vec!["a"]);
+    assert_eq!(a[0].0, w);
+    assert_eq!(a[0].1.attempt, 1);
+    assert_eq!(a[0].1.job_name, "diamond");
+    assert_eq!(
+        a[0].1.kind,
+        AssignedKind::Command {
+            cmd: vec!["a".into()],
+            env: vec![],
+            cwd: None
+        }
+    );
+    assert_eq!(sim.state(job, "a"), TaskState::Assigned);
+    let ta = sim.tref(job, "a");
+    let out = sim.ev(Event::TaskStarted {
+        worker: w,
+        task: ta,
+        attempt: 1,
+    });
+    assert_eq!(notified(&out), vec![(ta, TaskState::Running)]);
+    let out = sim.finish(w, ta, 1, AttemptOutcome::Succeeded);
+    let n = notified(&out);
+    assert!(n.contains(&(ta, TaskState::Done)));
+    assert!(n.contains(&(sim.tref(job, "b"), TaskState::Ready)));
+    assert!(n.contains(&(sim.tref(job, "c"), TaskState::Ready)));
+    assert_eq!(
+        names(&sim, &out),
+        vec!["b", "c"],
+        "both placed in one batch"
+    );
+    assert_eq!(
+        out.iter()
+            .filter(|c| matches!(c, Command::Assign { .. }))
+            .count(),
+        1
+    );
+    assert_eq!(sim.state(job, "d"), TaskState::Waiting);
+    let out = sim.finish(w, sim.tref(job, "b"), 1, AttemptOutcome::Succeeded);
+    assert!(assigns(&out).is_empty(), "d still waits for c");
+    assert_eq!(sim.state(job, "d"), TaskState::Waiting);
+    let out = sim.finish(w, sim.tref(job, "c"), 1, AttemptOutcome::Succeeded);
+    assert_eq!(names(&sim, &out), vec!["d"]);
+    let out = sim.finish(w, sim.tref(job, "d"), 1, AttemptOutcome::Succeeded);
+    assert_eq!(job_finished(&out), vec![(job, JobState::Succeeded)]);
+    let s = sim.c.job_status(job).unwrap();
+    assert_eq!(s.counts.done, 4);
+    assert_eq!(s.retries, 0);
+    // A duplicate report changes nothing and finishes nothing twice.
+    let out = sim.finish(w, sim.tref(job, "d"), 1, AttemptOutcome::Succeeded);
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!(sim.c.job_status(job).unwrap().counts.done, 4);
+}
+
+#[test]
+fn older_jobs_first_then_priority_then_id() {
+    let mut sim = Sim::new(0);
+    let (j1, _) = sim.submit(
+        r#"
+[[task]]
+id = "low"
+array = "0..2"
+cmd = ["x"]
+[[task]]
+id = "high"
+array = "0..2"
+priority = 5
+cmd = ["x"]
+"#,
+    );
+    let (j2, _) = sim.submit("[[task]]\nid = \"other\"\npriority = 100\ncmd = [\"x\"]\n");
+    let (w, out) = sim.join(wspec(1.0, &[]));
+    let mut order = names(&sim, &out);
+    let mut cur = assigns(&out)[0].1.task;
+    for _ in 0..4 {
+        let out = sim.finish(w, cur, 1, AttemptOutcome::Succeeded);
+        let a = assigns(&out);
+        assert_eq!(a.len(), 1);
+        cur = a[0].1.task;
+        order.push(sim.name(cur));
+    }
+    assert_eq!(
+        order,
+        vec!["high[0]", "high[1]", "low[0]", "low[1]", "other"]
+    );
+    assert_eq!(cur.job, j2);
+    let _ = j1;
+}
+
+#[test]
+fn resources_are_never_oversubscribed_and_custom_resources_count() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        r#"
+[[task]]
+id = "t"
+array = "0..6"
+cmd = ["x"]
+resources = { cpus = 1.5, mem = "5GiB", licence = 1 }
+"#,
+    );
+    let mut spec = wspec(8.0, &[]);
+    spec.resources.custom.insert("licence".into(), 2.0);
+    let (w, out) = sim.join(spec);
+    // cpus would allow 5, mem 3 (16 GiB), licences 2.
+    assert_eq!(assigns(&out).len(), 2);
+    let ws = &sim.c.workers()[0];
+    assert_eq!(ws.used.custom["licence"], 2.0);
+    assert_eq!(ws.used.cpus, 3.0);
+    let first = assigns(&out)[0].1.task;
+    let out = sim.finish(w, first, 1, AttemptOutcome::Succeeded);
+    assert_eq!(assigns(&out).len(), 1, "one licence came back");
+    assert_eq!(sim.c.job_status(job).unwrap().counts.assigned, 2);
+}
+
+#[test]
+fn fractional_gpus_share_an_index_and_whole_gpus_take_free_ones() {
+    let mut sim = Sim::new(0);
+    let (_, _) = sim.submit(
+        r#"
+[[task]]
+id = "half"
+array = "0..3"
+cmd = ["x"]
+resources = { cpus = 0, gpus = 0.5, gpu_mem = "4GiB" }
+"#,
+    );
+    let (w, out) = sim.join(wspec(8.0, &[10 << 30, 10 << 30]));
+    let a = assigns(&out);
+    assert_eq!(a.len(), 3);
+    let idx: Vec<Vec<u32>> = a.iter().map(|(_, x)| x.gpu_indices.clone()).collect();
+    assert_eq!(idx, vec![vec![0], vec![0], vec![1]], "packed two per GPU");
+    let mut sim2 = Sim::new(0);
+    sim2.submit(
+        r#"
+[[task]]
+id = "mem"
+array = "0..3"
+cmd = ["x"]
+resources = { cpus = 0, gpus = 0.25, gpu_mem = "6GiB" }
+"#,
+    );
+    let (_, out) = sim2.join(wspec(8.0, &[10 << 30, 10 << 30]));
+    let idx: Vec<Vec<u32>> = assigns(&out)
+        .iter()
+        .map(|(_, x)| x.gpu_indices.clone())
+        .collect();
+    assert_eq!(idx, vec![vec![0], vec![1]], "GPU memory limits the sharing");
+    // Whole GPUs: two 1-GPU tasks take both indices; a 2-GPU task waits for both.
+    let mut sim3 = Sim::new(0);
+    let (job, _) = sim3.submit(
+        r#"
+[[task]]
+id = "one"
+array = "0..2"
+cmd = ["x"]
+resources = { cpus = 0, gpus = 1 }
+[[task]]
+id = "two"
+cmd = ["x"]
+resources = { cpus = 0, gpus = 2 }
+"#,
+    );
+    let (w3, out) = sim3.join(wspec(8.0, &[1 << 30, 1 << 30]));
+    let a = assigns(&out);
+    let idx: Vec<Vec<u32>> = a.iter().map(|(_, x)| x.gpu_indices.clone()).collect();
+    assert_eq!(idx, vec![vec![0], vec![1]]);
+    let out = sim3.finish(w3, a[0].1.task, 1, AttemptOutcome::Succeeded);
+    assert!(assigns(&out).is_empty(), "one GPU free is not enough");
+    let out = sim3.finish(w3, a[1].1.task, 1, AttemptOutcome::Succeeded);
+    let a = assigns(&out);
+    assert_eq!(a[0].1.gpu_indices, vec![0, 1]);
+    assert_eq!(a[0].1.resources.gpus, 2.0);
+    assert_eq!(sim3.state(job, "two"), TaskState::Assigned);
+    let _ = w;
+}
+
+#[test]
+fn queued_tasks_wait_beyond_capacity_and_are_promoted_in_order() {
+    let mut sim = Sim::new(2);
+    let (job, _) = sim.submit(
+        "[[task]]\nid = \"t\"\narray = \"0..6\"\ncmd = [\"x\"]\nresources = { cpus = 1 }\n",
+    );
+    let (w, out) = sim.join(wspec(2.0, &[]));
+    let a = assigns(&out);
+    assert_eq!(a.len(), 4, "2 in capacity + 2 queued, in one Assign");
+    assert_eq!(
+        out.iter()
+            .filter(|c| matches!(c, Command::Assign { .. }))
+            .count(),
+        1
+    );
+    let ws = &sim.c.workers()[0];
+    assert_eq!(ws.queued, 2);
+    assert_eq!(ws.used.cpus, 2.0);
+    // Starting a queued task while the capacity is full is refused and changes nothing.
+    let t2 = a[2].1.task;
+    let e = sim
+        .try_ev(Event::TaskStarted {
+            worker: w,
+            task: t2,
+            attempt: 1,
+        })
+        .unwrap_err();
+    assert!(matches!(e, StateError::Conflict { .. }), "{e}");
+    assert_eq!(sim.c.workers()[0].queued, 2);
+    // A finish frees one cpu: the first queued task is promoted, one more is queued.
+    let out = sim.finish(w, a[0].1.task, 1, AttemptOutcome::Succeeded);
+    assert_eq!(assigns(&out).len(), 1);
+    let ws = &sim.c.workers()[0];
+    assert_eq!(ws.queued, 2);
+    assert_eq!(ws.used.cpus, 2.0);
+    sim.ev(Event::TaskStarted {
+        worker: w,
+        task: t2,
+        attempt: 1,
+    });
+    assert_eq!(sim.state(job, "t[2]"), TaskState::Running);
+    assert_eq!(sim.c.workers()[0].used.cpus, 2.0);
+}
+
+#[test]
+fn queued_tasks_never_hold_gpus() {
+    let mut sim = Sim::new(4);
+    sim.submit("[[task]]\nid = \"g\"\narray = \"0..3\"\ncmd = [\"x\"]\nresources = { cpus = 0, gpus = 1 }\n");
+    let (_, out) = sim.join(wspec(4.0, &[1 << 30]));
+    assert_eq!(assigns(&out).len(), 1);
+    assert_eq!(sim.c.workers()[0].queued, 0);
+}
+
+#[test]
+fn variants_are_explored_then_chosen_by_earliest_predicted_finish() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(VARIANTS);
+    let (gw, out1) = sim.join(wspec(1.0, &[1 << 30]));
+    let (cw, out2) = sim.join(wspec(1.0, &[]));
+    let mut seen: BTreeMap<(WorkerId, String), usize> = BTreeMap::new();
+    let mut running: std::collections::VecDeque<(WorkerId, Assignment)> = assigns(&out1).into();
+    running.extend(assigns(&out2));
+    let mut log = Vec::new();
+    while let Some((w, a)) = running.pop_front() {
+        let v = a.variant.clone().unwrap();
+        *seen.entry((w, v.clone())).or_default() += 1;
+        log.push((w, v.clone(), a.reason.policy.clone()));
+        // Check the command is the chosen variant's.
+        let AssignedKind::Command { cmd, .. } = &a.kind else {
+            panic!("a command")
+        };
+        assert_eq!(cmd.contains(&"--cuda".to_string()), v == "gpu");
+        assert!(!a.reason.alternatives.is_empty());
+        let wall = match (w == gw, v.as_str()) {
+            (true, "gpu") => 1.0,
+            (true, _) => 10.0,
+            (false, _) => 8.0,
+        };
+        let out = sim.finish_with(
+            w,
+            a.task,
+            a.attempt,
+            AttemptOutcome::Succeeded,
+            vec![],
+            Some(v),
+            wall,
+        );
+        running.extend(assigns(&out));
+    }
+    assert_eq!(sim.c.job_status(job).unwrap().state, JobState::Succeeded);
+    // Every feasible pair was explored until calibrated (3 samples)...
+    assert!(seen[&(gw, "gpu".to_string())] >= 3);
+    assert!(seen[&(gw, "cpu".to_string())] >= 3);
+    assert!(seen[&(cw, "cpu".to_string())] >= 3);
+    assert!(!seen.contains_key(&(cw, "gpu".to_string())), "no GPU there");
+    // ...then the GPU variant wins on the GPU worker.
+    let tail: Vec<_> = log.iter().rev().take(10).collect();
+    assert!(tail.iter().all(|(_, _, p)| p == "dmda"), "{tail:?}");
+    assert!(tail.iter().any(|(w, v, _)| *w == gw && v == "gpu"));
+    assert!(
+        !tail.iter().any(|(w, v, _)| *w == gw && v == "cpu"),
+        "{tail:?}"
+    );
+    let m = sim.c.perf_model();
+    assert_eq!(
+        m.predict("v/sim/gpu", "gpu", 0),
+        Prediction::Calibrated(1.0)
+    );
+    assert_eq!(
+        m.predict("v/sim/cpu", "cpu", 0),
+        Prediction::Calibrated(8.0)
+    );
+    // Status reports the variant and the reason.
+    let s = sim.c.job_status(job).unwrap();
+    assert!(s
+        .tasks
+        .iter()
+        .all(|t| t.variant.is_some() && t.placement.is_some()));
+}
+
+#[test]
+fn transfer_staging_lists_inputs_and_prefers_the_worker_holding_most_bytes() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(TRANSFER);
+    let (w1, out1) = sim.join(wspec(1.0, &[]));
+    let (w2, out2) = sim.join(wspec(1.0, &[]));
+    let (a1, a2) = (assigns(&out1), assigns(&out2));
+    assert_eq!((a1.len(), a2.len()), (1, 1));
+    let (ta, tb) = (a1[0].1.task, a2[0].1.task);
+    assert_eq!(sim.name(ta), "a");
+    sim.finish_with(
+        w1,
+        ta,
+        1,
+        AttemptOutcome::Succeeded,
+        vec![obj("a.out", 10)],
+        None,
+        1.0,
+    );
+    let out = sim.finish_with(
+        w2,
+        tb,
+        1,
+        AttemptOutcome::Succeeded,
+        vec![obj("b.out", 1000)],
+        None,
+        1.0,
+    );
+    let a = assigns(&out);
+    assert_eq!(a.len(), 1);
+    assert_eq!(a[0].0, w2, "w2 holds 1000 of the 1010 input bytes");
+    assert_eq!(a[0].1.reason.policy, "locality");
+    let mut inputs = a[0].1.inputs.clone();
+    inputs.sort_by(|x, y| x.0.path.cmp(&y.0.path));
+    assert_eq!(
+        inputs,
+        vec![
+            (obj("a.out", 10), "addr-1".into()),
+            (obj("b.out", 1000), "addr-1".into())
+        ]
+    );
+    let _ = job;
+}
+
+#[test]
+fn an_idle_worker_steals_queued_tasks() {
+    let mut sim = Sim::new(3);
+    let (job, _) = sim.submit("[[task]]\nid = \"t\"\narray = \"0..4\"\ncmd = [\"x\"]\n");
+    let (w1, out) = sim.join(wspec(1.0, &[]));
+    assert_eq!(assigns(&out).len(), 4, "1 running + 3 queued");
+    let (w2, out) = sim.join(wspec(1.0, &[]));
+    let r = retracts(&out);
+    assert_eq!(r.len(), 2, "half of the 3 queued, rounded up: {out:?}");
+    assert!(r.iter().all(|(w, _, _)| *w == w1));
+    // No more retractions while those are pending.
+    let out = sim.ev(Event::Tick);
+    assert!(retracts(&out).is_empty());
+    // One comes back and goes to the idle worker with a new attempt, no retry counted.
+    let (_, t, a) = r[0];
+    let out = sim.ev(Event::TaskReturned {
+        worker: w1,
+        task: t,
+        attempt: a,
+    });
+    let a2 = assigns(&out);
+    assert_eq!(a2.len(), 1);
+    assert_eq!(a2[0].0, w2);
+    assert_eq!(a2[0].1.task, t);
+    assert_eq!(a2[0].1.attempt, 2);
+    assert_eq!(sim.c.job_status(job).unwrap().retries, 0);
+    // The other had started before the Retract arrived: the worker says so, it stays.
+    // (w1 runs its queue in order: t[0], then t[1], then t[2].)
+    let (_, t, a) = r[1];
+    assert_eq!(sim.name(t), "t[2]");
+    sim.finish(w1, sim.tref(job, "t[0]"), 1, AttemptOutcome::Succeeded);
+    let early = sim.try_ev(Event::TaskStarted {
+        worker: w1,
+        task: t,
+        attempt: a,
+    });
+    assert!(early.is_err(), "t[1] was promoted first");
+    sim.finish(w1, sim.tref(job, "t[1]"), 1, AttemptOutcome::Succeeded);
+    sim.ev(Event::TaskStarted {
+        worker: w1,
+        task: t,
+        attempt: a,
+    });
+    let e = sim
+        .try_ev(Event::TaskReturned {
+            worker: w1,
+            task: t,
+            attempt: a,
+        })
+        .unwrap_err();
+    assert!(matches!(e, StateError::Conflict { .. }));
+    assert_eq!(sim.state(job, &sim.name(t)), TaskState::Running);
+}

@@ -1,0 +1,645 @@
+//! Journal replay after a restart, invalid events, status views, scale, rejoining workers.
+
+use super::*;
+
+/// Runs a replay of `records` into a fresh coordinator and calls `recovered`.
+fn replayed(records: &[JournalRecord], now: Millis) -> Coordinator {
+    let mut c = Coordinator::new(config(0));
+    let mut sink = Vec::new();
+    for r in records {
+        c.replay(now, r.clone(), &mut sink).expect("replays");
+    }
+    c.recovered(now);
+    c
+}
+
+#[test]
+fn after_a_restart_finished_tasks_stay_done_and_assigned_ones_wait_for_their_worker() {
+    let mut sim = Sim::new(0);
+    let mut journal: Vec<JournalRecord> = Vec::new();
+    let text = "[[task]]\nid = \"t\"\narray = \"0..4\"\ncmd = [\"x\"]\n[[task]]\nid = \"end\"\ncmd = [\"y\"]\nafter = [\"t\"]\n";
+    let spec = parse_job(text, "job.toml").unwrap();
+    let job = sim.c.next_job_id();
+    let ev = Event::JobSubmitted {
+        job,
+        spec,
+        dir: "/d".into(),
+        tenant: "t".into(),
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    let (w1, _) = sim.join(wspec(3.0, &[]));
+    journal.extend(sim.c.take_journal_records());
+    assert_eq!(journal.len(), 4, "the submission and three assignments");
+    let t = |i: u32| TaskRef {
+        job,
+        task: TaskId::new(i),
+    };
+    let ev = Event::TaskFinished {
+        worker: w1,
+        task: t(0),
+        attempt: 1,
+        result: AttemptResult {
+            outcome: AttemptOutcome::Succeeded,
+            usage: Usage::default(),
+            outputs: vec![],
+            variant: None,
+        },
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    journal.extend(sim.c.take_journal_records()); // t[3] assigned
+    assert_eq!(journal.len(), 6);
+    // Crash. Replay at a later time.
+    let mut c = replayed(&journal, 10_000);
+    assert!(c.next_job_id() > job);
+    assert!(c.next_worker_id() > w1, "worker ids are not reused");
+    let s = c.job_status(job).unwrap();
+    assert_eq!(s.tasks[0].state, TaskState::Done);
+    for i in 1..4 {
+        assert_eq!(
+            s.tasks[i].state,
+            TaskState::Assigned,
+            "t[{i}] waits for its worker"
+        );
+    }
+    // A new worker joins: nothing is placed during the grace.
+    let mut out = Vec::new();
+    let w2 = c.next_worker_id();
+    c.handle(
+        10_001,
+        Event::WorkerJoined {
+            worker: w2,
+            spec: wspec(8.0, &[]),
+            running: vec![],
+            held: vec![],
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert!(assigns(&out).is_empty(), "{out:?}");
+    // The old worker comes back under a new id reporting t[1] running and a stale attempt.
+    let w3 = c.next_worker_id();
+    out.clear();
+    c.handle(
+        10_002,
+        Event::WorkerJoined {
+            worker: w3,
+            spec: wspec(3.0, &[]),
+            running: vec![(t(1), 1), (t(0), 1), (t(2), 7)],
+            held: vec![],
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(
+        c.job_status(job).unwrap().tasks[1].state,
+        TaskState::Running
+    );
+    assert_eq!(c.job_status(job).unwrap().tasks[1].worker, Some(w3));
+    let mut cx = cancels(&out);
+    cx.sort();
+    assert_eq!(
+        cx,
+        vec![(w3, t(0), 1), (w3, t(2), 7)],
+        "finished or unknown attempts are cancelled"
+    );
+    // It had finished t[2] while the coordinator was down: applied once.
+    out.clear();
+    let fin = |w, i, ok: bool| Event::TaskFinished {
+        worker: w,
+        task: t(i),
+        attempt: 1,
+        result: AttemptResult {
+            outcome: if ok {
+                AttemptOutcome::Succeeded
+            } else {
+                AttemptOutcome::Cancelled
+            },
+            usage: Usage::default(),
+            outputs: vec![],
+            variant: None,
+        },
+    };
+    c.handle(10_003, fin(w3, 2, true), &mut out).unwrap();
+    assert_eq!(c.job_status(job).unwrap().tasks[2].state, TaskState::Done);
+    out.clear();
+    c.handle(10_004, fin(w3, 2, true), &mut out).unwrap();
+    assert!(out.is_empty(), "a duplicate is ignored");
+    assert_eq!(c.job_status(job).unwrap().counts.done, 2);
+    // t[3]'s worker never reports: after the grace it is placed again (attempt 2).
+    out.clear();
+    c.handle(14_999, Event::Tick, &mut out).unwrap();
+    assert!(assigns(&out).is_empty());
+    c.handle(15_000, Event::Tick, &mut out).unwrap();
+    let a = assigns(&out);
+    assert_eq!(a.len(), 1);
+    assert_eq!((a[0].1.task, a[0].1.attempt), (t(3), 2));
+    // t[0] was never rerun.
+    assert_eq!(c.job_status(job).unwrap().tasks[0].attempts, 1);
+}
+
+#[test]
+fn replay_rebuilds_backoff_cancel_and_the_perf_model() {
+    let mut sim = Sim::new(0);
+    let mut journal = Vec::new();
+    let spec = parse_job(VARIANTS, "job.toml").unwrap();
+    let job = sim.c.next_job_id();
+    let ev = Event::JobSubmitted {
+        job,
+        spec,
+        dir: "/d".into(),
+        tenant: "t".into(),
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    let (w, out) = sim.join(wspec(1.0, &[]));
+    journal.extend(sim.c.take_journal_records());
+    let a = assigns(&out);
+    let ev = Event::TaskFinished {
+        worker: w,
+        task: a[0].1.task,
+        attempt: 1,
+        result: AttemptResult {
+            outcome: AttemptOutcome::Succeeded,
+            usage: Usage {
+                wall_seconds: 2.0,
+                ..Usage::default()
+            },
+            outputs: vec![],
+            variant: Some("cpu".into()),
+        },
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    journal.extend(sim.c.take_journal_records());
+    journal.push(JournalRecord::JobCancelled { job });
+    let c = replayed(&journal, 50);
+    assert_eq!(
+        c.perf_model().stats("v/sim/cpu", "cpu", 0).map(|s| s.count),
+        Some(1)
+    );
+    let s = c.job_status(job).unwrap();
+    assert_eq!(s.state, JobState::Cancelled);
+    assert_eq!(s.counts.done, 1);
+    assert_eq!(s.counts.cancelled, 39);
+    assert_eq!(s.tasks[0].variant.as_deref(), Some("cpu"));
+}
+
+#[test]
+fn replayed_assignments_are_validated() {
+    let mut c = Coordinator::new(config(0));
+    let mut out = Vec::new();
+    let spec = parse_job(VARIANTS, "job.toml").unwrap();
+    let job = c.next_job_id();
+    c.handle(
+        0,
+        Event::JobSubmitted {
+            job,
+            spec,
+            dir: String::new(),
+            tenant: String::new(),
+        },
+        &mut out,
+    )
+    .unwrap();
+    let task = TaskRef {
+        job,
+        task: TaskId::new(0),
+    };
+    let assigned = |worker: u32, attempt: u32, variant: &str| Event::TaskAssigned {
+        worker: WorkerId::new(worker),
+        task,
+        attempt,
+        variant: Some(variant.into()),
+        gpu_indices: vec![],
+        hw_class: "cpu".into(),
+    };
+    c.handle(0, assigned(4, 1, "cpu"), &mut out).unwrap();
+    assert!(
+        c.handle(0, assigned(4, 1, "cpu"), &mut out).is_err(),
+        "not newer"
+    );
+    assert!(
+        c.handle(0, assigned(5, 2, "fpga"), &mut out).is_err(),
+        "no such variant"
+    );
+    c.handle(0, assigned(5, 2, "gpu"), &mut out).unwrap();
+    assert_eq!(c.next_worker_id(), WorkerId::new(6));
+    let bad = TaskRef {
+        job,
+        task: TaskId::new(999),
+    };
+    let e = c
+        .handle(
+            0,
+            Event::TaskAssigned {
+                worker: WorkerId::new(1),
+                task: bad,
+                attempt: 1,
+                variant: None,
+                gpu_indices: vec![],
+                hw_class: String::new(),
+            },
+            &mut out,
+        )
+        .unwrap_err();
+    assert_eq!(e, StateError::UnknownTask(bad));
+    // A live worker cannot be named by a replayed assignment.
+    let w = c.join(wspec(1.0, &[]), &mut out);
+    assert!(c.handle(0, assigned(w.0, 9, "cpu"), &mut out).is_err());
+}
+
+#[test]
+fn invalid_events_change_nothing() {
+    let mut sim = Sim::new(1);
+    let (job, _) = sim.submit(DIAMOND);
+    let (w, _) = sim.join(wspec(1.0, &[]));
+    let snapshot = |c: &Coordinator| {
+        (
+            serde_json::to_string(&c.job_status(job)).unwrap(),
+            serde_json::to_string(&c.workers()).unwrap(),
+            c.next_job_id(),
+        )
+    };
+    let before = snapshot(&sim.c);
+    let ghost_task = TaskRef {
+        job: JobId::new(42),
+        task: TaskId::new(0),
+    };
+    let bad_task = TaskRef {
+        job,
+        task: TaskId::new(40),
+    };
+    let mut bad_gpu = wspec(1.0, &[1, 1]);
+    bad_gpu.gpus[1].index = 0;
+    let mut neg = wspec(1.0, &[]);
+    neg.resources.cpus = -1.0;
+    let events = vec![
+        Event::JobCancelled {
+            job: JobId::new(42),
+        },
+        Event::TaskStarted {
+            worker: w,
+            task: ghost_task,
+            attempt: 1,
+        },
+        Event::TaskStarted {
+            worker: w,
+            task: bad_task,
+            attempt: 1,
+        },
+        Event::TaskReturned {
+            worker: WorkerId::new(99),
+            task: sim.tref(job, "a"),
+            attempt: 1,
+        },
+        Event::WorkerLost {
+            worker: WorkerId::new(99),
+            reason: String::new(),
+        },
+        Event::WorkerJoined {
+            worker: w,
+            spec: wspec(1.0, &[]),
+            running: vec![],
+            held: vec![],
+        },
+        Event::WorkerJoined {
+            worker: WorkerId::new(50),
+            spec: bad_gpu,
+            running: vec![],
+            held: vec![],
+        },
+        Event::WorkerJoined {
+            worker: WorkerId::new(51),
+            spec: neg,
+            running: vec![],
+            held: vec![],
+        },
+        Event::TaskFinished {
+            worker: WorkerId::new(99),
+            task: sim.tref(job, "a"),
+            attempt: 1,
+            result: AttemptResult {
+                outcome: AttemptOutcome::Succeeded,
+                usage: Usage::default(),
+                outputs: vec![],
+                variant: None,
+            },
+        },
+    ];
+    for e in events {
+        let r = sim.try_ev(e.clone());
+        assert!(r.is_err(), "{e:?} should be refused");
+        assert_eq!(snapshot(&sim.c), before, "{e:?} changed something");
+    }
+    assert!(sim
+        .try_ev(Event::TaskReturned {
+            worker: w,
+            task: bad_task,
+            attempt: 1
+        })
+        .is_err());
+}
+
+#[test]
+fn a_cancelled_attempt_of_a_running_job_is_placed_again_without_a_retry() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(DIAMOND);
+    let (w, _) = sim.join(wspec(1.0, &[]));
+    let ta = sim.tref(job, "a");
+    let out = sim.finish(w, ta, 1, AttemptOutcome::Cancelled);
+    let a = assigns(&out);
+    assert_eq!((a[0].1.task, a[0].1.attempt), (ta, 2));
+    assert_eq!(sim.c.job_status(job).unwrap().tasks[0].failures, 0);
+}
+
+#[test]
+fn events_and_records_convert_both_ways() {
+    let e = Event::JobCancelled { job: JobId::new(3) };
+    assert!(e.journaled());
+    let r = JournalRecord::from_event(&e).unwrap();
+    assert_eq!(Event::from(r), e);
+    for e in [
+        Event::Tick,
+        Event::WorkerLost {
+            worker: WorkerId::new(1),
+            reason: String::new(),
+        },
+        Event::TaskStarted {
+            worker: WorkerId::new(1),
+            task: TaskRef {
+                job: JobId::new(1),
+                task: TaskId::new(0),
+            },
+            attempt: 1,
+        },
+    ] {
+        assert!(!e.journaled());
+        assert!(JournalRecord::from_event(&e).is_none());
+    }
+    assert_eq!(TaskState::Backoff.to_string(), "backoff");
+    assert_eq!(JobState::Succeeded.to_string(), "succeeded");
+    assert_eq!(
+        TaskRef {
+            job: JobId::new(2),
+            task: TaskId::new(5)
+        }
+        .to_string(),
+        "job-2/t5"
+    );
+}
+
+#[test]
+fn worker_status_reports_use_and_utilization() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit("[[task]]\nid = \"t\"\ncmd = [\"x\"]\nresources = { cpus = 2 }\n");
+    let (w, _) = sim.join(wspec(4.0, &[]));
+    let ws = &sim.c.workers()[0];
+    assert_eq!(ws.used.cpus, 2.0);
+    assert_eq!(ws.tasks, vec![(sim.tref(job, "t"), 1)]);
+    sim.now = 10_000;
+    sim.finish_with(
+        w,
+        sim.tref(job, "t"),
+        1,
+        AttemptOutcome::Succeeded,
+        vec![],
+        None,
+        20.0,
+    );
+    let ws = &sim.c.workers()[0];
+    assert!(
+        (ws.utilization - 0.5).abs() < 1e-9,
+        "20 cpu-s over 4 cpus x 10 s: {}",
+        ws.utilization
+    );
+    assert_eq!(ws.used.cpus, 0.0);
+    let s = sim.c.job_status(job).unwrap();
+    assert_eq!(s.makespan_s, 10.0);
+    assert_eq!(s.tasks[0].usage.unwrap().cpu_seconds, 20.0);
+    assert_eq!(s.task_by_name("t"), Some((TaskId::new(0), 1, true)));
+    assert_eq!(sim.c.task_status(job, "t").as_ref(), Some(&s.tasks[0]));
+    assert!(sim.c.task_status(job, "nope").is_none());
+    assert_eq!(sim.c.job_summary(job).unwrap().done, 1);
+    assert!(sim.c.job_summary(JobId::new(9)).is_none());
+}
+
+/// The scale target: a 1,000,000-instance array plus a reduce, 2 workers, every Assign
+/// answered by TaskFinished. Each event touches O(log n) state (no scan of the tasks).
+#[test]
+fn a_million_task_job_runs_to_completion() {
+    const N: u32 = 1_000_000;
+    let mut c = Coordinator::new(Config {
+        queue_depth: 4,
+        ..config(4)
+    });
+    let text = format!(
+        "[[task]]\nid = \"map\"\narray = \"0..{N}\"\ncmd = [\"m\", \"{{i}}\"]\n[[task]]\nid = \"reduce\"\ncmd = [\"r\"]\nafter = [\"map\"]\n"
+    );
+    let spec = parse_job(&text, "big.toml").unwrap();
+    let job = c.next_job_id();
+    let mut out = Vec::new();
+    c.handle(
+        0,
+        Event::JobSubmitted {
+            job,
+            spec,
+            dir: String::new(),
+            tenant: String::new(),
+        },
+        &mut out,
+    )
+    .unwrap();
+    let mut pending = std::collections::VecDeque::new();
+    for _ in 0..2 {
+        let w = c.join(wspec(4.0, &[]), &mut out);
+        let _ = w;
+    }
+    let mut finished_jobs = 0;
+    let mut now = 0;
+    let mut events = 0u64;
+    loop {
+        for cmd in out.drain(..) {
+            match cmd {
+                Command::Assign { worker, tasks } => {
+                    for a in tasks {
+                        pending.push_back((worker, a.task, a.attempt));
+                    }
+                }
+                Command::Notify(Notification::JobFinished { state, .. }) => {
+                    assert_eq!(state, JobState::Succeeded);
+                    finished_jobs += 1;
+                }
+                _ => {}
+            }
+        }
+        let Some((worker, task, attempt)) = pending.pop_front() else {
+            break;
+        };
+        now += 1;
+        events += 1;
+        c.handle(
+            now,
+            Event::TaskFinished {
+                worker,
+                task,
+                attempt,
+                result: AttemptResult {
+                    outcome: AttemptOutcome::Succeeded,
+                    usage: Usage::default(),
+                    outputs: vec![],
+                    variant: None,
+                },
+            },
+            &mut out,
+        )
+        .unwrap();
+    }
+    assert_eq!(finished_jobs, 1);
+    assert_eq!(events, u64::from(N) + 1);
+    let s = c.jobs();
+    assert_eq!(s[0].done, u64::from(N) + 1);
+    assert!(c.jobs_map()[&job].all_final());
+}
+
+#[test]
+fn replay_accepts_what_was_accepted_live() {
+    // Live: a stale report from a worker that never got anything is accepted (and so
+    // journaled); a lineage rerun reassigns a Done task. Both must replay.
+    let mut sim = Sim::new(0);
+    let mut journal = Vec::new();
+    let spec = parse_job(
+        "staging = \"transfer\"\n[[task]]\nid = \"a\"\ncmd = [\"a\"]\noutputs = [\"a.out\"]\n[[task]]\nid = \"b\"\ncmd = [\"b\"]\nafter = [\"a\"]\n",
+        "job.toml",
+    )
+    .unwrap();
+    let job = sim.c.next_job_id();
+    let ev = Event::JobSubmitted {
+        job,
+        spec,
+        dir: "/d".into(),
+        tenant: "t".into(),
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    let (w1, _) = sim.join(wspec(1.0, &[]));
+    let (w2, _) = sim.join(wspec(1.0, &[]));
+    journal.extend(sim.c.take_journal_records());
+    let ta = sim.tref(job, "a");
+    let stale = Event::TaskFinished {
+        worker: w2,
+        task: ta,
+        attempt: 9,
+        result: AttemptResult {
+            outcome: AttemptOutcome::Succeeded,
+            usage: Usage::default(),
+            outputs: vec![],
+            variant: None,
+        },
+    };
+    journal.extend(JournalRecord::from_event(&stale));
+    assert!(sim.ev(stale).is_empty());
+    let done = Event::TaskFinished {
+        worker: w1,
+        task: ta,
+        attempt: 1,
+        result: AttemptResult {
+            outcome: AttemptOutcome::Succeeded,
+            usage: Usage::default(),
+            outputs: vec![obj("a.out", 3)],
+            variant: None,
+        },
+    };
+    journal.extend(JournalRecord::from_event(&done));
+    sim.ev(done);
+    journal.extend(sim.c.take_journal_records()); // b on w1 (it holds a.out)
+                                                  // w1 dies with b queued: a is rerun (on w2), b waits.
+    sim.ev(Event::WorkerLost {
+        worker: w1,
+        reason: "killed".into(),
+    });
+    journal.extend(sim.c.take_journal_records());
+    assert_eq!(sim.state(job, "a"), TaskState::Assigned);
+    assert_eq!(sim.state(job, "b"), TaskState::Waiting);
+    let mut c = replayed(&journal, 100);
+    let s = c.job_status(job).unwrap();
+    assert_eq!(s.tasks[0].state, TaskState::Assigned);
+    assert_eq!(s.tasks[0].attempts, 2);
+    // b's assignment to w1 was journaled, its loss was not: it waits for w1 like any
+    // replayed assignment, then goes back to waiting for the rerun of a.
+    assert_eq!(s.tasks[1].state, TaskState::Assigned);
+    let mut out = Vec::new();
+    c.handle(100 + 5_000, Event::Tick, &mut out).unwrap();
+    let s = c.job_status(job).unwrap();
+    assert_eq!(s.tasks[0].state, TaskState::Ready);
+    assert_eq!(
+        s.tasks[1].state,
+        TaskState::Waiting,
+        "b waits for the rerun of a"
+    );
+    assert!(c.next_worker_id() > w2);
+}
+
+/// Regression (coordinator SIGKILLed between journaling an assignment and sending it): the
+/// worker comes back under a new id naming its previous one; the attempts journaled for the
+/// old id that it does not report are placed again at once, not after the grace.
+#[test]
+fn a_rejoining_worker_releases_the_assignments_it_never_received() {
+    let mut sim = Sim::new(0);
+    let mut journal: Vec<JournalRecord> = Vec::new();
+    let text = "[[task]]\nid = \"t\"\narray = \"0..2\"\ncmd = [\"x\"]\n";
+    let spec = parse_job(text, "job.toml").unwrap();
+    let job = sim.c.next_job_id();
+    let ev = Event::JobSubmitted {
+        job,
+        spec,
+        dir: "/d".into(),
+        tenant: "t".into(),
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    let (w1, _) = sim.join(wspec(2.0, &[]));
+    journal.extend(sim.c.take_journal_records());
+    let t = |i: u32| TaskRef {
+        job,
+        task: TaskId::new(i),
+    };
+    let mut c = replayed(&journal, 10_000);
+    // w1 comes back as a new worker: it runs t[0]; t[1]'s assignment never reached it.
+    let w2 = c.next_worker_id();
+    let mut out = Vec::new();
+    c.handle(
+        10_001,
+        Event::WorkerJoined {
+            worker: w2,
+            spec: wspec(2.0, &[]),
+            running: vec![(t(0), 1)],
+            held: vec![],
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert!(
+        assigns(&out).is_empty(),
+        "nothing moves during the grace yet"
+    );
+    c.handle(
+        10_001,
+        Event::WorkerReconciled {
+            worker: w2,
+            previous: w1,
+        },
+        &mut out,
+    )
+    .unwrap();
+    let s = c.job_status(job).unwrap();
+    assert_eq!(s.tasks[0].state, TaskState::Running);
+    assert_eq!(s.tasks[0].worker, Some(w2));
+    // t[1] is placed again at once, on w2, with a new attempt (well before the grace ends).
+    let a = assigns(&out);
+    assert_eq!(a.len(), 1, "{out:?}");
+    assert_eq!(a[0].0, w2);
+    assert_eq!(a[0].1.task, t(1));
+    assert_eq!(c.job_status(job).unwrap().tasks[1].attempts, 2);
+}

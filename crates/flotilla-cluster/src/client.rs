@@ -21,6 +21,7 @@ use crate::auth::TokenAdd;
 use crate::error::{ClusterError, Result};
 use crate::proto::coordinator_client::CoordinatorClient;
 use crate::proto::{self, JobEvent};
+use crate::state::{ClusterStatus, JobStatus};
 use crate::transport::Remote;
 
 /// A connection to a coordinator.
@@ -166,19 +167,30 @@ impl Client {
         })
     }
 
-    /// A job's status, or (with `None`) every job and worker, as the JSON document
-    /// `flotilla status --json` prints.
-    pub async fn status(&mut self, job: Option<JobId>) -> Result<serde_json::Value> {
-        let r = self
+    /// A job's status with every task (what `flotilla status JOB --json` prints).
+    pub async fn job_status(&mut self, job: JobId) -> Result<JobStatus> {
+        let json = self.status_document(Some(job)).await?;
+        serde_json::from_str(&json)
+            .map_err(|e| ClusterError::Rpc(format!("bad status document of {job}: {e}")))
+    }
+
+    /// Every job and live worker (what `flotilla status --json` prints).
+    pub async fn cluster_status(&mut self) -> Result<ClusterStatus> {
+        let json = self.status_document(None).await?;
+        serde_json::from_str(&json)
+            .map_err(|e| ClusterError::Rpc(format!("bad cluster status document: {e}")))
+    }
+
+    async fn status_document(&mut self, job: Option<JobId>) -> Result<String> {
+        Ok(self
             .inner
             .status(proto::StatusRequest {
                 job: job.map(|j| j.0),
             })
             .await
             .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        serde_json::from_str(&r.json)
-            .map_err(|e| ClusterError::Rpc(format!("bad status document: {e}")))
+            .into_inner()
+            .json)
     }
 
     /// The stream of a job's events, starting with the current state of each task.

@@ -203,7 +203,7 @@ pub(crate) fn assignment(a: state::Assignment) -> proto::Assignment {
 
 /// An assignment as the agent's state sees it, the wire form kept as what to run. `None`
 /// without a task key (nothing could be reported about it).
-pub(crate) fn work(a: proto::Assignment) -> Option<Work<proto::Assignment>> {
+pub(crate) fn work(a: proto::Assignment) -> Option<Work<Box<proto::Assignment>>> {
     let key = task_key(a.task.as_ref()?);
     Some(Work {
         key,
@@ -214,7 +214,7 @@ pub(crate) fn work(a: proto::Assignment) -> Option<Work<proto::Assignment>> {
             .unwrap_or_else(Resources::zero),
         gpus: a.gpu_indices.clone(),
         after: a.after.as_ref().map(task_key),
-        payload: a,
+        payload: Box::new(a),
     })
 }
 

@@ -45,8 +45,27 @@ pub enum ClusterError {
         theirs: u32,
     },
     /// The journal failed.
-    #[error("journal: {0}")]
-    Journal(String),
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
+    /// A journal record could not be replayed (the journal does not match this version's
+    /// state machine, or it is damaged in a way its checksums do not show).
+    #[error("replaying journal record {record}: {source}")]
+    Replay {
+        /// Its number, from 0.
+        record: usize,
+        /// Why the state machine refused it.
+        #[source]
+        source: crate::state::StateError,
+    },
+    /// A listening socket could not be opened.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// Something unexpected in the state machine.
     #[error("{0}")]
     State(String),

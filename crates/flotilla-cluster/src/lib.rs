@@ -17,6 +17,7 @@ pub mod journal;
 pub mod objects;
 pub mod proto;
 pub mod server;
+pub mod sim;
 pub mod state;
 pub mod transport;
 pub mod worker;

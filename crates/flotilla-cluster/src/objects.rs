@@ -189,7 +189,10 @@ pub async fn serve_objects(
 ) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| ClusterError::Config(format!("cannot listen on {addr}: {e}")))?;
+        .map_err(|source| ClusterError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
     let local = listener
         .local_addr()
         .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;

@@ -155,7 +155,7 @@ struct Running {
 /// The agent's state and the I/O of what runs, under one lock (task threads and the session
 /// both change it).
 struct Local {
-    agent: Agent<Assignment>,
+    agent: Agent<Box<Assignment>>,
     runs: HashMap<Attempt, Running>,
 }
 
@@ -253,7 +253,7 @@ impl Shared {
     fn apply(
         self: &Arc<Self>,
         runs: &mut HashMap<Attempt, Running>,
-        cmds: Vec<Command<Assignment>>,
+        cmds: Vec<Command<Box<Assignment>>>,
     ) {
         for c in cmds {
             match c {
@@ -277,7 +277,12 @@ impl Shared {
     }
 
     /// Runs an attempt the agent started on a pool thread; its end goes back to the agent.
-    fn start(self: &Arc<Self>, runs: &mut HashMap<Attempt, Running>, key: Attempt, a: Assignment) {
+    fn start(
+        self: &Arc<Self>,
+        runs: &mut HashMap<Attempt, Running>,
+        key: Attempt,
+        a: Box<Assignment>,
+    ) {
         let cancel = CancelHandle::new();
         let pkey = convert::key(key.0, key.1);
         let logs = log_paths(&self.config.work_dir, &pkey);

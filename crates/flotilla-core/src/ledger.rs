@@ -266,6 +266,9 @@ impl Ledger {
     /// GPU positions for device indices, each with the request's share; `None` if an index
     /// is not one of this worker's or is named twice.
     pub fn positions(&self, indices: &[u32], need: &Resources) -> Option<GpuShares> {
+        if indices.is_empty() {
+            return Some(Vec::new());
+        }
         let share = if need.gpus >= 1.0 { 1.0 } else { need.gpus };
         let mut seen = BTreeSet::new();
         indices

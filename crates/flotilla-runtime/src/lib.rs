@@ -38,6 +38,7 @@ mod registry;
 mod runtime;
 mod scope;
 mod sleep;
+mod sync;
 mod task;
 mod topo;
 mod trace;

@@ -149,14 +149,100 @@ impl RuntimeBuilder {
 
     /// Discovers the devices, loads the models and starts the workers.
     pub fn build(self) -> Result<Runtime> {
-        let env_sched = std::env::var("FLOTILLA_SCHED").ok();
+        let devices = self.select_devices()?;
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        let n_cpu = self
+            .cpus
+            .unwrap_or_else(|| cores.saturating_sub(devices.len()).max(1));
+        let policy_kind = self.resolve_policy(devices.is_empty())?;
+        let layout = Layout::new(n_cpu, &devices);
+
+        let model_path = match &self.model_path {
+            Some(p) => p.clone(),
+            None => default_model_path(),
+        };
+        let model = match &model_path {
+            Some(p) => load_model(p)?,
+            None => PerfModel::new(),
+        };
+        let trace_path = self
+            .trace
+            .clone()
+            .or_else(|| std::env::var_os("FLOTILLA_TRACE").map(PathBuf::from));
+        let tracer = trace_path.map(|p| Arc::new(Tracer::new(&p, layout.names.clone())));
+        let links = Arc::new(LinkObservations::new(devices.len() + 1));
+        let data = self.data_manager(&devices, &links, tracer.clone());
+
+        let (sleep, parkers) = Sleep::new(n_cpu);
+        let locals: Vec<Worker<Job>> = (0..n_cpu).map(|_| Worker::new_lifo()).collect();
+        let stealers = locals.iter().map(|w| w.stealer()).collect();
+        let mut dev_queues = Vec::new();
+        let mut dev_threads = Vec::new();
+        for d in &devices {
+            let (q, t) = device::queue(d.info().kind);
+            dev_queues.push(q);
+            dev_threads.push(t);
+        }
+        let n_units = n_cpu + devices.len();
+        let registry = Arc::new(Registry {
+            injector: Injector::new(),
+            stealers,
+            mailboxes: (0..n_cpu).map(|_| Injector::new()).collect(),
+            sleep,
+            terminate: AtomicBool::new(false),
+            n_cpu,
+            devices: dev_queues,
+            policy_kind,
+            units: UnitTable {
+                kinds: layout.kinds,
+                archs: layout.archs,
+            },
+            sched: Mutex::new(SchedState {
+                policy: BuiltinPolicy::from_kind(policy_kind, self.seed),
+                platform: layout.platform,
+                model,
+                backlog: vec![0.0; n_units],
+                epoch: Instant::now(),
+                links_seen: 0,
+            }),
+            links,
+            data,
+            tracer,
+            outstanding: AtomicUsize::new(0),
+            idle_lock: Mutex::new(()),
+            idle_cv: Condvar::new(),
+            failures: Mutex::new(Vec::new()),
+            failure_count: AtomicUsize::new(0),
+            executed: (0..n_units).map(|_| AtomicU64::new(0)).collect(),
+        });
+
+        let mut started = Started {
+            registry: registry.clone(),
+            threads: Vec::new(),
+        };
+        self.start_threads(&mut started, locals, parkers, &devices, dev_threads)?;
+        Ok(Runtime {
+            registry,
+            threads: started.disarm(),
+            seq: AtomicU64::new(0),
+            model_path,
+            devices,
+            policy_kind,
+        })
+    }
+
+    /// The devices asked for (`devices`, else `FLOTILLA_DEVICES`); a kind asked for by name
+    /// and not found is an error naming why it was skipped.
+    fn select_devices(&self) -> Result<Vec<Arc<dyn Device>>> {
         let devices_sel = match (&self.devices, std::env::var("FLOTILLA_DEVICES").ok()) {
             (DeviceSelection::None, Some(s)) => {
                 DeviceSelection::parse(&s).map_err(RuntimeError::Config)?
             }
             (d, _) => d.clone(),
         };
-        let devices: Vec<Arc<dyn Device>> = match &devices_sel {
+        Ok(match &devices_sel {
             DeviceSelection::None => Vec::new(),
             sel => {
                 let found = flotilla_devices::discover_report(&DiscoverOptions::default());
@@ -185,27 +271,156 @@ impl RuntimeBuilder {
                 }
                 wanted
             }
-        };
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        let n_cpu = self
-            .cpus
-            .unwrap_or_else(|| cores.saturating_sub(devices.len()).max(1));
-        let policy_kind = match (self.policy, env_sched) {
+        })
+    }
+
+    /// The placement policy: given, else `FLOTILLA_SCHED`, else `ws` on CPUs alone and
+    /// `dmda` with devices.
+    fn resolve_policy(&self, cpus_only: bool) -> Result<PolicyKind> {
+        Ok(match (self.policy, std::env::var("FLOTILLA_SCHED").ok()) {
             (Some(p), _) => p,
             (None, Some(s)) => s
                 .parse::<PolicyKind>()
                 .map_err(|e| RuntimeError::Config(format!("FLOTILLA_SCHED={s}: {e}")))?,
-            (None, None) => {
-                if devices.is_empty() {
-                    PolicyKind::Ws
-                } else {
-                    PolicyKind::Dmda
-                }
-            }
-        };
+            (None, None) if cpus_only => PolicyKind::Ws,
+            (None, None) => PolicyKind::Dmda,
+        })
+    }
 
+    /// The data manager over these devices, reporting each transfer to the link
+    /// observations (and the trace).
+    fn data_manager(
+        &self,
+        devices: &[Arc<dyn Device>],
+        links: &Arc<LinkObservations>,
+        tracer: Option<Arc<Tracer>>,
+    ) -> DataManager {
+        let mut data = DataManager::new(devices, self.device_mem_limit);
+        data.pin_host = self
+            .pin_host
+            .unwrap_or_else(|| std::env::var("FLOTILLA_PIN_HOST").as_deref() != Ok("0"));
+        {
+            let links = links.clone();
+            data.on_transfer = Some(Box::new(move |ev| {
+                links.observe(
+                    ev.from,
+                    ev.node,
+                    ev.bytes,
+                    (ev.end - ev.start).as_secs_f64(),
+                );
+                if let Some(t) = &tracer {
+                    let name = match (ev.peer, ev.upload) {
+                        (true, _) => "peer copy",
+                        (false, true) => "upload",
+                        (false, false) => "download",
+                    };
+                    t.span(Track::Transfers(ev.node), name, ev.start, ev.end);
+                }
+            }));
+        }
+        data
+    }
+
+    /// Starts the CPU workers and the device threads into `started`. Whatever fails to
+    /// start, `started` (dropped by the caller's `?`) stops and joins what did.
+    fn start_threads(
+        &self,
+        started: &mut Started,
+        locals: Vec<Worker<Job>>,
+        parkers: Vec<crate::sync::Parker>,
+        devices: &[Arc<dyn Device>],
+        dev_threads: Vec<device::DeviceThreads>,
+    ) -> Result<()> {
+        let n_cpu = locals.len();
+        let registry = started.registry.clone();
+        let core_ids = if self.pin {
+            core_affinity::get_core_ids().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        // Device threads go to the cores left after the CPU workers' (by default one per
+        // device: `cpus` defaults to cores minus devices), on the device's NUMA node where
+        // known, never onto a CPU worker's core.
+        let local: Vec<Vec<usize>> = devices
+            .iter()
+            .map(|d| {
+                d.info()
+                    .topology
+                    .as_ref()
+                    .map(|t| t.local_cpus.clone())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let ids: Vec<usize> = core_ids.iter().map(|c| c.id).collect();
+        let assignment = crate::topo::assign_cores(&ids, n_cpu, &local);
+        let core_of = |id: Option<usize>| id.map(|id| core_affinity::CoreId { id });
+        for (i, (local, parker)) in locals.into_iter().zip(parkers).enumerate() {
+            let reg = registry.clone();
+            let core = core_of(assignment.workers[i]);
+            let h = std::thread::Builder::new()
+                .name(format!("flotilla-cpu{i}"))
+                .spawn(move || crate::worker::run(reg, i, local, parker, core))
+                .map_err(|source| RuntimeError::Io {
+                    path: "spawning a worker thread".into(),
+                    source,
+                })?;
+            started.threads.push(h);
+        }
+        for (i, (d, t)) in devices.iter().zip(dev_threads).enumerate() {
+            let core = core_of(assignment.devices[i]);
+            let hs = device::start(registry.clone(), d.clone(), i, n_cpu + i, 1 + i, t, core)
+                .map_err(|source| RuntimeError::Io {
+                    path: "spawning a device thread".into(),
+                    source,
+                })?;
+            started.threads.extend(hs);
+        }
+        Ok(())
+    }
+}
+
+/// Threads started while building a runtime. Dropped before [`Started::disarm`] (a later
+/// thread failed to start), it stops and joins them, so none is left parked forever (as
+/// rayon-core's `Terminator` does).
+struct Started {
+    registry: Arc<Registry>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Started {
+    /// Everything started: the runtime owns the threads now.
+    fn disarm(mut self) -> Vec<std::thread::JoinHandle<()>> {
+        std::mem::take(&mut self.threads)
+    }
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if self.threads.is_empty() {
+            return;
+        }
+        self.registry.terminate.store(true, Ordering::Release);
+        self.registry.sleep.wake_all();
+        for q in &self.registry.devices {
+            q.close();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The machine as placement sees it: CPU workers on memory node 0, one node per device, the
+/// links between them; and each unit's kind, arch and name.
+struct Layout {
+    platform: Platform,
+    kinds: Vec<DeviceKind>,
+    archs: Vec<String>,
+    names: Vec<String>,
+}
+
+impl Layout {
+    fn new(n_cpu: usize, devices: &[Arc<dyn Device>]) -> Layout {
         // Platform: CPU workers on node 0, one node per device.
         let mut platform = Platform::new();
         let host = platform.add_node("host");
@@ -220,7 +435,7 @@ impl RuntimeBuilder {
         }
         let mut dev_nodes = Vec::new();
         let mut host_links = Vec::new();
-        for d in &devices {
+        for d in devices {
             let info = d.info();
             let node = platform.add_node(&info.name);
             let kind = match info.kind {
@@ -252,137 +467,12 @@ impl RuntimeBuilder {
                 platform.set_link(dev_nodes[i], dev_nodes[j], link);
             }
         }
-
-        let model_path = match self.model_path {
-            Some(p) => p,
-            None => default_model_path(),
-        };
-        let model = match &model_path {
-            Some(p) => load_model(p)?,
-            None => PerfModel::new(),
-        };
-        let trace_path = self
-            .trace
-            .or_else(|| std::env::var_os("FLOTILLA_TRACE").map(PathBuf::from));
-        let tracer = trace_path.map(|p| Arc::new(Tracer::new(&p, names.clone())));
-
-        let links = Arc::new(LinkObservations::new(devices.len() + 1));
-        let mut data = DataManager::new(&devices, self.device_mem_limit);
-        data.pin_host = self
-            .pin_host
-            .unwrap_or_else(|| std::env::var("FLOTILLA_PIN_HOST").as_deref() != Ok("0"));
-        {
-            let tracer = tracer.clone();
-            let links = links.clone();
-            data.on_transfer = Some(Box::new(move |ev| {
-                links.observe(
-                    ev.from,
-                    ev.node,
-                    ev.bytes,
-                    (ev.end - ev.start).as_secs_f64(),
-                );
-                if let Some(t) = &tracer {
-                    let name = match (ev.peer, ev.upload) {
-                        (true, _) => "peer copy",
-                        (false, true) => "upload",
-                        (false, false) => "download",
-                    };
-                    t.span(Track::Transfers(ev.node), name, ev.start, ev.end);
-                }
-            }));
+        Layout {
+            platform,
+            kinds,
+            archs,
+            names,
         }
-
-        let (sleep, parkers) = Sleep::new(n_cpu);
-        let locals: Vec<Worker<Job>> = (0..n_cpu).map(|_| Worker::new_lifo()).collect();
-        let stealers = locals.iter().map(|w| w.stealer()).collect();
-        let mut dev_queues = Vec::new();
-        let mut dev_threads = Vec::new();
-        for d in &devices {
-            let (q, t) = device::queue(d.info().kind);
-            dev_queues.push(q);
-            dev_threads.push(t);
-        }
-        let n_units = n_cpu + devices.len();
-        let registry = Arc::new(Registry {
-            injector: Injector::new(),
-            stealers,
-            mailboxes: (0..n_cpu).map(|_| Injector::new()).collect(),
-            sleep,
-            terminate: AtomicBool::new(false),
-            n_cpu,
-            devices: dev_queues,
-            policy_kind,
-            units: UnitTable { kinds, archs },
-            sched: Mutex::new(SchedState {
-                policy: BuiltinPolicy::from_kind(policy_kind, self.seed),
-                platform,
-                model,
-                backlog: vec![0.0; n_units],
-                epoch: Instant::now(),
-                links_seen: 0,
-            }),
-            links,
-            data,
-            tracer: tracer.clone(),
-            outstanding: AtomicUsize::new(0),
-            idle_lock: Mutex::new(()),
-            idle_cv: Condvar::new(),
-            failures: Mutex::new(Vec::new()),
-            failure_count: AtomicUsize::new(0),
-            executed: (0..n_units).map(|_| AtomicU64::new(0)).collect(),
-        });
-
-        let core_ids = if self.pin {
-            core_affinity::get_core_ids().unwrap_or_default()
-        } else {
-            Vec::new()
-        };
-        // Device threads go to the cores left after the CPU workers' (by default one per
-        // device: `cpus` defaults to cores minus devices), on the device's NUMA node where
-        // known, never onto a CPU worker's core.
-        let local: Vec<Vec<usize>> = devices
-            .iter()
-            .map(|d| {
-                d.info()
-                    .topology
-                    .as_ref()
-                    .map(|t| t.local_cpus.clone())
-                    .unwrap_or_default()
-            })
-            .collect();
-        let ids: Vec<usize> = core_ids.iter().map(|c| c.id).collect();
-        let assignment = crate::topo::assign_cores(&ids, n_cpu, &local);
-        let core_of = |id: Option<usize>| id.map(|id| core_affinity::CoreId { id });
-        let mut threads = Vec::new();
-        for (i, (local, parker)) in locals.into_iter().zip(parkers).enumerate() {
-            let reg = registry.clone();
-            let core = core_of(assignment.workers[i]);
-            let h = std::thread::Builder::new()
-                .name(format!("flotilla-cpu{i}"))
-                .spawn(move || crate::worker::run(reg, i, local, parker, core))
-                .map_err(|source| RuntimeError::Io {
-                    path: "spawning a worker thread".into(),
-                    source,
-                })?;
-            threads.push(h);
-        }
-        for (i, (d, t)) in devices.iter().zip(dev_threads).enumerate() {
-            let core = core_of(assignment.devices[i]);
-            let hs = device::start(registry.clone(), d.clone(), i, n_cpu + i, 1 + i, t, core)
-                .map_err(|source| RuntimeError::Io {
-                    path: "spawning a device thread".into(),
-                    source,
-                })?;
-            threads.extend(hs);
-        }
-        Ok(Runtime {
-            registry,
-            threads,
-            seq: AtomicU64::new(0),
-            model_path,
-            devices,
-            policy_kind,
-        })
     }
 }
 

@@ -14,9 +14,7 @@
 //! stops counting as idle-awake only after it has marked itself sleeping and before its
 //! last look, so a pusher that saw it idle-awake pushed before that last look.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
-
-use crossbeam_utils::sync::{Parker, Unparker};
+use crate::sync::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering, Parker, Unparker};
 
 /// The sleeping state of all CPU workers.
 pub(crate) struct Sleep {
@@ -25,7 +23,7 @@ pub(crate) struct Sleep {
     idle_awake: AtomicUsize,
     /// Counts pushes; an idle worker that sees it move stays awake instead of parking
     /// (work is flowing, so it will likely be needed soon, and a wake-up is a system call).
-    posted: std::sync::atomic::AtomicU64,
+    posted: AtomicU64,
     unparkers: Vec<Unparker>,
 }
 
@@ -40,7 +38,7 @@ impl Sleep {
                 sleeping,
                 n_sleeping: AtomicUsize::new(0),
                 idle_awake: AtomicUsize::new(0),
-                posted: std::sync::atomic::AtomicU64::new(0),
+                posted: AtomicU64::new(0),
                 unparkers,
             },
             parkers,
@@ -105,5 +103,111 @@ impl Sleep {
         for u in &self.unparkers {
             u.unpark();
         }
+    }
+}
+
+/// Shuttle models of the protocol: many interleavings of workers going to sleep and pushers
+/// waking them (depth first, up to 50,000 schedules, for one worker; random and PCT schedules
+/// for two). A
+/// lost wake-up leaves every thread blocked, which shuttle reports as a deadlock.
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_models {
+    use shuttle::sync::{Arc, Condvar, Mutex};
+
+    use super::*;
+
+    /// Jobs pushed and not yet taken, and how many were taken (with a condition variable the
+    /// test waits on).
+    struct Work {
+        queued: AtomicUsize,
+        taken: Mutex<usize>,
+        taken_cv: Condvar,
+        terminate: AtomicBool,
+    }
+
+    impl Work {
+        fn try_take(&self) -> bool {
+            let took = self
+                .queued
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if took {
+                *self.taken.lock().expect("not poisoned") += 1;
+                self.taken_cv.notify_all();
+            }
+            took
+        }
+
+        fn has_work(&self) -> bool {
+            self.queued.load(Ordering::SeqCst) > 0 || self.terminate.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A CPU worker's loop as `worker.rs` runs it: take work, else go idle and look once
+    /// more, else sleep.
+    fn worker(sleep: &Sleep, idx: usize, parker: &Parker, work: &Work) {
+        loop {
+            if work.try_take() {
+                continue;
+            }
+            if work.terminate.load(Ordering::SeqCst) {
+                return;
+            }
+            sleep.start_idle();
+            if work.has_work() {
+                sleep.end_idle();
+                continue;
+            }
+            sleep.sleep(idx, parker, || work.has_work());
+        }
+    }
+
+    fn scenario(workers: usize, jobs: usize) -> impl Fn() + Send + Sync + 'static {
+        move || {
+            let (sleep, parkers) = Sleep::new(workers);
+            let sleep = Arc::new(sleep);
+            let work = Arc::new(Work {
+                queued: AtomicUsize::new(0),
+                taken: Mutex::new(0),
+                taken_cv: Condvar::new(),
+                terminate: AtomicBool::new(false),
+            });
+            let mut threads = Vec::new();
+            for (i, parker) in parkers.into_iter().enumerate() {
+                let (s, w) = (sleep.clone(), work.clone());
+                threads.push(shuttle::thread::spawn(move || worker(&s, i, &parker, &w)));
+            }
+            let (s, w) = (sleep.clone(), work.clone());
+            let pusher = shuttle::thread::spawn(move || {
+                for _ in 0..jobs {
+                    w.queued.fetch_add(1, Ordering::SeqCst);
+                    s.wake_any();
+                }
+            });
+            pusher.join().expect("the pusher ends");
+            // Every job is taken without any further wake-up: if one was lost, every thread
+            // blocks here and shuttle reports the deadlock.
+            let mut taken = work.taken.lock().expect("not poisoned");
+            while *taken < jobs {
+                taken = work.taken_cv.wait(taken).expect("not poisoned");
+            }
+            drop(taken);
+            work.terminate.store(true, Ordering::SeqCst);
+            sleep.wake_all();
+            for t in threads {
+                t.join().expect("a worker ends");
+            }
+        }
+    }
+
+    #[test]
+    fn shuttle_one_worker_never_misses_a_push() {
+        shuttle::check_dfs(scenario(1, 1), Some(50_000));
+    }
+
+    #[test]
+    fn shuttle_two_workers_take_every_push_while_one_spins_idle() {
+        shuttle::check_random(scenario(2, 2), 20_000);
+        shuttle::check_pct(scenario(2, 3), 20_000, 3);
     }
 }

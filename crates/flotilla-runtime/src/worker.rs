@@ -3,8 +3,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::sync::Parker;
 use crossbeam_deque::Worker;
-use crossbeam_utils::sync::Parker;
 
 use crate::job::Job;
 use crate::registry::{Registry, WorkerThread};

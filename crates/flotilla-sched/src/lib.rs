@@ -1,11 +1,14 @@
 //! flotilla-sched: where tasks run. Placement policies (eager, work stealing, random,
-//! StarPU's dmda, HEFT), performance models learned from execution history, a static DAG
-//! format with the HEFT planner, a discrete-event simulator that drives the same policies in
-//! virtual time, and a tiled-Cholesky DAG generator.
+//! StarPU's dmda, HEFT), the cluster's placement of one task over live workers
+//! ([`cluster::place`]: fit in each worker's ledger, variant by predicted finish, locality,
+//! queueing), performance models learned from execution history, a static DAG format with the
+//! HEFT planner, a discrete-event simulator that drives the same policies in virtual time,
+//! and a tiled-Cholesky DAG generator.
 //!
 //! It is pure and deterministic: no filesystem, no network, no async, no clock (time is
-//! passed in as `f64` seconds) and seeded randomness, so the in-process runtime, the cluster
-//! coordinator and the simulator share one tested implementation.
+//! passed in) and seeded randomness. The in-process runtime places with the policies, the
+//! cluster coordinator with [`cluster::place`] (its gangs and chained dispatch are still the
+//! coordinator's own), and both learn from [`PerfModel`].
 //!
 //! Placing one task with dmda on a machine with a CPU and a GPU:
 //!
@@ -44,6 +47,7 @@
 //! ```
 
 pub mod cholesky;
+pub mod cluster;
 pub mod dag;
 pub mod error;
 pub mod heft;

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use flotilla::cluster::state::{ClusterStatus, JobStatus};
 use flotilla::cluster::{
     proto, run_worker, Client, Remote, Server, ServerConfig, ServerTls, WorkerConfig, WorkerGpu,
 };
-use flotilla::core::JobId;
+use flotilla::core::{JobId, WorkerId};
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::watch;
 
@@ -304,17 +305,9 @@ fn fmt_secs(s: f64) -> String {
 
 /// Prints the end-of-job summary from the job's status document and (for per-worker
 /// utilization) the cluster's.
-fn print_summary(status: &serde_json::Value, cluster: Option<&serde_json::Value>) {
-    let get = |k: &str| status.get(k).cloned().unwrap_or(serde_json::Value::Null);
-    let name = get("name");
-    let state = get("state");
-    println!(
-        "job {} ({}): {}",
-        get("id"),
-        name.as_str().unwrap_or("?"),
-        state.as_str().unwrap_or("?")
-    );
-    if let Some(c) = status.get("counts").and_then(|c| c.as_object()) {
+fn print_summary(status: &JobStatus, cluster: Option<&ClusterStatus>) {
+    println!("job {} ({}): {}", status.id.0, status.name, status.state);
+    if let Ok(serde_json::Value::Object(c)) = serde_json::to_value(&status.counts) {
         let parts: Vec<String> = c
             .iter()
             .filter(|(_, v)| v.as_u64().is_some_and(|n| n > 0))
@@ -322,71 +315,40 @@ fn print_summary(status: &serde_json::Value, cluster: Option<&serde_json::Value>
             .collect();
         println!("  tasks: {}", parts.join(", "));
     }
-    if let Some(r) = status.get("retries") {
-        println!("  retries: {r}");
-    }
-    let makespan = status.get("makespan_s").and_then(|v| v.as_f64());
-    if let Some(m) = makespan {
-        println!("  makespan: {}", fmt_secs(m));
-    }
-    if let Some(cp) = status.get("critical_path_s").and_then(|v| v.as_f64()) {
-        println!("  critical path: {}", fmt_secs(cp));
-    }
-    let tasks = status.get("tasks").and_then(|t| t.as_array());
-    if let (Some(tasks), Some(m)) = (tasks, makespan) {
-        // Per worker: tasks run and busy time, as a share of its CPUs over the makespan.
-        let mut per: std::collections::BTreeMap<u64, (u64, f64)> = Default::default();
-        for t in tasks {
-            if let Some(w) = t.get("worker").and_then(|w| w.as_u64()) {
-                let wall = t
-                    .get("usage")
-                    .and_then(|u| u.get("wall_seconds"))
-                    .and_then(|x| x.as_f64())
-                    .unwrap_or(0.0);
-                let e = per.entry(w).or_default();
-                e.0 += 1;
-                e.1 += wall;
-            }
-        }
-        let workers = cluster
-            .and_then(|c| c.get("workers"))
-            .and_then(|w| w.as_array());
-        for (w, (n, busy)) in per {
-            let info = workers.and_then(|ws| {
-                ws.iter()
-                    .find(|x| x.get("id").and_then(|i| i.as_u64()) == Some(w))
-            });
-            let wname = info
-                .and_then(|i| i.get("name"))
-                .and_then(|n| n.as_str())
-                .unwrap_or("?")
-                .to_string();
-            let cpus = info
-                .and_then(|i| i.get("resources"))
-                .and_then(|r| r.get("cpus"))
-                .and_then(|c| c.as_f64())
-                .unwrap_or(1.0)
-                .max(1.0);
-            let util = if m > 0.0 { busy / (cpus * m) } else { 0.0 };
-            println!(
-                "  worker w{w} ({wname}): {n} tasks, busy {}, utilization {:.0}%",
-                fmt_secs(busy),
-                util * 100.0
-            );
+    println!("  retries: {}", status.retries);
+    let m = status.makespan_s;
+    println!("  makespan: {}", fmt_secs(m));
+    println!("  critical path: {}", fmt_secs(status.critical_path_s));
+    // Per worker: tasks run and busy time, as a share of its CPUs over the makespan.
+    let mut per: std::collections::BTreeMap<WorkerId, (u64, f64)> = Default::default();
+    for t in &status.tasks {
+        if let Some(w) = t.worker {
+            let e = per.entry(w).or_default();
+            e.0 += 1;
+            e.1 += t.usage.map_or(0.0, |u| u.wall_seconds);
         }
     }
-    if let Some(tasks) = tasks {
-        let failed: Vec<_> = tasks
-            .iter()
-            .filter(|t| t.get("state").and_then(|s| s.as_str()) == Some("failed"))
-            .collect();
-        for t in failed.iter().take(10) {
-            println!(
-                "  failed: {} — {}",
-                t.get("name").and_then(|s| s.as_str()).unwrap_or("?"),
-                t.get("message").and_then(|s| s.as_str()).unwrap_or("")
-            );
-        }
+    for (w, (n, busy)) in per {
+        let info = cluster.and_then(|c| c.workers.iter().find(|x| x.id == w));
+        let wname = info.map_or("?", |i| i.name.as_str());
+        let cpus = info.map_or(1.0, |i| i.resources.cpus).max(1.0);
+        let util = if m > 0.0 { busy / (cpus * m) } else { 0.0 };
+        println!(
+            "  worker {w} ({wname}): {n} tasks, busy {}, utilization {:.0}%",
+            fmt_secs(busy),
+            util * 100.0
+        );
+    }
+    let failed = status
+        .tasks
+        .iter()
+        .filter(|t| t.state == flotilla::cluster::state::TaskState::Failed);
+    for t in failed.take(10) {
+        println!(
+            "  failed: {} — {}",
+            t.name,
+            t.message.as_deref().unwrap_or("")
+        );
     }
 }
 
@@ -423,12 +385,12 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let submitted = client.submit_file(&job_path).await?;
     let label = format!("{} ({})", submitted.name, submitted.job);
     let ok = follow(&mut client, submitted.job, &label).await?;
-    let status = client.status(Some(submitted.job)).await?;
-    gather_if_transfer(&mut client, submitted.job, &status, ok).await?;
+    let status = client.job_status(submitted.job).await?;
+    gather_if_transfer(&mut client, &status, ok).await?;
     if a.json {
         println!("{}", serde_json::to_string(&status)?);
     } else {
-        let cluster = client.status(None).await.ok();
+        let cluster = client.cluster_status().await.ok();
         print_summary(&status, cluster.as_ref());
         println!("  wall time: {}", fmt_secs(started.elapsed().as_secs_f64()));
         println!("  outputs in {}", job_dir.display());
@@ -443,19 +405,11 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
 
 /// Transfer staging: when the job succeeded, fetches its outputs from the workers holding
 /// them into the job folder (the `dir` of its status document).
-async fn gather_if_transfer(
-    client: &mut Client,
-    job: JobId,
-    status: &serde_json::Value,
-    ok: bool,
-) -> Result<()> {
-    if !ok || status.get("staging").and_then(|s| s.as_str()) != Some("transfer") {
+async fn gather_if_transfer(client: &mut Client, status: &JobStatus, ok: bool) -> Result<()> {
+    if !ok || status.staging != flotilla::core::Staging::Transfer {
         return Ok(());
     }
-    let dir = status
-        .get("dir")
-        .and_then(|d| d.as_str())
-        .with_context(|| format!("the status of {job} names no job folder"))?;
+    let (job, dir) = (status.id, &status.dir);
     let got = client
         .gather(job, Path::new(dir))
         .await
@@ -474,10 +428,10 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
         ok = follow(&mut client, s.job, &s.name).await?;
         // The summary names failed tasks and why, even those that failed before the event
         // stream was opened (the stream does not replay them).
-        let status = client.status(Some(s.job)).await?;
-        let cluster = client.status(None).await.ok();
+        let status = client.job_status(s.job).await?;
+        let cluster = client.cluster_status().await.ok();
         print_summary(&status, cluster.as_ref());
-        gather_if_transfer(&mut client, s.job, &status, ok).await?;
+        gather_if_transfer(&mut client, &status, ok).await?;
     }
     // The job id alone on the last line of stdout, for scripts.
     println!("{}", s.job.0);
@@ -486,55 +440,51 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
 
 pub(crate) async fn status(a: StatusArgs) -> Result<()> {
     let mut client = a.remote.client().await?;
-    let s = client.status(a.job.map(JobId::new)).await?;
+    if let Some(job) = a.job.map(JobId::new) {
+        let s = client.job_status(job).await?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&s)?);
+        } else {
+            let cluster = client.cluster_status().await.ok();
+            print_summary(&s, cluster.as_ref());
+        }
+        return Ok(());
+    }
+    let s = client.cluster_status().await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
-    } else if a.job.is_some() {
-        let cluster = client.status(None).await.ok();
-        print_summary(&s, cluster.as_ref());
-    } else {
-        let str_of = |v: &serde_json::Value, k: &str| {
-            v.get(k).and_then(|x| x.as_str()).unwrap_or("?").to_string()
-        };
-        let num_of =
-            |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64()).unwrap_or(0.0);
-        if let Some(jobs) = s.get("jobs").and_then(|j| j.as_array()) {
-            println!(
-                "{:>6}  {:<20} {:<10} {:>13} {:>10}",
-                "JOB", "NAME", "STATE", "DONE/TOTAL", "MAKESPAN"
-            );
-            for j in jobs {
-                println!(
-                    "{:>6}  {:<20} {:<10} {:>13} {:>10}",
-                    num_of(j, "id"),
-                    str_of(j, "name"),
-                    str_of(j, "state"),
-                    format!("{}/{}", num_of(j, "done"), num_of(j, "total")),
-                    fmt_secs(num_of(j, "makespan_s"))
-                );
-            }
-        }
-        if let Some(ws) = s.get("workers").and_then(|j| j.as_array()) {
-            println!();
-            println!(
-                "{:>6}  {:<20} {:>6} {:>9} {:>7} {:>6}  HW CLASS",
-                "WORKER", "NAME", "CPUS", "CPUS USED", "QUEUED", "UTIL"
-            );
-            for w in ws {
-                let cpus = w.get("resources").map(|r| num_of(r, "cpus")).unwrap_or(0.0);
-                let used = w.get("used").map(|r| num_of(r, "cpus")).unwrap_or(0.0);
-                println!(
-                    "{:>6}  {:<20} {:>6} {:>9} {:>7} {:>5.0}%  {}",
-                    format!("w{}", num_of(w, "id")),
-                    str_of(w, "name"),
-                    cpus,
-                    used,
-                    num_of(w, "queued"),
-                    num_of(w, "utilization") * 100.0,
-                    str_of(w, "hw_class")
-                );
-            }
-        }
+        return Ok(());
+    }
+    println!(
+        "{:>6}  {:<20} {:<10} {:>13} {:>10}",
+        "JOB", "NAME", "STATE", "DONE/TOTAL", "MAKESPAN"
+    );
+    for j in &s.jobs {
+        println!(
+            "{:>6}  {:<20} {:<10} {:>13} {:>10}",
+            j.id.0,
+            j.name,
+            j.state.to_string(),
+            format!("{}/{}", j.done, j.total),
+            fmt_secs(j.makespan_s)
+        );
+    }
+    println!();
+    println!(
+        "{:>6}  {:<20} {:>6} {:>9} {:>7} {:>6}  HW CLASS",
+        "WORKER", "NAME", "CPUS", "CPUS USED", "QUEUED", "UTIL"
+    );
+    for w in &s.workers {
+        println!(
+            "{:>6}  {:<20} {:>6} {:>9} {:>7} {:>5.0}%  {}",
+            w.id.to_string(),
+            w.name,
+            w.resources.cpus,
+            w.used.cpus,
+            w.queued,
+            w.utilization * 100.0,
+            w.hw_class
+        );
     }
     Ok(())
 }
@@ -543,10 +493,10 @@ pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let job = JobId::new(a.job);
     let ok = follow(&mut client, job, &format!("{job}")).await?;
-    let status = client.status(Some(job)).await?;
-    let cluster = client.status(None).await.ok();
+    let status = client.job_status(job).await?;
+    let cluster = client.cluster_status().await.ok();
     print_summary(&status, cluster.as_ref());
-    gather_if_transfer(&mut client, job, &status, ok).await?;
+    gather_if_transfer(&mut client, &status, ok).await?;
     Ok(ok)
 }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use flotilla::bench::{linalg, overhead};
 use flotilla::sched::PolicyKind;
 
@@ -81,15 +81,15 @@ struct AllreduceArgs {
     #[arg(long, default_value = "4KiB,1MiB,64MiB,256MiB")]
     bytes: String,
     /// tcp (loopback), shm (shared memory) or auto.
-    #[arg(long, default_value = "auto")]
-    transport: String,
+    #[arg(long, value_enum, default_value_t = TransportArg::Auto)]
+    transport: TransportArg,
     /// Timed rounds per size; the median is reported.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Where each rank's data lives: host, or device memory staged through the host:
     /// cpu-device (a host memory node of its own), opencl, cuda.
-    #[arg(long, default_value = "host")]
-    memory: String,
+    #[arg(long, value_enum, default_value_t = MemoryArg::Host)]
+    memory: MemoryArg,
     /// Bytes per allreduce call when staging device memory (0: one piece; default 4 MiB).
     #[arg(long)]
     chunk_bytes: Option<usize>,
@@ -105,8 +105,8 @@ struct AllreduceArgs {
 #[derive(Args)]
 struct CopyArgs {
     /// cpu-device, opencl or cuda.
-    #[arg(long, default_value = "cuda")]
-    device: String,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cuda)]
+    device: DeviceArg,
     /// MiB per copy.
     #[arg(long, default_value_t = 256)]
     mib: usize,
@@ -145,14 +145,14 @@ struct AllreduceRankArgs {
     #[arg(long, default_value = "4KiB,1MiB,64MiB,256MiB")]
     bytes: String,
     /// tcp, shm or auto.
-    #[arg(long, default_value = "auto")]
-    transport: String,
+    #[arg(long, value_enum, default_value_t = TransportArg::Auto)]
+    transport: TransportArg,
     /// Timed rounds per size.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// host, cpu-device, opencl or cuda.
-    #[arg(long, default_value = "host")]
-    memory: String,
+    #[arg(long, value_enum, default_value_t = MemoryArg::Host)]
+    memory: MemoryArg,
     /// Bytes per allreduce call when staging (0: one piece; default 4 MiB).
     #[arg(long)]
     chunk_bytes: Option<usize>,
@@ -164,11 +164,11 @@ struct AllreduceRankArgs {
 #[derive(Args)]
 struct ClusterArgs {
     /// true (N × /bin/true), wasm (N × a WASM no-op), chain (N tasks in a row), fanout (N + 1 reduce).
-    #[arg(long, default_value = "true")]
-    workload: String,
+    #[arg(long, value_enum, default_value_t = WorkloadArg::True)]
+    workload: WorkloadArg,
     /// For chain and fanout: true or wasm.
-    #[arg(long, default_value = "true")]
-    kind: String,
+    #[arg(long, value_enum, default_value_t = KindArg::True)]
+    kind: KindArg,
     /// Tasks.
     #[arg(long, default_value_t = 10_000)]
     tasks: usize,
@@ -271,12 +271,64 @@ struct SimulateArgs {
     /// heft, dmda, eager, ws or random.
     #[arg(long, default_value = "heft")]
     policy: PolicyKind,
+    /// Instead of --policy: the cluster's own placement (the coordinator's state machine and
+    /// one worker agent per processor, each worker one CPU, in virtual time).
+    #[arg(long)]
+    cluster: bool,
     /// Seed for the random policy.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Print the schedule as JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// Allreduce transports.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum TransportArg {
+    Tcp,
+    Shm,
+    Auto,
+}
+
+/// Where allreduce data lives.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum MemoryArg {
+    Host,
+    CpuDevice,
+    Opencl,
+    Cuda,
+}
+
+/// Devices `bench copy` measures.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum DeviceArg {
+    CpuDevice,
+    Opencl,
+    Cuda,
+}
+
+/// `bench cluster` workloads.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum WorkloadArg {
+    True,
+    Wasm,
+    Chain,
+    Fanout,
+}
+
+/// Task kinds of `bench cluster` chains and fan-outs.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum KindArg {
+    True,
+    Wasm,
+}
+
+/// A flag value's name as written on the command line (`cpu-device`).
+fn name<T: ValueEnum>(v: &T) -> String {
+    v.to_possible_value()
+        .map(|p| p.get_name().to_owned())
+        .unwrap_or_default()
 }
 
 fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce(&T) -> String) -> Result<()> {
@@ -340,8 +392,8 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Logs(a) => ok(tokio_runtime()?.block_on(cluster_cmd::logs(a))),
         Command::Bench(Bench::Cluster(a)) => {
             let cfg = flotilla::bench::cluster::ClusterBenchConfig {
-                workload: a.workload.clone(),
-                kind: a.kind.clone(),
+                workload: name(&a.workload),
+                kind: name(&a.kind),
                 tasks: a.tasks,
                 workers: a.workers,
                 cpus_per_worker: a.cpus,
@@ -408,15 +460,16 @@ fn run_local(command: Command) -> Result<()> {
         Command::Bench(Bench::Allreduce(a)) => {
             use flotilla::bench::allreduce;
             allreduce::parse_sizes(&a.bytes)?;
-            allreduce::parse_transport(&a.transport)?;
-            allreduce::parse_memory(&a.memory)?;
+            allreduce::parse_transport(&name(&a.transport))?;
+            allreduce::parse_memory(&name(&a.memory))?;
             let exe = std::env::current_exe()?;
-            let staging = (a.memory.as_str(), a.chunk_bytes, a.overlap);
+            let memory_name = name(&a.memory);
+            let staging = (memory_name.as_str(), a.chunk_bytes, a.overlap);
             allreduce::launch(
                 &exe,
                 a.ranks,
                 &a.bytes,
-                &a.transport,
+                &name(&a.transport),
                 a.rounds,
                 staging,
                 |p| {
@@ -441,8 +494,8 @@ fn run_local(command: Command) -> Result<()> {
         Command::Bench(Bench::AllreduceRank(a)) => {
             use flotilla::bench::allreduce;
             let sizes = allreduce::parse_sizes(&a.bytes)?;
-            let transport = allreduce::parse_transport(&a.transport)?;
-            let memory = allreduce::parse_memory(&a.memory)?;
+            let transport = allreduce::parse_transport(&name(&a.transport))?;
+            let memory = allreduce::parse_memory(&name(&a.memory))?;
             let (rank, points) = allreduce::run_rank(
                 &sizes,
                 transport,
@@ -486,7 +539,7 @@ fn run_local(command: Command) -> Result<()> {
             print(a.json, &r, human_linalg)
         }
         Command::Bench(Bench::Copy(a)) => {
-            let points = flotilla::bench::copy::run(&a.device, a.mib << 20, a.reps)?;
+            let points = flotilla::bench::copy::run(&name(&a.device), a.mib << 20, a.reps)?;
             for p in points {
                 if a.json {
                     println!("{}", serde_json::to_string(&p)?);
@@ -526,7 +579,14 @@ fn run_local(command: Command) -> Result<()> {
                 )?,
                 (None, None) => anyhow::bail!("give --dag FILE or --cholesky NT"),
             };
-            let s = flotilla::sched::simulate(&dag, a.policy, a.seed)?;
+            let s = if a.cluster {
+                let s = flotilla::cluster::sim::simulate_dag(&dag, &Default::default())?;
+                s.validate(&dag)
+                    .context("the cluster's schedule breaks the DAG")?;
+                s
+            } else {
+                flotilla::sched::simulate(&dag, a.policy, a.seed)?
+            };
             print(a.json, &s, |s| {
                 let mut out = format!("policy {}: makespan {}\n", s.policy, s.makespan);
                 for p in &s.placements {

@@ -68,6 +68,24 @@ fn simulate_runs_every_policy() {
 }
 
 #[test]
+fn simulate_runs_the_cluster_s_own_placement() {
+    let (ok, out, err) = flotilla(&["simulate", "--dag", &paper_dag(), "--cluster", "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["policy"], "cluster");
+    assert_eq!(v["placements"].as_array().unwrap().len(), 10);
+    // The binary checked the schedule against the DAG; it cannot beat the critical path.
+    assert!(v["makespan"].as_f64().unwrap() >= 34.0, "{out}");
+    let procs: std::collections::BTreeSet<&str> = v["placements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["processor"].as_str().unwrap())
+        .collect();
+    assert!(procs.len() > 1, "one worker per processor, all used: {out}");
+}
+
+#[test]
 fn simulate_rejects_a_cyclic_dag_with_the_cycle_named() {
     let dir = std::env::temp_dir().join(format!("flotilla-cli-cycle-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -254,7 +254,7 @@ fn malformed_job_file_is_refused_naming_file_line_and_field() {
         }
     }
     // Nothing reached the coordinator; `flotilla run` started nothing either.
-    let jobs = c.overview().unwrap()["jobs"].as_array().unwrap().len();
+    let jobs = c.overview().unwrap().jobs.len();
     assert_eq!(jobs, 0);
     assert!(!c.job_dir().join(".flotilla").exists());
 }
@@ -286,7 +286,7 @@ fn client_with_a_wrong_token_is_refused() {
         );
     }
     // The refused submit did nothing; the right token works.
-    assert!(c.overview().unwrap()["jobs"].as_array().unwrap().is_empty());
+    assert!(c.overview().unwrap().jobs.is_empty());
     let ok = c.cli(&["status"]);
     assert!(ok.status.success(), "{}", text(&ok.stderr));
 }

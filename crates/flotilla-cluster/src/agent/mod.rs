@@ -316,7 +316,11 @@ impl<P> Agent<P> {
         let mut i = 0;
         while i < self.queue.len() {
             let w = &self.queue[i];
-            if w.after.is_some_and(|a| !self.succeeded.contains(&a)) {
+            // Cheap refusals first: a chained attempt whose predecessor has not succeeded,
+            // one that needs more CPUs than are free.
+            if w.after.is_some_and(|a| !self.succeeded.contains(&a))
+                || w.need.cpus > self.ledger.free_cpus() + flotilla_core::ledger::EPS
+            {
                 i += 1;
                 continue;
             }

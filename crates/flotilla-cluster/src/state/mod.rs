@@ -1,7 +1,7 @@
 //! The coordinator's state machine: jobs, tasks, workers and the scheduling loop, as pure
 //! code. No I/O, no async, no clocks, no threads: the server feeds [`Event`]s with the time
 //! (milliseconds, injected) into [`Coordinator::handle`] and carries out the [`Command`]s it
-//! appends. Every transition and failure path is a unit test (`state/tests.rs`) and the
+//! appends. Every transition and failure path is a unit test (`state/tests/`) and the
 //! scheduler's guarantees are property-tested (`state/props.rs`).
 //!
 //! # Task states
@@ -97,7 +97,6 @@
 
 mod coordinator;
 mod job;
-mod sched;
 mod status;
 mod worker;
 
@@ -118,7 +117,7 @@ use flotilla_core::{JobId, JobSpec, Resources, Staging, TaskId, WorkerId};
 use serde::{Deserialize, Serialize};
 
 pub use coordinator::Coordinator;
-pub use status::{JobStatus, JobSummary, TaskCounts, TaskStatus, WorkerStatus};
+pub use status::{ClusterStatus, JobStatus, JobSummary, TaskCounts, TaskStatus, WorkerStatus};
 
 /// Monotonic milliseconds, injected by the caller.
 pub type Millis = u64;
@@ -647,18 +646,8 @@ pub struct GangAssignment {
     pub key: String,
 }
 
-/// Why a task was placed where it was.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Placement {
-    /// `"eager"`, `"locality"`, `"dmda"` or `"explore"`.
-    pub policy: String,
-    /// Predicted execution time there, if the model knows.
-    pub predicted_s: Option<f64>,
-    /// Other candidates (`"w2"` or `"w2/gpu"`) with their predicted finish.
-    pub alternatives: Vec<(String, Option<f64>)>,
-    /// In words.
-    pub why: String,
-}
+/// Why a task was placed where it was (the placement's own type, from `flotilla-sched`).
+pub type Placement = flotilla_sched::cluster::Reason;
 
 /// A change for watchers.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

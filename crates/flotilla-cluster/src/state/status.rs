@@ -154,6 +154,15 @@ pub struct JobSummary {
     pub makespan_s: f64,
 }
 
+/// Every job and live worker, as `flotilla status` shows them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// Every job, oldest first.
+    pub jobs: Vec<JobSummary>,
+    /// The live workers.
+    pub workers: Vec<WorkerStatus>,
+}
+
 /// One live worker.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct WorkerStatus {

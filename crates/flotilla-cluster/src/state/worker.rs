@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use flotilla_core::ledger::{GpuShares, Ledger, LedgerGpu};
 use flotilla_core::{Resources, WorkerId};
+use flotilla_sched::cluster::Node;
 
 use super::{Millis, TaskRef, WorkerSpec};
 
@@ -98,11 +99,6 @@ impl Worker {
         self.ledger.used()
     }
 
-    /// Free CPUs.
-    pub(crate) fn free_cpus(&self) -> f64 {
-        self.ledger.free_cpus()
-    }
-
     /// Whether the worker has no attempt at all.
     pub(crate) fn is_idle(&self) -> bool {
         self.slots.is_empty()
@@ -124,9 +120,14 @@ impl Worker {
         self.ledger.fit_free(need)
     }
 
-    /// Whether the request may be queued here beyond the free resources.
-    pub(crate) fn can_queue(&self, need: &Resources, depth: usize) -> bool {
-        need.gpus <= 0.0 && need.gpu_mem == 0 && self.queue.len() < depth && self.fits_total(need)
+    /// The worker as placement sees it.
+    pub(crate) fn node(&self) -> Node<'_> {
+        Node {
+            id: self.id,
+            hw_class: &self.spec.hw_class,
+            ledger: &self.ledger,
+            queued: self.queue.len(),
+        }
     }
 
     /// The device indices of GPU positions.
@@ -261,9 +262,10 @@ impl Worker {
     }
 
     /// `pred` succeeded: its chained attempts join the queue (in the order they were
-    /// assigned) and are promoted where they fit.
-    pub(crate) fn release_chained(&mut self, pred: (TaskRef, u32)) {
+    /// assigned); whether there were any. The caller promotes ([`Worker::promote_queued`]).
+    pub(crate) fn release_chained(&mut self, pred: (TaskRef, u32)) -> bool {
         let keys = self.chained_on(pred);
+        let released = !keys.is_empty();
         for k in keys {
             if let Some(s) = self.slots.get_mut(&k) {
                 s.after = None;
@@ -271,7 +273,7 @@ impl Worker {
                 self.queue.insert(seq, k);
             }
         }
-        self.promote_queued();
+        released
     }
 
     /// Removes a trial reservation (placing a gang), without promoting queued attempts: the

@@ -1,5 +1,11 @@
 //! The CUDA backend (cudarc: driver, cuBLAS, cuSOLVER; all loaded at run time).
 //!
+//! Why one file past 1,200 lines: it is one type, [`CudaDevice`], and most of it is that
+//! type's [`Device`] implementation, whose methods share its private context binding, stream
+//! and handle types. Splitting the implementation across files would make those internals
+//! visible to siblings without making any part testable alone (none of it runs without a
+//! GPU; `devtest.rs` checks it whole on the device machine).
+//!
 //! cudarc panics when a library it needs cannot be loaded, so discovery first probes for the
 //! driver (`libcuda`), cuBLAS and cuSOLVER, and reports `"no CUDA driver"` (or which library
 //! is missing) instead of calling into cudarc.
@@ -21,8 +27,8 @@
 //! enabling peer access both ways). Each GPU's PCI address, NUMA node and host link are
 //! read from sysfs ([`crate::topology`]).
 //!
-//! Kernels of one's own: [`CudaDevice::compile_kernel`] compiles CUDA C with NVRTC for the
-//! GPU's architecture, keeps the PTX in the [kernel cache](crate::kernel_cache) (keyed by
+//! Kernels of one's own: [`CudaDevice::compile_kernel`] compiles CUDA C with NVRTC to a CUBIN
+//! for the GPU's architecture, keeps it in the [kernel cache](crate::kernel_cache) (keyed by
 //! source, options, GPU and driver), and [`CudaDevice::launch`] runs it on the compute
 //! stream with device buffers and scalars as arguments. A codelet reaches them from its
 //! `&dyn Device` through [`Device::as_any`].

@@ -167,12 +167,7 @@ pub async fn run(
     // Wait until both workers registered.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let s = client.status(None).await?;
-        let n = s
-            .get("workers")
-            .and_then(|w| w.as_array())
-            .map(|a| a.len())
-            .unwrap_or(0);
+        let n = client.cluster_status().await?.workers.len();
         if n >= cfg.workers {
             break;
         }
@@ -208,7 +203,7 @@ pub async fn run(
         let start = Instant::now();
         let server = Server::start(scfg.clone()).await?;
         let remote = Remote::new(server.addr().to_string(), server.token().to_string());
-        Client::connect(&remote).await?.status(None).await?;
+        Client::connect(&remote).await?.cluster_status().await?;
         restarts.push(start.elapsed().as_secs_f64());
         server.stop();
         let _ = server.wait().await;

@@ -18,7 +18,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use flotilla::cluster::state::{JobState, JobStatus, TaskState};
+use flotilla::cluster::state::{ClusterStatus, JobState, JobStatus, TaskState};
 use flotilla::cluster::{Client, Remote};
 use flotilla::core::{JobId, WorkerId};
 use rand::rngs::SmallRng;
@@ -229,19 +229,7 @@ impl Cluster {
         let Some(doc) = self.overview() else {
             return HashMap::new();
         };
-        doc.get("workers")
-            .and_then(|w| w.as_array())
-            .map(|ws| {
-                ws.iter()
-                    .filter_map(|w| {
-                        Some((
-                            WorkerId::new(u32::try_from(w.get("id")?.as_u64()?).ok()?),
-                            w.get("name")?.as_str()?.to_string(),
-                        ))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        doc.workers.into_iter().map(|w| (w.id, w.name)).collect()
     }
 
     /// SIGKILLs worker `i`.
@@ -339,13 +327,12 @@ impl Cluster {
 
     /// A job's status document; `None` while the coordinator is unreachable.
     pub(crate) fn status(&self, job: JobId) -> Option<JobStatus> {
-        let v = self.with_client(|c| Box::pin(c.status(Some(job))))?;
-        Some(serde_json::from_value(v).expect("a JobStatus document"))
+        self.with_client(|c| Box::pin(c.job_status(job)))
     }
 
     /// Every job and worker; `None` while the coordinator is unreachable.
-    pub(crate) fn overview(&self) -> Option<serde_json::Value> {
-        self.with_client(|c| Box::pin(c.status(None)))
+    pub(crate) fn overview(&self) -> Option<ClusterStatus> {
+        self.with_client(|c| Box::pin(c.cluster_status()))
     }
 
     /// Polls the job's status until `pred` holds.

@@ -75,19 +75,21 @@ impl Coordinator {
     }
 
     /// `pred` ended (`succeeded` on `ran_on`, or not): its chained successors on `ran_on`
-    /// may start; every other one (elsewhere, or after a failure) is retracted and placed
-    /// again once it is `Ready`.
+    /// join that worker's queue (the caller promotes it: returns whether any did); every
+    /// other one (elsewhere, or after a failure) is retracted and placed again once it is
+    /// `Ready`.
     pub(super) fn settle_chained(
         &mut self,
         pred: (TaskRef, u32),
         succeeded: bool,
         ran_on: WorkerId,
         out: &mut Vec<Command>,
-    ) {
+    ) -> bool {
         let job = pred.0.job;
         let Some(j) = self.jobs.get(&job) else {
-            return;
+            return false;
         };
+        let mut released = false;
         let mut holders: Vec<WorkerId> = Vec::new();
         for &s in j.graph.succs(pred.0.task) {
             let rt = &j.tasks[s.index()];
@@ -104,7 +106,7 @@ impl Coordinator {
                 continue;
             };
             if succeeded && wid == ran_on {
-                w.release_chained(pred);
+                released |= w.release_chained(pred);
                 continue;
             }
             for key in w.chained_on(pred) {
@@ -121,5 +123,6 @@ impl Coordinator {
                 });
             }
         }
+        released
     }
 }

@@ -115,7 +115,9 @@ impl Coordinator {
                 queue_depth: 0,
                 explore: j.classes[c].explore,
             };
-            let Some(mut d) = sched::place(&problem, &self.workers, &predict) else {
+            let Some(mut d) =
+                sched::place(&problem, self.workers.values().map(Worker::node), &predict)
+            else {
                 fits = false;
                 break;
             };

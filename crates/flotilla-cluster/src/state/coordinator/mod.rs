@@ -13,13 +13,13 @@ use flotilla_core::{JobId, Staging, TaskId, TaskKind, WorkerId};
 use flotilla_sched::{PerfModel, Prediction};
 
 use super::job::Job;
-use super::sched::{self, Decision, Problem};
 use super::worker::Worker;
 use super::{
     AssignedKind, Assignment, AttemptOutcome, AttemptResult, Command, Config, Event,
     GangAssignment, JobState, JournalRecord, Millis, Notification, ObjectRef, Placement, Result,
     StateError, TaskRef, TaskState,
 };
+use flotilla_sched::cluster::{self as sched, Decision, Problem};
 
 mod chain;
 mod gangs;

@@ -1,4 +1,4 @@
-//! Placing ready tasks (the problem → solution in [`super::super::sched`]), staging their
+//! Placing ready tasks (the problem → solution in `flotilla_sched::cluster`), staging their
 //! inputs, assigning them, and work stealing by idle workers.
 
 use super::*;
@@ -120,7 +120,8 @@ impl Coordinator {
             queue_depth: self.config.queue_depth,
             explore: j.classes[c].explore,
         };
-        let Some(d) = sched::place(&problem, &self.workers, &predict) else {
+        let Some(d) = sched::place(&problem, self.workers.values().map(Worker::node), &predict)
+        else {
             return Placed::Blocked;
         };
         self.assign(job, t, d, inputs, out);

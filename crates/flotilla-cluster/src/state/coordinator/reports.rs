@@ -115,9 +115,12 @@ impl Coordinator {
         };
         let mut hw_class = ghost.as_ref().map(|g| g.hw_class.clone());
         let owner = ghost.as_ref().map_or(worker, |g| g.worker);
+        // Whether the attempt held resources on `worker` that queued attempts may now take.
+        let mut freed = false;
         if let Some(w) = self.workers.get_mut(&worker) {
             // Promotion waits until the chained attempts this end releases are queued.
             if let Some(slot) = w.take((task, attempt)) {
+                freed = slot.reserved;
                 if let Some(t) = slot.thief.and_then(|t| self.workers.get_mut(&t)) {
                     t.incoming = t.incoming.saturating_sub(1);
                 }
@@ -139,7 +142,7 @@ impl Coordinator {
             && rt.worker == Some(owner);
         if !current {
             // Stale or duplicate: no effect but the freed slot.
-            if let Some(w) = self.workers.get_mut(&worker) {
+            if let Some(w) = self.workers.get_mut(&worker).filter(|_| freed) {
                 w.promote_queued();
             }
             return;
@@ -152,9 +155,16 @@ impl Coordinator {
         };
         let succeeded = matches!(result.outcome, AttemptOutcome::Succeeded)
             && !j.broken.contains(&(t, attempt));
-        self.settle_chained((task, attempt), succeeded, ran_on, out);
-        if let Some(w) = self.workers.get_mut(&worker) {
-            w.promote_queued();
+        let released = self.settle_chained((task, attempt), succeeded, ran_on, out);
+        if freed || (released && ran_on == worker) {
+            if let Some(w) = self.workers.get_mut(&worker) {
+                w.promote_queued();
+            }
+        }
+        if released && ran_on != worker {
+            if let Some(w) = self.workers.get_mut(&ran_on) {
+                w.promote_queued();
+            }
         }
         let j = self
             .jobs

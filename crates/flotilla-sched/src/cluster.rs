@@ -1,54 +1,96 @@
-//! Placement, problem → solution: a pure function from one task's options (its resources,
-//! or one per variant) and a snapshot of the workers to a decision. No state changes here;
-//! the coordinator applies the [`Decision`].
+//! The cluster's placement, problem → solution: a pure function from one task's options
+//! (its resources, or one per variant) and a snapshot of the workers ([`Node`]s: each one's
+//! [`Ledger`], queue length and hardware class) to a [`Decision`]. No state changes here: the
+//! coordinator (`flotilla-cluster`) applies the decision, and a simulation may drive the same
+//! function with workers of its own.
 //!
 //! | task | rule |
 //! | --- | --- |
 //! | plain | a worker where it fits in the free resources: most input bytes held there (transfer staging), then most free CPUs, then lowest id; else queue it (no GPUs) on the worker with room in its queue: most input bytes, then shortest queue, then lowest id |
 //! | variants | every (worker, variant) pair that fits free or may queue (never queued when a variant uses GPUs); an uncalibrated pair (the model says Unknown) that fits free is explored first, round-robin (StarPU's calibration); otherwise the earliest predicted finish (a queued start waits `(queue length + 1) × prediction`), ties to most input bytes, then lowest id, then variant order; only when no pair is known, an uncalibrated queued pair |
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
+use flotilla_core::ledger::{GpuShares, Ledger};
 use flotilla_core::{Resources, WorkerId};
-use flotilla_sched::Prediction;
+use serde::{Deserialize, Serialize};
 
-use super::worker::Worker;
-use super::Placement;
+use crate::model::Prediction;
+
+/// Why a task was placed where it was.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reason {
+    /// `"eager"`, `"locality"`, `"dmda"` or `"explore"`.
+    pub policy: String,
+    /// Predicted execution time there, if the model knows.
+    pub predicted_s: Option<f64>,
+    /// Other candidates (`"w2"` or `"w2/gpu"`) with their predicted finish.
+    pub alternatives: Vec<(String, Option<f64>)>,
+    /// In words.
+    pub why: String,
+}
+
+/// A live worker as placement sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Node<'a> {
+    /// Its id.
+    pub id: WorkerId,
+    /// Its hardware class (the performance model's key).
+    pub hw_class: &'a str,
+    /// Its capacity and what is reserved on it.
+    pub ledger: &'a Ledger,
+    /// Attempts queued there beyond its free resources.
+    pub queued: usize,
+}
+
+impl Node<'_> {
+    /// Whether `need` may be queued here beyond the free resources: never with GPUs, only
+    /// while the queue is shorter than `depth`, and only if it could ever run here.
+    pub fn can_queue(&self, need: &Resources, depth: usize) -> bool {
+        need.gpus <= 0.0 && need.gpu_mem == 0 && self.queued < depth && self.ledger.fits_total(need)
+    }
+}
 
 /// Where and how to run one task.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Decision {
-    pub(crate) worker: WorkerId,
+pub struct Decision {
+    /// The worker.
+    pub worker: WorkerId,
     /// Index of the variant, for a task with variants.
-    pub(crate) variant: Option<usize>,
-    /// GPU positions and shares (empty when queued).
-    pub(crate) gpus: Vec<(usize, f64)>,
+    pub variant: Option<usize>,
+    /// GPU positions and shares in the worker's ledger (empty when queued).
+    pub gpus: GpuShares,
     /// Fits in the free resources (else queued).
-    pub(crate) reserved: bool,
+    pub reserved: bool,
     /// An uncalibrated pair was explored (advance the round-robin).
-    pub(crate) explored: bool,
-    pub(crate) reason: Placement,
+    pub explored: bool,
+    /// Why.
+    pub reason: Reason,
 }
 
 /// One task's placement problem.
-pub(crate) struct Problem<'a> {
+pub struct Problem<'a> {
     /// `(variant name, resources)`: one entry with no name for a plain task.
-    pub(crate) options: Vec<(Option<&'a str>, &'a Resources)>,
+    pub options: Vec<(Option<&'a str>, &'a Resources)>,
     /// Input bytes each worker holds (transfer staging; empty otherwise).
-    pub(crate) local_bytes: &'a HashMap<WorkerId, u64>,
+    pub local_bytes: &'a HashMap<WorkerId, u64>,
     /// The worker queue depth.
-    pub(crate) queue_depth: usize,
+    pub queue_depth: usize,
     /// The round-robin position for exploring.
-    pub(crate) explore: usize,
+    pub explore: usize,
 }
 
-/// Solves one placement problem over the live workers; `None` when the task fits nowhere
-/// now. `predict(variant, hw_class)` asks the performance model.
-pub(crate) fn place(
+/// Solves one placement problem over the live workers (in id order, which breaks ties);
+/// `None` when the task fits nowhere now. `predict(variant, hw_class)` asks the performance
+/// model.
+pub fn place<'w, I>(
     p: &Problem<'_>,
-    workers: &BTreeMap<WorkerId, Worker>,
+    workers: I,
     predict: &dyn Fn(Option<usize>, &str) -> Prediction,
-) -> Option<Decision> {
+) -> Option<Decision>
+where
+    I: Iterator<Item = Node<'w>> + Clone,
+{
     if p.options.len() == 1 && p.options[0].0.is_none() {
         place_plain(p, p.options[0].1, workers, predict)
     } else {
@@ -60,24 +102,24 @@ fn local(p: &Problem<'_>, w: WorkerId) -> u64 {
     p.local_bytes.get(&w).copied().unwrap_or(0)
 }
 
-fn place_plain(
+fn place_plain<'w>(
     p: &Problem<'_>,
     need: &Resources,
-    workers: &BTreeMap<WorkerId, Worker>,
+    workers: impl Iterator<Item = Node<'w>> + Clone,
     predict: &dyn Fn(Option<usize>, &str) -> Prediction,
 ) -> Option<Decision> {
     struct Fit<'w> {
-        worker: &'w Worker,
-        gpus: Vec<(usize, f64)>,
+        worker: Node<'w>,
+        gpus: GpuShares,
         bytes: u64,
         free: f64,
     }
     let mut best: Option<Fit<'_>> = None;
-    for w in workers.values() {
-        let Some(gpus) = w.fit_free(need) else {
+    for w in workers.clone() {
+        let Some(gpus) = w.ledger.fit_free(need) else {
             continue;
         };
-        let (bytes, free) = (local(p, w.id), w.free_cpus());
+        let (bytes, free) = (local(p, w.id), w.ledger.free_cpus());
         let better = match &best {
             None => true,
             Some(b) => bytes > b.bytes || (bytes == b.bytes && free > b.free + 1e-9),
@@ -98,13 +140,17 @@ fn place_plain(
         free,
     }) = best
     {
-        let predicted_s = predict(None, &w.spec.hw_class).seconds();
+        let predicted_s = predict(None, w.hw_class).seconds();
         let (policy, why) = if bytes > 0 {
             ("locality", format!("{} holds {bytes} input bytes", w.id))
         } else {
             (
                 "eager",
-                format!("{}: most free cpus ({free} of {})", w.id, w.cap().cpus),
+                format!(
+                    "{}: most free cpus ({free} of {})",
+                    w.id,
+                    w.ledger.cap().cpus
+                ),
             )
         };
         return Some(Decision {
@@ -113,7 +159,7 @@ fn place_plain(
             gpus,
             reserved: true,
             explored: false,
-            reason: Placement {
+            reason: Reason {
                 policy: policy.into(),
                 predicted_s,
                 alternatives: Vec::new(),
@@ -121,12 +167,12 @@ fn place_plain(
             },
         });
     }
-    let mut best: Option<(&Worker, u64, usize)> = None;
-    for w in workers.values() {
+    let mut best: Option<(Node<'_>, u64, usize)> = None;
+    for w in workers {
         if !w.can_queue(need, p.queue_depth) {
             continue;
         }
-        let (bytes, q) = (local(p, w.id), w.queue.len());
+        let (bytes, q) = (local(p, w.id), w.queued);
         let better = match &best {
             None => true,
             Some((_, b, bq)) => bytes > *b || (bytes == *b && q < *bq),
@@ -142,9 +188,9 @@ fn place_plain(
         gpus: Vec::new(),
         reserved: false,
         explored: false,
-        reason: Placement {
+        reason: Reason {
             policy: if bytes > 0 { "locality" } else { "eager" }.into(),
-            predicted_s: predict(None, &w.spec.hw_class).seconds(),
+            predicted_s: predict(None, w.hw_class).seconds(),
             alternatives: Vec::new(),
             why: format!(
                 "{}: queued behind {q} (no worker has free resources; it holds {bytes} input bytes)",
@@ -155,9 +201,9 @@ fn place_plain(
 }
 
 struct Pair<'w> {
-    worker: &'w Worker,
+    worker: Node<'w>,
     variant: usize,
-    gpus: Option<Vec<(usize, f64)>>,
+    gpus: Option<GpuShares>,
     pred: Prediction,
     /// Predicted finish, seconds from now, when the model knows.
     finish: Option<f64>,
@@ -174,25 +220,25 @@ impl Pair<'_> {
     }
 }
 
-fn place_variants(
+fn place_variants<'w>(
     p: &Problem<'_>,
-    workers: &BTreeMap<WorkerId, Worker>,
+    workers: impl Iterator<Item = Node<'w>>,
     predict: &dyn Fn(Option<usize>, &str) -> Prediction,
 ) -> Option<Decision> {
     // A task with a GPU variant is never queued (GPU work never is): queued CPU variants
     // would take the CPU cores the GPU variant needs as they free up, and starve the GPU.
     let queue_ok = !p.options.iter().any(|(_, r)| r.gpus > 0.0);
     let mut pairs: Vec<Pair<'_>> = Vec::new();
-    for w in workers.values() {
+    for w in workers {
         for (vi, (_, need)) in p.options.iter().enumerate() {
-            let gpus = w.fit_free(need);
+            let gpus = w.ledger.fit_free(need);
             if gpus.is_none() && !(queue_ok && w.can_queue(need, p.queue_depth)) {
                 continue;
             }
-            let pred = predict(Some(vi), &w.spec.hw_class);
+            let pred = predict(Some(vi), w.hw_class);
             let finish = pred.seconds().map(|s| match gpus {
                 Some(_) => s,
-                None => (w.queue.len() as f64 + 1.0) * s + s,
+                None => (w.queued as f64 + 1.0) * s + s,
             });
             pairs.push(Pair {
                 worker: w,
@@ -260,7 +306,7 @@ fn place_variants(
         reserved: x.gpus.is_some(),
         gpus: x.gpus.clone().unwrap_or_default(),
         explored,
-        reason: Placement {
+        reason: Reason {
             policy: policy.into(),
             predicted_s: x.pred.seconds(),
             alternatives,

@@ -1,0 +1,845 @@
+//! The core: the one thread that owns the coordinator's state machine and the journal.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use flotilla_core::{JobId, TaskId, WorkerId};
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::Status;
+
+use crate::error::{ClusterError, Result};
+use crate::journal::Journal;
+use crate::proto::{self, PROTOCOL_VERSION};
+use crate::state::JournalRecord;
+use crate::state::{self, Command, Coordinator, Event, Millis, Notification};
+
+use super::ServerConfig;
+
+pub(super) type Reply<T> = oneshot::Sender<std::result::Result<T, Status>>;
+
+/// What the handlers ask of the core.
+pub(super) enum Req {
+    Submit {
+        spec: flotilla_core::JobSpec,
+        dir: String,
+        tenant: String,
+        /// Uploaded job-folder files (transfer staging), already in the store.
+        files: Vec<proto::Object>,
+        reply: Reply<proto::SubmitReply>,
+    },
+    Cancel {
+        job: JobId,
+        reply: Reply<()>,
+    },
+    Status {
+        job: Option<JobId>,
+        reply: Reply<String>,
+    },
+    Outputs {
+        job: JobId,
+        reply: Reply<Vec<proto::Input>>,
+    },
+    Watch {
+        job: JobId,
+        tx: mpsc::UnboundedSender<std::result::Result<proto::JobEvent, Status>>,
+    },
+    LogInfo {
+        job: JobId,
+        task: String,
+        reply: Reply<LogInfo>,
+    },
+    Register {
+        req: proto::RegisterRequest,
+        reply: Reply<proto::RegisterReply>,
+    },
+    FromWorker(proto::WorkerMessage),
+    SessionClosed(WorkerId),
+    Shutdown,
+    Stop,
+}
+
+/// Replies sent once the batch they answer is durable.
+type AfterCommit = Box<dyn FnOnce(&mut Core)>;
+
+/// Where a task's logs are and whether more may come.
+#[derive(Clone, Debug)]
+pub(super) struct LogInfo {
+    pub(super) out: PathBuf,
+    pub(super) err: PathBuf,
+    pub(super) finished: bool,
+}
+
+/// The thread that owns the state machine.
+pub(super) struct Core {
+    coord: Coordinator,
+    journal: Journal,
+    epoch: Instant,
+    sessions: Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
+    senders: HashMap<WorkerId, mpsc::UnboundedSender<proto::CoordinatorMessage>>,
+    last_seen: HashMap<WorkerId, Instant>,
+    watchers:
+        HashMap<JobId, Vec<mpsc::UnboundedSender<std::result::Result<proto::JobEvent, Status>>>>,
+    logs_dir: PathBuf,
+    heartbeat: Duration,
+    heartbeat_timeout: Duration,
+    stop: watch::Sender<bool>,
+    /// Transfer staging: files uploaded with each job, by path.
+    uploads: HashMap<JobId, HashMap<String, proto::Object>>,
+    /// Where `uploads` is kept across restarts (`<job>.json`).
+    uploads_dir: PathBuf,
+    /// The rendezvous service of gangs (`group`): ranks meet there to build their
+    /// communicator. Kept alive with the core.
+    rendezvous: Option<flotilla_collective::RendezvousServer>,
+    /// Appended to gang keys so that they cannot be guessed from job and task ids.
+    gang_nonce: String,
+}
+
+impl Core {
+    /// Records (in memory and on disk) the files uploaded with `job`.
+    fn note_uploads(&mut self, job: JobId, files: Vec<proto::Object>) {
+        if files.is_empty() {
+            return;
+        }
+        let list: Vec<(String, String, u64)> = files
+            .iter()
+            .map(|o| (o.path.clone(), o.hash.clone(), o.size))
+            .collect();
+        let path = self.uploads_dir.join(format!("{}.json", job.0));
+        let r = std::fs::create_dir_all(&self.uploads_dir).and_then(|()| {
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&list).unwrap_or_default())?;
+            std::fs::rename(&tmp, &path)
+        });
+        if let Err(e) = r {
+            tracing::warn!("{}: {e}", path.display());
+        }
+        self.uploads.insert(
+            job,
+            files.into_iter().map(|o| (o.path.clone(), o)).collect(),
+        );
+    }
+
+    /// Reads the uploads of every job from `uploads_dir`.
+    fn load_uploads(&mut self) {
+        let Ok(rd) = std::fs::read_dir(&self.uploads_dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let Some(job) = p
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".json"))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let list: Vec<(String, String, u64)> = match std::fs::read(&p)
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!("{}: {e}", p.display());
+                    continue;
+                }
+            };
+            self.uploads.insert(
+                JobId::new(job),
+                list.into_iter()
+                    .map(|(path, hash, size)| (path.clone(), proto::Object { path, hash, size }))
+                    .collect(),
+            );
+        }
+    }
+
+    /// Adds the uploaded files among the task's declared inputs to its assignment (fetched
+    /// from the coordinator: `from` is empty).
+    fn add_uploaded_inputs(&self, a: &mut proto::Assignment) {
+        let Some(k) = a.task else { return };
+        let job = JobId::new(k.job);
+        let Some(files) = self.uploads.get(&job) else {
+            return;
+        };
+        let Some(j) = self.coord.jobs_map().get(&job) else {
+            return;
+        };
+        let t = TaskId::new(k.task);
+        if t.index() >= j.graph.len() {
+            return;
+        }
+        // Exact paths, and every uploaded file a glob pattern matches (`*` within a folder).
+        let opts = glob::MatchOptions {
+            require_literal_separator: true,
+            ..glob::MatchOptions::new()
+        };
+        let mut chosen: BTreeMap<&str, &proto::Object> = BTreeMap::new();
+        for p in &j.graph.task(t).inputs {
+            if crate::client::is_glob(p) {
+                if let Ok(pattern) = glob::Pattern::new(p) {
+                    for (path, o) in files {
+                        if pattern.matches_with(path, opts) {
+                            chosen.insert(path, o);
+                        }
+                    }
+                }
+            } else if let Some((path, o)) = files.get_key_value(p) {
+                chosen.insert(path, o);
+            }
+        }
+        a.inputs.extend(chosen.into_values().map(|o| proto::Input {
+            object: Some(o.clone()),
+            from: String::new(),
+        }));
+    }
+
+    /// Transfer staging: every output of the job's done tasks, in task order, with the data
+    /// address of a live worker holding it.
+    fn outputs(&self, job: JobId) -> std::result::Result<Vec<proto::Input>, Status> {
+        let Some(j) = self.coord.jobs_map().get(&job) else {
+            return Err(Status::not_found(format!("no job {job}")));
+        };
+        let workers = self.coord.workers_map();
+        let mut tasks: Vec<TaskId> = j.outputs.keys().copied().collect();
+        tasks.sort_unstable();
+        let mut out = Vec::new();
+        for t in tasks {
+            let objs = &j.outputs[&t];
+            if objs.is_empty() {
+                continue;
+            }
+            let holder = j
+                .holders
+                .get(&t)
+                .and_then(|hs| hs.iter().find_map(|h| workers.get(h)));
+            let Some(w) = holder else {
+                return Err(Status::unavailable(format!(
+                    "the outputs of {job}/{t} ({}) are held by no live worker",
+                    objs[0].path
+                )));
+            };
+            for o in objs {
+                out.push(proto::Input {
+                    object: Some(proto::Object {
+                        path: o.path.clone(),
+                        hash: o.hash.clone(),
+                        size: o.size,
+                    }),
+                    from: w.spec.data_addr.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn now(&self) -> Millis {
+        self.epoch.elapsed().as_millis() as Millis
+    }
+
+    /// Builds the state machine from the journal.
+    pub(super) fn recover(
+        config: &ServerConfig,
+        journal: Journal,
+        sessions: Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
+        stop: watch::Sender<bool>,
+    ) -> Result<Core> {
+        let mut core = Core {
+            coord: Coordinator::new(config.coordinator.clone()),
+            journal,
+            epoch: Instant::now(),
+            sessions,
+            senders: HashMap::new(),
+            last_seen: HashMap::new(),
+            watchers: HashMap::new(),
+            logs_dir: config.state_dir.join("logs"),
+            heartbeat: config.heartbeat,
+            heartbeat_timeout: config.heartbeat_timeout,
+            stop,
+            uploads: HashMap::new(),
+            uploads_dir: config.state_dir.join("uploads"),
+            rendezvous: None,
+            gang_nonce: {
+                use rand::RngCore;
+                let mut bytes = [0u8; 8];
+                rand::rngs::OsRng.fill_bytes(&mut bytes);
+                bytes.iter().map(|b| format!("{b:02x}")).collect()
+            },
+        };
+        let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
+        core.rendezvous = Some(
+            flotilla_collective::RendezvousServer::bind(&rdv_addr).map_err(|e| {
+                ClusterError::Config(format!(
+                    "cannot start the gang rendezvous on {rdv_addr}: {e}"
+                ))
+            })?,
+        );
+        core.load_uploads();
+        let records = core.journal.replay()?;
+        let n = records.len();
+        let now = core.now();
+        let mut sink = Vec::new();
+        for (record, r) in records.into_iter().enumerate() {
+            core.coord
+                .replay(now, r, &mut sink)
+                .map_err(|source| ClusterError::Replay { record, source })?;
+            sink.clear();
+        }
+        core.coord.recovered(now);
+        let _ = core.coord.take_journal_records();
+        if n > 0 {
+            tracing::info!(records = n, "recovered from the journal");
+        }
+        Ok(core)
+    }
+
+    pub(super) fn run(mut self, rx: Receiver<Req>) {
+        let tick = Duration::from_millis(50);
+        let mut last_tick = Instant::now();
+        loop {
+            let first = match rx.recv_timeout(tick) {
+                Ok(r) => Some(r),
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            };
+            let mut batch: Vec<Req> = first.into_iter().collect();
+            while batch.len() < 8192 {
+                match rx.try_recv() {
+                    Ok(r) => batch.push(r),
+                    Err(_) => break,
+                }
+            }
+            let mut cmds = Vec::new();
+            let mut records = Vec::new();
+            let mut after: Vec<AfterCommit> = Vec::new();
+            let mut stop = false;
+            for req in batch {
+                if let Req::Stop = req {
+                    stop = true;
+                    continue;
+                }
+                self.apply(req, &mut cmds, &mut records, &mut after);
+            }
+            if last_tick.elapsed() >= tick {
+                last_tick = Instant::now();
+                self.check_heartbeats(&mut cmds, &mut records);
+                self.handle(Event::Tick, &mut cmds, &mut records);
+            }
+            if !records.is_empty() {
+                if let Err(e) = self.journal.append(&records) {
+                    // Nothing of this batch may be acknowledged: stop, and let a restart replay
+                    // what is durable.
+                    tracing::error!("journal write failed, stopping: {e}");
+                    let _ = self.stop.send(true);
+                    return;
+                }
+            }
+            for f in after {
+                f(&mut self);
+            }
+            self.dispatch(cmds);
+            if stop {
+                return;
+            }
+        }
+    }
+
+    /// Applies one event, collecting its journal records (the event itself when journaled,
+    /// then the assignments it caused) and commands.
+    fn handle(
+        &mut self,
+        ev: Event,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+    ) -> bool {
+        let now = self.now();
+        let rec = JournalRecord::from_event(&ev);
+        match self.coord.handle(now, ev, cmds) {
+            Ok(()) => {
+                if let Some(r) = rec {
+                    records.push(r);
+                }
+                records.extend(self.coord.take_journal_records());
+                true
+            }
+            Err(e) => {
+                tracing::warn!("event refused: {e}");
+                false
+            }
+        }
+    }
+
+    /// Applies one request: its events go to the state machine, its journal records to
+    /// `records`, and its reply, when it must wait for the journal, to `after`.
+    fn apply(
+        &mut self,
+        req: Req,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+        after: &mut Vec<AfterCommit>,
+    ) {
+        match req {
+            Req::Submit {
+                spec,
+                dir,
+                tenant,
+                files,
+                reply,
+            } => self.on_submit(spec, dir, tenant, files, reply, cmds, records, after),
+            Req::Cancel { job, reply } => self.on_cancel(job, reply, cmds, records, after),
+            Req::Status { job, reply } => {
+                let _ = reply.send(self.on_status(job));
+            }
+            Req::Outputs { job, reply } => {
+                let _ = reply.send(self.outputs(job));
+            }
+            Req::Watch { job, tx } => self.on_watch(job, tx),
+            Req::LogInfo { job, task, reply } => {
+                let _ = reply.send(self.on_log_info(job, &task));
+            }
+            Req::Register { req, reply } => self.on_register(req, reply, cmds, records, after),
+            Req::FromWorker(m) => self.on_worker_message(m, cmds, records),
+            Req::SessionClosed(worker) => self.on_session_closed(worker, cmds, records),
+            Req::Shutdown => {
+                let _ = self.stop.send(true);
+            }
+            Req::Stop => {}
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_submit(
+        &mut self,
+        spec: flotilla_core::JobSpec,
+        dir: String,
+        tenant: String,
+        files: Vec<proto::Object>,
+        reply: Reply<proto::SubmitReply>,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+        after: &mut Vec<AfterCommit>,
+    ) {
+        let job = self.coord.next_job_id();
+        let name = spec.name.clone();
+        let ev = Event::JobSubmitted {
+            job,
+            spec,
+            dir,
+            tenant,
+        };
+        let rec = JournalRecord::from_event(&ev);
+        let now = self.now();
+        if let Err(e) = self.coord.handle(now, ev, cmds) {
+            let _ = reply.send(Err(Status::invalid_argument(e.to_string())));
+            return;
+        }
+        self.note_uploads(job, files);
+        records.extend(rec);
+        records.extend(self.coord.take_journal_records());
+        let tasks = self
+            .coord
+            .job_summary(job)
+            .map(|s| s.total as u32)
+            .unwrap_or(0);
+        after.push(Box::new(move |_| {
+            let _ = reply.send(Ok(proto::SubmitReply {
+                job: job.0,
+                name,
+                tasks,
+            }));
+        }));
+    }
+
+    fn on_cancel(
+        &mut self,
+        job: JobId,
+        reply: Reply<()>,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+        after: &mut Vec<AfterCommit>,
+    ) {
+        if self.coord.job_summary(job).is_none() {
+            let _ = reply.send(Err(Status::not_found(format!("no job {job}"))));
+            return;
+        }
+        self.handle(Event::JobCancelled { job }, cmds, records);
+        after.push(Box::new(move |_| {
+            let _ = reply.send(Ok(()));
+        }));
+    }
+
+    /// A job's status, or every job and worker, as JSON.
+    fn on_status(&self, job: Option<JobId>) -> std::result::Result<String, Status> {
+        let json = match job {
+            Some(j) => match self.coord.job_status(j) {
+                Some(s) => serde_json::to_string(&s),
+                None => return Err(Status::not_found(format!("no job {j}"))),
+            },
+            None => serde_json::to_string(&state::ClusterStatus {
+                jobs: self.coord.jobs(),
+                workers: self.coord.workers(),
+            }),
+        };
+        json.map_err(|e| Status::internal(e.to_string()))
+    }
+
+    /// A new watcher: the job's state now, then (while it runs) its events.
+    fn on_watch(
+        &mut self,
+        job: JobId,
+        tx: mpsc::UnboundedSender<std::result::Result<proto::JobEvent, Status>>,
+    ) {
+        let Some(s) = self.coord.job_summary(job) else {
+            let _ = tx.send(Err(Status::not_found(format!("no job {job}"))));
+            return;
+        };
+        let (done, total) = (s.done as u32, s.total as u32);
+        if s.state != state::JobState::Running {
+            let _ = tx.send(Ok(proto::JobEvent {
+                job: job.0,
+                job_finished: true,
+                job_state: s.state.to_string(),
+                done,
+                total,
+                ..Default::default()
+            }));
+            return;
+        }
+        let _ = tx.send(Ok(proto::JobEvent {
+            job: job.0,
+            state: "running".into(),
+            done,
+            total,
+            ..Default::default()
+        }));
+        self.watchers.entry(job).or_default().push(tx);
+    }
+
+    fn on_log_info(&self, job: JobId, task: &str) -> std::result::Result<LogInfo, Status> {
+        match self.coord.task_status(job, task) {
+            None if self.coord.job_summary(job).is_none() => {
+                Err(Status::not_found(format!("no job {job}")))
+            }
+            None => Err(Status::not_found(format!(
+                "job {job} has no task named {task:?}"
+            ))),
+            Some(t) => {
+                let (out, err) = self.log_paths(job, t.id, t.attempts);
+                Ok(LogInfo {
+                    out,
+                    err,
+                    finished: t.state.is_final(),
+                })
+            }
+        }
+    }
+
+    /// A worker registers: a new id and session, then everything it reports, in order: what
+    /// it runs, what finished while it was away, then which of its old id's attempts it
+    /// never had.
+    fn on_register(
+        &mut self,
+        mut req: proto::RegisterRequest,
+        reply: Reply<proto::RegisterReply>,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+        after: &mut Vec<AfterCommit>,
+    ) {
+        if req.protocol_version != PROTOCOL_VERSION {
+            let _ = reply.send(Err(Status::failed_precondition(format!(
+                "protocol version mismatch: the coordinator speaks {PROTOCOL_VERSION}, the worker {}",
+                req.protocol_version
+            ))));
+            return;
+        }
+        let worker = self.coord.next_worker_id();
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.senders.insert(worker, tx);
+        self.sessions.lock().insert(worker, rx);
+        self.last_seen.insert(worker, Instant::now());
+        let previous = req.previous_worker.map(WorkerId::new);
+        let finished = std::mem::take(&mut req.finished);
+        let ev = crate::convert::worker_joined(worker, req);
+        self.handle(ev, cmds, records);
+        for r in finished {
+            if let Some(ev) = crate::convert::task_finished(worker, r) {
+                self.handle(ev, cmds, records);
+            }
+        }
+        if let Some(previous) = previous {
+            self.handle(Event::WorkerReconciled { worker, previous }, cmds, records);
+        }
+        let hb = self.heartbeat.as_millis() as u64;
+        let rdv_port = self
+            .rendezvous
+            .as_ref()
+            .map_or(0, |r| u32::from(r.local_addr().port()));
+        after.push(Box::new(move |_| {
+            let _ = reply.send(Ok(proto::RegisterReply {
+                worker: worker.0,
+                heartbeat_ms: hb,
+                protocol_version: PROTOCOL_VERSION,
+                rendezvous_port: rdv_port,
+            }));
+        }));
+    }
+
+    /// A batch from a worker's session: its output, then finishes (they free what the starts
+    /// in the same batch use: the worker sent them in that order, and a task that started
+    /// and finished within one batch has only its finish here), returns, starts.
+    fn on_worker_message(
+        &mut self,
+        m: proto::WorkerMessage,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+    ) {
+        let worker = WorkerId::new(m.worker);
+        if !self.senders.contains_key(&worker) {
+            return; // a lost worker's late words
+        }
+        self.last_seen.insert(worker, Instant::now());
+        for l in &m.logs {
+            self.write_log(l);
+        }
+        for r in m.finished {
+            if let Some(ev) = crate::convert::task_finished(worker, r) {
+                self.handle(ev, cmds, records);
+            }
+        }
+        for k in m.returned {
+            let (task, attempt) = crate::convert::task_key(&k);
+            let ev = Event::TaskReturned {
+                worker,
+                task,
+                attempt,
+            };
+            self.handle(ev, cmds, records);
+        }
+        for k in m.started {
+            let (task, attempt) = crate::convert::task_key(&k);
+            let ev = Event::TaskStarted {
+                worker,
+                task,
+                attempt,
+            };
+            self.handle(ev, cmds, records);
+        }
+    }
+
+    fn on_session_closed(
+        &mut self,
+        worker: WorkerId,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+    ) {
+        if self.senders.remove(&worker).is_some() {
+            self.last_seen.remove(&worker);
+            let ev = Event::WorkerLost {
+                worker,
+                reason: "its session closed".into(),
+            };
+            self.handle(ev, cmds, records);
+        }
+    }
+
+    fn check_heartbeats(&mut self, cmds: &mut Vec<Command>, records: &mut Vec<JournalRecord>) {
+        let timeout = self.heartbeat_timeout;
+        let lost: Vec<WorkerId> = self
+            .last_seen
+            .iter()
+            .filter(|(_, t)| t.elapsed() > timeout)
+            .map(|(w, _)| *w)
+            .collect();
+        for w in lost {
+            self.last_seen.remove(&w);
+            self.senders.remove(&w);
+            self.sessions.lock().remove(&w);
+            tracing::warn!(worker = %w, "worker missed its heartbeats: declared lost");
+            self.handle(
+                Event::WorkerLost {
+                    worker: w,
+                    reason: format!("no heartbeat for {timeout:?}"),
+                },
+                cmds,
+                records,
+            );
+        }
+    }
+
+    fn log_paths(&self, job: JobId, task: TaskId, attempt: u32) -> (PathBuf, PathBuf) {
+        let dir = self.logs_dir.join(job.0.to_string());
+        (
+            dir.join(format!("{}.{attempt}.out", task.0)),
+            dir.join(format!("{}.{attempt}.err", task.0)),
+        )
+    }
+
+    fn write_log(&self, l: &proto::TaskLog) {
+        use std::io::Write;
+        let Some(k) = &l.task else { return };
+        let (out, err) = self.log_paths(JobId::new(k.job), TaskId::new(k.task), k.attempt);
+        let path = if l.stderr { err } else { out };
+        let r = (|| -> std::io::Result<()> {
+            if let Some(d) = path.parent() {
+                std::fs::create_dir_all(d)?;
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)?;
+            f.write_all(&l.data)
+        })();
+        if let Err(e) = r {
+            tracing::warn!("{}: {e}", path.display());
+        }
+    }
+
+    /// Sends commands: assignments batched per worker, notifications to watchers.
+    fn dispatch(&mut self, cmds: Vec<Command>) {
+        let mut per_worker: HashMap<WorkerId, proto::CoordinatorMessage> = HashMap::new();
+        let mut progressed = Vec::new();
+        for c in cmds {
+            match c {
+                Command::Assign { worker, tasks } => {
+                    let m = per_worker.entry(worker).or_default();
+                    for t in tasks {
+                        let mut a = crate::convert::assignment(t);
+                        if let Some(g) = a.gang.as_mut() {
+                            g.key = format!("{}-{}", g.key, self.gang_nonce);
+                        }
+                        self.add_uploaded_inputs(&mut a);
+                        m.assign.push(a);
+                    }
+                }
+                Command::Cancel {
+                    worker,
+                    task,
+                    attempt,
+                } => {
+                    per_worker
+                        .entry(worker)
+                        .or_default()
+                        .cancel
+                        .push(crate::convert::key(task, attempt));
+                }
+                Command::Retract {
+                    worker,
+                    task,
+                    attempt,
+                } => {
+                    per_worker
+                        .entry(worker)
+                        .or_default()
+                        .retract
+                        .push(crate::convert::key(task, attempt));
+                }
+                Command::Notify(n) => self.notify(n, &mut progressed),
+            }
+        }
+        self.send_progress(progressed);
+        let mut broken = Vec::new();
+        for (w, m) in per_worker {
+            match self.senders.get(&w) {
+                Some(tx) => {
+                    if tx.send(m).is_err() {
+                        broken.push(w);
+                    }
+                }
+                None => tracing::debug!(worker = %w, "command for a worker without a session"),
+            }
+        }
+        for w in broken {
+            // The session is gone; the heartbeat check declares the worker lost.
+            self.senders.remove(&w);
+        }
+    }
+
+    /// Forwards notifications to watchers: every failure, backoff and cancellation as it
+    /// happens, and one progress event per job per batch for the rest (a 10,000-task job
+    /// would otherwise send 30,000 events).
+    fn notify(&mut self, n: Notification, progressed: &mut Vec<JobId>) {
+        match n {
+            Notification::TaskState {
+                task,
+                name,
+                state,
+                attempt,
+                worker,
+                message,
+            } => {
+                if !self.watchers.contains_key(&task.job) {
+                    return;
+                }
+                if matches!(
+                    state,
+                    state::TaskState::Failed
+                        | state::TaskState::Backoff
+                        | state::TaskState::Cancelled
+                ) {
+                    let (done, total) = self.progress_of(task.job);
+                    let ev = proto::JobEvent {
+                        job: task.job.0,
+                        task: task.task.0,
+                        name,
+                        state: state.to_string(),
+                        attempt,
+                        worker: worker.map(|w| w.0),
+                        message: message.unwrap_or_default(),
+                        job_finished: false,
+                        job_state: String::new(),
+                        done,
+                        total,
+                    };
+                    if let Some(ws) = self.watchers.get_mut(&task.job) {
+                        ws.retain(|tx| tx.send(Ok(ev.clone())).is_ok());
+                    }
+                } else if !progressed.contains(&task.job) {
+                    progressed.push(task.job);
+                }
+            }
+            Notification::JobFinished { job, state } => {
+                progressed.retain(|j| *j != job);
+                let (done, total) = self.progress_of(job);
+                if let Some(ws) = self.watchers.remove(&job) {
+                    for tx in ws {
+                        let _ = tx.send(Ok(proto::JobEvent {
+                            job: job.0,
+                            job_finished: true,
+                            job_state: state.to_string(),
+                            done,
+                            total,
+                            ..Default::default()
+                        }));
+                    }
+                }
+            }
+        }
+    }
+
+    fn progress_of(&self, job: JobId) -> (u32, u32) {
+        self.coord
+            .job_summary(job)
+            .map(|s| (s.done as u32, s.total as u32))
+            .unwrap_or((0, 0))
+    }
+
+    fn send_progress(&mut self, jobs: Vec<JobId>) {
+        for job in jobs {
+            let (done, total) = self.progress_of(job);
+            if let Some(ws) = self.watchers.get_mut(&job) {
+                let ev = proto::JobEvent {
+                    job: job.0,
+                    state: "progress".into(),
+                    done,
+                    total,
+                    ..Default::default()
+                };
+                ws.retain(|tx| tx.send(Ok(ev.clone())).is_ok());
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The coordinator process: the gRPC services around the pure state machine.
+//!
+//! # Threads
+//! - tonic's async handlers validate requests and forward them to the *core*.
+//! - the *core* is one dedicated thread that owns the [`Coordinator`] and the [`Journal`].
+//!   It takes requests in batches; for each batch it applies the events, writes every
+//!   journaled event and every assignment record in ONE journal transaction (group commit),
+//!   and only then answers the requests and sends the commands. Nothing is acknowledged or
+//!   dispatched before it is durable, so a coordinator killed at any point and restarted on
+//!   the same state directory loses nothing it accepted.
+//!
+//! # Liveness
+//! Workers send a message at least every heartbeat interval. A worker silent for the
+//! heartbeat timeout, or whose session stream closes, is declared lost.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use flotilla_core::WorkerId;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+
+use crate::auth::{load_or_create_token, TokenCheck};
+use crate::error::{ClusterError, Result};
+use crate::journal::Journal;
+use crate::proto::coordinator_server::CoordinatorServer;
+use crate::proto::workers_server::WorkersServer;
+use crate::proto::{self};
+use crate::state::{self};
+use crate::transport::ServerTls;
+
+/// How a coordinator is set up.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Where to listen (`127.0.0.1:0` picks a free port).
+    pub listen: SocketAddr,
+    /// The state directory: journal, token, logs.
+    pub state_dir: PathBuf,
+    /// TLS certificate and key; plain TCP when `None`.
+    pub tls: Option<ServerTls>,
+    /// How often workers must send something.
+    pub heartbeat: Duration,
+    /// How long a silent worker has before it is declared lost.
+    pub heartbeat_timeout: Duration,
+    /// The state machine's settings.
+    pub coordinator: state::Config,
+    /// fsync the journal before acknowledging anything (survives a machine crash, not only a
+    /// coordinator crash; costs an fsync per batch).
+    pub fsync: bool,
+}
+
+impl ServerConfig {
+    /// Defaults: heartbeat 1 s, timeout 5 s.
+    pub fn new(listen: SocketAddr, state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            listen,
+            state_dir: state_dir.into(),
+            tls: None,
+            heartbeat: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(5),
+            coordinator: state::Config::default(),
+            fsync: false,
+        }
+    }
+}
+
+/// A running coordinator.
+pub struct Server {
+    addr: SocketAddr,
+    token: String,
+    stop: Arc<watch::Sender<bool>>,
+    done: watch::Receiver<Option<std::result::Result<(), String>>>,
+}
+
+impl Server {
+    /// Opens the state directory (replaying the journal), binds, and starts serving.
+    pub async fn start(config: ServerConfig) -> Result<Server> {
+        std::fs::create_dir_all(&config.state_dir)
+            .map_err(|e| ClusterError::io(&config.state_dir, e))?;
+        let token = load_or_create_token(&config.state_dir)?;
+        let journal_path = config.state_dir.join("journal.log");
+        let journal = Journal::open(&journal_path)?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (done_tx, done_rx) = watch::channel(None);
+        let (req_tx, req_rx) = crossbeam_channel::unbounded::<Req>();
+        let sessions: Arc<
+            Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>,
+        > = Arc::new(Mutex::new(HashMap::new()));
+        let core = Core::recover(&config, journal, sessions.clone(), stop_tx.clone())?;
+        std::thread::Builder::new()
+            .name("flotilla-core".into())
+            .spawn(move || core.run(req_rx))
+            .map_err(|e| ClusterError::Config(format!("cannot start the core thread: {e}")))?;
+
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|e| ClusterError::Bind {
+                addr: config.listen.to_string(),
+                source: e,
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
+        let check = TokenCheck::new(token.clone());
+        let store = Arc::new(crate::objects::ObjectStore::open(
+            &config.state_dir.join("objects"),
+        )?);
+        let api = Api {
+            core: req_tx.clone(),
+            sessions,
+            store: store.clone(),
+        };
+        let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+        if let Some(tls) = &config.tls {
+            builder = builder
+                .tls_config(tls.config()?)
+                .map_err(|e| ClusterError::Config(format!("tls: {e}")))?;
+        }
+        let router = builder
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                CoordinatorServer::new(api.clone())
+                    .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
+                check.clone(),
+            ))
+            .add_service(tonic::service::interceptor::InterceptedService::new(
+                WorkersServer::new(api)
+                    .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+                    .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
+                check.clone(),
+            ))
+            .add_service(crate::objects::objects_service(store, check));
+        let mut stop_wait = stop_rx.clone();
+        let req_for_stop = req_tx;
+        tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let r = router
+                .serve_with_incoming_shutdown(incoming, async move {
+                    while !*stop_wait.borrow() {
+                        if stop_wait.changed().await.is_err() {
+                            break;
+                        }
+                    }
+                })
+                .await;
+            let _ = req_for_stop.send(Req::Stop);
+            let _ = done_tx.send(Some(r.map_err(|e| e.to_string())));
+        });
+        tracing::info!(%addr, "coordinator listening");
+        Ok(Server {
+            addr,
+            token,
+            stop: Arc::new(stop_tx),
+            done: done_rx,
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The access token clients and workers must present.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Asks the server to stop.
+    pub fn stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// A handle that stops the server from elsewhere (a signal handler).
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(self.stop.clone())
+    }
+
+    /// Waits until the server has stopped (after `stop`, a `Shutdown` request, or an error).
+    pub async fn wait(mut self) -> Result<()> {
+        loop {
+            if let Some(r) = self.done.borrow().clone() {
+                return r.map_err(|e| ClusterError::Rpc(format!("server: {e}")));
+            }
+            if self.done.changed().await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Stops a [`Server`].
+#[derive(Clone)]
+pub struct StopHandle(Arc<watch::Sender<bool>>);
+
+impl StopHandle {
+    /// Asks the server to stop.
+    pub fn stop(&self) {
+        let _ = self.0.send(true);
+    }
+}
+
+mod core;
+mod rpc;
+
+use self::core::{Core, Req};
+use self::rpc::Api;

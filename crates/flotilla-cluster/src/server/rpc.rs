@@ -1,0 +1,293 @@
+//! The tonic handlers: validate a request, do its file work off the async threads, ask the
+//! core, answer.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use flotilla_core::{JobId, WorkerId};
+use futures::Stream;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::proto::coordinator_server::Coordinator as CoordinatorRpc;
+use crate::proto::workers_server::Workers;
+use crate::proto::{self};
+
+use super::core::{Reply, Req};
+
+/// The gRPC handlers.
+#[derive(Clone)]
+pub(super) struct Api {
+    pub(super) core: Sender<Req>,
+    pub(super) sessions:
+        Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
+    /// Files uploaded with transfer jobs, served to workers by `Objects.Fetch`.
+    pub(super) store: Arc<crate::objects::ObjectStore>,
+}
+
+impl Api {
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Req) -> std::result::Result<T, Status> {
+        let (tx, rx) = oneshot::channel();
+        self.core
+            .send(make(tx))
+            .map_err(|_| Status::unavailable("the coordinator is stopping"))?;
+        rx.await
+            .map_err(|_| Status::unavailable("the coordinator is stopping"))?
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl CoordinatorRpc for Api {
+    async fn submit(
+        &self,
+        req: Request<proto::SubmitRequest>,
+    ) -> std::result::Result<Response<proto::SubmitReply>, Status> {
+        let r = req.into_inner();
+        if !Path::new(&r.dir).is_absolute() {
+            return Err(Status::invalid_argument(format!(
+                "job folder {:?} must be an absolute path",
+                r.dir
+            )));
+        }
+        // Parsing a large job and hashing uploads into the store are CPU and disk work:
+        // off the async threads.
+        let store = self.store.clone();
+        let (spec, files, dir, tenant) = tokio::task::spawn_blocking(move || {
+            let spec = flotilla_core::parse_job(&r.toml, &r.file_name)
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let mut files = Vec::with_capacity(r.files.len());
+            for f in &r.files {
+                crate::objects::safe_relative(&f.path)
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?;
+                let (hash, size) = store
+                    .put_bytes(&f.data)
+                    .map_err(|e| Status::internal(format!("storing {}: {e}", f.path)))?;
+                files.push(proto::Object {
+                    path: f.path.clone(),
+                    hash,
+                    size,
+                });
+            }
+            Ok::<_, Status>((spec, files, r.dir, r.tenant))
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the submission's file work failed: {e}")))??;
+        let reply = self
+            .ask(|reply| Req::Submit {
+                spec,
+                dir,
+                tenant,
+                files,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(reply))
+    }
+
+    async fn status(
+        &self,
+        req: Request<proto::StatusRequest>,
+    ) -> std::result::Result<Response<proto::StatusReply>, Status> {
+        let job = req.into_inner().job.map(JobId::new);
+        let json = self.ask(|reply| Req::Status { job, reply }).await?;
+        Ok(Response::new(proto::StatusReply { json }))
+    }
+
+    type WatchStream = BoxStream<proto::JobEvent>;
+    async fn watch(
+        &self,
+        req: Request<proto::WatchRequest>,
+    ) -> std::result::Result<Response<Self::WatchStream>, Status> {
+        let job = JobId::new(req.into_inner().job);
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.core
+            .send(Req::Watch { job, tx })
+            .map_err(|_| Status::unavailable("the coordinator is stopping"))?;
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        )))
+    }
+
+    async fn cancel(
+        &self,
+        req: Request<proto::CancelRequest>,
+    ) -> std::result::Result<Response<proto::CancelReply>, Status> {
+        let job = JobId::new(req.into_inner().job);
+        self.ask(|reply| Req::Cancel { job, reply }).await?;
+        Ok(Response::new(proto::CancelReply {}))
+    }
+
+    type LogsStream = BoxStream<proto::LogChunk>;
+    async fn logs(
+        &self,
+        req: Request<proto::LogsRequest>,
+    ) -> std::result::Result<Response<Self::LogsStream>, Status> {
+        let r = req.into_inner();
+        let job = JobId::new(r.job);
+        let info = self
+            .ask(|reply| Req::LogInfo {
+                job,
+                task: r.task.clone(),
+                reply,
+            })
+            .await?;
+        let (tx, rx) = mpsc::channel(8);
+        let core = self.core.clone();
+        let task = r.task.clone();
+        tokio::spawn(async move {
+            let path = if r.stderr {
+                info.err.clone()
+            } else {
+                info.out.clone()
+            };
+            let mut off = 0u64;
+            let mut finished = info.finished;
+            loop {
+                let chunk = {
+                    let p = path.clone();
+                    let o = off;
+                    tokio::task::spawn_blocking(move || read_chunk(&p, o))
+                        .await
+                        .unwrap_or_default()
+                };
+                if !chunk.is_empty() {
+                    off += chunk.len() as u64;
+                    if tx
+                        .send(Ok(proto::LogChunk {
+                            data: chunk,
+                            stderr: r.stderr,
+                        }))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    continue;
+                }
+                if finished || !r.follow {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let (rtx, rrx) = oneshot::channel();
+                if core
+                    .send(Req::LogInfo {
+                        job,
+                        task: task.clone(),
+                        reply: rtx,
+                    })
+                    .is_err()
+                {
+                    return;
+                }
+                match rrx.await {
+                    Ok(Ok(i)) => {
+                        if (if r.stderr { &i.err } else { &i.out }) != &path {
+                            // A new attempt started; its log is another file.
+                            finished = false;
+                        } else {
+                            finished = i.finished;
+                        }
+                    }
+                    _ => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn outputs(
+        &self,
+        req: Request<proto::OutputsRequest>,
+    ) -> std::result::Result<Response<proto::OutputsReply>, Status> {
+        let job = JobId::new(req.into_inner().job);
+        let outputs = self.ask(|reply| Req::Outputs { job, reply }).await?;
+        Ok(Response::new(proto::OutputsReply { outputs }))
+    }
+
+    async fn shutdown(
+        &self,
+        _req: Request<proto::ShutdownRequest>,
+    ) -> std::result::Result<Response<proto::ShutdownReply>, Status> {
+        let _ = self.core.send(Req::Shutdown);
+        Ok(Response::new(proto::ShutdownReply {}))
+    }
+}
+
+fn read_chunk(path: &Path, off: u64) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    if f.seek(SeekFrom::Start(off)).is_err() {
+        return Vec::new();
+    }
+    let mut buf = Vec::new();
+    let _ = f.take(1 << 20).read_to_end(&mut buf);
+    buf
+}
+
+#[tonic::async_trait]
+impl Workers for Api {
+    async fn register(
+        &self,
+        req: Request<proto::RegisterRequest>,
+    ) -> std::result::Result<Response<proto::RegisterReply>, Status> {
+        let req = req.into_inner();
+        let reply = self.ask(|reply| Req::Register { req, reply }).await?;
+        Ok(Response::new(reply))
+    }
+
+    type SessionStream = BoxStream<proto::CoordinatorMessage>;
+    async fn session(
+        &self,
+        req: Request<Streaming<proto::WorkerMessage>>,
+    ) -> std::result::Result<Response<Self::SessionStream>, Status> {
+        let mut inbound = req.into_inner();
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument("a session starts with a message naming the worker")
+        })?;
+        let worker = WorkerId::new(first.worker);
+        let rx = self.sessions.lock().remove(&worker).ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "worker {worker} is not registered (or already has a session)"
+            ))
+        })?;
+        let core = self.core.clone();
+        let _ = core.send(Req::FromWorker(first));
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(m)) => {
+                        if m.worker != worker.0 {
+                            tracing::warn!(%worker, claimed = m.worker, "session message names another worker; closing");
+                            break;
+                        }
+                        if core.send(Req::FromWorker(m)).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::info!(%worker, "session stream error: {}", e.message());
+                        break;
+                    }
+                }
+            }
+            let _ = core.send(Req::SessionClosed(worker));
+        });
+        let out = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+            Ok,
+        );
+        Ok(Response::new(Box::pin(out)))
+    }
+}

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-3}
-HPC=../shared/anchors/hpc
+HPC=bench/anchors
 cargo build --release -q -p flotilla
 BIN=/tmp/flotilla_mpi_allreduce
 mpicc -O2 "$HPC/mpi_allreduce.c" -o "$BIN"

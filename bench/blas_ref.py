@@ -5,7 +5,7 @@ Prints one JSON line per measurement, with the same field names as flotilla's --
 {"bench": "cholesky"|"gemm", "system": "scipy-openblas", "n", "precision", "gflops", "seconds",
  "median_seconds", "threads", "blas"}.
 
-Run with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset (see ../shared/anchors/hpc/README.md):
+Run with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset (they pin a kernel other than the CPU's own):
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python3 bench/blas_ref.py --n 8192 --reps 3
 """
 import argparse

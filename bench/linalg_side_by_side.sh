@@ -2,7 +2,7 @@
 # Flotilla's tiled Cholesky and GEMM next to numpy/scipy (OpenBLAS) on the same sizes, in
 # one run, alternating so both see the same machine load. JSON lines on stdout.
 #   PY=/tmp/hpcvenv/bin/python bash bench/linalg_side_by_side.sh 8192 512 3
-# (python with numpy, scipy, threadpoolctl; see ../shared/anchors/hpc/README.md)
+# (python with numpy, scipy, threadpoolctl: python3 -m venv /tmp/hpcvenv && /tmp/hpcvenv/bin/pip install numpy scipy threadpoolctl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-4096}; TILE=${2:-512}; REPS=${3:-3}; ROUNDS=${ROUNDS:-2}

@@ -8,6 +8,8 @@
 //! | --- | --- |
 //! | plain | a worker where it fits in the free resources: most input bytes held there (transfer staging), then most free CPUs, then lowest id; else queue it (no GPUs) on the worker with room in its queue: most input bytes, then shortest queue, then lowest id |
 //! | variants | every (worker, variant) pair that fits free or may queue (never queued when a variant uses GPUs); an uncalibrated pair (the model says Unknown) that fits free is explored first, round-robin (StarPU's calibration); otherwise the earliest predicted finish (a queued start waits `(queue length + 1) × prediction`), ties to most input bytes, then lowest id, then variant order; only when no pair is known, an uncalibrated queued pair |
+//! | gang ([`place_gang`]) | all members or none: each member in turn as above but never queued, on the workers' ledgers with the members placed before it already reserved; every member runs the variant the first one got |
+//! | chained successor ([`chain`]) | a task whose only unfinished predecessor runs on worker W goes to W, to start there when that predecessor succeeds: only a plain task (one option, no GPUs), only while W holds fewer than the chain depth, only if it could ever fit on W |
 
 use std::collections::HashMap;
 
@@ -96,6 +98,102 @@ where
     } else {
         place_variants(p, workers, predict)
     }
+}
+
+/// Places a gang, all members or none: each member in turn, on reserved resources only
+/// (never queued, so all start at once), over the workers' ledgers with the members placed
+/// before it already reserved (on copies: nothing here changes the workers). Every member runs
+/// the variant the first member got. `predict(member, variant, hw_class)` asks the model for
+/// member `member`'s variant (an index in that member's own options). `None` when some
+/// member fits nowhere now.
+pub fn place_gang<'w, I>(
+    members: &[Problem<'_>],
+    workers: I,
+    predict: &dyn Fn(usize, Option<usize>, &str) -> Prediction,
+) -> Option<Vec<Decision>>
+where
+    I: Iterator<Item = Node<'w>>,
+{
+    let nodes: Vec<Node<'w>> = workers.collect();
+    let mut ledgers: Vec<Ledger> = nodes.iter().map(|n| n.ledger.clone()).collect();
+    let mut decisions = Vec::with_capacity(members.len());
+    let mut leader_variant: Option<usize> = None;
+    for (k, m) in members.iter().enumerate() {
+        let (options, offset) = match leader_variant {
+            Some(v) => (vec![*m.options.get(v)?], v),
+            None => (m.options.clone(), 0),
+        };
+        let problem = Problem {
+            options,
+            local_bytes: m.local_bytes,
+            queue_depth: 0,
+            explore: m.explore,
+        };
+        let views = nodes
+            .iter()
+            .zip(&ledgers)
+            .map(|(n, l)| Node { ledger: l, ..*n });
+        let shifted = |v: Option<usize>, hw: &str| predict(k, v.map(|v| v + offset), hw);
+        let mut d = place(&problem, views, &shifted)?;
+        if leader_variant.is_some() {
+            d.variant = d.variant.map(|v| v + offset);
+            d.explored = false;
+        } else {
+            leader_variant = d.variant;
+        }
+        let need = m.options.get(d.variant.unwrap_or(0))?.1;
+        let i = nodes.iter().position(|n| n.id == d.worker)?;
+        ledgers[i].reserve(&Ledger::charge(need), &d.gpus);
+        d.reason.why = format!(
+            "{} (gang of {}: every member placed at once)",
+            d.reason.why,
+            members.len()
+        );
+        decisions.push(d);
+    }
+    Some(decisions)
+}
+
+/// What chaining needs to know of a successor whose only unfinished predecessor runs on `node`.
+#[derive(Clone, Copy, Debug)]
+pub struct ChainCandidate<'a> {
+    /// Its resources.
+    pub need: &'a Resources,
+    /// A command or WASM task with no variants and no gang.
+    pub plain: bool,
+    /// Successors already chained on that worker.
+    pub chained: usize,
+    /// The most a worker may hold chained (0: chaining is off).
+    pub depth: usize,
+    /// The predecessor's name, for the reason.
+    pub after: &'a str,
+}
+
+/// Chains a successor onto the worker that runs its last unfinished predecessor, to start
+/// there the moment that one succeeds (no round trip to the coordinator), or says no: only a
+/// plain task with no GPUs, only while the worker holds fewer than `depth` chained, and only
+/// if the task could ever run there.
+pub fn chain(c: &ChainCandidate<'_>, node: Node<'_>) -> Option<Decision> {
+    let gpu = c.need.gpus > 0.0 || c.need.gpu_mem > 0;
+    if !c.plain || gpu || c.chained >= c.depth || !node.ledger.fits_total(c.need) {
+        return None;
+    }
+    Some(Decision {
+        worker: node.id,
+        variant: None,
+        gpus: Vec::new(),
+        reserved: false,
+        explored: false,
+        reason: Reason {
+            policy: "chain".into(),
+            predicted_s: None,
+            alternatives: Vec::new(),
+            why: format!(
+                "{}: starts there as soon as {} (its last unfinished predecessor) succeeds there",
+                node.id, c.after
+            ),
+        },
+    })
 }
 
 fn local(p: &Problem<'_>, w: WorkerId) -> u64 {
@@ -313,4 +411,128 @@ fn place_variants<'w>(
             why,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(cpus: f64, gpus: f64) -> Resources {
+        Resources {
+            cpus,
+            gpus,
+            ..Resources::zero()
+        }
+    }
+
+    fn ledger(cpus: f64, gpus: f64) -> Ledger {
+        Ledger::new(res(cpus, gpus), &[]).expect("valid capacity")
+    }
+
+    fn nodes<'a>(ledgers: &'a [Ledger], hw: &'a [&'a str]) -> Vec<Node<'a>> {
+        ledgers
+            .iter()
+            .zip(hw)
+            .enumerate()
+            .map(|(i, (l, h))| Node {
+                id: WorkerId::new(i as u32 + 1),
+                hw_class: h,
+                ledger: l,
+                queued: 0,
+            })
+            .collect()
+    }
+
+    fn unknown(_: usize, _: Option<usize>, _: &str) -> Prediction {
+        Prediction::Unknown
+    }
+
+    #[test]
+    fn a_gang_fills_workers_member_by_member_and_leaves_them_untouched() {
+        let ledgers = [ledger(2.0, 0.0), ledger(1.0, 0.0)];
+        let none = HashMap::new();
+        let one = res(1.0, 0.0);
+        let member = || Problem {
+            options: vec![(None, &one)],
+            local_bytes: &none,
+            queue_depth: 8,
+            explore: 0,
+        };
+        let ns = nodes(&ledgers, &["cpu", "cpu"]);
+        let three = [member(), member(), member()];
+        let d = place_gang(&three, ns.iter().copied(), &unknown).expect("three cpus free");
+        let workers: Vec<u32> = d.iter().map(|d| d.worker.0).collect();
+        assert_eq!(
+            workers,
+            vec![1, 1, 2],
+            "most free cpus first, then the rest"
+        );
+        assert!(d.iter().all(|d| d.reserved));
+        assert!(d[0].reason.why.contains("gang of 3"));
+        // The workers' own ledgers are not changed by the trial.
+        assert_eq!(ledgers[0].used().cpus, 0.0);
+        // A fourth member fits nowhere, and a gang is never queued: all or nothing.
+        let four = [member(), member(), member(), member()];
+        assert_eq!(place_gang(&four, ns.iter().copied(), &unknown), None);
+    }
+
+    #[test]
+    fn every_gang_member_runs_the_variant_the_first_one_got() {
+        let ledgers = [ledger(4.0, 0.0), ledger(4.0, 2.0)];
+        let none = HashMap::new();
+        let (cpu, gpu) = (res(1.0, 0.0), res(1.0, 1.0));
+        let member = || Problem {
+            options: vec![(Some("cpu"), &cpu), (Some("gpu"), &gpu)],
+            local_bytes: &none,
+            queue_depth: 0,
+            explore: 0,
+        };
+        // The GPU variant is fastest where there is a GPU.
+        let predict = |_: usize, v: Option<usize>, hw: &str| match (v, hw) {
+            (Some(1), "gpu") => Prediction::Calibrated(1.0),
+            (Some(1), _) => Prediction::Unknown,
+            _ => Prediction::Calibrated(10.0),
+        };
+        let ns = nodes(&ledgers, &["cpu", "gpu"]);
+        let gang = [member(), member()];
+        let d = place_gang(&gang, ns.iter().copied(), &predict).expect("fits");
+        assert!(d.iter().all(|d| d.variant == Some(1) && d.worker.0 == 2));
+        assert_ne!(d[0].gpus, d[1].gpus, "one GPU each");
+        // Two GPUs only: a third member cannot take the GPU variant, and may not fall back
+        // to the CPU one, so the gang does not fit.
+        let three = [member(), member(), member()];
+        assert_eq!(place_gang(&three, ns.iter().copied(), &predict), None);
+        // With a CPU-only gang every member stays on the CPU variant.
+        let ledgers = [ledger(4.0, 0.0)];
+        let ns = nodes(&ledgers, &["cpu"]);
+        let d = place_gang(&gang, ns.iter().copied(), &predict).expect("fits on cpus");
+        assert!(d.iter().all(|d| d.variant == Some(0)));
+    }
+
+    #[test]
+    fn chaining_takes_only_plain_tasks_within_depth_that_could_fit() {
+        let ledgers = [ledger(2.0, 1.0)];
+        let ns = nodes(&ledgers, &["cpu"]);
+        let (one, three, gpu) = (res(1.0, 0.0), res(3.0, 0.0), res(1.0, 0.5));
+        let c = |need, plain, chained| ChainCandidate {
+            need,
+            plain,
+            chained,
+            depth: 2,
+            after: "a",
+        };
+        let d = chain(&c(&one, true, 1), ns[0]).expect("plain, within depth, fits");
+        assert_eq!(d.reason.policy, "chain");
+        assert!(!d.reserved && d.gpus.is_empty());
+        assert!(d.reason.why.contains("as soon as a"));
+        assert_eq!(chain(&c(&one, true, 2), ns[0]), None, "depth reached");
+        assert_eq!(chain(&c(&one, false, 0), ns[0]), None, "variants or gang");
+        assert_eq!(chain(&c(&three, true, 0), ns[0]), None, "never fits");
+        assert_eq!(chain(&c(&gpu, true, 0), ns[0]), None, "uses a GPU");
+        let off = ChainCandidate {
+            depth: 0,
+            ..c(&one, true, 0)
+        };
+        assert_eq!(chain(&off, ns[0]), None, "chaining off");
+    }
 }

@@ -1,14 +1,15 @@
 //! flotilla-sched: where tasks run. Placement policies (eager, work stealing, random,
 //! StarPU's dmda, HEFT), the cluster's placement of one task over live workers
 //! ([`cluster::place`]: fit in each worker's ledger, variant by predicted finish, locality,
-//! queueing), performance models learned from execution history, a static DAG format with the
+//! queueing; [`cluster::place_gang`] and [`cluster::chain`] for gangs and chained dispatch),
+//! performance models learned from execution history, a static DAG format with the
 //! HEFT planner, a discrete-event simulator that drives the same policies in virtual time,
 //! and a tiled-Cholesky DAG generator.
 //!
 //! It is pure and deterministic: no filesystem, no network, no async, no clock (time is
 //! passed in) and seeded randomness. The in-process runtime places with the policies, the
-//! cluster coordinator with [`cluster::place`] (its gangs and chained dispatch are still the
-//! coordinator's own), and both learn from [`PerfModel`].
+//! cluster coordinator with [`cluster`] (the coordinator keeps only the job state: the ready
+//! queues, attempts, and applying each decision), and both learn from [`PerfModel`].
 //!
 //! Placing one task with dmda on a machine with a CPU and a GPU:
 //!

@@ -1,4 +1,4 @@
-//! Real scientific workflows (WfCommons traces of Pegasus runs, in /work/shared/workflows)
+//! Real scientific workflows (WfCommons traces of Pegasus runs, in tests/data/workflows)
 //! as scaled sleeps through a coordinator and two one-CPU workers: each must succeed (every
 //! task checks its parents' markers, so order is proven), and its makespan is compared with
 //! the lower bound max(critical path, total work / 2).
@@ -19,18 +19,13 @@ const CRITICAL_PATH_S: f64 = 1.5;
 const MAX_RATIO: f64 = 3.0;
 
 fn traces_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/workflows")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/workflows")
 }
 
 fn run_trace(file: &str) {
     let path = traces_dir().join(file);
-    let Ok(json) = std::fs::read_to_string(&path) else {
-        eprintln!(
-            "skipped: no trace at {} (the shared workflows folder is absent)",
-            path.display()
-        );
-        return;
-    };
+    let json =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("trace {}: {e}", path.display()));
     let name = file.split('-').next().unwrap();
     let unscaled = job_from_trace(&json, file, name, 1.0, 0.0).unwrap();
     assert!(unscaled.critical_path > 0.0, "{file}: no runtimes");

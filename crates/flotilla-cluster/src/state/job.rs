@@ -189,6 +189,34 @@ impl Job {
         self.classes.partition_point(|c| c.first <= t.0) - 1
     }
 
+    /// A task's placement options: `(variant name, resources)` per variant, or one unnamed
+    /// entry for a plain task.
+    pub(crate) fn options(&self, t: TaskId) -> Vec<(Option<&str>, &flotilla_core::Resources)> {
+        let inst = self.graph.task(t);
+        match &inst.kind {
+            TaskKind::Variants(vs) => vs
+                .iter()
+                .map(|v| (Some(v.name.as_str()), &v.resources))
+                .collect(),
+            _ => vec![(None, &inst.resources)],
+        }
+    }
+
+    /// The performance model's prediction for option `v` of `options` (a task of class
+    /// codelet `codelet`) on hardware class `hw`.
+    pub(crate) fn predict(
+        model: &flotilla_sched::PerfModel,
+        codelet: &str,
+        options: &[(Option<&str>, &flotilla_core::Resources)],
+        v: Option<usize>,
+        hw: &str,
+    ) -> flotilla_sched::Prediction {
+        match v.and_then(|v| options.get(v)).and_then(|o| o.0) {
+            Some(name) => model.predict(&format!("{codelet}/{name}"), hw, 0),
+            None => model.predict(codelet, hw, 0),
+        }
+    }
+
     /// The variant names of a task, if it has variants.
     pub(crate) fn variant_name(&self, t: TaskId, v: Option<u16>) -> Option<String> {
         match (&self.graph.task(t).kind, v) {

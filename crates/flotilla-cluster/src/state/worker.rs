@@ -276,18 +276,6 @@ impl Worker {
         released
     }
 
-    /// Removes a trial reservation (placing a gang), without promoting queued attempts: the
-    /// state is as before the trial.
-    pub(crate) fn remove_trial(&mut self, key: (TaskRef, u32)) {
-        if let Some(slot) = self.slots.remove(&key) {
-            if slot.reserved {
-                self.unreserve(&slot);
-            } else {
-                self.queue.remove(&slot.seq);
-            }
-        }
-    }
-
     /// Reserves queued attempts that fit, first fit in assignment order.
     pub(crate) fn promote_queued(&mut self) {
         let keys: Vec<(TaskRef, u32)> = self.queue.values().copied().collect();

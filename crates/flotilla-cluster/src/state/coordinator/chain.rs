@@ -28,16 +28,9 @@ impl Coordinator {
             let Some(w) = self.workers.get(&worker) else {
                 return;
             };
-            if w.chained() >= depth {
-                return;
-            }
             let j = &self.jobs[&job];
             let rt = &j.tasks[s.index()];
             let inst = j.graph.task(s);
-            let plain = matches!(inst.kind, TaskKind::Command { .. } | TaskKind::Wasm(_))
-                && inst.gang.is_none()
-                && inst.resources.gpus <= 0.0
-                && inst.resources.gpu_mem == 0;
             if rt.state == TaskState::Assigned && rt.worker == Some(worker) {
                 // Chained here already: extend the chain below it.
                 let key = (j.tref(s), rt.attempt);
@@ -46,27 +39,19 @@ impl Coordinator {
                 }
                 continue;
             }
-            if rt.state != TaskState::Waiting || rt.unmet != 1 || !plain {
+            if rt.state != TaskState::Waiting || rt.unmet != 1 {
                 continue;
             }
-            if !w.fits_total(&inst.resources) {
+            let candidate = sched::ChainCandidate {
+                need: &inst.resources,
+                plain: matches!(inst.kind, TaskKind::Command { .. } | TaskKind::Wasm(_))
+                    && inst.gang.is_none(),
+                chained: w.chained(),
+                depth,
+                after: &j.graph.task(t).name,
+            };
+            let Some(d) = sched::chain(&candidate, w.node()) else {
                 continue;
-            }
-            let d = Decision {
-                worker,
-                variant: None,
-                gpus: Vec::new(),
-                reserved: false,
-                explored: false,
-                reason: Placement {
-                    policy: "chain".into(),
-                    predicted_s: None,
-                    alternatives: Vec::new(),
-                    why: format!(
-                        "{worker}: starts there as soon as {} (its last unfinished predecessor) succeeds there",
-                        j.graph.task(t).name
-                    ),
-                },
             };
             self.assign_member(job, s, d, Vec::new(), None, Some(pred), out);
             let a = self.jobs[&job].tasks[s.index()].attempt;

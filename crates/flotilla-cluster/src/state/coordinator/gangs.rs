@@ -74,82 +74,33 @@ impl Coordinator {
                 Err(p) => return p,
             }
         }
-        // Trial reservations, member by member, undone before the real assignments.
-        let mut decisions: Vec<Decision> = Vec::with_capacity(members.len());
-        let mut trial: Vec<(WorkerId, TaskRef)> = Vec::new();
-        let mut leader_variant: Option<usize> = None;
-        let mut fits = true;
-        for (k, m) in members.clone().enumerate() {
-            let t = TaskId::new(m);
+        let decisions = {
             let j = &self.jobs[&job];
-            let c = j.class_of(t);
-            let inst = j.graph.task(t);
-            let all: Vec<(Option<&str>, &flotilla_core::Resources)> = match &inst.kind {
-                TaskKind::Variants(vs) => vs
-                    .iter()
-                    .map(|v| (Some(v.name.as_str()), &v.resources))
-                    .collect(),
-                _ => vec![(None, &inst.resources)],
-            };
-            // Every member runs the variant rank 0 got.
-            let offset = leader_variant.unwrap_or(0);
-            let options = match leader_variant {
-                Some(v) => vec![all[v]],
-                None => all.clone(),
-            };
-            let codelet = &j.classes[c].codelet;
+            let options: Vec<_> = members.clone().map(|m| j.options(TaskId::new(m))).collect();
+            let classes: Vec<usize> = members
+                .clone()
+                .map(|m| j.class_of(TaskId::new(m)))
+                .collect();
+            let problems: Vec<Problem<'_>> = options
+                .iter()
+                .zip(&staged)
+                .zip(&classes)
+                .map(|((o, (local, _)), &c)| Problem {
+                    options: o.clone(),
+                    local_bytes: local,
+                    queue_depth: 0,
+                    explore: j.classes[c].explore,
+                })
+                .collect();
             let model = &self.model;
-            let predict = |v: Option<usize>, hw: &str| -> Prediction {
-                match v
-                    .map(|v| v + offset)
-                    .and_then(|v| all.get(v))
-                    .and_then(|o| o.0)
-                {
-                    Some(name) => model.predict(&format!("{codelet}/{name}"), hw, 0),
-                    None => model.predict(codelet, hw, 0),
-                }
+            let predict = |k: usize, v: Option<usize>, hw: &str| {
+                Job::predict(model, &j.classes[classes[k]].codelet, &options[k], v, hw)
             };
-            let problem = Problem {
-                options,
-                local_bytes: &staged[k].0,
-                queue_depth: 0,
-                explore: j.classes[c].explore,
-            };
-            let Some(mut d) =
-                sched::place(&problem, self.workers.values().map(Worker::node), &predict)
-            else {
-                fits = false;
-                break;
-            };
-            if leader_variant.is_some() {
-                d.variant = d.variant.map(|v| v + offset);
-                d.explored = false;
-            } else {
-                leader_variant = d.variant;
-            }
-            let need = resources_of(j, t, d.variant.map(|v| v as u16)).clone();
-            let tref = j.tref(t);
-            let w = self
-                .workers
-                .get_mut(&d.worker)
-                .expect("placed on a live worker");
-            w.add((tref, u32::MAX), &need, d.gpus.clone(), true);
-            trial.push((d.worker, tref));
-            d.reason.why = format!(
-                "{} (gang of {}: every member placed at once)",
-                d.reason.why,
-                members.len()
-            );
-            decisions.push(d);
-        }
-        for (w, tref) in trial {
-            if let Some(w) = self.workers.get_mut(&w) {
-                w.remove_trial((tref, u32::MAX));
-            }
-        }
-        if !fits {
+            sched::place_gang(&problems, self.workers.values().map(Worker::node), &predict)
+        };
+        let Some(decisions) = decisions else {
             return Placed::Blocked;
-        }
+        };
         let size = members.len() as u32;
         let attempt = self.jobs[&job].tasks[leader.index()].attempt + 1;
         let key = format!("{}-{}-{attempt}", job, leader);

@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
 use flotilla_core::{JobId, Staging, TaskId, TaskKind, WorkerId};
-use flotilla_sched::{PerfModel, Prediction};
+use flotilla_sched::PerfModel;
 
 use super::job::Job;
 use super::worker::Worker;

@@ -98,22 +98,10 @@ impl Coordinator {
         };
         let j = &self.jobs[&job];
         let c = j.class_of(t);
-        let inst = j.graph.task(t);
-        let options: Vec<(Option<&str>, &flotilla_core::Resources)> = match &inst.kind {
-            TaskKind::Variants(vs) => vs
-                .iter()
-                .map(|v| (Some(v.name.as_str()), &v.resources))
-                .collect(),
-            _ => vec![(None, &inst.resources)],
-        };
+        let options = j.options(t);
         let codelet = &j.classes[c].codelet;
         let model = &self.model;
-        let predict = |v: Option<usize>, hw: &str| -> Prediction {
-            match v.and_then(|v| options.get(v)).and_then(|o| o.0) {
-                Some(name) => model.predict(&format!("{codelet}/{name}"), hw, 0),
-                None => model.predict(codelet, hw, 0),
-            }
-        };
+        let predict = |v: Option<usize>, hw: &str| Job::predict(model, codelet, &options, v, hw);
         let problem = Problem {
             options: options.clone(),
             local_bytes: &local_bytes,

@@ -109,9 +109,11 @@ impl Client {
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_else(|| "job.toml".into());
         let spec = flotilla_core::parse_job(&text, &file_name)?;
-        let graph = spec.expand()?;
+        spec.validate()?;
+        // Only transfer staging needs the expanded tasks here (their inputs are uploaded);
+        // the coordinator expands the job itself, within its limits.
         let files = if spec.staging == flotilla_core::Staging::Transfer {
-            uploads(&graph, Path::new(&dir))?
+            uploads(&spec.expand()?, Path::new(&dir))?
         } else {
             Vec::new()
         };

@@ -1,16 +1,25 @@
 //! The coordinator's journal: an append-only log of [`JournalRecord`]s, replayed in order
 //! after a restart.
 //!
-//! # Format
-//! The file starts with the 8-byte magic `FLOTJRN1`; then each record is
-//! `len: u32 LE | crc32(payload): u32 LE | payload`, the payload being the record encoded with
-//! postcard (every record type, including a whole `JobSpec`, is postcard-friendly).
+//! # Format (version 2)
+//! The file starts with the 8-byte magic `FLOTJRN2` (the last byte is the format version);
+//! then each record is a 12-byte header and its payload:
+//! `len: u32 LE | crc32(payload): u32 LE | crc32(len ‖ payload crc): u32 LE | payload`,
+//! the payload being the record encoded with postcard (every record type, including a whole
+//! `JobSpec`, is postcard-friendly). The header has its own checksum, so a damaged length is
+//! told from a torn write: a torn write leaves a record cut short at the end of the file (or
+//! zeros where the file grew but its data never reached the disk); anything else is
+//! corruption, and opening stops with an error naming the file, the record and its byte
+//! offset. [`Journal::open_recovering`] (`flotilla server --recover-journal`) then keeps the
+//! valid prefix and sets the damaged file aside. A version 1 file (`FLOTJRN1`: no header
+//! checksum) is read and rewritten as version 2 when opened.
 //!
 //! | operation | what happens |
 //! | --- | --- |
-//! | [`Journal::open`] | opens or creates the file, checks every record; a torn last record (the coordinator died in the middle of a write) is cut off |
+//! | [`Journal::open`] | opens or creates the file, checks every record; a torn last record (the coordinator died in the middle of a write) is cut off; a damaged record anywhere else is an error |
+//! | [`Journal::open_recovering`] | the same, but a damaged record is cut off with everything after it (the whole file is copied aside first) |
 //! | [`Journal::append`] | the whole batch in ONE `write` (group commit); with [`SyncMode::Always`] also fsync'd before it returns |
-//! | [`Journal::replay`] | every record, in append order; a damaged record before the end is an error naming the file and the record number |
+//! | [`Journal::replay`] | every record, in append order |
 //!
 //! # Why a log file and not redb or SQLite
 //! The first version kept the records in redb. Measured here, a redb commit cost about
@@ -18,7 +27,7 @@
 //! batch of events, so it bounded the latency of every hop of a chain of tasks. The
 //! journal needs nothing a database gives (no lookups, no updates, no concurrent readers):
 //! it is written once, in order, and read once, in order. One `write` of a batch costs a few
-//! microseconds, and a crc per record detects damage.
+//! microseconds, and the checksums per record detect damage.
 //!
 //! Who writes what, in order: the server applies a batch of events, then appends the
 //! journaled ones and the `TaskAssigned` records from
@@ -31,8 +40,12 @@ use std::path::{Path, PathBuf};
 
 pub use crate::state::JournalRecord;
 
-const MAGIC: &[u8; 8] = b"FLOTJRN1";
+const MAGIC: &[u8; 8] = b"FLOTJRN2";
+const MAGIC_V1: &[u8; 8] = b"FLOTJRN1";
+/// The magic's length.
 const HEADER: usize = 8;
+/// A record's header: length, payload checksum, header checksum.
+const RECORD_HEADER: usize = 12;
 
 /// How durable an append is when it returns.
 ///
@@ -79,15 +92,31 @@ pub enum JournalError {
         #[source]
         source: postcard::Error,
     },
-    /// A stored record is damaged or does not decode.
-    #[error("journal {path}: record {record} is corrupt: {reason}")]
+    /// A stored record is damaged or does not decode (not a torn write at the end).
+    #[error(
+        "journal {path}: record {record} at byte {offset} is corrupt: {reason} (the {record} \
+         records before it are intact; `flotilla server --recover-journal` keeps them and sets \
+         the damaged file aside)"
+    )]
     Corrupt {
         /// The journal file.
         path: PathBuf,
         /// Its number, from 0.
         record: u64,
+        /// Where its header starts in the file.
+        offset: u64,
         /// What is wrong.
         reason: String,
+    },
+    /// A record is too large to be written.
+    #[error("journal {path}: record {record} of {bytes} bytes is too large")]
+    TooLarge {
+        /// The journal file.
+        path: PathBuf,
+        /// The number the record would have had.
+        record: u64,
+        /// Its encoded size.
+        bytes: usize,
     },
 }
 
@@ -99,7 +128,21 @@ pub struct Journal {
     file: File,
     path: PathBuf,
     len: u64,
+    bytes: u64,
     sync: SyncMode,
+    syncs: u64,
+}
+
+/// What opening found and did, besides the records.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Opened {
+    /// Bytes of a torn last record cut off.
+    pub torn_bytes: u64,
+    /// With [`Journal::open_recovering`]: the damaged record's number, the bytes cut off from
+    /// it on, and where the whole damaged file was copied.
+    pub recovered: Option<(u64, u64, PathBuf)>,
+    /// A version 1 file was rewritten as version 2.
+    pub upgraded: bool,
 }
 
 impl std::fmt::Debug for Journal {
@@ -107,46 +150,56 @@ impl std::fmt::Debug for Journal {
         f.debug_struct("Journal")
             .field("path", &self.path)
             .field("len", &self.len)
+            .field("sync", &self.sync)
             .finish()
     }
 }
 
-/// The records of a journal file's bytes (after the magic): their payload ranges, and where
-/// the valid part ends. A damaged record that is the last thing in the file is a torn write
-/// (`Ok`, with `end` before it); one followed by more bytes is corruption.
-fn scan(path: &Path, bytes: &[u8]) -> Result<(Vec<(usize, usize)>, usize)> {
+/// The records of a journal file's bytes: their payload ranges, and where the valid part
+/// ends; `Err((record, offset, reason))` for a damaged record that is not a torn write.
+type Scan = std::result::Result<(Vec<(usize, usize)>, usize), (u64, usize, String)>;
+
+fn header_crc(len: &[u8], payload_crc: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(len);
+    h.update(payload_crc);
+    h.finalize()
+}
+
+fn le32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// Version 2 records (after the magic). A torn write is a record cut short by the end of the
+/// file, a last record whose payload does not match, or zeros up to the end of the file.
+fn scan(bytes: &[u8]) -> Scan {
     let mut at = HEADER;
     let mut out = Vec::new();
     while at < bytes.len() {
-        let record = out.len() as u64;
-        let torn_or =
-            |reason: &str, end_of_damage: usize| -> Result<(Vec<(usize, usize)>, usize)> {
-                if end_of_damage >= bytes.len() {
-                    Ok((Vec::new(), at))
-                } else {
-                    Err(JournalError::Corrupt {
-                        path: path.to_path_buf(),
-                        record,
-                        reason: reason.to_string(),
-                    })
-                }
-            };
-        if bytes.len() - at < 8 {
-            let r = torn_or("truncated header", bytes.len())?;
-            return Ok((out, r.1));
+        let rest = &bytes[at..];
+        if rest.len() < RECORD_HEADER {
+            // A header cut by the end of the file.
+            return Ok((out, at));
         }
-        let len =
-            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize;
-        let crc = u32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
-        let start = at + 8;
+        let record = out.len() as u64;
+        if header_crc(&rest[0..4], &rest[4..8]) != le32(&rest[8..12]) {
+            if rest.iter().all(|&b| b == 0) {
+                // Zeros where the file grew but no data reached the disk.
+                return Ok((out, at));
+            }
+            return Err((record, at, "header checksum mismatch".into()));
+        }
+        let len = le32(&rest[0..4]) as usize;
+        let start = at + RECORD_HEADER;
         let end = start.saturating_add(len);
         if end > bytes.len() {
-            let r = torn_or("truncated payload", bytes.len())?;
-            return Ok((out, r.1));
+            return Ok((out, at));
         }
-        if crc32fast::hash(&bytes[start..end]) != crc {
-            let r = torn_or("checksum mismatch", end)?;
-            return Ok((out, r.1));
+        if crc32fast::hash(&bytes[start..end]) != le32(&rest[4..8]) {
+            if end == bytes.len() {
+                return Ok((out, at));
+            }
+            return Err((record, at, "payload checksum mismatch".into()));
         }
         out.push((start, end));
         at = end;
@@ -154,10 +207,58 @@ fn scan(path: &Path, bytes: &[u8]) -> Result<(Vec<(usize, usize)>, usize)> {
     Ok((out, at))
 }
 
+/// Version 1 records (`len | crc(payload) | payload`, no header checksum), read once to
+/// upgrade the file.
+fn scan_v1(bytes: &[u8]) -> Scan {
+    let mut at = HEADER;
+    let mut out = Vec::new();
+    while at + 8 <= bytes.len() {
+        let len = le32(&bytes[at..at + 4]) as usize;
+        let (start, end) = (at + 8, (at + 8).saturating_add(len));
+        if end > bytes.len() {
+            break;
+        }
+        if crc32fast::hash(&bytes[start..end]) != le32(&bytes[at + 4..at + 8]) {
+            if end == bytes.len() {
+                break;
+            }
+            return Err((out.len() as u64, at, "checksum mismatch".into()));
+        }
+        out.push((start, end));
+        at = end;
+    }
+    Ok((out, at))
+}
+
+/// Frames one payload as a version 2 record.
+fn frame(payload: &[u8], buf: &mut Vec<u8>) -> std::result::Result<(), usize> {
+    let len = u32::try_from(payload.len()).map_err(|_| payload.len())?;
+    let len = len.to_le_bytes();
+    let pcrc = crc32fast::hash(payload).to_le_bytes();
+    buf.extend_from_slice(&len);
+    buf.extend_from_slice(&pcrc);
+    buf.extend_from_slice(&header_crc(&len, &pcrc).to_le_bytes());
+    buf.extend_from_slice(payload);
+    Ok(())
+}
+
 impl Journal {
-    /// Opens the journal at `path`, creating it if missing; cuts off a torn last record.
+    /// Opens the journal at `path`, creating it if missing; cuts off a torn last record and
+    /// refuses a damaged one anywhere else.
     pub fn open(path: impl AsRef<Path>) -> Result<Journal> {
-        let path = path.as_ref().to_path_buf();
+        Self::open_with(path.as_ref(), false).map(|(j, _)| j)
+    }
+
+    /// Opens the journal like [`Journal::open`], but a damaged record is cut off with
+    /// everything after it, once the whole file is copied to `<path>.damaged-<offset>`: only
+    /// the valid prefix is kept. For an operator who chose that over a coordinator that does
+    /// not start.
+    pub fn open_recovering(path: impl AsRef<Path>) -> Result<(Journal, Opened)> {
+        Self::open_with(path.as_ref(), true)
+    }
+
+    fn open_with(path: &Path, recover: bool) -> Result<(Journal, Opened)> {
+        let path = path.to_path_buf();
         let io = |source| JournalError::Io {
             path: path.clone(),
             source,
@@ -170,36 +271,119 @@ impl Journal {
             .map_err(io)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes).map_err(io)?;
+        let mut opened = Opened::default();
         if bytes.is_empty() {
             file.write_all(MAGIC).map_err(io)?;
             file.sync_all().map_err(io)?;
-            return Ok(Journal {
-                file,
-                path,
-                len: 0,
-                sync: SyncMode::default(),
-            });
+            return Ok((Journal::new(file, path, 0, HEADER as u64), opened));
         }
-        if bytes.len() < HEADER || &bytes[..HEADER] != MAGIC {
+        let v1 = bytes.len() >= HEADER && &bytes[..HEADER] == MAGIC_V1;
+        if bytes.len() < HEADER || (!v1 && &bytes[..HEADER] != MAGIC) {
             return Err(JournalError::NotAJournal { path });
         }
-        let (records, end) = scan(&path, &bytes)?;
-        if end < bytes.len() {
-            tracing::warn!(
-                "journal {}: cutting off {} bytes of a record torn by a crash",
+        let (records, end) = match if v1 { scan_v1(&bytes) } else { scan(&bytes) } {
+            Ok(x) => x,
+            Err((record, offset, reason)) if !recover => {
+                return Err(JournalError::Corrupt {
+                    path,
+                    record,
+                    offset: offset as u64,
+                    reason,
+                })
+            }
+            Err((record, offset, reason)) => {
+                let aside = PathBuf::from(format!("{}.damaged-{offset}", path.display()));
+                std::fs::write(&aside, &bytes).map_err(|source| JournalError::Io {
+                    path: aside.clone(),
+                    source,
+                })?;
+                tracing::warn!(
+                    "journal {}: record {record} at byte {offset} is corrupt ({reason}): \
+                     keeping the {record} records before it, cutting off {} bytes; the whole \
+                     file is in {}",
+                    path.display(),
+                    bytes.len() - offset,
+                    aside.display()
+                );
+                opened.recovered = Some((record, (bytes.len() - offset) as u64, aside));
+                let ranges = match if v1 {
+                    scan_v1(&bytes[..offset])
+                } else {
+                    scan(&bytes[..offset])
+                } {
+                    Ok(x) => x,
+                    Err((record, offset, reason)) => {
+                        return Err(JournalError::Corrupt {
+                            path,
+                            record,
+                            offset: offset as u64,
+                            reason,
+                        })
+                    }
+                };
+                (ranges.0, offset)
+            }
+        };
+        if v1 {
+            // Rewrite as version 2, next to it, then over it.
+            let mut out = Vec::with_capacity(bytes.len() + records.len() * 4);
+            out.extend_from_slice(MAGIC);
+            for &(a, b) in &records {
+                frame(&bytes[a..b], &mut out).map_err(|n| JournalError::TooLarge {
+                    path: path.clone(),
+                    record: 0,
+                    bytes: n,
+                })?;
+            }
+            let tmp = PathBuf::from(format!("{}.v2", path.display()));
+            let tmp_io = |source| JournalError::Io {
+                path: tmp.clone(),
+                source,
+            };
+            let mut f = File::create(&tmp).map_err(tmp_io)?;
+            f.write_all(&out).map_err(tmp_io)?;
+            f.sync_all().map_err(tmp_io)?;
+            std::fs::rename(&tmp, &path).map_err(io)?;
+            tracing::info!(
+                "journal {}: upgraded from format 1 to 2 ({} records)",
                 path.display(),
-                bytes.len() - end
+                records.len()
             );
+            opened.upgraded = true;
+            let file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .open(&path)
+                .map_err(io)?;
+            let n = records.len() as u64;
+            return Ok((Journal::new(file, path, n, out.len() as u64), opened));
+        }
+        if end < bytes.len() {
+            if opened.recovered.is_none() {
+                tracing::warn!(
+                    "journal {}: cutting off {} bytes of a record torn by a crash",
+                    path.display(),
+                    bytes.len() - end
+                );
+                opened.torn_bytes = (bytes.len() - end) as u64;
+            }
             file.set_len(end as u64).map_err(io)?;
             file.sync_all().map_err(io)?;
             file.seek(SeekFrom::End(0)).map_err(io)?;
         }
-        Ok(Journal {
+        let n = records.len() as u64;
+        Ok((Journal::new(file, path, n, end as u64), opened))
+    }
+
+    fn new(file: File, path: PathBuf, len: u64, bytes: u64) -> Journal {
+        Journal {
             file,
             path,
-            len: records.len() as u64,
+            len,
+            bytes,
             sync: SyncMode::default(),
-        })
+            syncs: 0,
+        }
     }
 
     /// Sets how durable appends are when they return.
@@ -210,6 +394,21 @@ impl Journal {
     /// The journal file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How durable appends are.
+    pub fn sync_mode(&self) -> SyncMode {
+        self.sync
+    }
+
+    /// How many times an append was fsync'd since the journal was opened.
+    pub fn syncs(&self) -> u64 {
+        self.syncs
+    }
+
+    /// The file's size, bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// Number of records.
@@ -234,14 +433,11 @@ impl Journal {
                 record: self.len + i as u64,
                 source,
             })?;
-            let len = u32::try_from(payload.len()).map_err(|_| JournalError::Corrupt {
+            frame(&payload, &mut buf).map_err(|bytes| JournalError::TooLarge {
                 path: self.path.clone(),
                 record: self.len + i as u64,
-                reason: format!("record of {} bytes is too large", payload.len()),
+                bytes,
             })?;
-            buf.extend_from_slice(&len.to_le_bytes());
-            buf.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-            buf.extend_from_slice(&payload);
         }
         let io = |source| JournalError::Io {
             path: self.path.clone(),
@@ -250,8 +446,10 @@ impl Journal {
         self.file.write_all(&buf).map_err(io)?;
         if self.sync == SyncMode::Always {
             self.file.sync_data().map_err(io)?;
+            self.syncs += 1;
         }
         self.len += records.len() as u64;
+        self.bytes += buf.len() as u64;
         Ok(())
     }
 
@@ -266,16 +464,19 @@ impl Journal {
                 path: self.path.clone(),
             });
         }
-        let (ranges, _) = scan(&self.path, &bytes)?;
+        let corrupt = |record: u64, offset: usize, reason: String| JournalError::Corrupt {
+            path: self.path.clone(),
+            record,
+            offset: offset as u64,
+            reason,
+        };
+        let (ranges, _) = scan(&bytes).map_err(|(r, o, why)| corrupt(r, o, why))?;
         ranges
             .into_iter()
             .enumerate()
             .map(|(i, (a, b))| {
-                postcard::from_bytes(&bytes[a..b]).map_err(|e| JournalError::Corrupt {
-                    path: self.path.clone(),
-                    record: i as u64,
-                    reason: e.to_string(),
-                })
+                postcard::from_bytes(&bytes[a..b])
+                    .map_err(|e| corrupt(i as u64, a - RECORD_HEADER, e.to_string()))
             })
             .collect()
     }
@@ -395,54 +596,154 @@ after = ["sim"]
         }
     }
 
-    /// Byte offset of record `n`'s payload in a journal file.
-    fn payload_offset(bytes: &[u8], n: usize) -> usize {
+    /// Byte offset of record `n`'s header in a journal file.
+    fn record_offset(bytes: &[u8], n: usize) -> usize {
         let mut at = HEADER;
         for _ in 0..n {
             let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-            at += 8 + len;
+            at += RECORD_HEADER + len;
         }
-        at + 8
+        at
+    }
+
+    fn written(dir: &Path) -> (PathBuf, Vec<u8>) {
+        let path = dir.join("journal.log");
+        let mut j = Journal::open(&path).unwrap();
+        j.append(&records()).unwrap();
+        drop(j);
+        let bytes = std::fs::read(&path).unwrap();
+        (path, bytes)
     }
 
     #[test]
-    fn a_corrupt_record_names_the_file_and_the_record() {
+    fn a_corrupt_payload_names_the_file_the_record_and_its_offset() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("journal.log");
-        {
-            let mut j = Journal::open(&path).unwrap();
-            j.append(&records()).unwrap();
-        }
-        let mut bytes = std::fs::read(&path).unwrap();
-        let at = payload_offset(&bytes, 2);
-        bytes[at] ^= 0xff;
+        let (path, mut bytes) = written(dir.path());
+        let at = record_offset(&bytes, 2);
+        bytes[at + RECORD_HEADER] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
         let e = Journal::open(&path).unwrap_err();
-        assert!(matches!(e, JournalError::Corrupt { record: 2, .. }), "{e}");
+        assert!(
+            matches!(e, JournalError::Corrupt { record: 2, offset, .. } if offset == at as u64),
+            "{e}"
+        );
         let msg = e.to_string();
         assert!(msg.contains("journal.log"), "{msg}");
-        assert!(msg.contains("record 2 is corrupt"), "{msg}");
+        assert!(
+            msg.contains(&format!("record 2 at byte {at} is corrupt")),
+            "{msg}"
+        );
+        assert!(msg.contains("--recover-journal"), "{msg}");
+    }
+
+    #[test]
+    fn a_corrupt_length_in_the_middle_is_corruption_not_a_torn_tail() {
+        // Format 1 took a length pointing past the end for a torn write and cut off every
+        // record after it at the next start.
+        let dir = tempfile::tempdir().unwrap();
+        let (path, mut bytes) = written(dir.path());
+        let at = record_offset(&bytes, 1);
+        bytes[at + 2] ^= 0x40;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Journal::open(&path).unwrap_err();
+        assert!(matches!(e, JournalError::Corrupt { record: 1, .. }), "{e}");
+        assert!(e.to_string().contains("header checksum"), "{e}");
+        // Nothing was cut off.
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    }
+
+    #[test]
+    fn recovering_keeps_the_valid_prefix_and_sets_the_damaged_file_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let recs = records();
+        let (path, mut bytes) = written(dir.path());
+        let at = record_offset(&bytes, 2);
+        bytes[at + 1] ^= 0x01;
+        std::fs::write(&path, &bytes).unwrap();
+        let (mut j, opened) = Journal::open_recovering(&path).unwrap();
+        let (record, cut, aside) = opened.recovered.clone().expect("recovered");
+        assert_eq!((record, cut), (2, (bytes.len() - at) as u64));
+        assert_eq!(
+            std::fs::read(&aside).unwrap(),
+            bytes,
+            "the whole damaged file is kept"
+        );
+        assert_eq!(j.len(), 2);
+        assert_eq!(j.replay().unwrap(), recs[..2].to_vec());
+        j.append(&recs[3..]).unwrap();
+        drop(j);
+        let j = Journal::open(&path).unwrap();
+        assert_eq!(
+            j.replay().unwrap(),
+            vec![recs[0].clone(), recs[1].clone(), recs[3].clone()]
+        );
     }
 
     #[test]
     fn a_record_torn_by_a_crash_is_cut_off_and_appending_goes_on() {
         let dir = tempfile::tempdir().unwrap();
+        let recs = records();
+        let (path, bytes) = written(dir.path());
+        // The coordinator died in the middle of writing the last record: cut in its payload,
+        // in its header, or with the file grown by zeros that never got their data.
+        let last = record_offset(&bytes, 3);
+        let mut zeros = bytes[..last].to_vec();
+        zeros.extend_from_slice(&[0u8; 300]);
+        for torn in [
+            bytes[..bytes.len() - 5].to_vec(),
+            bytes[..last + 7].to_vec(),
+            zeros,
+        ] {
+            std::fs::write(&path, &torn).unwrap();
+            let (mut j, opened) = Journal::open_recovering(&path).unwrap();
+            assert_eq!(opened.recovered, None, "a torn tail is not damage");
+            assert_eq!(opened.torn_bytes, (torn.len() - last) as u64);
+            assert_eq!(j.len(), 3);
+            assert_eq!(j.replay().unwrap(), recs[..3].to_vec());
+            j.append(&recs[3..]).unwrap();
+            drop(j);
+            let j = Journal::open(&path).unwrap();
+            assert_eq!(j.replay().unwrap(), recs);
+        }
+    }
+
+    #[test]
+    fn a_format_1_journal_is_read_and_rewritten_as_format_2() {
+        let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("journal.log");
         let recs = records();
-        {
-            let mut j = Journal::open(&path).unwrap();
-            j.append(&recs).unwrap();
+        let mut v1 = MAGIC_V1.to_vec();
+        for r in &recs {
+            let p = postcard::to_stdvec(r).unwrap();
+            v1.extend_from_slice(&(p.len() as u32).to_le_bytes());
+            v1.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
+            v1.extend_from_slice(&p);
         }
-        let bytes = std::fs::read(&path).unwrap();
-        // The coordinator died in the middle of writing the last record.
-        std::fs::write(&path, &bytes[..bytes.len() - 5]).unwrap();
-        let mut j = Journal::open(&path).unwrap();
-        assert_eq!(j.len(), 3);
-        assert_eq!(j.replay().unwrap(), recs[..3].to_vec());
-        j.append(&recs[3..]).unwrap();
-        drop(j);
-        let j = Journal::open(&path).unwrap();
+        // With a torn last record.
+        v1.extend_from_slice(&[9, 0, 0]);
+        std::fs::write(&path, &v1).unwrap();
+        let (mut j, opened) = Journal::open_recovering(&path).unwrap();
+        assert!(opened.upgraded);
         assert_eq!(j.replay().unwrap(), recs);
+        assert_eq!(&std::fs::read(&path).unwrap()[..HEADER], MAGIC);
+        j.append(&recs[..1]).unwrap();
+        assert_eq!(j.bytes(), std::fs::metadata(&path).unwrap().len());
+        drop(j);
+        assert_eq!(Journal::open(&path).unwrap().len(), 5);
+    }
+
+    #[test]
+    fn appends_are_fsynced_only_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path().join("journal.log")).unwrap();
+        j.append(&records()).unwrap();
+        assert_eq!(j.syncs(), 0);
+        j.set_sync(SyncMode::Always);
+        j.append(&records()).unwrap();
+        j.append(&[]).unwrap();
+        j.append(&records()[..1]).unwrap();
+        assert_eq!(j.syncs(), 2);
+        assert_eq!(j.bytes(), std::fs::metadata(j.path()).unwrap().len());
     }
 
     #[test]

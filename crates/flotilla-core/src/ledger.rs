@@ -40,6 +40,16 @@ use crate::resources::Resources;
 /// Slack for floating-point sums of fractional resources.
 pub const EPS: f64 = 1e-9;
 
+/// The most GPUs one worker may offer (a ledger keeps one entry per GPU, so an absurd count
+/// in a registration must not become an absurd allocation).
+pub const MAX_GPUS: usize = 1024;
+
+/// The most CPUs one worker may offer.
+pub const MAX_CPUS: f64 = 1_048_576.0;
+
+/// The most custom resources one worker may offer.
+pub const MAX_CUSTOM: usize = 256;
+
 /// A GPU as a worker offers it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LedgerGpu {
@@ -80,6 +90,16 @@ pub enum LedgerError {
     /// A GPU index appears twice.
     #[error("GPU index {0} is listed twice")]
     DuplicateGpu(u32),
+    /// More of something than any one machine has.
+    #[error("{what} = {amount} is more than one worker may offer (at most {max})")]
+    TooMany {
+        /// What.
+        what: &'static str,
+        /// How many were offered.
+        amount: f64,
+        /// The most allowed.
+        max: f64,
+    },
 }
 
 /// GPU positions (in [`Ledger::gpus`]) and the share taken on each.
@@ -109,6 +129,22 @@ impl Ledger {
     pub fn new(cap: Resources, gpus: &[LedgerGpu]) -> Result<Ledger, LedgerError> {
         if let Some((name, amount)) = cap.first_bad_amount() {
             return Err(LedgerError::BadAmount { name, amount });
+        }
+        let too_many = |what, amount: f64, max: f64| {
+            (amount > max).then_some(LedgerError::TooMany { what, amount, max })
+        };
+        if let Some(e) = too_many("gpus", cap.gpus, MAX_GPUS as f64)
+            .or_else(|| too_many("gpus listed", gpus.len() as f64, MAX_GPUS as f64))
+            .or_else(|| too_many("cpus", cap.cpus, MAX_CPUS))
+            .or_else(|| {
+                too_many(
+                    "custom resources",
+                    cap.custom.len() as f64,
+                    MAX_CUSTOM as f64,
+                )
+            })
+        {
+            return Err(e);
         }
         let mut cap = cap;
         let gpus: Vec<LedgerGpu> = if gpus.is_empty() {
@@ -418,6 +454,46 @@ mod tests {
         assert_eq!(l.gpus().len(), 2);
         assert_eq!(l.gpus()[1].gpu.index, 1);
         assert_eq!(l.gpus()[1].gpu.mem_bytes, 32);
+    }
+
+    #[test]
+    fn absurd_offers_are_refused_before_anything_is_allocated() {
+        // `gpus = 1e10` once made up ten billion GPU entries (about 170 GB).
+        let e = Ledger::new(res(1.0, 1e10, 0), &[]).unwrap_err();
+        assert!(
+            matches!(e, LedgerError::TooMany { what: "gpus", .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("at most 1024"), "{e}");
+        assert!(matches!(
+            Ledger::new(res(1e9, 0.0, 0), &[]),
+            Err(LedgerError::TooMany { what: "cpus", .. })
+        ));
+        let many: Vec<LedgerGpu> = (0..=MAX_GPUS as u32)
+            .map(|index| LedgerGpu {
+                index,
+                mem_bytes: 1,
+            })
+            .collect();
+        assert!(matches!(
+            Ledger::new(res(1.0, 0.0, 0), &many),
+            Err(LedgerError::TooMany {
+                what: "gpus listed",
+                ..
+            })
+        ));
+        let mut custom = res(1.0, 0.0, 0);
+        for i in 0..=MAX_CUSTOM {
+            custom.custom.insert(format!("r{i}"), 1.0);
+        }
+        assert!(matches!(
+            Ledger::new(custom, &[]),
+            Err(LedgerError::TooMany {
+                what: "custom resources",
+                ..
+            })
+        ));
+        assert!(Ledger::new(res(MAX_CPUS, MAX_GPUS as f64, 0), &[]).is_ok());
     }
 
     #[test]

@@ -68,6 +68,15 @@ pub(crate) struct ServerArgs {
     /// only of the coordinator (costs an fsync per batch of events).
     #[arg(long)]
     fsync: bool,
+    /// If the journal has a damaged record (not a record torn by a crash at its end), keep
+    /// the valid records before it and copy the damaged file aside, instead of refusing to
+    /// start. Work recorded after the damage is lost.
+    #[arg(long)]
+    recover_journal: bool,
+    /// The most task instances one submitted job may expand to (arrays included); a larger
+    /// job is refused at submit, before anything is expanded.
+    #[arg(long, default_value_t = flotilla::cluster::server::DEFAULT_MAX_JOB_TASKS)]
+    max_job_tasks: u64,
 }
 
 #[derive(Args, Debug)]
@@ -196,6 +205,8 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     let mut cfg = ServerConfig::new(a.listen, &a.state);
     cfg.heartbeat_timeout = Duration::from_millis(a.heartbeat_timeout_ms);
     cfg.fsync = a.fsync;
+    cfg.recover_journal = a.recover_journal;
+    cfg.max_job_tasks = a.max_job_tasks;
     if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {
         cfg.tls = Some(ServerTls { cert, key });
     }

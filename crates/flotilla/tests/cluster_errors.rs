@@ -449,3 +449,30 @@ fn wasm_tasks_run_sandboxed_with_fuel_and_their_output_is_captured() {
     assert_eq!(e3.state, TaskState::Failed);
     assert!(e3.message.as_deref().unwrap_or("").contains('3'), "{e3:?}");
 }
+
+#[test]
+fn a_job_larger_than_the_coordinator_takes_is_refused_at_submit_naming_the_limit() {
+    // Ten million instances in five lines were once expanded on the coordinator's core
+    // thread, stalling every other request.
+    let c = Cluster::start(0, 1);
+    let out = submit_wait(
+        &c,
+        "huge.toml",
+        r#"
+name = "huge"
+[[task]]
+id = "t"
+array = "0..10000000"
+cmd = ["true"]
+"#,
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("huge.toml"), "{err}");
+    assert!(err.contains("10000000 tasks"), "{err}");
+    assert!(err.contains("--max-job-tasks"), "{err}");
+    assert!(
+        c.overview().unwrap().jobs.is_empty(),
+        "nothing was accepted"
+    );
+}

@@ -26,6 +26,8 @@ pub(super) type Reply<T> = oneshot::Sender<std::result::Result<T, Status>>;
 pub(super) enum Req {
     Submit {
         spec: flotilla_core::JobSpec,
+        /// The spec expanded (off the core thread).
+        graph: Box<flotilla_core::TaskGraph>,
         dir: String,
         tenant: String,
         /// Uploaded job-folder files (transfer staging), already in the store.
@@ -385,11 +387,21 @@ impl Core {
         match req {
             Req::Submit {
                 spec,
+                graph,
                 dir,
                 tenant,
                 files,
                 reply,
-            } => self.on_submit(spec, dir, tenant, files, reply, cmds, records, after),
+            } => self.on_submit(
+                (spec, graph),
+                dir,
+                tenant,
+                files,
+                reply,
+                cmds,
+                records,
+                after,
+            ),
             Req::Cancel { job, reply } => self.on_cancel(job, reply, cmds, records, after),
             Req::Status { job, reply } => {
                 let _ = reply.send(self.on_status(job));
@@ -414,7 +426,7 @@ impl Core {
     #[allow(clippy::too_many_arguments)]
     fn on_submit(
         &mut self,
-        spec: flotilla_core::JobSpec,
+        (spec, graph): (flotilla_core::JobSpec, Box<flotilla_core::TaskGraph>),
         dir: String,
         tenant: String,
         files: Vec<proto::Object>,
@@ -425,20 +437,34 @@ impl Core {
     ) {
         let job = self.coord.next_job_id();
         let name = spec.name.clone();
-        let ev = Event::JobSubmitted {
+        let rec = JournalRecord::JobSubmitted {
             job,
-            spec,
+            spec: Box::new(spec),
             dir,
             tenant,
         };
-        let rec = JournalRecord::from_event(&ev);
+        let JournalRecord::JobSubmitted {
+            spec, dir, tenant, ..
+        } = &rec
+        else {
+            unreachable!("built just above")
+        };
         let now = self.now();
-        if let Err(e) = self.coord.handle(now, ev, cmds) {
+        if let Err(e) = self.coord.submit_expanded(
+            now,
+            job,
+            &spec.name,
+            *graph,
+            dir,
+            tenant,
+            spec.staging,
+            cmds,
+        ) {
             let _ = reply.send(Err(Status::invalid_argument(e.to_string())));
             return;
         }
         self.note_uploads(job, files);
-        records.extend(rec);
+        records.push(rec);
         records.extend(self.coord.take_journal_records());
         let tasks = self
             .coord
@@ -482,6 +508,13 @@ impl Core {
             None => serde_json::to_string(&state::ClusterStatus {
                 jobs: self.coord.jobs(),
                 workers: self.coord.workers(),
+                journal: Some(state::JournalStatus {
+                    path: self.journal.path().display().to_string(),
+                    records: self.journal.len(),
+                    bytes: self.journal.bytes(),
+                    fsync: self.journal.sync_mode() == crate::journal::SyncMode::Always,
+                    syncs: self.journal.syncs(),
+                }),
             }),
         };
         json.map_err(|e| Status::internal(e.to_string()))

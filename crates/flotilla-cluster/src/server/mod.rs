@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::auth::{load_or_create_token, TokenCheck};
 use crate::error::{ClusterError, Result};
-use crate::journal::Journal;
+use crate::journal::{Journal, SyncMode};
 use crate::proto::coordinator_server::CoordinatorServer;
 use crate::proto::workers_server::WorkersServer;
 use crate::proto::{self};
@@ -50,7 +50,15 @@ pub struct ServerConfig {
     /// fsync the journal before acknowledging anything (survives a machine crash, not only a
     /// coordinator crash; costs an fsync per batch).
     pub fsync: bool,
+    /// When the journal has a damaged record (not a torn tail), keep the valid records before
+    /// it and set the damaged file aside instead of refusing to start.
+    pub recover_journal: bool,
+    /// The most task instances one submitted job may expand to.
+    pub max_job_tasks: u64,
 }
+
+/// The default for [`ServerConfig::max_job_tasks`].
+pub const DEFAULT_MAX_JOB_TASKS: u64 = 1_000_000;
 
 impl ServerConfig {
     /// Defaults: heartbeat 1 s, timeout 5 s.
@@ -63,6 +71,8 @@ impl ServerConfig {
             heartbeat_timeout: Duration::from_secs(5),
             coordinator: state::Config::default(),
             fsync: false,
+            recover_journal: false,
+            max_job_tasks: DEFAULT_MAX_JOB_TASKS,
         }
     }
 }
@@ -82,7 +92,16 @@ impl Server {
             .map_err(|e| ClusterError::io(&config.state_dir, e))?;
         let token = load_or_create_token(&config.state_dir)?;
         let journal_path = config.state_dir.join("journal.log");
-        let journal = Journal::open(&journal_path)?;
+        let mut journal = if config.recover_journal {
+            Journal::open_recovering(&journal_path)?.0
+        } else {
+            Journal::open(&journal_path)?
+        };
+        journal.set_sync(if config.fsync {
+            SyncMode::Always
+        } else {
+            SyncMode::Process
+        });
         let (stop_tx, stop_rx) = watch::channel(false);
         let (done_tx, done_rx) = watch::channel(None);
         let (req_tx, req_rx) = crossbeam_channel::unbounded::<Req>();
@@ -112,6 +131,7 @@ impl Server {
             core: req_tx.clone(),
             sessions,
             store: store.clone(),
+            max_job_tasks: config.max_job_tasks,
         };
         let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
         if let Some(tls) = &config.tls {

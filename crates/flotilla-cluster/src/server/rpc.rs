@@ -28,6 +28,8 @@ pub(super) struct Api {
         Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
     /// Files uploaded with transfer jobs, served to workers by `Objects.Fetch`.
     pub(super) store: Arc<crate::objects::ObjectStore>,
+    /// The most task instances one submitted job may expand to.
+    pub(super) max_job_tasks: u64,
 }
 
 impl Api {
@@ -59,9 +61,22 @@ impl CoordinatorRpc for Api {
         // Parsing a large job and hashing uploads into the store are CPU and disk work:
         // off the async threads.
         let store = self.store.clone();
-        let (spec, files, dir, tenant) = tokio::task::spawn_blocking(move || {
+        let max_tasks = self.max_job_tasks;
+        let (spec, graph, files, dir, tenant) = tokio::task::spawn_blocking(move || {
             let spec = flotilla_core::parse_job(&r.toml, &r.file_name)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            let tasks: u64 = spec.tasks.iter().map(|t| t.instance_count()).sum();
+            if tasks > max_tasks {
+                return Err(Status::invalid_argument(format!(
+                    "{}: the job expands to {tasks} tasks, more than this coordinator takes \
+                     in one job ({max_tasks}, `flotilla server --max-job-tasks`)",
+                    r.file_name
+                )));
+            }
+            // Expanding is CPU work too: here, not on the core thread.
+            let graph = spec
+                .expand()
+                .map_err(|e| Status::invalid_argument(format!("{}: {e}", r.file_name)))?;
             let mut files = Vec::with_capacity(r.files.len());
             for f in &r.files {
                 crate::objects::safe_relative(&f.path)
@@ -75,13 +90,14 @@ impl CoordinatorRpc for Api {
                     size,
                 });
             }
-            Ok::<_, Status>((spec, files, r.dir, r.tenant))
+            Ok::<_, Status>((spec, Box::new(graph), files, r.dir, r.tenant))
         })
         .await
         .map_err(|e| Status::internal(format!("the submission's file work failed: {e}")))??;
         let reply = self
             .ask(|reply| Req::Submit {
                 spec,
+                graph,
                 dir,
                 tenant,
                 files,

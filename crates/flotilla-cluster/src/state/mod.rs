@@ -117,7 +117,9 @@ use flotilla_core::{JobId, JobSpec, Resources, Staging, TaskId, WorkerId};
 use serde::{Deserialize, Serialize};
 
 pub use coordinator::Coordinator;
-pub use status::{ClusterStatus, JobStatus, JobSummary, TaskCounts, TaskStatus, WorkerStatus};
+pub use status::{
+    ClusterStatus, JobStatus, JobSummary, JournalStatus, TaskCounts, TaskStatus, WorkerStatus,
+};
 
 /// Monotonic milliseconds, injected by the caller.
 pub type Millis = u64;

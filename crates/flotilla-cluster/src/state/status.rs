@@ -161,6 +161,24 @@ pub struct ClusterStatus {
     pub jobs: Vec<JobSummary>,
     /// The live workers.
     pub workers: Vec<WorkerStatus>,
+    /// The coordinator's journal (absent in a simulation).
+    #[serde(default)]
+    pub journal: Option<JournalStatus>,
+}
+
+/// The coordinator's journal as `flotilla status` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JournalStatus {
+    /// The file.
+    pub path: String,
+    /// Records in it.
+    pub records: u64,
+    /// Its size, bytes.
+    pub bytes: u64,
+    /// Whether every append is fsync'd (`flotilla server --fsync`).
+    pub fsync: bool,
+    /// Appends fsync'd since the coordinator started.
+    pub syncs: u64,
 }
 
 /// One live worker.

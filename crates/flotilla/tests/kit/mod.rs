@@ -249,13 +249,34 @@ impl Cluster {
 
     /// Starts the coordinator again on the same state directory and the same port.
     pub(crate) fn restart_server(&mut self) {
+        self.restart_server_with(&[]);
+    }
+
+    /// [`Cluster::restart_server`] with more `flotilla server` arguments.
+    pub(crate) fn restart_server_with(&mut self, extra: &[&str]) {
         assert!(self.server.is_none(), "the coordinator is still running");
-        let (p, addr) = start_server(&self.state, self.addr, &self.opts.server_args);
+        let mut args = self.opts.server_args.clone();
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let (p, addr) = start_server(&self.state, self.addr, &args);
         assert_eq!(
             addr, self.addr,
             "the coordinator came back on another address"
         );
         self.server = Some(p);
+    }
+
+    /// Runs `flotilla server` on this cluster's state directory and port in the foreground
+    /// with `extra` arguments, for a start that should fail: its output once it exits.
+    pub(crate) fn server_output(&self, extra: &[&str]) -> Output {
+        assert!(self.server.is_none(), "the coordinator is still running");
+        Command::new(BIN)
+            .args(["server", "--listen", &self.addr.to_string()])
+            .arg("--state")
+            .arg(&self.state)
+            .args(extra)
+            .stdin(Stdio::null())
+            .output()
+            .expect("the flotilla binary runs")
     }
 
     /// Runs the CLI against this cluster (FLOTILLA_SERVER and FLOTILLA_TOKEN set), in the

@@ -9,7 +9,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 
-use flotilla_core::{JobId, Staging, TaskId, TaskKind, WorkerId};
+use flotilla_core::{JobId, Staging, TaskGraph, TaskId, TaskKind, WorkerId};
 use flotilla_sched::PerfModel;
 
 use super::job::Job;
@@ -160,6 +160,42 @@ impl Coordinator {
         self.grace_until = Some(due);
     }
 
+    /// [`Event::JobSubmitted`] with the spec already expanded (the server expands it off its
+    /// core thread): the job `name` with `graph`, owned by `tenant`, in `dir`. The journal
+    /// records the spec (the caller's [`JournalRecord::JobSubmitted`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_expanded(
+        &mut self,
+        now: Millis,
+        job: JobId,
+        name: &str,
+        graph: TaskGraph,
+        dir: &str,
+        tenant: &str,
+        staging: Staging,
+        out: &mut Vec<Command>,
+    ) -> Result<()> {
+        if self.jobs.contains_key(&job) {
+            return Err(StateError::DuplicateJob(job));
+        }
+        let now = now.max(self.now);
+        self.now = now;
+        let j = Job::new(
+            job,
+            name.to_string(),
+            dir.to_string(),
+            tenant.to_string(),
+            staging,
+            graph,
+            now,
+        );
+        self.next_job = self.next_job.max(job.0 + 1);
+        self.jobs.insert(job, j);
+        self.active.insert(job);
+        self.check_job_end(job, out);
+        Ok(())
+    }
+
     /// Applies one event at time `now`, appending what must be done to `out`. An invalid
     /// event (unknown job, task or worker, an id reused, a contradiction) returns `Err` and
     /// changes nothing; a stale or duplicate report returns `Ok` and has no effect on the
@@ -179,20 +215,16 @@ impl Coordinator {
                 let graph = spec
                     .expand()
                     .map_err(|source| StateError::BadJob { job, source })?;
-                self.now = now;
-                let j = Job::new(
-                    job,
-                    spec.name.clone(),
-                    dir,
-                    tenant,
-                    spec.staging,
-                    graph,
+                self.submit_expanded(
                     now,
-                );
-                self.next_job = self.next_job.max(job.0 + 1);
-                self.jobs.insert(job, j);
-                self.active.insert(job);
-                self.check_job_end(job, out);
+                    job,
+                    &spec.name,
+                    graph,
+                    &dir,
+                    &tenant,
+                    spec.staging,
+                    out,
+                )?;
             }
             Event::JobCancelled { job } => {
                 let j = self.jobs.get(&job).ok_or(StateError::UnknownJob(job))?;

@@ -360,3 +360,25 @@ fn outputs_still_held_elsewhere_need_no_rerun_and_unneeded_ones_are_not_rebuilt(
     assert!(notified(&out).is_empty());
     assert_eq!(sim.c.job_status(job).unwrap().counts.done, 3);
 }
+
+#[test]
+fn a_registration_offering_absurd_resources_is_refused_and_changes_nothing() {
+    // One Register with `gpus = 1e10` once made the coordinator allocate ~170 GB.
+    let mut sim = Sim::new(0);
+    let mut spec = wspec(4.0, &[]);
+    spec.resources.gpus = 1e10;
+    let id = sim.c.next_worker_id();
+    let e = sim
+        .try_ev(Event::WorkerJoined {
+            worker: id,
+            spec,
+            running: Vec::new(),
+            held: Vec::new(),
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("gpus = 10000000000"), "{e}");
+    assert!(sim.c.workers().is_empty());
+    // A sane offer still joins.
+    sim.join(wspec(4.0, &[]));
+    assert_eq!(sim.c.workers().len(), 1);
+}

@@ -1,0 +1,112 @@
+//! The coordinator's journal through the real server: `--fsync` fsyncs every append, a
+//! damaged record stops the start with an error naming the file and the offset, and
+//! `--recover-journal` keeps the valid records before it.
+
+#![allow(clippy::unwrap_used)]
+
+mod kit;
+
+use std::time::Duration;
+
+use kit::{assert_succeeded, Cluster, Opts};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+const ONE_TASK: &str = r#"
+name = "one"
+[[task]]
+id = "t"
+cmd = ["true"]
+"#;
+
+fn journal_of(c: &Cluster) -> flotilla::cluster::state::JournalStatus {
+    c.overview()
+        .expect("the coordinator answers")
+        .journal
+        .expect("a server reports its journal")
+}
+
+#[test]
+fn fsync_flag_fsyncs_every_append_and_its_absence_none() {
+    // `flotilla server --fsync` was parsed and then ignored.
+    let c = Cluster::start_with(
+        1,
+        1,
+        Opts {
+            server_args: vec!["--fsync".into()],
+            ..Opts::default()
+        },
+    );
+    let job = c.submit_toml("one.toml", ONE_TASK);
+    assert_succeeded(&c.wait_job(job, WAIT));
+    let j = journal_of(&c);
+    assert!(j.fsync);
+    assert!(j.records >= 3, "submitted, assigned, finished: {j:?}");
+    assert!(j.syncs >= 2, "every batch is fsync'd: {j:?}");
+    assert!(j.path.ends_with("journal.log"));
+
+    let c = Cluster::start(1, 1);
+    let job = c.submit_toml("one.toml", ONE_TASK);
+    assert_succeeded(&c.wait_job(job, WAIT));
+    let j = journal_of(&c);
+    assert!(!j.fsync);
+    assert_eq!(j.syncs, 0, "{j:?}");
+}
+
+/// Byte offset of record `n`'s header (format 2: 8-byte magic, 12-byte record headers).
+fn record_offset(bytes: &[u8], n: usize) -> usize {
+    let mut at = 8;
+    for _ in 0..n {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        at += 12 + len;
+    }
+    at
+}
+
+#[test]
+fn a_damaged_record_stops_the_start_and_recovery_keeps_what_came_before_it() {
+    // No workers: the jobs wait, and the journal holds one submission per job.
+    let mut c = Cluster::start(0, 1);
+    for i in 0..3 {
+        c.submit_toml(
+            &format!("j{i}.toml"),
+            &ONE_TASK.replace("\"one\"", &format!("\"j{i}\"")),
+        );
+    }
+    assert_eq!(c.overview().unwrap().jobs.len(), 3);
+    c.kill_server();
+    let path = c.state.join("journal.log");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = record_offset(&bytes, 1);
+    // A damaged length: format 1 took it for a torn write and silently cut off the rest.
+    bytes[at + 1] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let out = c.server_output(&[]);
+    assert!(
+        !out.status.success(),
+        "the coordinator started on a damaged journal"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("journal.log"), "{err}");
+    assert!(err.contains(&format!("record 1 at byte {at}")), "{err}");
+    assert!(err.contains("--recover-journal"), "{err}");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "a refused start changes nothing"
+    );
+
+    c.restart_server_with(&["--recover-journal"]);
+    let s = c.overview().expect("the coordinator answers");
+    assert_eq!(s.jobs.len(), 1, "only the record before the damage is kept");
+    let aside = c.state.join(format!("journal.log.damaged-{at}"));
+    assert_eq!(
+        std::fs::read(aside).unwrap(),
+        bytes,
+        "the damaged file is kept aside"
+    );
+    // The recovered coordinator goes on journaling.
+    c.submit_toml("again.toml", ONE_TASK);
+    assert_eq!(c.overview().unwrap().jobs.len(), 2);
+}

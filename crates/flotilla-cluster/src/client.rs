@@ -294,7 +294,7 @@ impl Client {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let tmp = parent.join(format!(".{name}.gather{}", rand::random::<u32>()));
-            crate::framed::fetch_framed_to(&o.from, &self.token, &o.hash, &tmp, &dst)
+            crate::framed::fetch_framed_to(&o.from, &self.token, (&o.hash, o.size), &tmp, &dst)
                 .await
                 .map_err(|e| {
                     ClusterError::Rpc(format!("cannot gather {} from {}: {e}", o.path, o.from))

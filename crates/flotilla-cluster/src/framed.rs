@@ -5,10 +5,14 @@
 //! coordinator's API and the files uploaded with a job (served on the coordinator's port, over
 //! TLS when it has TLS). The framed path is plain TCP with the token (see ARCHITECTURE.md).
 //!
-//! Protocol: the client sends one frame `token \0 hash`; the server answers frames of up to
-//! 1 MiB of the object, then an empty frame; an error is a frame starting with `\0` followed by
-//! the message. Frames are `u32` big-endian length + bytes (tokio-util's length-delimited
-//! codec). `flotilla bench transfer` moves the same object through both paths in one run;
+//! Protocol: the client sends one frame `token \0 hash` (at most [`MAX_REQUEST`] bytes, within
+//! [`AUTH_TIMEOUT`] of connecting, or the connection is closed); the server answers one status
+//! frame, `\x01` (then frames of up to 1 MiB of the object, then an empty frame) or `\0`
+//! followed by the error message. Frames are `u32` big-endian length + bytes (tokio-util's
+//! length-delimited codec). The status frame is separate so that no object, whatever its
+//! bytes, can be mistaken for an error. A server holds at most [`MAX_CONNECTIONS`] at once; a
+//! client gives up on a server silent for [`FRAME_TIMEOUT`] and on an object larger than
+//! announced. `flotilla bench transfer` moves the same object through both paths in one run;
 //! BENCHMARKS.md has the figures and ARCHITECTURE.md the decision.
 
 use std::net::SocketAddr;
@@ -29,10 +33,32 @@ use crate::transport::Remote;
 
 const CHUNK: usize = 1 << 20;
 
-fn codec() -> LengthDelimitedCodec {
+/// The largest request frame (`token \0 hash`): nothing large is read before the token is
+/// checked.
+pub const MAX_REQUEST: usize = 1024;
+
+/// How long a new connection has to send its request.
+pub const AUTH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a fetch waits for the next frame.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Connections one framed server serves at once; more are told so and closed.
+pub const MAX_CONNECTIONS: usize = 256;
+
+const OK: u8 = 1;
+const ERR: u8 = 0;
+
+fn codec(max: usize) -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
-        .max_frame_length(CHUNK + 4096)
+        .max_frame_length(max)
         .new_codec()
+}
+
+fn fail(m: &str) -> Bytes {
+    let mut v = vec![ERR];
+    v.extend_from_slice(m.as_bytes());
+    Bytes::from(v)
 }
 
 /// Serves `store` over framed TCP on `addr` (port 0 picks one); returns the bound address.
@@ -51,14 +77,26 @@ pub async fn serve_framed(
         .local_addr()
         .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
     let token = Arc::new(token);
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
-        while let Ok((sock, _)) = listener.accept().await {
+        while let Ok((sock, peer)) = listener.accept().await {
             let _ = sock.set_nodelay(true);
+            let Ok(slot) = slots.clone().try_acquire_owned() else {
+                tracing::warn!(
+                    "framed object server: {peer} refused, {MAX_CONNECTIONS} connections open"
+                );
+                tokio::spawn(async move {
+                    let mut framed = Framed::new(sock, codec(MAX_REQUEST));
+                    let _ = framed.send(fail("too many connections, try again")).await;
+                });
+                continue;
+            };
             let (store, token) = (store.clone(), token.clone());
             tokio::spawn(async move {
                 if let Err(e) = serve_one(sock, &store, &token).await {
-                    tracing::debug!("framed object request: {e}");
+                    tracing::debug!("framed object request from {peer}: {e}");
                 }
+                drop(slot);
             });
         }
     });
@@ -66,38 +104,33 @@ pub async fn serve_framed(
 }
 
 async fn serve_one(sock: tokio::net::TcpStream, store: &ObjectStore, token: &str) -> Result<()> {
-    let mut framed = Framed::new(sock, codec());
+    let mut framed = Framed::new(sock, codec(MAX_REQUEST));
     let io = |e: std::io::Error| ClusterError::Rpc(format!("framed transfer: {e}"));
-    let Some(req) = framed.next().await else {
-        return Ok(());
+    let req = match tokio::time::timeout(AUTH_TIMEOUT, framed.next()).await {
+        Err(_) => return Err(ClusterError::Rpc("no request in time".into())),
+        Ok(None) => return Ok(()),
+        Ok(Some(req)) => req.map_err(io)?,
     };
-    let req = req.map_err(io)?;
     let mut parts = req.splitn(2, |&b| b == 0);
     let (t, hash) = (
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or_default(),
     );
-    let fail = |m: String| {
-        let mut v = vec![0u8];
-        v.extend_from_slice(m.as_bytes());
-        Bytes::from(v)
-    };
     if !crate::auth::ct_eq(t, token.as_bytes()) {
-        framed
-            .send(fail("invalid token".into()))
-            .await
-            .map_err(io)?;
+        framed.send(fail("invalid token")).await.map_err(io)?;
         return Ok(());
     }
     let hash = String::from_utf8_lossy(hash).into_owned();
-    if !store.has(&hash) {
+    if !crate::objects::valid_hash(&hash) || !store.has(&hash) {
         framed
-            .send(fail(format!("object {hash} is not held here")))
+            .send(fail(&format!("object {hash} is not held here")))
             .await
             .map_err(io)?;
         return Ok(());
     }
     let mut f = tokio::fs::File::open(store.path(&hash)).await.map_err(io)?;
+    framed.codec_mut().set_max_frame_length(CHUNK);
+    framed.feed(Bytes::from_static(&[OK])).await.map_err(io)?;
     loop {
         let mut buf = vec![0u8; CHUNK];
         let n = f.read(&mut buf).await.map_err(io)?;
@@ -114,21 +147,22 @@ async fn serve_one(sock: tokio::net::TcpStream, store: &ObjectStore, token: &str
 /// Fetches `hash` from a framed server into memory, hashing it (what a real fetch does
 /// besides writing the file); returns the bytes received.
 pub async fn fetch_framed(addr: SocketAddr, token: &str, hash: &str) -> Result<u64> {
-    fetch_framed_into(&addr.to_string(), token, hash, |_| Ok(())).await
+    fetch_framed_into(&addr.to_string(), token, hash, u64::MAX, |_| Ok(())).await
 }
 
 /// Fetches `hash` from the framed server at `addr` (`host:port`) into `tmp`, checks its
 /// blake3 hash, syncs it, then renames it to `dst` (same folder): `dst` is never partial.
+/// More than `size` bytes (the size the coordinator knows) is an error.
 pub(crate) async fn fetch_framed_to(
     addr: &str,
     token: &str,
-    hash: &str,
+    (hash, size): (&str, u64),
     tmp: &Path,
     dst: &Path,
 ) -> Result<()> {
     use std::io::Write;
     let mut f = std::fs::File::create(tmp).map_err(|e| ClusterError::io(tmp, e))?;
-    let copied = fetch_framed_into(addr, token, hash, |chunk| {
+    let copied = fetch_framed_into(addr, token, hash, size, |chunk| {
         f.write_all(chunk).map_err(|e| ClusterError::io(tmp, e))
     })
     .await
@@ -140,25 +174,54 @@ pub(crate) async fn fetch_framed_to(
     std::fs::rename(tmp, dst).map_err(|e| ClusterError::io(dst, e))
 }
 
-/// The client side: each chunk goes to `sink` and into the hash; the hash is checked at the end.
+/// The client side: each chunk goes to `sink` and into the hash; the hash is checked at the
+/// end; more than `max_bytes` is an error.
 async fn fetch_framed_into(
     addr: &str,
     token: &str,
     hash: &str,
+    max_bytes: u64,
     mut sink: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<u64> {
     let io = |e: std::io::Error| ClusterError::Rpc(format!("framed transfer from {addr}: {e}"));
-    let sock = tokio::net::TcpStream::connect(addr).await.map_err(io)?;
+    let sock = tokio::time::timeout(FRAME_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| ClusterError::Rpc(format!("{addr}: no connection in {FRAME_TIMEOUT:?}")))?
+        .map_err(io)?;
     sock.set_nodelay(true).map_err(io)?;
-    let mut framed = Framed::new(sock, codec());
+    let mut framed = Framed::new(sock, codec(CHUNK + 4096));
     let mut req = token.as_bytes().to_vec();
     req.push(0);
     req.extend_from_slice(hash.as_bytes());
     framed.send(Bytes::from(req)).await.map_err(io)?;
+    let mut next = async || match tokio::time::timeout(FRAME_TIMEOUT, framed.next()).await {
+        Err(_) => Err(ClusterError::Rpc(format!(
+            "{addr} sent nothing for {FRAME_TIMEOUT:?} while sending {hash}"
+        ))),
+        Ok(None) => Err(ClusterError::Rpc(format!(
+            "{addr} closed before the end of {hash}"
+        ))),
+        Ok(Some(f)) => f.map_err(io),
+    };
+    let status = next().await?;
+    match status.first() {
+        Some(&OK) if status.len() == 1 => {}
+        Some(&ERR) => {
+            return Err(ClusterError::Rpc(format!(
+                "{addr}: {}",
+                String::from_utf8_lossy(&status[1..])
+            )))
+        }
+        _ => {
+            return Err(ClusterError::Rpc(format!(
+                "{addr}: not a Flotilla object server (bad status frame)"
+            )))
+        }
+    }
     let mut h = blake3::Hasher::new();
     let mut total = 0u64;
-    while let Some(frame) = framed.next().await {
-        let frame = frame.map_err(io)?;
+    loop {
+        let frame = next().await?;
         if frame.is_empty() {
             let got = h.finalize().to_hex().to_string();
             if got != hash {
@@ -168,18 +231,15 @@ async fn fetch_framed_into(
             }
             return Ok(total);
         }
-        if frame[0] == 0 && total == 0 && frame.len() < 4096 {
-            if let Ok(m) = std::str::from_utf8(&frame[1..]) {
-                return Err(ClusterError::Rpc(format!("{addr}: {m}")));
-            }
+        total += frame.len() as u64;
+        if total > max_bytes {
+            return Err(ClusterError::Rpc(format!(
+                "{addr} sent more than the {max_bytes} bytes of {hash}"
+            )));
         }
         h.update(&frame);
         sink(&frame)?;
-        total += frame.len() as u64;
     }
-    Err(ClusterError::Rpc(format!(
-        "{addr} closed before the end of {hash}"
-    )))
 }
 
 /// Fetches `hash` over gRPC (`Objects.Fetch`) into memory, hashing it; returns the bytes.
@@ -272,5 +332,76 @@ mod tests {
             .unwrap();
         let remote = Remote::new(grpc.to_string(), "t");
         assert_eq!(fetch_grpc(&remote, &hash).await.unwrap(), data.len() as u64);
+    }
+
+    #[tokio::test]
+    async fn small_objects_that_look_like_error_frames_are_fetched_intact() {
+        // A small file starting with a 0 byte and otherwise UTF-8 (all zeros) was read as an
+        // error frame: every fetch of it failed.
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(ObjectStore::open(dir.path()).unwrap());
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let framed = serve_framed(any, store.clone(), "t".into()).await.unwrap();
+        for data in [
+            vec![0u8; 100],
+            b"\0invalid token".to_vec(),
+            vec![1u8],
+            Vec::new(),
+        ] {
+            let (hash, _) = store.put_bytes(&data).unwrap();
+            assert_eq!(
+                fetch_framed(framed, "t", &hash).await.unwrap(),
+                data.len() as u64,
+                "{data:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fetch_stops_at_the_announced_size_and_unknown_objects_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(ObjectStore::open(dir.path()).unwrap());
+        let (hash, _) = store.put_bytes(&[7u8; 5000]).unwrap();
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let addr = serve_framed(any, store, "t".into())
+            .await
+            .unwrap()
+            .to_string();
+        let e = fetch_framed_into(&addr, "t", &hash, 4999, |_| Ok(()))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("more than the 4999 bytes"), "{e}");
+        assert_eq!(
+            fetch_framed_into(&addr, "t", &hash, 5000, |_| Ok(()))
+                .await
+                .unwrap(),
+            5000
+        );
+        let missing = "ab".repeat(32);
+        let e = fetch_framed_into(&addr, "t", &missing, 10, |_| Ok(()))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("is not held here"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_request_larger_than_a_token_and_a_hash_is_not_read() {
+        // The server once reserved a 1 MiB frame before checking the token.
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(ObjectStore::open(dir.path()).unwrap());
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let addr = serve_framed(any, store, "t".into()).await.unwrap();
+        let sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut framed = Framed::new(sock, codec(CHUNK + 4096));
+        framed
+            .send(Bytes::from(vec![b'x'; MAX_REQUEST + 1]))
+            .await
+            .unwrap();
+        // The server closes the connection without answering.
+        let answer = framed.next().await;
+        assert!(
+            matches!(answer, None | Some(Err(_))),
+            "the server answered an oversized request: {answer:?}"
+        );
     }
 }

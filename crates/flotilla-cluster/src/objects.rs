@@ -110,7 +110,7 @@ impl ObjectStore {
     }
 }
 
-fn valid_hash(h: &str) -> bool {
+pub(crate) fn valid_hash(h: &str) -> bool {
     h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
@@ -216,7 +216,7 @@ pub async fn serve_objects(
 async fn fetch_from(
     store: &ObjectStore,
     from: &Remote,
-    hash: &str,
+    (hash, size): (&str, u64),
     from_coordinator: bool,
 ) -> Result<()> {
     let tmp = store
@@ -225,7 +225,14 @@ async fn fetch_from(
     if from_coordinator {
         fetch_to(from, hash, &tmp, &store.path(hash)).await
     } else {
-        crate::framed::fetch_framed_to(&from.addr, &from.token, hash, &tmp, &store.path(hash)).await
+        crate::framed::fetch_framed_to(
+            &from.addr,
+            &from.token,
+            (hash, size),
+            &tmp,
+            &store.path(hash),
+        )
+        .await
     }
 }
 
@@ -304,7 +311,12 @@ pub(crate) fn stage_inputs(
             } else {
                 Remote::new(input.from.clone(), coordinator.token.clone())
             };
-            rt.block_on(fetch_from(store, &from, &obj.hash, input.from.is_empty()))?;
+            rt.block_on(fetch_from(
+                store,
+                &from,
+                (&obj.hash, obj.size),
+                input.from.is_empty(),
+            ))?;
         }
         let rel = safe_relative(&obj.path)?;
         let dst = dir.join(rel);

@@ -38,6 +38,9 @@ pub(super) enum Req {
         job: JobId,
         reply: Reply<()>,
     },
+    /// Makes the core panic (tests of its supervision).
+    #[cfg(test)]
+    Panic,
     Status {
         job: Option<JobId>,
         reply: Reply<String>,
@@ -299,14 +302,16 @@ impl Core {
         Ok(core)
     }
 
-    pub(super) fn run(mut self, rx: Receiver<Req>) {
+    /// Serves requests until stopped; `Err` when it must stop because the journal cannot be
+    /// written.
+    pub(super) fn run(mut self, rx: Receiver<Req>) -> std::result::Result<(), String> {
         let tick = Duration::from_millis(50);
         let mut last_tick = Instant::now();
         loop {
             let first = match rx.recv_timeout(tick) {
                 Ok(r) => Some(r),
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
-                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(()),
             };
             let mut batch: Vec<Req> = first.into_iter().collect();
             while batch.len() < 8192 {
@@ -335,9 +340,7 @@ impl Core {
                 if let Err(e) = self.journal.append(&records) {
                     // Nothing of this batch may be acknowledged: stop, and let a restart replay
                     // what is durable.
-                    tracing::error!("journal write failed, stopping: {e}");
-                    let _ = self.stop.send(true);
-                    return;
+                    return Err(format!("journal write failed: {e}"));
                 }
             }
             for f in after {
@@ -345,7 +348,7 @@ impl Core {
             }
             self.dispatch(cmds);
             if stop {
-                return;
+                return Ok(());
             }
         }
     }
@@ -420,6 +423,8 @@ impl Core {
                 let _ = self.stop.send(true);
             }
             Req::Stop => {}
+            #[cfg(test)]
+            Req::Panic => panic!("injected by a test"),
         }
     }
 

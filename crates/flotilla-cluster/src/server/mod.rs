@@ -9,6 +9,12 @@
 //!   dispatched before it is durable, so a coordinator killed at any point and restarted on
 //!   the same state directory loses nothing it accepted.
 //!
+//! # Supervision
+//! If the core thread panics, or cannot write the journal, the server stops and
+//! [`Server::wait`] returns the error (the binary exits non-zero with it), so a supervisor
+//! restarts the process and the journal brings back everything acknowledged. It never stays
+//! up without its core.
+//!
 //! # Liveness
 //! Workers send a message at least every heartbeat interval. A worker silent for the
 //! heartbeat timeout, or whose session stream closes, is declared lost.
@@ -83,6 +89,9 @@ pub struct Server {
     token: String,
     stop: Arc<watch::Sender<bool>>,
     done: watch::Receiver<Option<std::result::Result<(), String>>>,
+    /// The core's queue, for tests that inject a request.
+    #[cfg(test)]
+    core: crossbeam_channel::Sender<Req>,
 }
 
 impl Server {
@@ -109,10 +118,29 @@ impl Server {
             Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>,
         > = Arc::new(Mutex::new(HashMap::new()));
         let core = Core::recover(&config, journal, sessions.clone(), stop_tx.clone())?;
-        std::thread::Builder::new()
-            .name("flotilla-core".into())
-            .spawn(move || core.run(req_rx))
-            .map_err(|e| ClusterError::Config(format!("cannot start the core thread: {e}")))?;
+        let fatal: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+        {
+            let (fatal, stop) = (fatal.clone(), stop_tx.clone());
+            std::thread::Builder::new()
+                .name("flotilla-core".into())
+                .spawn(move || {
+                    let run = std::panic::AssertUnwindSafe(move || core.run(req_rx));
+                    let r = std::panic::catch_unwind(run).unwrap_or_else(|p| {
+                        let what = p
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| p.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "no message".into());
+                        Err(format!("the core thread panicked: {what}"))
+                    });
+                    if let Err(m) = r {
+                        tracing::error!("coordinator stopping: {m}");
+                        *fatal.lock() = Some(m);
+                        let _ = stop.send(true);
+                    }
+                })
+                .map_err(|e| ClusterError::Config(format!("cannot start the core thread: {e}")))?;
+        }
 
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
@@ -154,6 +182,8 @@ impl Server {
             ))
             .add_service(crate::objects::objects_service(store, check));
         let mut stop_wait = stop_rx.clone();
+        #[cfg(test)]
+        let core_tx = req_tx.clone();
         let req_for_stop = req_tx;
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -167,7 +197,11 @@ impl Server {
                 })
                 .await;
             let _ = req_for_stop.send(Req::Stop);
-            let _ = done_tx.send(Some(r.map_err(|e| e.to_string())));
+            let r = match fatal.lock().take() {
+                Some(m) => Err(m),
+                None => r.map_err(|e| e.to_string()),
+            };
+            let _ = done_tx.send(Some(r));
         });
         tracing::info!(%addr, "coordinator listening");
         Ok(Server {
@@ -175,6 +209,8 @@ impl Server {
             token,
             stop: Arc::new(stop_tx),
             done: done_rx,
+            #[cfg(test)]
+            core: core_tx,
         })
     }
 
@@ -224,6 +260,8 @@ impl StopHandle {
 
 mod core;
 mod rpc;
+#[cfg(test)]
+mod tests;
 
 use self::core::{Core, Req};
 use self::rpc::Api;

@@ -60,7 +60,10 @@ impl ObjectStore {
         self.produced.lock().clone()
     }
 
-    /// Hashes `file` and stores a copy (a hard link when possible) under its hash.
+    /// Hashes `file` and stores a copy under its hash. A copy, never a hard link: a task
+    /// that goes on writing the file it produced (a process it left behind) must not change
+    /// the stored object. `std::fs::copy` uses `copy_file_range`, a reflink on file systems
+    /// that share extents.
     pub fn put_file(&self, file: &Path) -> Result<(String, u64)> {
         let mut f = std::fs::File::open(file).map_err(|e| ClusterError::io(file, e))?;
         let mut h = blake3::Hasher::new();
@@ -77,9 +80,17 @@ impl ObjectStore {
         let hash = h.finalize().to_hex().to_string();
         let dst = self.path(&hash);
         if !dst.exists() {
-            let tmp = self.dir.join(format!(".{hash}.tmp{}", std::process::id()));
-            if std::fs::hard_link(file, &tmp).is_err() {
-                std::fs::copy(file, &tmp).map_err(|e| ClusterError::io(&tmp, e))?;
+            let tmp = self
+                .dir
+                .join(format!(".{hash}.tmp{}", rand::random::<u32>()));
+            std::fs::copy(file, &tmp).map_err(|e| ClusterError::io(&tmp, e))?;
+            // The copy must be what was hashed (the file may have changed since).
+            if blake3_file(&tmp)? != hash {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(ClusterError::Rpc(format!(
+                    "{} changed while it was being stored",
+                    file.display()
+                )));
             }
             std::fs::rename(&tmp, &dst).map_err(|e| ClusterError::io(&dst, e))?;
         }
@@ -108,6 +119,14 @@ impl ObjectStore {
             object: Some(obj.clone()),
         });
     }
+}
+
+/// The blake3 hash of a file, hex.
+fn blake3_file(path: &Path) -> Result<String> {
+    let mut f = std::fs::File::open(path).map_err(|e| ClusterError::io(path, e))?;
+    let mut h = blake3::Hasher::new();
+    std::io::copy(&mut f, &mut h).map_err(|e| ClusterError::io(path, e))?;
+    Ok(h.finalize().to_hex().to_string())
 }
 
 pub(crate) fn valid_hash(h: &str) -> bool {
@@ -323,10 +342,10 @@ pub(crate) fn stage_inputs(
         if let Some(p) = dst.parent() {
             std::fs::create_dir_all(p).map_err(|e| ClusterError::io(p, e))?;
         }
+        // A copy (a reflink where the file system can), never a hard link: a task that
+        // writes to its input must not change the object for later tasks.
         let src = store.path(&obj.hash);
-        if std::fs::hard_link(&src, &dst).is_err() {
-            std::fs::copy(&src, &dst).map_err(|e| ClusterError::io(&dst, e))?;
-        }
+        std::fs::copy(&src, &dst).map_err(|e| ClusterError::io(&dst, e))?;
     }
     Ok(dir)
 }
@@ -344,6 +363,27 @@ pub(crate) fn safe_relative(p: &str) -> Result<PathBuf> {
         )));
     }
     Ok(path.to_path_buf())
+}
+
+/// An output must be a regular file inside `root`: not a symbolic link (it would publish
+/// whatever it points to, a private key as well as a result), nor under a linked folder.
+fn inside(root: &Path, file: &Path, pat: &str) -> Result<()> {
+    let refuse = |why: &str| {
+        Err(ClusterError::Rpc(format!(
+            "output {pat:?} ({}) refused: {why}",
+            file.display()
+        )))
+    };
+    let md = std::fs::symlink_metadata(file).map_err(|e| ClusterError::io(file, e))?;
+    if md.file_type().is_symlink() {
+        return refuse("it is a symbolic link");
+    }
+    let real_root = std::fs::canonicalize(root).map_err(|e| ClusterError::io(root, e))?;
+    let real = std::fs::canonicalize(file).map_err(|e| ClusterError::io(file, e))?;
+    if !real.starts_with(&real_root) {
+        return refuse("it is outside the task's folder (through a linked folder)");
+    }
+    Ok(())
 }
 
 /// Checks that every declared output exists under `root` (patterns may use `*`, `?`, `[..]`)
@@ -379,6 +419,7 @@ pub(crate) fn collect_outputs(
             )));
         }
         for m in matches {
+            inside(root, &m, pat)?;
             let rel = m.strip_prefix(root).unwrap_or(&m).display().to_string();
             let obj = if transfer {
                 let (hash, size) = store.put_file(&m)?;
@@ -402,4 +443,97 @@ pub(crate) fn collect_outputs(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assignment(inputs: &[(&str, &str, u64)], attempt: u32) -> Assignment {
+        Assignment {
+            task: Some(proto::TaskKey {
+                job: 1,
+                task: 2,
+                attempt,
+            }),
+            inputs: inputs
+                .iter()
+                .map(|&(path, hash, size)| proto::Input {
+                    object: Some(proto::Object {
+                        path: path.into(),
+                        hash: hash.into(),
+                        size,
+                    }),
+                    from: "127.0.0.1:1".into(),
+                })
+                .collect(),
+            ..Assignment::default()
+        }
+    }
+
+    #[test]
+    fn a_task_that_writes_to_its_input_does_not_change_the_object() {
+        // Inputs were hard-linked into sandboxes: a task that appended to its input
+        // corrupted that object for every later task on the worker, in any job.
+        let dir = tempfile::tempdir().unwrap();
+        let store = ObjectStore::open(&dir.path().join("objects")).unwrap();
+        let (hash, size) = store.put_bytes(b"pristine").unwrap();
+        let remote = Remote::new("127.0.0.1:1", "t");
+        let a = assignment(&[("in/data", &hash, size)], 1);
+        let sandbox = stage_inputs(&store, dir.path(), &a, &remote).unwrap();
+        let staged = sandbox.join("in/data");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&staged)
+            .unwrap();
+        std::io::Write::write_all(&mut f, b" vandalised").unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(store.path(&hash)).unwrap(), b"pristine");
+        let b = assignment(&[("in/data", &hash, size)], 2);
+        let next = stage_inputs(&store, dir.path(), &b, &remote).unwrap();
+        assert_eq!(std::fs::read(next.join("in/data")).unwrap(), b"pristine");
+    }
+
+    #[test]
+    fn an_output_stored_then_rewritten_by_its_task_leaves_the_object_intact() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ObjectStore::open(&dir.path().join("objects")).unwrap();
+        let sandbox = dir.path().join("sandbox");
+        std::fs::create_dir_all(&sandbox).unwrap();
+        std::fs::write(sandbox.join("out"), b"result").unwrap();
+        let outs = collect_outputs(&store, &sandbox, &["out".into()], true, None).unwrap();
+        std::fs::write(sandbox.join("out"), b"rewritten later").unwrap();
+        assert_eq!(std::fs::read(store.path(&outs[0].hash)).unwrap(), b"result");
+    }
+
+    #[test]
+    fn outputs_that_are_links_or_lead_out_of_the_sandbox_are_refused() {
+        // A link to a private key was hashed, stored and served to whoever gathered outputs.
+        let dir = tempfile::tempdir().unwrap();
+        let store = ObjectStore::open(&dir.path().join("objects")).unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, b"private key").unwrap();
+        let outside = dir.path().join("elsewhere");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("f"), b"not the task's").unwrap();
+        let sandbox = dir.path().join("sandbox");
+        std::fs::create_dir_all(&sandbox).unwrap();
+        std::os::unix::fs::symlink(&secret, sandbox.join("key")).unwrap();
+        std::os::unix::fs::symlink(&outside, sandbox.join("dir")).unwrap();
+        std::fs::write(sandbox.join("ok"), b"fine").unwrap();
+        for transfer in [true, false] {
+            for pat in ["key", "k*", "dir/f"] {
+                let e = collect_outputs(&store, &sandbox, &[pat.into()], transfer, None)
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("refused"), "{pat}: {e}");
+                assert!(e.contains(pat), "{pat}: {e}");
+            }
+            let ok = collect_outputs(&store, &sandbox, &["ok".into()], transfer, None).unwrap();
+            assert_eq!(ok.len(), 1);
+        }
+        assert!(!store
+            .path(blake3::hash(b"private key").to_hex().as_ref())
+            .exists());
+    }
 }

@@ -22,12 +22,19 @@ fn nonempty_text() -> impl Strategy<Value = String> {
     prop_oneof!["[^{]{1,8}", "[a-z./\"]{1,6}"]
 }
 
+/// A path inside the job folder: relative, no `..` component, no NUL.
+fn path_text() -> impl Strategy<Value = String> {
+    nonempty_text().prop_filter("a path inside the job folder", |p| {
+        !p.starts_with('/') && !p.contains('\0') && !p.split('/').any(|c| c == "..")
+    })
+}
+
 fn strings(min: usize, max: usize) -> impl Strategy<Value = Vec<String>> {
     vec(text(), min..=max)
 }
 
 fn paths() -> impl Strategy<Value = Vec<String>> {
-    vec(nonempty_text(), 0..3)
+    vec(path_text(), 0..3)
 }
 
 fn env() -> impl Strategy<Value = BTreeMap<String, String>> {
@@ -64,7 +71,7 @@ fn command() -> impl Strategy<Value = Vec<String>> {
 
 fn wasm() -> impl Strategy<Value = WasmSpec> {
     (
-        nonempty_text(),
+        path_text(),
         "[a-z_]{1,6}",
         strings(0, 3),
         proptest::option::of(0..=i64::MAX as u64),
@@ -116,7 +123,7 @@ fn seed() -> impl Strategy<Value = Seed> {
         paths(),
         paths(),
         env(),
-        proptest::option::of(nonempty_text()),
+        proptest::option::of(path_text()),
         request(),
     );
     let knobs = (

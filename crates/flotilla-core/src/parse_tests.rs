@@ -815,3 +815,53 @@ fn sub_tables_read_like_inline_tables() {
     assert_eq!(a1.resources.gpu_mem, 1 << 30);
     assert!(matches!(&a1.kind, TaskKind::Command { env, .. } if env["N"] == "1"));
 }
+
+#[test]
+fn paths_that_leave_the_job_folder_are_refused_at_submit_naming_the_field() {
+    // They were joined to the sandbox unchecked (cwd, module) or caught only after the task
+    // ran (outputs).
+    for (body, line, field, fragment) in [
+        (
+            "cmd = [\"x\"]\ncwd = \"/etc\"\n",
+            4,
+            "cwd",
+            "no absolute paths",
+        ),
+        ("cmd = [\"x\"]\ncwd = \"a/../..\"\n", 4, "cwd", "no '..'"),
+        (
+            "wasm = { module = \"/opt/m.wasm\" }\n",
+            3,
+            "wasm",
+            "no absolute paths",
+        ),
+        ("wasm = { module = \"../m.wasm\" }\n", 3, "wasm", "no '..'"),
+        (
+            "cmd = [\"x\"]\noutputs = [\"ok\", \"../../x\"]\n",
+            4,
+            "outputs",
+            "\"../../x\"",
+        ),
+        (
+            "cmd = [\"x\"]\ninputs = [\"/home/u/.ssh/id_ed25519\"]\n",
+            4,
+            "inputs",
+            "no absolute",
+        ),
+        ("cmd = [\"x\"]\ninputs = [\"\"]\n", 4, "inputs", "non-empty"),
+    ] {
+        check(
+            &format!("[[task]]\nid = \"a\"\n{body}"),
+            line,
+            Some("a"),
+            Some(field),
+            fragment,
+        );
+    }
+    // Dots inside names are fine.
+    assert!(parse_job(
+        "[[task]]\nid = \"a\"\ncmd = [\"x\"]\ncwd = \"a..b/.c\"\noutputs = [\"x..y\"]\n",
+        "job.toml"
+    )
+    .and_then(|s| s.expand())
+    .is_ok());
+}

@@ -55,6 +55,31 @@ fn check_command(cmd: &[String]) -> Option<Problem> {
     }
 }
 
+/// A path a task names (inputs, outputs, cwd, a WASM module) stays inside its job folder:
+/// relative, with no `..` component and no NUL byte. Checked at submit, so a task that would
+/// escape its sandbox never runs.
+fn check_inside(path: &str) -> Option<Problem> {
+    let bad = |reason: &str| {
+        Some(Problem::BadValue {
+            value: format!("{path:?}"),
+            reason: reason.into(),
+        })
+    };
+    if path.is_empty() {
+        return bad("paths must be non-empty");
+    }
+    if path.contains('\0') {
+        return bad("a path has no NUL byte");
+    }
+    if path.starts_with('/') {
+        return bad("paths are relative to the job folder (no absolute paths)");
+    }
+    if path.split('/').any(|c| c == "..") {
+        return bad("paths stay inside the job folder (no '..')");
+    }
+    None
+}
+
 fn has_index(s: &str) -> bool {
     s.contains(INDEX_PLACEHOLDER)
 }
@@ -213,6 +238,9 @@ fn check_task<'a>(
                 };
                 return Err(fail(p, "wasm"));
             }
+            if let Some(p) = check_inside(&w.module) {
+                return Err(fail(p, "wasm"));
+            }
             if w.entry.is_empty() {
                 let p = Problem::BadValue {
                     value: "an empty entry".into(),
@@ -265,11 +293,7 @@ fn check_task<'a>(
         return Err(fail(p, "env"));
     }
     for (field, list) in [("inputs", &task.inputs), ("outputs", &task.outputs)] {
-        if list.iter().any(String::is_empty) {
-            let p = Problem::BadValue {
-                value: "an empty path".into(),
-                reason: "paths must be non-empty".into(),
-            };
+        if let Some(p) = list.iter().find_map(|x| check_inside(x)) {
             return Err(fail(p, field));
         }
     }
@@ -278,6 +302,9 @@ fn check_task<'a>(
             value: "an empty path".into(),
             reason: "leave cwd out to run in the job's folder".into(),
         };
+        return Err(fail(p, "cwd"));
+    }
+    if let Some(p) = task.cwd.as_deref().and_then(check_inside) {
         return Err(fail(p, "cwd"));
     }
     if let Some(g) = task.group {

@@ -324,3 +324,39 @@ outputs = ["sum.txt", "seen.txt"]
         "only the matches were staged (`*` does not cross folders): {seen}"
     );
 }
+
+#[test]
+fn an_input_made_by_a_grandparent_is_staged_and_a_missing_one_is_refused_at_submit() {
+    // c reads a's output across b: it was never staged ("No such file or directory").
+    let c = two_workers();
+    let dir = c.job_dir();
+    let job = CHAIN.replace(
+        "cmd = [\"sh\", \"-c\", \"echo c > scratch-c && mkdir -p deep/er && cat b.txt > deep/er/c.txt",
+        "inputs = [\"out/a.txt\"]\ncmd = [\"sh\", \"-c\", \"echo c > scratch-c && mkdir -p deep/er && cat out/a.txt b.txt > deep/er/c.txt",
+    );
+    assert_ne!(job, CHAIN);
+    let file = dir.join("grand.toml");
+    std::fs::write(&file, &job).unwrap();
+    let out = c.cli(&["submit", "--wait", &file.display().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "submit --wait failed: {stderr}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("deep/er/c.txt")).unwrap(),
+        "line-a\nline-a\nline-b\nline-c\n"
+    );
+
+    // An input nobody makes and the folder lacks: refused before anything runs.
+    let missing = CHAIN.replace(
+        "after = [\"a\"]\n",
+        "after = [\"a\"]\ninputs = [\"nowhere.dat\"]\n",
+    );
+    let file = dir.join("missing.toml");
+    std::fs::write(&file, &missing).unwrap();
+    let out = c.cli(&["submit", &file.display().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("task \"b\": input \"nowhere.dat\" is neither in the job folder"),
+        "{stderr}"
+    );
+}

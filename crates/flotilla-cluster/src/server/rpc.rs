@@ -43,6 +43,98 @@ impl Api {
     }
 }
 
+/// Transfer staging: every declared input (not a pattern) must be uploaded from the job
+/// folder or be an output of one of the task's ancestors; otherwise the task would fail
+/// with "No such file or directory" after waiting its turn. The error names the task and the
+/// path (and the producer, when it is not an ancestor).
+pub(crate) fn check_transfer_inputs(
+    graph: &flotilla_core::TaskGraph,
+    uploaded: &std::collections::HashSet<&str>,
+    file: &str,
+) -> std::result::Result<(), String> {
+    use flotilla_core::TaskId;
+    let mut producers: HashMap<&str, TaskId> = HashMap::new();
+    for t in graph.tasks() {
+        for o in &t.outputs {
+            producers.insert(o.as_str(), t.id);
+        }
+    }
+    let is_ancestor = |p: TaskId, t: TaskId| {
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![t];
+        while let Some(x) = stack.pop() {
+            for &q in graph.preds(x) {
+                if q == p {
+                    return true;
+                }
+                if seen.insert(q) {
+                    stack.push(q);
+                }
+            }
+        }
+        false
+    };
+    for t in graph.tasks() {
+        for input in &t.inputs {
+            if input.contains(['*', '?', '[']) || uploaded.contains(input.as_str()) {
+                continue;
+            }
+            match producers.get(input.as_str()) {
+                Some(&p) if graph.preds(t.id).contains(&p) || is_ancestor(p, t.id) => {}
+                Some(&p) => {
+                    let by = &graph.task(p).name;
+                    return Err(format!(
+                        "{file}: task {:?}: input {input:?} is an output of task {by:?}, which \
+                         does not run before it: add it to `after`",
+                        t.name
+                    ));
+                }
+                None => {
+                    return Err(format!(
+                        "{file}: task {:?}: input {input:?} is neither in the job folder nor an \
+                         output of any task",
+                        t.name
+                    ))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A job folder is where a job's tasks read and write (in shared staging, a WASM task's
+/// writable preopen), so it must name a job's own folder: absolute, normalised (no `.` or
+/// `..`), and neither the root, a system folder, nor a folder of the whole machine.
+pub(crate) fn check_job_dir(dir: &str) -> std::result::Result<(), String> {
+    let path = Path::new(dir);
+    let refuse = |why: &str| Err(format!("job folder {dir:?} refused: {why}"));
+    if !path.is_absolute() {
+        return refuse("it must be an absolute path");
+    }
+    if dir.split('/').any(|c| c == "." || c == "..") || dir.contains("//") {
+        return refuse("it must be normalised (no '.', '..' or '//')");
+    }
+    const WHOLE: &[&str] = &[
+        "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
+        "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var",
+    ];
+    const SYSTEM: &[&str] = &[
+        "/bin", "/boot", "/dev", "/etc", "/lib", "/proc", "/sbin", "/sys", "/usr",
+    ];
+    let trimmed = if dir.len() > 1 {
+        dir.trim_end_matches('/')
+    } else {
+        dir
+    };
+    if WHOLE.contains(&trimmed) {
+        return refuse("a task would get a folder of the whole machine");
+    }
+    if SYSTEM.iter().any(|s| path.starts_with(s)) {
+        return refuse("it is inside a system folder");
+    }
+    Ok(())
+}
+
 type BoxStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -52,12 +144,7 @@ impl CoordinatorRpc for Api {
         req: Request<proto::SubmitRequest>,
     ) -> std::result::Result<Response<proto::SubmitReply>, Status> {
         let r = req.into_inner();
-        if !Path::new(&r.dir).is_absolute() {
-            return Err(Status::invalid_argument(format!(
-                "job folder {:?} must be an absolute path",
-                r.dir
-            )));
-        }
+        check_job_dir(&r.dir).map_err(Status::invalid_argument)?;
         // Parsing a large job and hashing uploads into the store are CPU and disk work:
         // off the async threads.
         let store = self.store.clone();
@@ -77,6 +164,11 @@ impl CoordinatorRpc for Api {
             let graph = spec
                 .expand()
                 .map_err(|e| Status::invalid_argument(format!("{}: {e}", r.file_name)))?;
+            if spec.staging == flotilla_core::Staging::Transfer {
+                let uploaded = r.files.iter().map(|f| f.path.as_str()).collect();
+                check_transfer_inputs(&graph, &uploaded, &r.file_name)
+                    .map_err(Status::invalid_argument)?;
+            }
             let mut files = Vec::with_capacity(r.files.len());
             for f in &r.files {
                 crate::objects::safe_relative(&f.path)
@@ -305,5 +397,86 @@ impl Workers for Api {
             Ok,
         );
         Ok(Response::new(Box::pin(out)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::{check_job_dir, check_transfer_inputs};
+
+    fn graph(text: &str) -> flotilla_core::TaskGraph {
+        flotilla_core::parse_job(text, "job.toml")
+            .and_then(|s| s.expand())
+            .expect("a valid job")
+    }
+
+    #[test]
+    fn transfer_inputs_come_from_the_folder_or_an_ancestor() {
+        let chain = r#"
+staging = "transfer"
+[[task]]
+id = "a"
+cmd = ["x"]
+inputs = ["seed"]
+outputs = ["a.out"]
+[[task]]
+id = "b"
+cmd = ["x"]
+after = ["a"]
+outputs = ["b.out"]
+[[task]]
+id = "c"
+cmd = ["x"]
+after = ["b"]
+inputs = ["a.out", "b.out", "*.csv"]
+"#;
+        let seed: HashSet<&str> = ["seed"].into();
+        // "a.out" comes from a grandparent: accepted (and staged, see the placement tests).
+        assert_eq!(
+            check_transfer_inputs(&graph(chain), &seed, "job.toml"),
+            Ok(())
+        );
+        let e = check_transfer_inputs(&graph(chain), &HashSet::new(), "job.toml").unwrap_err();
+        assert!(
+            e.contains("task \"a\": input \"seed\" is neither in the job folder"),
+            "{e}"
+        );
+        let unordered = chain.replace("after = [\"b\"]", "");
+        let e = check_transfer_inputs(&graph(&unordered), &seed, "job.toml").unwrap_err();
+        assert!(
+            e.starts_with("job.toml: task \"c\": input \"a.out\" is an output of task \"a\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn job_folders_are_a_jobs_own_folder() {
+        // `/` once became a WASM task's writable preopen: the whole file system.
+        for bad in [
+            "/",
+            "relative/dir",
+            "/home",
+            "/home/",
+            "/tmp",
+            "/etc/x",
+            "/proc/1",
+            "/usr/lib/x",
+            "/home/u/../../etc",
+            "/home/u/./j",
+            "//etc",
+        ] {
+            let e = check_job_dir(bad).unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+        for ok in [
+            "/home/u/jobs/sweep",
+            "/tmp/flotilla-test/job",
+            "/data/run1",
+            "/srv/x/",
+        ] {
+            assert_eq!(check_job_dir(ok), Ok(()), "{ok}");
+        }
     }
 }

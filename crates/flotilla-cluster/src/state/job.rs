@@ -91,6 +91,9 @@ pub(crate) struct Job {
     pub(crate) outputs: HashMap<TaskId, Vec<ObjectRef>>,
     /// Transfer staging: workers (live or not) holding a task's outputs.
     pub(crate) holders: HashMap<TaskId, Vec<WorkerId>>,
+    /// Transfer staging: the task declaring each output path (not patterns), so an input
+    /// made by an ancestor that is not a direct predecessor is staged too.
+    pub(crate) producers: HashMap<String, TaskId>,
     /// Attempts of gang members cancelled because their gang broke (another member failed
     /// or was lost): whatever they report, they go back to `Ready`, counting no failure.
     pub(crate) broken: HashSet<(TaskId, u32)>,
@@ -148,6 +151,20 @@ impl Job {
                 });
             }
         }
+        let producers = if staging == Staging::Transfer {
+            graph
+                .tasks()
+                .iter()
+                .flat_map(|t| {
+                    t.outputs
+                        .iter()
+                        .filter(|o| !o.contains(['*', '?', '[']))
+                        .map(|o| (o.clone(), t.id))
+                })
+                .collect()
+        } else {
+            HashMap::new()
+        };
         Job {
             id,
             name,
@@ -165,6 +182,7 @@ impl Job {
             retries: 0,
             outputs: HashMap::new(),
             holders: HashMap::new(),
+            producers,
             broken: HashSet::new(),
         }
     }

@@ -47,10 +47,29 @@ impl Coordinator {
             let j = &self.jobs[&job];
             let mut lost = Vec::new();
             let mut waiting_for_ghosts = false;
-            for &p in j.graph.preds(t) {
-                let Some(objs) = j.outputs.get(&p).filter(|o| !o.is_empty()) else {
+            // Every output of each direct predecessor, and the declared inputs made by other
+            // ancestors (each file alone).
+            let preds = j.graph.preds(t);
+            let mut sources: Vec<(TaskId, Option<&str>)> =
+                preds.iter().map(|&p| (p, None)).collect();
+            for input in &j.graph.task(t).inputs {
+                if let Some(&p) = j.producers.get(input) {
+                    if p != t && !preds.contains(&p) {
+                        sources.push((p, Some(input.as_str())));
+                    }
+                }
+            }
+            for (p, only) in sources {
+                let Some(all) = j.outputs.get(&p).filter(|o| !o.is_empty()) else {
                     continue;
                 };
+                let objs: Vec<&ObjectRef> = all
+                    .iter()
+                    .filter(|o| only.is_none_or(|path| o.path == path))
+                    .collect();
+                if objs.is_empty() {
+                    continue;
+                }
                 let live: Vec<WorkerId> = j
                     .holders
                     .get(&p)
@@ -64,10 +83,10 @@ impl Coordinator {
                 match live.first() {
                     Some(first) => {
                         let addr = self.workers[first].spec.data_addr.clone();
+                        let bytes: u64 = objs.iter().map(|o| o.size).sum();
                         for o in objs {
                             inputs.push((o.clone(), addr.clone()));
                         }
-                        let bytes: u64 = objs.iter().map(|o| o.size).sum();
                         for h in live {
                             *local_bytes.entry(h).or_default() += bytes;
                         }

@@ -633,6 +633,14 @@ fn execute(
     } else {
         PathBuf::from(&a.job_dir)
     };
+    // The coordinator checked these at submit; a worker checks again before joining them.
+    for (what, p) in [("cwd", &a.cwd), ("wasm module", &a.wasm_module)] {
+        if !p.is_empty() {
+            if let Err(e) = crate::objects::safe_relative(p) {
+                return failed(format!("{what}: {e}"), false);
+            }
+        }
+    }
     let cwd = if a.cwd.is_empty() {
         root.clone()
     } else {
@@ -693,11 +701,15 @@ fn execute(
             }
         }
         let mem = a.resources.as_ref().map(|r| r.mem).unwrap_or(0);
+        // Only the host's basic variables, never the rest of the worker's own (its token
+        // above all), then the task's.
+        let mut all = flotilla_exec::host_vars();
+        all.extend(env);
         let spec = ProcessSpec {
             cmd,
             cwd: cwd.clone(),
-            env,
-            clear_env: false,
+            env: all,
+            clear_env: true,
             timeout,
             kill_grace: Duration::from_secs(2),
             stdout: Output::File(logs.0.clone()),

@@ -45,6 +45,8 @@ pub use cgroup::{cgroup_available, is_cgroup2, CgroupSpec, CGROUP_ROOT};
 pub use error::{Error, Result};
 pub use outcome::{Outcome, Termination, Usage};
 pub use output::Output;
-pub use process::{run_process, GangEnv, Limits, ProcessSpec, TaskEnv, DEFAULT_KILL_GRACE};
+pub use process::{
+    host_vars, run_process, GangEnv, Limits, ProcessSpec, TaskEnv, DEFAULT_KILL_GRACE, HOST_VARS,
+};
 #[cfg(feature = "wasm")]
 pub use wasm::{WasmRunner, WasmSpec, EPOCH_TICK};

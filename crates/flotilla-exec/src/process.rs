@@ -2,9 +2,11 @@
 //! output to files, a timeout (SIGTERM, grace, SIGKILL) and usage from `wait4`.
 //!
 //! The calling thread blocks in `waitid` for its child; timeouts are enforced by the one
-//! shared timer thread ([`crate::reaper`]), so an attempt costs no thread of its own. Without
-//! limits or a cgroup the spawn takes std's `posix_spawn` path (the process group is set with
-//! `POSIX_SPAWN_SETPGROUP`); rlimits and cgroup entry need a `pre_exec` hook, hence `fork`.
+//! shared timer thread ([`crate::reaper`]), so an attempt costs no thread of its own. Every
+//! spawn takes a `pre_exec` hook (hence `fork`, not `posix_spawn`): the child asks for
+//! SIGKILL when the thread that started it dies (`PR_SET_PDEATHSIG`), so a worker killed by
+//! any signal leaves no task behind (its descendants too only inside a cgroup or a pid
+//! namespace); then rlimits and cgroup entry.
 //!
 //! When the command's main process exits, whatever it left running in its process group (and,
 //! with a cgroup, anywhere in the cgroup) is killed: an attempt owns nothing after it ends.
@@ -42,12 +44,6 @@ pub struct Limits {
     pub cpu_seconds: Option<u64>,
     /// Open-file limit (`RLIMIT_NOFILE`).
     pub open_files: Option<u64>,
-}
-
-impl Limits {
-    fn any(&self) -> bool {
-        self.mem_bytes.is_some() || self.cpu_seconds.is_some() || self.open_files.is_some()
-    }
 }
 
 /// One process attempt.
@@ -112,6 +108,22 @@ impl ProcessSpec {
             fuel: None,
         }
     }
+}
+
+/// The worker's environment variables a process task gets, besides its own (the job's `env`
+/// and [`TaskEnv::vars`]): what programs need to find themselves and their locale. Nothing
+/// else of the worker's environment reaches a task: not `FLOTILLA_TOKEN`, nor any secret
+/// the worker was started with.
+pub const HOST_VARS: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+];
+
+/// The [`HOST_VARS`] that are set here, with their values.
+pub fn host_vars() -> Vec<(String, String)> {
+    HOST_VARS
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+        .collect()
 }
 
 /// What a task is told about itself through its environment, process and WASM tasks alike.
@@ -212,14 +224,14 @@ pub fn run_process(spec: &ProcessSpec, cancel: &CancelHandle) -> Result<Outcome>
     command.envs(spec.env.iter().map(|(k, v)| (k, v)));
 
     let cgroup = spec.cgroup.as_ref().map(Cgroup::create).transpose()?;
-    if spec.limits.any() || cgroup.is_some() {
-        let limits = spec.limits;
-        let procs_fd = cgroup.as_ref().map(Cgroup::procs_fd);
-        // SAFETY: the hook runs between fork and exec and only makes async-signal-safe calls
-        // (setrlimit, write); it allocates nothing and touches no locks.
-        unsafe {
-            command.pre_exec(move || child_setup(&limits, procs_fd));
-        }
+    let limits = spec.limits;
+    let procs_fd = cgroup.as_ref().map(Cgroup::procs_fd);
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: the hook runs between fork and exec and only makes async-signal-safe calls
+    // (prctl, getppid, setrlimit, write); it allocates nothing and touches no locks.
+    unsafe {
+        command.pre_exec(move || child_setup(&limits, procs_fd, parent));
     }
 
     let start = Instant::now();
@@ -288,7 +300,25 @@ pub fn run_process(spec: &ProcessSpec, cancel: &CancelHandle) -> Result<Outcome>
 }
 
 /// In the child, between fork and exec: apply rlimits and join the cgroup.
-fn child_setup(limits: &Limits, procs_fd: Option<libc::c_int>) -> io::Result<()> {
+/// In the child between fork and exec: dies with the thread that started it (so a worker
+/// killed by any signal, or crashed, leaves no task running behind it), then rlimits and
+/// the cgroup.
+fn child_setup(
+    limits: &Limits,
+    procs_fd: Option<libc::c_int>,
+    parent: libc::pid_t,
+) -> io::Result<()> {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number; async-signal-safe.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The parent may have died before prctl: then no signal will come.
+    // SAFETY: getppid has no preconditions.
+    if unsafe { libc::getppid() } != parent {
+        return Err(io::Error::other(
+            "the worker died while the task was starting",
+        ));
+    }
     let plan = [
         (libc::RLIMIT_AS, limits.mem_bytes, 0),
         (libc::RLIMIT_CPU, limits.cpu_seconds, 1),

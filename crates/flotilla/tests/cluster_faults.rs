@@ -175,3 +175,42 @@ fn coordinator_killed_and_restarted_mid_job_loses_nothing_and_reruns_nothing() {
         }
     }
 }
+
+#[test]
+fn a_task_sees_no_token_and_dies_with_its_worker() {
+    // Tasks inherited the worker's environment (FLOTILLA_TOKEN with it), and kept running
+    // after their worker was killed while the coordinator reran them elsewhere.
+    let mut c = Cluster::start(1, 1);
+    let dir = c.job_dir();
+    let job = c.submit_toml(
+        "orphan.toml",
+        r#"
+name = "orphan"
+[[task]]
+id = "env"
+cmd = ["sh", "-c", "env > env.txt"]
+[[task]]
+id = "long"
+after = ["env"]
+cmd = ["sh", "-c", "echo $$ > pid.txt; exec sleep 600"]
+"#,
+    );
+    let pid: i32 = wait_until("the long task to start", Duration::from_secs(60), || {
+        std::fs::read_to_string(dir.join("pid.txt"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    });
+    let env = std::fs::read_to_string(dir.join("env.txt")).unwrap();
+    assert!(!env.contains("FLOTILLA_TOKEN"), "{env}");
+    assert!(!env.contains(&c.token), "the token reached a task");
+    assert!(env.contains("FLOTILLA_TASK=env"), "{env}");
+    assert!(env.contains("PATH="), "{env}");
+    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    c.kill_worker(0);
+    wait_until("the task to die with its worker", Duration::from_secs(30), || {
+        // A zombie is dead too (its parent, the worker, is gone; init reaps it).
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        (stat.is_empty() || stat.contains(") Z ")).then_some(())
+    });
+    let _ = job;
+}

@@ -67,6 +67,10 @@ pub struct WorkerConfig {
     pub work_dir: PathBuf,
     /// Where to serve held objects to other workers (staging = "transfer"); port 0 picks one.
     pub data_listen: std::net::SocketAddr,
+    /// How to start the guard that kills this worker's tasks if it dies
+    /// (`flotilla_exec::Guard`): the program and its arguments, e.g. the `flotilla` binary
+    /// and `worker-guard`. `None`: no guard (a worker inside another process, as in tests).
+    pub guard: Option<Vec<String>>,
 }
 
 impl WorkerConfig {
@@ -85,6 +89,7 @@ impl WorkerConfig {
             hw_class: default_hw_class(),
             work_dir: std::env::temp_dir().join(format!("flotilla-worker-{}", std::process::id())),
             data_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            guard: None,
         }
     }
 }
@@ -240,6 +245,8 @@ struct Shared {
     rendezvous_port: std::sync::atomic::AtomicU32,
     /// The agent's clock starts here.
     epoch: Instant,
+    /// Kills the tasks' process groups if this worker dies.
+    guard: Option<flotilla_exec::Guard>,
 }
 
 impl Shared {
@@ -338,10 +345,21 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
             None
         }
     };
+    let guard = match config.guard.as_deref() {
+        Some([program, args @ ..]) => {
+            let mut cmd = std::process::Command::new(program);
+            cmd.args(args);
+            Some(flotilla_exec::Guard::start(cmd).map_err(|e| {
+                ClusterError::Config(format!("cannot start the task guard {program}: {e}"))
+            })?)
+        }
+        _ => None,
+    };
     let shared = Arc::new(Shared {
         pool: Pool::new(),
         previous: Mutex::new(None),
         config,
+        guard,
         local: Mutex::new(Local {
             agent: Agent::new(ledger),
             runs: HashMap::new(),
@@ -721,7 +739,7 @@ fn execute(
             },
             cgroup: None,
         };
-        flotilla_exec::run_process(&spec, cancel)
+        flotilla_exec::run_process_guarded(&spec, cancel, sh.guard.as_ref())
     };
     let outcome = match outcome {
         Ok(o) => o,

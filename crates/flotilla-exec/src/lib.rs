@@ -31,6 +31,7 @@
 mod cancel;
 mod cgroup;
 mod error;
+mod guard;
 #[cfg(feature = "wasm")]
 mod lazy_output;
 mod outcome;
@@ -43,10 +44,12 @@ mod wasm;
 pub use cancel::CancelHandle;
 pub use cgroup::{cgroup_available, is_cgroup2, CgroupSpec, CGROUP_ROOT};
 pub use error::{Error, Result};
+pub use guard::{guard_main, Guard};
 pub use outcome::{Outcome, Termination, Usage};
 pub use output::Output;
 pub use process::{
-    host_vars, run_process, GangEnv, Limits, ProcessSpec, TaskEnv, DEFAULT_KILL_GRACE, HOST_VARS,
+    host_vars, run_process, run_process_guarded, GangEnv, Limits, ProcessSpec, TaskEnv,
+    DEFAULT_KILL_GRACE, HOST_VARS,
 };
 #[cfg(feature = "wasm")]
 pub use wasm::{WasmRunner, WasmSpec, EPOCH_TICK};

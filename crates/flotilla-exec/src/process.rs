@@ -2,11 +2,12 @@
 //! output to files, a timeout (SIGTERM, grace, SIGKILL) and usage from `wait4`.
 //!
 //! The calling thread blocks in `waitid` for its child; timeouts are enforced by the one
-//! shared timer thread ([`crate::reaper`]), so an attempt costs no thread of its own. Every
-//! spawn takes a `pre_exec` hook (hence `fork`, not `posix_spawn`): the child asks for
-//! SIGKILL when the thread that started it dies (`PR_SET_PDEATHSIG`), so a worker killed by
-//! any signal leaves no task behind (its descendants too only inside a cgroup or a pid
-//! namespace); then rlimits and cgroup entry.
+//! shared timer thread ([`crate::reaper`]), so an attempt costs no thread of its own. Without
+//! limits or a cgroup the spawn takes std's `posix_spawn` path (the process group is set with
+//! `POSIX_SPAWN_SETPGROUP`); rlimits and cgroup entry need a `pre_exec` hook, hence `fork`,
+//! and there the child also asks for SIGKILL when the thread that started it dies
+//! (`PR_SET_PDEATHSIG`). Not on every spawn: measured, `fork` from a worker costs about
+//! three times the task rate of `posix_spawn` for `/bin/true` (BENCHMARKS.md).
 //!
 //! When the command's main process exits, whatever it left running in its process group (and,
 //! with a cgroup, anywhere in the cgroup) is killed: an attempt owns nothing after it ends.
@@ -44,6 +45,12 @@ pub struct Limits {
     pub cpu_seconds: Option<u64>,
     /// Open-file limit (`RLIMIT_NOFILE`).
     pub open_files: Option<u64>,
+}
+
+impl Limits {
+    fn any(&self) -> bool {
+        self.mem_bytes.is_some() || self.cpu_seconds.is_some() || self.open_files.is_some()
+    }
 }
 
 /// One process attempt.
@@ -200,6 +207,16 @@ fn stdio(opened: Opened) -> Stdio {
 /// was cancelled is an `Ok` outcome. When the command's main process exits, anything it left
 /// running in its process group (or cgroup) is killed.
 pub fn run_process(spec: &ProcessSpec, cancel: &CancelHandle) -> Result<Outcome> {
+    run_process_guarded(spec, cancel, None)
+}
+
+/// [`run_process`], with the task's process group registered with `guard` while it runs, so
+/// it is killed if this process dies.
+pub fn run_process_guarded(
+    spec: &ProcessSpec,
+    cancel: &CancelHandle,
+    guard: Option<&crate::Guard>,
+) -> Result<Outcome> {
     let program = spec.cmd.first().ok_or(Error::EmptyCommand)?;
     if !spec.cwd.is_dir() {
         return Err(Error::CwdMissing {
@@ -224,14 +241,16 @@ pub fn run_process(spec: &ProcessSpec, cancel: &CancelHandle) -> Result<Outcome>
     command.envs(spec.env.iter().map(|(k, v)| (k, v)));
 
     let cgroup = spec.cgroup.as_ref().map(Cgroup::create).transpose()?;
-    let limits = spec.limits;
-    let procs_fd = cgroup.as_ref().map(Cgroup::procs_fd);
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
-    // SAFETY: the hook runs between fork and exec and only makes async-signal-safe calls
-    // (prctl, getppid, setrlimit, write); it allocates nothing and touches no locks.
-    unsafe {
-        command.pre_exec(move || child_setup(&limits, procs_fd, parent));
+    if spec.limits.any() || cgroup.is_some() {
+        let limits = spec.limits;
+        let procs_fd = cgroup.as_ref().map(Cgroup::procs_fd);
+        // SAFETY: getpid has no preconditions.
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: the hook runs between fork and exec and only makes async-signal-safe calls
+        // (prctl, getppid, setrlimit, write); it allocates nothing and touches no locks.
+        unsafe {
+            command.pre_exec(move || child_setup(&limits, procs_fd, parent));
+        }
     }
 
     let start = Instant::now();
@@ -243,6 +262,9 @@ pub fn run_process(spec: &ProcessSpec, cancel: &CancelHandle) -> Result<Outcome>
     let pid = child.id() as libc::pid_t;
     // Dropping a std Child neither kills nor reaps it: from here on we wait with libc.
     drop(child);
+    if let Some(g) = guard {
+        g.watch(pid);
+    }
 
     let attempt = Attempt::new(pid, spec.kill_grace);
     cancel.attach(&attempt);
@@ -264,6 +286,10 @@ pub fn run_process(spec: &ProcessSpec, cancel: &CancelHandle) -> Result<Outcome>
     }
     if let Some(cgroup) = &cgroup {
         cgroup.kill_all();
+    }
+    // Before the reap: until then the group id cannot be reused.
+    if let Some(g) = guard {
+        g.unwatch(pid);
     }
     waited.map_err(|source| Error::Wait { pid, source })?;
     let (status, rusage) = reap(pid).map_err(|source| Error::Wait { pid, source })?;

@@ -233,6 +233,10 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
 pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     let remote = a.remote.remote()?;
     let mut cfg = WorkerConfig::local(remote);
+    // The guard that kills this worker's tasks if it dies: this same binary.
+    cfg.guard = std::env::current_exe()
+        .ok()
+        .map(|exe| vec![exe.display().to_string(), "worker-guard".into()]);
     if let Some(c) = a.cpus {
         cfg.cpus = c;
     }
@@ -495,6 +499,17 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
             w.queued,
             w.utilization * 100.0,
             w.hw_class
+        );
+    }
+    if let Some(j) = &s.journal {
+        println!();
+        println!(
+            "journal {}: {} records, {:.1} MiB, fsync {} ({} fsyncs)",
+            j.path,
+            j.records,
+            j.bytes as f64 / (1u64 << 20) as f64,
+            if j.fsync { "on" } else { "off" },
+            j.syncs
         );
     }
     Ok(())

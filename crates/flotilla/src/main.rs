@@ -29,6 +29,10 @@ enum Command {
     Server(cluster_cmd::ServerArgs),
     /// Start a worker that takes tasks from a coordinator.
     Worker(cluster_cmd::WorkerArgs),
+    /// The guard a worker starts on itself: kills the worker's tasks when it dies (reads
+    /// `+PGID`/`-PGID` lines on stdin until end-of-file).
+    #[command(hide = true)]
+    WorkerGuard,
     /// Submit a job file to a coordinator; prints the job id on the last line.
     Submit(cluster_cmd::SubmitArgs),
     /// Show a job's status, or every job and worker.
@@ -59,6 +63,8 @@ enum Bench {
     Gemm(LinalgArgs),
     /// Trivial tasks through a coordinator and workers (gRPC over loopback).
     Cluster(ClusterArgs),
+    /// Coordinator restart time against journal size (a finished job of N tasks).
+    Restart(RestartArgs),
     /// Allreduce (f32 sum) bandwidth, ranks as separate processes (nccl-tests figures).
     Allreduce(AllreduceArgs),
     /// One object over loopback through gRPC (Objects.Fetch) and through framed TCP.
@@ -69,6 +75,19 @@ enum Bench {
     /// from the environment, as a gang member gets them); rank 0 prints JSON lines.
     #[command(hide = true)]
     AllreduceRank(AllreduceRankArgs),
+}
+
+#[derive(Args)]
+struct RestartArgs {
+    /// Tasks of the journaled job, one size per restart series.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000,1000000")]
+    tasks: Vec<u64>,
+    /// Starts per size; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -385,6 +404,10 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Run(a) => tokio_runtime()?.block_on(cluster_cmd::run(a)),
         Command::Server(a) => ok(tokio_runtime()?.block_on(cluster_cmd::server(a))),
         Command::Worker(a) => ok(tokio_runtime()?.block_on(cluster_cmd::worker(a))),
+        Command::WorkerGuard => {
+            flotilla_exec::guard_main(std::io::stdin().lock());
+            Ok(true)
+        }
         Command::Submit(a) => tokio_runtime()?.block_on(cluster_cmd::submit(a)),
         Command::Status(a) => ok(tokio_runtime()?.block_on(cluster_cmd::status(a))),
         Command::Wait(a) => tokio_runtime()?.block_on(cluster_cmd::wait(a)),
@@ -508,6 +531,23 @@ fn run_local(command: Command) -> Result<()> {
                 for p in points {
                     println!("{}", serde_json::to_string(&p)?);
                 }
+            }
+            Ok(())
+        }
+        Command::Bench(Bench::Restart(a)) => {
+            let points =
+                tokio_runtime()?.block_on(flotilla::bench::restart::run(&a.tasks, a.reps))?;
+            for p in points {
+                print(a.json, &p, |p| {
+                    format!(
+                        "restart: {} tasks, {} records, {:.1} MiB journal: {:.3} s (median of {})",
+                        p.tasks,
+                        p.records,
+                        p.journal_bytes as f64 / (1u64 << 20) as f64,
+                        p.restart_s,
+                        p.runs_s.len()
+                    )
+                })?;
             }
             Ok(())
         }

@@ -207,10 +207,14 @@ cmd = ["sh", "-c", "echo $$ > pid.txt; exec sleep 600"]
     assert!(env.contains("PATH="), "{env}");
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
     c.kill_worker(0);
-    wait_until("the task to die with its worker", Duration::from_secs(30), || {
-        // A zombie is dead too (its parent, the worker, is gone; init reaps it).
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        (stat.is_empty() || stat.contains(") Z ")).then_some(())
-    });
+    wait_until(
+        "the task to die with its worker",
+        Duration::from_secs(30),
+        || {
+            // A zombie is dead too (its parent, the worker, is gone; init reaps it).
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            (stat.is_empty() || stat.contains(") Z ")).then_some(())
+        },
+    );
     let _ = job;
 }

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod copy;
 pub mod linalg;
 pub mod overhead;
+pub mod restart;
 pub mod wfcommons;
 
 use std::time::{Duration, Instant};

@@ -234,9 +234,7 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     let remote = a.remote.remote()?;
     let mut cfg = WorkerConfig::local(remote);
     // The guard that kills this worker's tasks if it dies: this same binary.
-    cfg.guard = std::env::current_exe()
-        .ok()
-        .map(|exe| vec![exe.display().to_string(), "worker-guard".into()]);
+    cfg.guard = flotilla::guard_command();
     if let Some(c) = a.cpus {
         cfg.cpus = c;
     }
@@ -387,6 +385,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     .await?;
     let remote = Remote::new(server.addr().to_string(), server.token().to_string());
     let mut wcfg = WorkerConfig::local(remote.clone());
+    wcfg.guard = flotilla::guard_command();
     if let Some(c) = a.cpus {
         wcfg.cpus = c;
     }

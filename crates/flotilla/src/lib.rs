@@ -44,3 +44,11 @@ pub use flotilla_sched as sched;
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// How a worker started by this process starts its task guard (`flotilla_exec::Guard`): this
+/// binary's hidden `worker-guard` subcommand, when this process is the `flotilla` binary
+/// (not, say, a test harness linking the library).
+pub fn guard_command() -> Option<Vec<String>> {
+    let exe = std::env::current_exe().ok()?;
+    (exe.file_name()? == "flotilla").then(|| vec![exe.display().to_string(), "worker-guard".into()])
+}

@@ -158,6 +158,8 @@ pub async fn run(
     let mut handles = Vec::new();
     for w in 0..cfg.workers {
         let mut wc = WorkerConfig::local(remote.clone());
+        // As `flotilla worker` runs: with its task guard.
+        wc.guard = crate::guard_command();
         wc.name = format!("bench-{w}");
         wc.cpus = cfg.cpus_per_worker;
         wc.work_dir = dir.join(format!("worker{w}"));

@@ -78,7 +78,14 @@ pub struct RuntimeBuilder {
     pin_host: Option<bool>,
     device_mem_limit: Option<u64>,
     seed: u64,
+    /// Tests: CPU worker thread `n` fails to start; the registry is left in the slot, to see
+    /// whether every started thread let go of it.
+    #[cfg(test)]
+    fail_spawn_at: Option<(usize, FailSlot)>,
 }
+
+#[cfg(test)]
+type FailSlot = Arc<Mutex<Option<std::sync::Weak<Registry>>>>;
 
 impl Default for RuntimeBuilder {
     fn default() -> Self {
@@ -92,6 +99,8 @@ impl Default for RuntimeBuilder {
             pin_host: None,
             device_mem_limit: None,
             seed: 0x5eed,
+            #[cfg(test)]
+            fail_spawn_at: None,
         }
     }
 }
@@ -355,6 +364,16 @@ impl RuntimeBuilder {
         let assignment = crate::topo::assign_cores(&ids, n_cpu, &local);
         let core_of = |id: Option<usize>| id.map(|id| core_affinity::CoreId { id });
         for (i, (local, parker)) in locals.into_iter().zip(parkers).enumerate() {
+            #[cfg(test)]
+            if let Some((n, slot)) = &self.fail_spawn_at {
+                if *n == i {
+                    *slot.lock() = Some(Arc::downgrade(&registry));
+                    return Err(RuntimeError::Io {
+                        path: "spawning a worker thread".into(),
+                        source: std::io::Error::other("failure injected by a test"),
+                    });
+                }
+            }
             let reg = registry.clone();
             let core = core_of(assignment.workers[i]);
             let h = std::thread::Builder::new()
@@ -513,6 +532,32 @@ impl LinkObservations {
     }
     pub(crate) fn version(&self) -> u64 {
         self.version.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod start_tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_that_fails_to_start_stops_and_joins_those_started_before_it() {
+        let slot: FailSlot = Arc::new(Mutex::new(None));
+        let mut b = RuntimeBuilder::default()
+            .cpus(4)
+            .pin(false)
+            .model_path(None);
+        b.fail_spawn_at = Some((2, slot.clone()));
+        let Err(e) = b.build() else {
+            panic!("the injected failure was not reported")
+        };
+        assert!(e.to_string().contains("failure injected"), "{e}");
+        // `registry` and the caller's clones are gone with `build`; only the two started
+        // workers could still hold it, parked forever, had they not been stopped and joined.
+        let weak = slot.lock().clone().expect("the hook ran");
+        assert!(
+            weak.upgrade().is_none(),
+            "started worker threads outlived the failed build"
+        );
     }
 }
 

@@ -55,6 +55,14 @@ pub enum SimError {
         /// What the agent said.
         why: String,
     },
+    /// An agent's ledger holds more than its worker has (a bug in the ledger or the agent).
+    #[error("worker {worker} is over-committed: {what}")]
+    OverCommitted {
+        /// The worker.
+        worker: WorkerId,
+        /// What is over.
+        what: String,
+    },
     /// The run did not finish within the step bound (a bug: the placement hangs).
     #[error("the simulation did not end within {0} steps")]
     Hung(usize),
@@ -295,6 +303,10 @@ impl ClusterSim {
         cmds: Vec<AgentCommand<Assignment>>,
         duration: &mut Duration<'_>,
     ) -> Result<(), SimError> {
+        if let Some(a) = self.agents.get(&worker) {
+            over_committed(a.ledger())
+                .map_or(Ok(()), |what| Err(SimError::OverCommitted { worker, what }))?;
+        }
         for c in cmds {
             let ev = match c {
                 AgentCommand::Report(Report::Started((task, attempt))) => Event::TaskStarted {
@@ -369,6 +381,29 @@ impl ClusterSim {
         self.heap.push(Reverse((end, self.seq, worker, key)));
         self.ending.insert(key, (end, outcome, run));
     }
+}
+
+/// What a ledger holds beyond its capacity, if anything: checked after every agent step.
+fn over_committed(l: &Ledger) -> Option<String> {
+    use flotilla_core::ledger::EPS;
+    let (used, cap) = (l.used(), l.cap());
+    if used.cpus > cap.cpus + EPS {
+        return Some(format!("{} cpus of {}", used.cpus, cap.cpus));
+    }
+    if used.gpu_mem > cap.gpu_mem {
+        return Some(format!(
+            "{} bytes of GPU memory of {}",
+            used.gpu_mem, cap.gpu_mem
+        ));
+    }
+    l.gpus().iter().find_map(|g| {
+        (g.share > 1.0 + EPS || g.mem_used > g.gpu.mem_bytes).then(|| {
+            format!(
+                "GPU {}: share {}, {} of {} bytes",
+                g.gpu.index, g.share, g.mem_used, g.gpu.mem_bytes
+            )
+        })
+    })
 }
 
 /// How [`simulate_dag`] sets up the cluster.

@@ -1,32 +1,17 @@
-//! The coordinator's state machine and one agent state per worker, wired together as the
-//! session would wire them (assignments, cancels and retractions down; starts, finishes and
-//! returns up), with random jobs, random workers (GPUs shared and whole), random finish
-//! orders, failures and retries. Both sides keep their own [`Ledger`]: the agent must never
-//! refuse what the coordinator placed (they agree on what fits), the agent's running
-//! attempts never exceed the worker, and every job ends.
+//! The coordinator's state machine and one agent state per worker, wired by
+//! [`ClusterSim`](crate::sim::ClusterSim) as the sessions wire them (assignments, cancels and
+//! retractions down; starts, finishes and returns up), with random jobs, random workers (GPUs
+//! shared and whole), random durations (so random finish orders), failures and retries. Both
+//! sides keep their own ledger: the agent must never refuse what the coordinator placed (they
+//! agree on what fits), the agent's ledger never exceeds the worker (the simulation checks
+//! both after every step), and every job ends.
 
-use std::collections::{BTreeMap, VecDeque};
-
-use flotilla_core::ledger::Ledger;
-use flotilla_core::{parse_job, WorkerId};
+use flotilla_core::parse_job;
 use proptest::prelude::*;
 
 use super::*;
-use crate::state::{
-    Command as CoordCommand, Config, Coordinator, Event, GpuInfo, JobState, WorkerSpec,
-};
-
-/// A message on its way to an agent.
-enum Down {
-    Assign(Vec<Work<()>>),
-    Cancel(Attempt),
-    Retract(Attempt),
-}
-
-struct Node {
-    agent: Agent<()>,
-    inbox: VecDeque<Down>,
-}
+use crate::sim::{ClusterSim, Start};
+use crate::state::{Config, GpuInfo, JobState, WorkerSpec};
 
 fn worker_spec(i: usize, cpus: f64, gpus: usize) -> WorkerSpec {
     WorkerSpec {
@@ -50,7 +35,7 @@ fn worker_spec(i: usize, cpus: f64, gpus: usize) -> WorkerSpec {
 }
 
 /// A job of `n` tasks in layers: task i depends on a random earlier one (or none), needs a
-/// random amount of CPUs, and some use a GPU share or whole GPUs.
+/// random amount of CPUs, and some use a GPU share, whole GPUs, or GPU memory only.
 fn job_text(tasks: &[(Option<usize>, u8, u8)]) -> String {
     let mut s = String::from("[defaults]\nretries = 3\n");
     for (i, (after, cpus, gpu)) in tasks.iter().enumerate() {
@@ -61,6 +46,8 @@ fn job_text(tasks: &[(Option<usize>, u8, u8)]) -> String {
         let gpus = match gpu {
             0 => String::new(),
             1 => ", gpus = 0.5, gpu_mem = \"4GiB\"".into(),
+            // GPU memory and no GPU: counts against the worker's GPU memory in all.
+            3 => ", gpu_mem = \"12GiB\"".into(),
             _ => ", gpus = 1".into(),
         };
         s.push_str(&format!("resources = {{ cpus = {cpus}{gpus} }}\n"));
@@ -69,191 +56,40 @@ fn job_text(tasks: &[(Option<usize>, u8, u8)]) -> String {
 }
 
 fn run(workers: &[(u8, u8)], tasks: &[(Option<usize>, u8, u8)], fates: &[u8]) {
-    let mut c = Coordinator::new(Config {
+    let mut sim = ClusterSim::new(Config {
         retry_backoff_ms: 0,
         max_backoff_ms: 0,
         reconcile_grace_ms: 0,
         queue_depth: 2,
         chain_depth: 4,
     });
-    let mut now = 0;
-    let mut nodes: BTreeMap<WorkerId, Node> = BTreeMap::new();
-    let mut out = Vec::new();
     for (i, &(cpus, gpus)) in workers.iter().enumerate() {
-        let spec = worker_spec(i, f64::from(cpus), usize::from(gpus));
-        let id = c.next_worker_id();
-        let gpus: Vec<_> = spec
-            .gpus
-            .iter()
-            .map(|g| flotilla_core::ledger::LedgerGpu {
-                index: g.index,
-                mem_bytes: g.mem_bytes,
-            })
-            .collect();
-        let ledger = Ledger::new(spec.resources.clone(), &gpus).expect("a valid offer");
-        nodes.insert(
-            id,
-            Node {
-                agent: Agent::new(ledger),
-                inbox: VecDeque::new(),
-            },
-        );
-        c.handle(
-            now,
-            Event::WorkerJoined {
-                worker: id,
-                spec,
-                running: Vec::new(),
-                held: Vec::new(),
-            },
-            &mut out,
-        )
-        .expect("joins");
+        sim.add_worker(worker_spec(i, f64::from(cpus), usize::from(gpus)))
+            .expect("a valid offer");
     }
     let spec = parse_job(&job_text(tasks), "job.toml").expect("a valid job");
-    let job = c.next_job_id();
-    c.handle(
-        now,
-        Event::JobSubmitted {
-            job,
-            spec,
-            dir: "/jobs".into(),
-            tenant: "t".into(),
-        },
-        &mut out,
-    )
-    .expect("accepted");
-    // What runs on the agents, oldest first.
-    let mut running: Vec<(WorkerId, Attempt)> = Vec::new();
+    let job = sim.submit(spec).expect("accepted");
+    // How long each attempt takes and how it ends, as the fates say: the finish orders vary,
+    // most succeed.
     let mut fate = fates.iter().cycle();
-    let mut idle = 0;
-    for _step in 0..100_000 {
-        // Down: the coordinator's commands to the agents' inboxes.
-        for cmd in out.drain(..) {
-            match cmd {
-                CoordCommand::Assign { worker, tasks } => {
-                    let works = tasks
-                        .into_iter()
-                        .map(|a| Work {
-                            key: (a.task, a.attempt),
-                            need: a.resources,
-                            gpus: a.gpu_indices,
-                            after: a.after,
-                            payload: (),
-                        })
-                        .collect();
-                    nodes
-                        .get_mut(&worker)
-                        .expect("a live worker")
-                        .inbox
-                        .push_back(Down::Assign(works));
-                }
-                CoordCommand::Cancel {
-                    worker,
-                    task,
-                    attempt,
-                } => nodes
-                    .get_mut(&worker)
-                    .expect("a live worker")
-                    .inbox
-                    .push_back(Down::Cancel((task, attempt))),
-                CoordCommand::Retract {
-                    worker,
-                    task,
-                    attempt,
-                } => nodes
-                    .get_mut(&worker)
-                    .expect("a live worker")
-                    .inbox
-                    .push_back(Down::Retract((task, attempt))),
-                CoordCommand::Notify(_) => {}
+    let mut duration = |_: &Start<'_>| {
+        let f = *fate.next().expect("cycle");
+        let outcome = if f % 7 == 3 {
+            AttemptOutcome::Failed {
+                message: "exit 1".into(),
+                retryable: true,
             }
-        }
-        // Agents handle their inboxes; up: their reports to the coordinator.
-        let mut up: Vec<(WorkerId, Command<()>)> = Vec::new();
-        for (id, node) in nodes.iter_mut() {
-            while let Some(m) = node.inbox.pop_front() {
-                let cmds = match m {
-                    Down::Assign(w) => node.agent.message(&[], &[], w, now),
-                    Down::Cancel(k) => node.agent.message(&[k], &[], Vec::new(), now),
-                    Down::Retract(k) => node.agent.message(&[], &[k], Vec::new(), now),
-                };
-                up.extend(cmds.into_iter().map(|c| (*id, c)));
-            }
-            check_capacity(&node.agent);
-        }
-        if up.is_empty() && running.is_empty() {
-            // Nothing moves: let time pass (retry backoffs), a few times, then stop.
-            idle += 1;
-            if idle > 3 {
-                break;
-            }
-            now += 1_000;
-        } else if up.is_empty() {
-            idle = 0;
-            // Something ends (one of those running, as the fates say); most succeed.
-            let f = *fate.next().expect("cycle");
-            let (worker, key) = running.remove(usize::from(f) % running.len());
-            let outcome = if f % 7 == 3 {
-                AttemptOutcome::Failed {
-                    message: "exit 1".into(),
-                    retryable: true,
-                }
-            } else {
-                AttemptOutcome::Succeeded
-            };
-            let result = AttemptResult {
-                outcome,
-                usage: Usage::default(),
-                outputs: Vec::new(),
-                variant: None,
-            };
-            now += 10;
-            let node = nodes.get_mut(&worker).expect("a live worker");
-            let cmds = node.agent.finished(key, result, now);
-            check_capacity(&node.agent);
-            up.extend(cmds.into_iter().map(|c| (worker, c)));
-        }
-        for (worker, cmd) in up {
-            let ev = match cmd {
-                Command::Report(Report::Started(k)) => Event::TaskStarted {
-                    worker,
-                    task: k.0,
-                    attempt: k.1,
-                },
-                Command::Report(Report::Finished(k, result)) => {
-                    if let AttemptOutcome::Failed { message, .. } = &result.outcome {
-                        assert!(
-                            !message.contains("cannot run"),
-                            "the agent refused what the coordinator placed: {message}"
-                        );
-                    }
-                    running.retain(|r| r.1 != k);
-                    Event::TaskFinished {
-                        worker,
-                        task: k.0,
-                        attempt: k.1,
-                        result,
-                    }
-                }
-                Command::Report(Report::Returned(k)) => Event::TaskReturned {
-                    worker,
-                    task: k.0,
-                    attempt: k.1,
-                },
-                Command::Start { key, .. } => {
-                    running.push((worker, key));
-                    continue;
-                }
-                // Killed attempts end as cancelled, the next time one ends.
-                Command::Kill(_) => continue,
-            };
-            c.handle(now, ev, &mut out).expect("a valid report");
-        }
-        now += 1;
-        c.handle(now, Event::Tick, &mut out).expect("ticks");
+        } else {
+            AttemptOutcome::Succeeded
+        };
+        Ok((1 + u64::from(f % 13) * 7, outcome))
+    };
+    // The simulation fails on an agent refusing what the coordinator placed, on an agent's
+    // ledger over its worker, and on a run that does not end.
+    if let Err(e) = sim.run(100_000, &mut duration) {
+        panic!("{e}");
     }
-    let status = c.job_status(job).expect("known job");
+    let status = sim.coordinator().job_status(job).expect("known job");
     assert_ne!(
         status.state,
         JobState::Running,
@@ -266,16 +102,6 @@ fn run(workers: &[(u8, u8)], tasks: &[(Option<usize>, u8, u8)], fates: &[u8]) {
     );
 }
 
-/// The agent's ledger never holds more than the worker has.
-fn check_capacity<P>(a: &Agent<P>) {
-    let l = a.ledger();
-    assert!(l.used().cpus <= l.cap().cpus + flotilla_core::ledger::EPS);
-    for g in l.gpus() {
-        assert!(g.share <= 1.0 + flotilla_core::ledger::EPS);
-        assert!(g.mem_used <= g.gpu.mem_bytes);
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
@@ -283,7 +109,7 @@ proptest! {
     fn the_coordinator_and_its_agents_agree_on_what_fits_and_every_job_ends(
         workers in prop::collection::vec((1u8..5, 0u8..3), 1..4),
         tasks in prop::collection::vec(
-            (prop::option::weighted(0.6, 0usize..40), 1u8..3, prop::sample::select(vec![0u8, 0, 0, 1, 2])),
+            (prop::option::weighted(0.6, 0usize..40), 1u8..3, prop::sample::select(vec![0u8, 0, 0, 1, 2, 3])),
             1..40,
         ),
         fates in prop::collection::vec(any::<u8>(), 1..16),

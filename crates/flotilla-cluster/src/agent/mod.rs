@@ -149,7 +149,6 @@ impl<P> Agent<P> {
     }
 
     /// The resources and what running attempts hold of them.
-    #[cfg(test)]
     pub(crate) fn ledger(&self) -> &Ledger {
         &self.ledger
     }

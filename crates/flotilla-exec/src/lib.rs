@@ -52,4 +52,4 @@ pub use process::{
     DEFAULT_KILL_GRACE, HOST_VARS,
 };
 #[cfg(feature = "wasm")]
-pub use wasm::{WasmRunner, WasmSpec, EPOCH_TICK};
+pub use wasm::{WasmRunner, WasmSpec, EPOCH_TICK, MAX_TABLE_ELEMENTS};

@@ -103,6 +103,10 @@ impl WasmSpec {
     }
 }
 
+/// The most table elements a module may have (each a pointer or two on the host): a table
+/// with no maximum may otherwise grow until the worker runs out of memory.
+pub const MAX_TABLE_ELEMENTS: usize = 1 << 20;
+
 /// Per-store state.
 struct State {
     wasi: WasiP1Ctx,
@@ -144,6 +148,10 @@ impl ResourceLimiter for MemoryLimiter {
         desired: usize,
         maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
+        if desired > MAX_TABLE_ELEMENTS {
+            self.denied = true;
+            return Ok(false);
+        }
         Ok(maximum.is_none_or(|max| desired <= max))
     }
 }
@@ -645,6 +653,26 @@ mod tests {
         // Without the limit both grows succeed.
         spec.memory_bytes = None;
         assert_eq!(run(&spec).termination, Termination::Exited(0));
+    }
+
+    #[test]
+    fn a_table_without_a_maximum_cannot_grow_without_bound() {
+        // A table with no maximum could once grow until the worker died.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let wat = r#"(module
+          (table $t 1 funcref)
+          (memory (export "memory") 1)
+          (func (export "_start")
+            (if (i32.eq (table.grow $t (ref.null func) (i32.const 1000)) (i32.const -1))
+              (then unreachable))
+            (if (i32.eq (table.grow $t (ref.null func) (i32.const 100000000)) (i32.const -1))
+              (then unreachable))))"#;
+        let outcome = run(&WasmSpec::new(module(dir.path(), "table.wat", wat)));
+        assert_eq!(
+            outcome.termination,
+            Termination::MemoryExceeded,
+            "{outcome:?}"
+        );
     }
 
     #[test]

@@ -234,6 +234,16 @@ impl Client {
         Ok(())
     }
 
+    /// Forgets a finished job on the coordinator (its tasks, logs and the list of its
+    /// uploads): `flotilla rm`. A running job is refused (cancel it first).
+    pub async fn remove(&mut self, job: JobId) -> Result<()> {
+        self.inner
+            .remove(proto::RemoveRequest { job: job.0 })
+            .await
+            .map_err(|e| self.rpc_err(e))?;
+        Ok(())
+    }
+
     /// A task's captured output (`task` is its name, e.g. `tile[3]`); with `follow`, the
     /// stream goes on until the task ends.
     pub async fn logs(

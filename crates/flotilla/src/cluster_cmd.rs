@@ -532,6 +532,13 @@ pub(crate) async fn cancel(a: JobArgs) -> Result<()> {
     Ok(())
 }
 
+pub(crate) async fn remove(a: JobArgs) -> Result<()> {
+    let mut client = a.remote.client().await?;
+    client.remove(JobId::new(a.job)).await?;
+    eprintln!("removed job {}", a.job);
+    Ok(())
+}
+
 pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
     let mut client = a.remote.client().await?;
     let mut s = client

@@ -41,6 +41,9 @@ enum Command {
     Wait(cluster_cmd::JobArgs),
     /// Cancel a job.
     Cancel(cluster_cmd::JobArgs),
+    /// Forget a finished job on the coordinator: its tasks, logs and uploads list (cancel a
+    /// running one first).
+    Rm(cluster_cmd::JobArgs),
     /// Print a task's captured output.
     Logs(cluster_cmd::LogsArgs),
     /// Run a benchmark (one line per result; --json for one JSON object per line).
@@ -412,6 +415,7 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Status(a) => ok(tokio_runtime()?.block_on(cluster_cmd::status(a))),
         Command::Wait(a) => tokio_runtime()?.block_on(cluster_cmd::wait(a)),
         Command::Cancel(a) => ok(tokio_runtime()?.block_on(cluster_cmd::cancel(a))),
+        Command::Rm(a) => ok(tokio_runtime()?.block_on(cluster_cmd::remove(a))),
         Command::Logs(a) => ok(tokio_runtime()?.block_on(cluster_cmd::logs(a))),
         Command::Bench(Bench::Cluster(a)) => {
             let cfg = flotilla::bench::cluster::ClusterBenchConfig {

@@ -110,3 +110,35 @@ fn a_damaged_record_stops_the_start_and_recovery_keeps_what_came_before_it() {
     c.submit_toml("again.toml", ONE_TASK);
     assert_eq!(c.overview().unwrap().jobs.len(), 2);
 }
+
+#[test]
+fn rm_forgets_a_finished_job_across_a_restart_and_refuses_a_running_one() {
+    let mut c = Cluster::start(1, 1);
+    let job = c.submit_toml("one.toml", ONE_TASK);
+    assert_succeeded(&c.wait_job(job, WAIT));
+    let long = c.submit_toml(
+        "long.toml",
+        "name = \"long\"\n[[task]]\nid = \"t\"\ncmd = [\"sleep\", \"600\"]\n",
+    );
+    let out = c.cli(&["rm", &long.0.to_string()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("still running (cancel it first)"), "{err}");
+
+    let out = c.cli(&["rm", &job.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(c.status(job).is_none(), "the removed job is still known");
+    let out = c.cli(&["rm", &job.0.to_string()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("no job {job}")));
+
+    c.kill_server();
+    c.restart_server();
+    let s = c.overview().expect("the coordinator answers");
+    assert_eq!(s.jobs.len(), 1, "the removal survives the restart");
+    assert_eq!(s.jobs[0].id, long);
+}

@@ -38,6 +38,10 @@ pub(super) enum Req {
         job: JobId,
         reply: Reply<()>,
     },
+    Remove {
+        job: JobId,
+        reply: Reply<()>,
+    },
     /// Makes the core panic (tests of its supervision).
     #[cfg(test)]
     Panic,
@@ -406,6 +410,7 @@ impl Core {
                 after,
             ),
             Req::Cancel { job, reply } => self.on_cancel(job, reply, cmds, records, after),
+            Req::Remove { job, reply } => self.on_remove(job, reply, cmds, records, after),
             Req::Status { job, reply } => {
                 let _ = reply.send(self.on_status(job));
             }
@@ -501,6 +506,39 @@ impl Core {
         after.push(Box::new(move |_| {
             let _ = reply.send(Ok(()));
         }));
+    }
+
+    /// `flotilla rm`: a finished job is forgotten (journaled), its uploads list and its logs
+    /// deleted once that is durable.
+    fn on_remove(
+        &mut self,
+        job: JobId,
+        reply: Reply<()>,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+        after: &mut Vec<AfterCommit>,
+    ) {
+        let ev = Event::JobRemoved { job };
+        let rec = JournalRecord::from_event(&ev);
+        let now = self.now();
+        match self.coord.handle(now, ev, cmds) {
+            Err(state::StateError::UnknownJob(_)) => {
+                let _ = reply.send(Err(Status::not_found(format!("no job {job}"))));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(Status::failed_precondition(e.to_string())));
+            }
+            Ok(()) => {
+                records.extend(rec);
+                records.extend(self.coord.take_journal_records());
+                after.push(Box::new(move |core: &mut Core| {
+                    core.uploads.remove(&job);
+                    let _ = std::fs::remove_file(core.uploads_dir.join(format!("{}.json", job.0)));
+                    let _ = std::fs::remove_dir_all(core.logs_dir.join(job.0.to_string()));
+                    let _ = reply.send(Ok(()));
+                }));
+            }
+        }
     }
 
     /// A job's status, or every job and worker, as JSON.

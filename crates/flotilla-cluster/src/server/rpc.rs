@@ -232,6 +232,15 @@ impl CoordinatorRpc for Api {
         Ok(Response::new(proto::CancelReply {}))
     }
 
+    async fn remove(
+        &self,
+        req: Request<proto::RemoveRequest>,
+    ) -> std::result::Result<Response<proto::RemoveReply>, Status> {
+        let job = JobId::new(req.into_inner().job);
+        self.ask(|reply| Req::Remove { job, reply }).await?;
+        Ok(Response::new(proto::RemoveReply {}))
+    }
+
     type LogsStream = BoxStream<proto::LogChunk>;
     async fn logs(
         &self,

@@ -39,8 +39,10 @@
 //! | `Running` | every task `Done` (at once for an empty job) | `Succeeded` |
 //! | `Running` | a task failed for good | `Failed` |
 //! | `Running` | `JobCancelled` | `Cancelled` |
+//! | `Succeeded`, `Failed`, `Cancelled` | `JobRemoved`, once no attempt of it is left on a worker | gone (forgotten; its id is not reused) |
 //!
-//! `JobFinished` is notified once, when the job leaves `Running`.
+//! `JobFinished` is notified once, when the job leaves `Running`. `JobRemoved` of a running
+//! job, or of one whose cancelled attempts have not reported yet, is refused.
 //!
 //! # Worker slots and batched dispatch (the contract with the worker agent)
 //!
@@ -133,6 +135,14 @@ pub enum StateError {
     /// A job with this id exists already.
     #[error("job {0} exists already")]
     DuplicateJob(JobId),
+    /// The job cannot be removed yet.
+    #[error("job {job} cannot be removed: {why}")]
+    NotRemovable {
+        /// The job.
+        job: JobId,
+        /// Why.
+        why: String,
+    },
     /// The job's spec did not expand.
     #[error("job {job}: {source}")]
     BadJob {
@@ -295,6 +305,11 @@ pub enum Event {
         /// The job.
         job: JobId,
     },
+    /// A finished job is forgotten, with its tasks and outputs' records (J): `flotilla rm`.
+    JobRemoved {
+        /// The job.
+        job: JobId,
+    },
     /// A worker registered.
     WorkerJoined {
         /// Its id, from [`Coordinator::next_worker_id`].
@@ -380,6 +395,7 @@ impl Event {
             self,
             Event::JobSubmitted { .. }
                 | Event::JobCancelled { .. }
+                | Event::JobRemoved { .. }
                 | Event::TaskFinished { .. }
                 | Event::TaskAssigned { .. }
         )
@@ -431,6 +447,11 @@ pub enum JournalRecord {
         /// The worker's hardware class.
         hw_class: String,
     },
+    /// See [`Event::JobRemoved`] (last, so older journals decode unchanged).
+    JobRemoved {
+        /// The job.
+        job: JobId,
+    },
 }
 
 impl JournalRecord {
@@ -449,6 +470,7 @@ impl JournalRecord {
                 tenant: tenant.clone(),
             },
             Event::JobCancelled { job } => JournalRecord::JobCancelled { job: *job },
+            Event::JobRemoved { job } => JournalRecord::JobRemoved { job: *job },
             Event::TaskFinished {
                 worker,
                 task,
@@ -500,6 +522,7 @@ impl From<JournalRecord> for Event {
                 tenant,
             },
             JournalRecord::JobCancelled { job } => Event::JobCancelled { job },
+            JournalRecord::JobRemoved { job } => Event::JobRemoved { job },
             JournalRecord::TaskFinished {
                 worker,
                 task,

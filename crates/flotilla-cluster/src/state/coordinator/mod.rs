@@ -233,6 +233,30 @@ impl Coordinator {
                     self.end_job(job, JobState::Cancelled, out);
                 }
             }
+            Event::JobRemoved { job } => {
+                let j = self.jobs.get(&job).ok_or(StateError::UnknownJob(job))?;
+                if j.is_active() {
+                    return Err(StateError::NotRemovable {
+                        job,
+                        why: "it is still running (cancel it first)".into(),
+                    });
+                }
+                // Attempts still stopping on workers hold resources until they report.
+                let stopping = self
+                    .workers
+                    .values()
+                    .any(|w| w.slots.keys().any(|(t, _)| t.job == job));
+                if stopping || self.ghosts.keys().any(|t| t.job == job) {
+                    return Err(StateError::NotRemovable {
+                        job,
+                        why: "some of its attempts are still stopping; try again in a moment"
+                            .into(),
+                    });
+                }
+                self.now = now;
+                self.jobs.remove(&job);
+                self.active.remove(&job);
+            }
             Event::WorkerJoined {
                 worker,
                 spec,

@@ -382,3 +382,48 @@ fn a_registration_offering_absurd_resources_is_refused_and_changes_nothing() {
     sim.join(wspec(4.0, &[]));
     assert_eq!(sim.c.workers().len(), 1);
 }
+
+#[test]
+fn a_finished_job_is_removed_from_memory_and_a_running_or_stopping_one_is_not() {
+    // Finished jobs were never dropped: a coordinator's memory grew with every job it ran.
+    let mut sim = Sim::new(0);
+    let (w, _) = sim.join(wspec(1.0, &[]));
+    let (job, out) = sim.submit("[[task]]\nid = \"t\"\ncmd = [\"x\"]\n");
+    let t = assigns(&out)[0].1.task;
+    let refused = sim.try_ev(Event::JobRemoved { job }).unwrap_err();
+    assert!(refused.to_string().contains("still running"), "{refused}");
+    // Cancelled, but its attempt still holds the worker until it reports.
+    sim.ev(Event::JobCancelled { job });
+    let refused = sim.try_ev(Event::JobRemoved { job }).unwrap_err();
+    assert!(refused.to_string().contains("still stopping"), "{refused}");
+    sim.finish(w, t, 1, AttemptOutcome::Cancelled);
+    sim.ev(Event::JobRemoved { job });
+    assert!(sim.c.job_status(job).is_none());
+    assert!(sim.c.jobs().is_empty());
+    assert_eq!(
+        sim.try_ev(Event::JobRemoved { job }).unwrap_err(),
+        StateError::UnknownJob(job)
+    );
+    // Ids are not reused.
+    let (next, _) = sim.submit("[[task]]\nid = \"t\"\ncmd = [\"x\"]\n");
+    assert!(next.0 > job.0);
+    // Journaled, and replayed after a restart.
+    assert!(Event::JobRemoved { job }.journaled());
+    let mut c = Coordinator::new(config(0));
+    let mut sink = Vec::new();
+    let spec = parse_job("[[task]]\nid = \"t\"\ncmd = [\"x\"]\n", "job.toml").unwrap();
+    for r in [
+        JournalRecord::JobSubmitted {
+            job,
+            spec: Box::new(spec),
+            dir: "/jobs".into(),
+            tenant: "t".into(),
+        },
+        JournalRecord::JobCancelled { job },
+        JournalRecord::JobRemoved { job },
+    ] {
+        c.replay(0, r, &mut sink).unwrap();
+    }
+    assert!(c.job_status(job).is_none());
+    assert_eq!(c.next_job_id(), JobId::new(job.0 + 1));
+}

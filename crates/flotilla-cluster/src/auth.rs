@@ -18,6 +18,17 @@ pub const TOKEN_FILE: &str = "token";
 /// Reads the server's token, creating a random one (mode 0600) if there is none.
 pub fn load_or_create_token(state_dir: &Path) -> Result<String> {
     let path = state_dir.join(TOKEN_FILE);
+    if let Ok(md) = std::fs::metadata(&path) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = md.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(ClusterError::Config(format!(
+                "{}: readable by others (mode {mode:o}): anyone who reads it controls the \
+                 cluster; make it private (chmod 600) or remove it to get a new one",
+                path.display()
+            )));
+        }
+    }
     match std::fs::read_to_string(&path) {
         Ok(t) => {
             let t = t.trim().to_string();
@@ -142,5 +153,32 @@ impl tonic::service::Interceptor for TokenAdd {
         req.metadata_mut()
             .insert("authorization", self.header.clone());
         Ok(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn the_token_is_private_and_a_readable_one_is_refused() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let token = load_or_create_token(dir.path()).expect("created");
+        let path = dir.path().join(TOKEN_FILE);
+        let mode = std::fs::metadata(&path)
+            .expect("written")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(load_or_create_token(dir.path()).expect("read back"), token);
+        for loose in [0o640, 0o604, 0o644] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(loose)).expect("chmod");
+            let e = load_or_create_token(dir.path()).expect_err("a readable token");
+            assert!(e.to_string().contains("readable by others"), "{e}");
+            assert!(e.to_string().contains(&format!("{loose:o}")), "{e}");
+        }
     }
 }

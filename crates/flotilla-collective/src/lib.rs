@@ -56,4 +56,4 @@ pub use error::{CommError, Result};
 /// Brain floating point, 16 bits (from the `half` crate), an [`Element`].
 pub use half::bf16;
 pub use options::{Algorithm, Options, Transport};
-pub use rendezvous::RendezvousServer;
+pub use rendezvous::{RendezvousServer, MAX_CONNECTIONS as MAX_RENDEZVOUS_CONNECTIONS};

@@ -7,6 +7,13 @@
 //! rejected (duplicate rank, size mismatch, rank out of range, bad magic). A completed group is
 //! forgotten, so the key can be reused by a later group. Members whose connection died while
 //! waiting are pruned, so a restarted rank can take its place.
+//!
+//! A server made with [`RendezvousServer::bind_restricted`] (the coordinator's) serves only
+//! the keys it was told to expect ([`RendezvousServer::expect`]: the key, the group size and
+//! how long it is good for): any other key, an expired one, or a size other than announced is
+//! refused, so the service is not open to whoever reaches its port, and a key does not live
+//! forever. Every server holds at most [`MAX_CONNECTIONS`] connections at once (one thread
+//! each); more are closed at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -18,6 +25,12 @@ use std::time::{Duration, Instant};
 
 use crate::error::{CommError, Result};
 use crate::wire::{self, Reader, Writer, MAGIC};
+
+/// Connections a rendezvous server holds at once.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Keys a restricted server accepts: group size and expiry.
+type Expected = Arc<Mutex<HashMap<String, (usize, Instant)>>>;
 
 /// What every rank tells the others about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,6 +48,8 @@ pub struct RendezvousServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// `Some` for a restricted server.
+    expected: Option<Expected>,
 }
 
 struct Member {
@@ -50,8 +65,30 @@ struct Group {
 type Groups = Arc<Mutex<HashMap<String, Group>>>;
 
 impl RendezvousServer {
-    /// Binds `addr` (`"HOST:PORT"`, port 0 for an ephemeral one) and starts serving.
+    /// Binds `addr` (`"HOST:PORT"`, port 0 for an ephemeral one) and starts serving any key.
     pub fn bind(addr: &str) -> Result<RendezvousServer> {
+        Self::start(addr, None)
+    }
+
+    /// Like [`RendezvousServer::bind`], but serving only the keys given to
+    /// [`RendezvousServer::expect`].
+    pub fn bind_restricted(addr: &str) -> Result<RendezvousServer> {
+        Self::start(addr, Some(Arc::new(Mutex::new(HashMap::new()))))
+    }
+
+    /// A restricted server will accept the group `key` of `size` ranks for `ttl` from now
+    /// (expired keys are dropped here, so the list stays bounded). No effect on an open server.
+    pub fn expect(&self, key: &str, size: usize, ttl: Duration) {
+        let Some(expected) = &self.expected else {
+            return;
+        };
+        let Ok(mut map) = expected.lock() else { return };
+        let now = Instant::now();
+        map.retain(|_, (_, until)| *until > now);
+        map.insert(key.to_string(), (size, now + ttl));
+    }
+
+    fn start(addr: &str, expected: Option<Expected>) -> Result<RendezvousServer> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| CommError::Rendezvous(format!("cannot bind rendezvous at {addr}: {e}")))?;
         let local = listener
@@ -63,14 +100,16 @@ impl RendezvousServer {
         let stop = Arc::new(AtomicBool::new(false));
         let groups: Groups = Arc::new(Mutex::new(HashMap::new()));
         let stop2 = stop.clone();
+        let exp2 = expected.clone();
         let thread = std::thread::Builder::new()
             .name(format!("flotilla-rendezvous-{}", local.port()))
-            .spawn(move || accept_loop(listener, stop2, groups))
+            .spawn(move || accept_loop(listener, stop2, groups, exp2))
             .map_err(|e| CommError::io("spawning the rendezvous thread", e))?;
         Ok(RendezvousServer {
             addr: local,
             stop,
             thread: Some(thread),
+            expected,
         })
     }
 
@@ -97,8 +136,14 @@ impl std::fmt::Debug for RendezvousServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, stop: Arc<AtomicBool>, groups: Groups) {
+fn accept_loop(
+    listener: TcpListener,
+    stop: Arc<AtomicBool>,
+    groups: Groups,
+    expected: Option<Expected>,
+) {
     let fd = listener.as_raw_fd();
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     while !stop.load(Ordering::SeqCst) {
         let mut pfd = libc::pollfd {
             fd,
@@ -109,12 +154,23 @@ fn accept_loop(listener: TcpListener, stop: Arc<AtomicBool>, groups: Groups) {
         let _ = unsafe { libc::poll(&mut pfd, 1, 50) };
         loop {
             match listener.accept() {
-                Ok((stream, _)) => {
-                    let groups = groups.clone();
-                    let stop = stop.clone();
-                    let _ = std::thread::Builder::new()
+                Ok((mut stream, _)) => {
+                    if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+                        reply_error(&mut stream, "too many connections, try again");
+                        continue;
+                    }
+                    open.fetch_add(1, Ordering::SeqCst);
+                    let (groups, stop, expected, held) =
+                        (groups.clone(), stop.clone(), expected.clone(), open.clone());
+                    let spawned = std::thread::Builder::new()
                         .name("flotilla-rendezvous-conn".into())
-                        .spawn(move || handle_conn(stream, groups, stop));
+                        .spawn(move || {
+                            handle_conn(stream, groups, stop, expected.as_ref());
+                            held.fetch_sub(1, Ordering::SeqCst);
+                        });
+                    if spawned.is_err() {
+                        open.fetch_sub(1, Ordering::SeqCst);
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(_) => {
@@ -132,7 +188,12 @@ fn reply_error(stream: &mut TcpStream, msg: &str) {
     let _ = wire::write_frame(stream, &p);
 }
 
-fn handle_conn(mut stream: TcpStream, groups: Groups, stop: Arc<AtomicBool>) {
+fn handle_conn(
+    mut stream: TcpStream,
+    groups: Groups,
+    stop: Arc<AtomicBool>,
+    expected: Option<&Expected>,
+) {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_nodelay(true);
     // A rank sends its request right after connecting; poll so that a silent client does not
@@ -190,6 +251,25 @@ fn handle_conn(mut stream: TcpStream, groups: Groups, stop: Arc<AtomicBool>) {
             &format!("rank {rank} is out of range for group {key:?} of size {size}"),
         );
         return;
+    }
+    if let Some(expected) = expected {
+        let known = expected
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).copied())
+            .filter(|(_, until)| *until > Instant::now());
+        match known {
+            None => {
+                reply_error(&mut stream, "unknown or expired group key");
+                return;
+            }
+            Some((n, _)) if n != size => {
+                let msg = format!("group {key:?} has {n} ranks, not {size}");
+                reply_error(&mut stream, &msg);
+                return;
+            }
+            Some(_) => {}
+        }
     }
     let complete = {
         let Ok(mut map) = groups.lock() else { return };

@@ -141,3 +141,37 @@ fn a_key_can_be_reused_after_a_group_completes() {
         t.join().unwrap();
     }
 }
+
+#[test]
+fn a_restricted_rendezvous_serves_only_announced_keys_of_the_announced_size() {
+    // The coordinator's rendezvous once served any key, from anyone, forever.
+    let server = RendezvousServer::bind_restricted("127.0.0.1:0").unwrap();
+    let at = server.local_addr();
+    let r = Communicator::connect_with(&format!("{at}/stranger"), 0, 1, opts(2000));
+    let msg = rendezvous_msg(&r).unwrap();
+    assert!(msg.contains("unknown or expired group key"), "{msg}");
+
+    server.expect("gang-1", 2, Duration::from_secs(60));
+    let r = Communicator::connect_with(&format!("{at}/gang-1"), 0, 3, opts(2000));
+    let msg = rendezvous_msg(&r).unwrap();
+    assert!(msg.contains("has 2 ranks, not 3"), "{msg}");
+
+    let rv = format!("{at}/gang-1");
+    let rv2 = rv.clone();
+    let t = std::thread::spawn(move || Communicator::connect_with(&rv2, 1, 2, opts(5000)));
+    let mut a = Communicator::connect_with(&rv, 0, 2, opts(5000)).unwrap();
+    let mut b = t.join().unwrap().unwrap();
+    let t = std::thread::spawn(move || {
+        let mut x = [2.0f32];
+        b.allreduce(&mut x, ReduceOp::Sum).unwrap();
+        x[0]
+    });
+    let mut x = [1.0f32];
+    a.allreduce(&mut x, ReduceOp::Sum).unwrap();
+    assert_eq!((x[0], t.join().unwrap()), (3.0, 3.0));
+
+    // An expired key is refused like an unknown one.
+    server.expect("gang-2", 1, Duration::ZERO);
+    let r = Communicator::connect_with(&format!("{at}/gang-2"), 0, 1, opts(2000));
+    assert!(rendezvous_msg(&r).unwrap().contains("unknown or expired"));
+}

@@ -75,6 +75,9 @@ pub(super) enum Req {
 /// Replies sent once the batch they answer is durable.
 type AfterCommit = Box<dyn FnOnce(&mut Core)>;
 
+/// How long the rendezvous accepts a gang's key after the gang was assigned.
+const GANG_KEY_TTL: Duration = Duration::from_secs(24 * 3600);
+
 /// Where a task's logs are and whether more may come.
 #[derive(Clone, Debug)]
 pub(super) struct LogInfo {
@@ -281,7 +284,7 @@ impl Core {
         };
         let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
         core.rendezvous = Some(
-            flotilla_collective::RendezvousServer::bind(&rdv_addr).map_err(|e| {
+            flotilla_collective::RendezvousServer::bind_restricted(&rdv_addr).map_err(|e| {
                 ClusterError::Config(format!(
                     "cannot start the gang rendezvous on {rdv_addr}: {e}"
                 ))
@@ -786,6 +789,10 @@ impl Core {
                         let mut a = crate::convert::assignment(t);
                         if let Some(g) = a.gang.as_mut() {
                             g.key = format!("{}-{}", g.key, self.gang_nonce);
+                            // Only announced keys meet there, for a day at most.
+                            if let Some(r) = &self.rendezvous {
+                                r.expect(&g.key, g.size as usize, GANG_KEY_TTL);
+                            }
                         }
                         self.add_uploaded_inputs(&mut a);
                         m.assign.push(a);

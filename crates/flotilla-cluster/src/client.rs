@@ -211,18 +211,28 @@ impl Client {
         job: JobId,
         mut on_event: impl FnMut(&JobEvent),
     ) -> Result<Finished> {
-        let mut s = self.watch(job).await?;
-        while let Some(ev) = s.message().await.map_err(|e| self.rpc_err(e))? {
-            on_event(&ev);
-            if ev.job_finished {
-                return Ok(Finished {
-                    state: ev.job_state,
-                });
+        // The coordinator drops a watcher that falls too far behind: the stream then ends
+        // early, and watching again starts from the job's state at that moment.
+        let mut rewatches = 0u32;
+        loop {
+            let mut s = self.watch(job).await?;
+            let mut got = false;
+            while let Some(ev) = s.message().await.map_err(|e| self.rpc_err(e))? {
+                got = true;
+                on_event(&ev);
+                if ev.job_finished {
+                    return Ok(Finished {
+                        state: ev.job_state,
+                    });
+                }
+            }
+            rewatches = if got { 0 } else { rewatches + 1 };
+            if rewatches >= 3 {
+                return Err(ClusterError::Rpc(format!(
+                    "the coordinator closed the event stream of {job} before it finished"
+                )));
             }
         }
-        Err(ClusterError::Rpc(format!(
-            "the coordinator closed the event stream of {job} before it finished"
-        )))
     }
 
     /// Cancels a job: its running tasks are stopped, the others are not started.

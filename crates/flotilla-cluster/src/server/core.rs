@@ -55,7 +55,7 @@ pub(super) enum Req {
     },
     Watch {
         job: JobId,
-        tx: mpsc::UnboundedSender<std::result::Result<proto::JobEvent, Status>>,
+        tx: Watcher,
     },
     LogInfo {
         job: JobId,
@@ -74,6 +74,29 @@ pub(super) enum Req {
 
 /// Replies sent once the batch they answer is durable.
 type AfterCommit = Box<dyn FnOnce(&mut Core)>;
+
+/// A `Watch` stream's sender: bounded, so a client that does not read cannot make the
+/// coordinator hold its events without limit.
+pub(super) type Watcher = mpsc::Sender<std::result::Result<proto::JobEvent, Status>>;
+
+/// Events a watcher may have unread before it is dropped (its client then sees the stream
+/// end, and `Client::wait` watches again from the job's state at that moment).
+pub(super) const WATCH_BUFFER: usize = 256;
+
+/// Sends `ev` to every watcher that has room; one that is full or gone is dropped.
+fn send_or_drop(ws: &mut Vec<Watcher>, ev: &proto::JobEvent) {
+    ws.retain(|tx| match tx.try_send(Ok(ev.clone())) {
+        Ok(()) => true,
+        Err(mpsc::error::TrySendError::Full(_)) => {
+            tracing::debug!(
+                job = ev.job,
+                "dropping a watcher that does not read its events"
+            );
+            false
+        }
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+    });
+}
 
 /// How long the rendezvous accepts a gang's key after the gang was assigned.
 const GANG_KEY_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -94,8 +117,7 @@ pub(super) struct Core {
     sessions: Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
     senders: HashMap<WorkerId, mpsc::UnboundedSender<proto::CoordinatorMessage>>,
     last_seen: HashMap<WorkerId, Instant>,
-    watchers:
-        HashMap<JobId, Vec<mpsc::UnboundedSender<std::result::Result<proto::JobEvent, Status>>>>,
+    watchers: HashMap<JobId, Vec<Watcher>>,
     logs_dir: PathBuf,
     heartbeat: Duration,
     heartbeat_timeout: Duration,
@@ -567,18 +589,14 @@ impl Core {
     }
 
     /// A new watcher: the job's state now, then (while it runs) its events.
-    fn on_watch(
-        &mut self,
-        job: JobId,
-        tx: mpsc::UnboundedSender<std::result::Result<proto::JobEvent, Status>>,
-    ) {
+    fn on_watch(&mut self, job: JobId, tx: Watcher) {
         let Some(s) = self.coord.job_summary(job) else {
-            let _ = tx.send(Err(Status::not_found(format!("no job {job}"))));
+            let _ = tx.try_send(Err(Status::not_found(format!("no job {job}"))));
             return;
         };
         let (done, total) = (s.done as u32, s.total as u32);
         if s.state != state::JobState::Running {
-            let _ = tx.send(Ok(proto::JobEvent {
+            let _ = tx.try_send(Ok(proto::JobEvent {
                 job: job.0,
                 job_finished: true,
                 job_state: s.state.to_string(),
@@ -588,7 +606,7 @@ impl Core {
             }));
             return;
         }
-        let _ = tx.send(Ok(proto::JobEvent {
+        let _ = tx.try_send(Ok(proto::JobEvent {
             job: job.0,
             state: "running".into(),
             done,
@@ -878,7 +896,7 @@ impl Core {
                         total,
                     };
                     if let Some(ws) = self.watchers.get_mut(&task.job) {
-                        ws.retain(|tx| tx.send(Ok(ev.clone())).is_ok());
+                        send_or_drop(ws, &ev);
                     }
                 } else if !progressed.contains(&task.job) {
                     progressed.push(task.job);
@@ -887,17 +905,16 @@ impl Core {
             Notification::JobFinished { job, state } => {
                 progressed.retain(|j| *j != job);
                 let (done, total) = self.progress_of(job);
-                if let Some(ws) = self.watchers.remove(&job) {
-                    for tx in ws {
-                        let _ = tx.send(Ok(proto::JobEvent {
-                            job: job.0,
-                            job_finished: true,
-                            job_state: state.to_string(),
-                            done,
-                            total,
-                            ..Default::default()
-                        }));
-                    }
+                if let Some(mut ws) = self.watchers.remove(&job) {
+                    let ev = proto::JobEvent {
+                        job: job.0,
+                        job_finished: true,
+                        job_state: state.to_string(),
+                        done,
+                        total,
+                        ..Default::default()
+                    };
+                    send_or_drop(&mut ws, &ev);
                 }
             }
         }
@@ -921,8 +938,33 @@ impl Core {
                     total,
                     ..Default::default()
                 };
-                ws.retain(|tx| tx.send(Ok(ev.clone())).is_ok());
+                send_or_drop(ws, &ev);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use super::*;
+
+    #[test]
+    fn a_watcher_that_does_not_read_is_dropped_and_the_others_kept() {
+        // Watch streams were unbounded: a client that never read held the coordinator's
+        // memory for every event of its job.
+        let (slow, _slow_rx) = mpsc::channel(1);
+        let (quick, mut quick_rx) = mpsc::channel(WATCH_BUFFER);
+        let (gone, gone_rx) = mpsc::channel(1);
+        drop(gone_rx);
+        let mut ws = vec![slow, quick, gone];
+        let ev = proto::JobEvent {
+            job: 1,
+            ..Default::default()
+        };
+        send_or_drop(&mut ws, &ev);
+        assert_eq!(ws.len(), 2, "a closed watcher is dropped");
+        send_or_drop(&mut ws, &ev);
+        assert_eq!(ws.len(), 1, "a full watcher is dropped");
+        assert!(quick_rx.try_recv().is_ok() && quick_rx.try_recv().is_ok());
     }
 }

@@ -214,12 +214,12 @@ impl CoordinatorRpc for Api {
         req: Request<proto::WatchRequest>,
     ) -> std::result::Result<Response<Self::WatchStream>, Status> {
         let job = JobId::new(req.into_inner().job);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(super::core::WATCH_BUFFER);
         self.core
             .send(Req::Watch { job, tx })
             .map_err(|_| Status::unavailable("the coordinator is stopping"))?;
         Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+            tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }
 

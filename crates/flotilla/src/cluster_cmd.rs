@@ -77,6 +77,14 @@ pub(crate) struct ServerArgs {
     /// job is refused at submit, before anything is expanded.
     #[arg(long, default_value_t = flotilla::cluster::server::DEFAULT_MAX_JOB_TASKS)]
     max_job_tasks: u64,
+    /// The most bytes of output kept per stream (stdout, stderr) and attempt; the rest is
+    /// dropped, with one line saying so (accepts sizes like 64MiB).
+    #[arg(long, default_value = "64MiB", value_parser = parse_log_size)]
+    max_log_bytes: u64,
+}
+
+fn parse_log_size(s: &str) -> std::result::Result<u64, String> {
+    flotilla::core::size::parse_size(s).map_err(|e| e.to_string())
 }
 
 #[derive(Args, Debug)]
@@ -207,6 +215,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     cfg.fsync = a.fsync;
     cfg.recover_journal = a.recover_journal;
     cfg.max_job_tasks = a.max_job_tasks;
+    cfg.max_log_bytes = a.max_log_bytes;
     if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {
         cfg.tls = Some(ServerTls { cert, key });
     }

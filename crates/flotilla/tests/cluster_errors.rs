@@ -476,3 +476,36 @@ cmd = ["true"]
         "nothing was accepted"
     );
 }
+
+#[test]
+fn a_task_that_prints_without_end_is_kept_to_the_log_limit() {
+    // Logs were unbounded: one chatty task could fill the coordinator's disk.
+    let c = Cluster::start_with(
+        1,
+        1,
+        kit::Opts {
+            server_args: vec!["--max-log-bytes".into(), "1000".into()],
+            ..kit::Opts::default()
+        },
+    );
+    let out = submit_wait(
+        &c,
+        "chatty.toml",
+        r#"
+name = "chatty"
+[[task]]
+id = "talk"
+cmd = ["sh", "-c", "i=0; while [ $i -lt 500 ]; do echo 0123456789; i=$((i+1)); done"]
+"#,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let job = job_id_of(&out).0.to_string();
+    let logs = c.cli(&["logs", &job, "talk"]);
+    let shown = text(&logs.stdout);
+    assert!(shown.starts_with("0123456789\n0123456789\n"), "{shown}");
+    assert!(
+        shown.ends_with("[flotilla: output truncated at 1000 bytes]\n"),
+        "{shown}"
+    );
+    assert!(shown.len() < 1100, "{} bytes kept", shown.len());
+}

@@ -119,6 +119,8 @@ pub(super) struct Core {
     last_seen: HashMap<WorkerId, Instant>,
     watchers: HashMap<JobId, Vec<Watcher>>,
     logs_dir: PathBuf,
+    /// The most bytes kept of each stream of each attempt.
+    max_log_bytes: u64,
     heartbeat: Duration,
     heartbeat_timeout: Duration,
     stop: watch::Sender<bool>,
@@ -291,6 +293,7 @@ impl Core {
             last_seen: HashMap::new(),
             watchers: HashMap::new(),
             logs_dir: config.state_dir.join("logs"),
+            max_log_bytes: config.max_log_bytes,
             heartbeat: config.heartbeat,
             heartbeat_timeout: config.heartbeat_timeout,
             stop,
@@ -700,7 +703,15 @@ impl Core {
         }
         self.last_seen.insert(worker, Instant::now());
         for l in &m.logs {
-            self.write_log(l);
+            // Only the output of an attempt given to this worker: a session cannot write
+            // into another task's log.
+            let Some(k) = &l.task else { continue };
+            let (task, attempt) = crate::convert::task_key(k);
+            if self.coord.gave(worker, task, attempt) {
+                self.write_log(l);
+            } else {
+                tracing::debug!(%worker, %task, attempt, "output of an attempt it was not given: dropped");
+            }
         }
         for r in m.finished {
             if let Some(ev) = crate::convert::task_finished(worker, r) {
@@ -780,6 +791,7 @@ impl Core {
         let Some(k) = &l.task else { return };
         let (out, err) = self.log_paths(JobId::new(k.job), TaskId::new(k.task), k.attempt);
         let path = if l.stderr { err } else { out };
+        let cap = self.max_log_bytes;
         let r = (|| -> std::io::Result<()> {
             if let Some(d) = path.parent() {
                 std::fs::create_dir_all(d)?;
@@ -788,7 +800,17 @@ impl Core {
                 .create(true)
                 .append(true)
                 .open(&path)?;
-            f.write_all(&l.data)
+            // At most `cap` bytes per stream and attempt, then one line saying so.
+            let have = f.metadata()?.len();
+            if have >= cap {
+                return Ok(());
+            }
+            let room = usize::try_from(cap - have).unwrap_or(usize::MAX);
+            if l.data.len() <= room {
+                return f.write_all(&l.data);
+            }
+            f.write_all(&l.data[..room])?;
+            write!(f, "\n[flotilla: output truncated at {cap} bytes]\n")
         })();
         if let Err(e) = r {
             tracing::warn!("{}: {e}", path.display());

@@ -61,7 +61,12 @@ pub struct ServerConfig {
     pub recover_journal: bool,
     /// The most task instances one submitted job may expand to.
     pub max_job_tasks: u64,
+    /// The most bytes kept of each output stream (stdout, stderr) of each attempt.
+    pub max_log_bytes: u64,
 }
+
+/// The default for [`ServerConfig::max_log_bytes`]: 64 MiB.
+pub const DEFAULT_MAX_LOG_BYTES: u64 = 64 << 20;
 
 /// The default for [`ServerConfig::max_job_tasks`].
 pub const DEFAULT_MAX_JOB_TASKS: u64 = 1_000_000;
@@ -79,6 +84,7 @@ impl ServerConfig {
             fsync: false,
             recover_journal: false,
             max_job_tasks: DEFAULT_MAX_JOB_TASKS,
+            max_log_bytes: DEFAULT_MAX_LOG_BYTES,
         }
     }
 }

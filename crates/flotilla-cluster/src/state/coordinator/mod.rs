@@ -160,6 +160,15 @@ impl Coordinator {
         self.grace_until = Some(due);
     }
 
+    /// Whether attempt `attempt` of `task` is the task's current one and was given to
+    /// `worker`: what that worker may send about it (its output included).
+    pub fn gave(&self, worker: WorkerId, task: TaskRef, attempt: u32) -> bool {
+        self.jobs
+            .get(&task.job)
+            .and_then(|j| j.tasks.get(task.task.index()))
+            .is_some_and(|rt| rt.attempt == attempt && rt.worker == Some(worker))
+    }
+
     /// [`Event::JobSubmitted`] with the spec already expanded (the server expands it off its
     /// core thread): the job `name` with `graph`, owned by `tenant`, in `dir`. The journal
     /// records the spec (the caller's [`JournalRecord::JobSubmitted`]).

@@ -427,3 +427,25 @@ fn a_finished_job_is_removed_from_memory_and_a_running_or_stopping_one_is_not() 
     assert!(c.job_status(job).is_none());
     assert_eq!(c.next_job_id(), JobId::new(job.0 + 1));
 }
+
+#[test]
+fn a_worker_may_speak_only_of_the_attempts_it_was_given() {
+    // Any session could once write into any task's log.
+    let mut sim = Sim::new(0);
+    let (w1, _) = sim.join(wspec(1.0, &[]));
+    let (w2, _) = sim.join(wspec(1.0, &[]));
+    let (_, out) = sim.submit("[[task]]\nid = \"t\"\ncmd = [\"x\"]\n");
+    let (w, a) = assigns(&out)[0].clone();
+    let other = if w == w1 { w2 } else { w1 };
+    assert!(sim.c.gave(w, a.task, a.attempt));
+    assert!(!sim.c.gave(other, a.task, a.attempt));
+    assert!(!sim.c.gave(w, a.task, a.attempt + 1));
+    let unknown = TaskRef {
+        job: JobId::new(99),
+        task: TaskId::new(0),
+    };
+    assert!(!sim.c.gave(w, unknown, 1));
+    // After it finished, its last words (output sent with the result) still count.
+    sim.finish(w, a.task, a.attempt, AttemptOutcome::Succeeded);
+    assert!(sim.c.gave(w, a.task, a.attempt));
+}

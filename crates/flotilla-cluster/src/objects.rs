@@ -304,10 +304,7 @@ pub(crate) fn stage_inputs(
     a: &Assignment,
     coordinator: &Remote,
 ) -> Result<PathBuf> {
-    let k = a.task.unwrap_or_default();
-    let dir = work
-        .join("sandbox")
-        .join(format!("{}-{}-{}", k.job, k.task, k.attempt));
+    let dir = sandbox_dir(work, &a.task.unwrap_or_default());
     if dir.exists() {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -348,6 +345,12 @@ pub(crate) fn stage_inputs(
         std::fs::copy(&src, &dst).map_err(|e| ClusterError::io(&dst, e))?;
     }
     Ok(dir)
+}
+
+/// The sandbox of one attempt in transfer staging: `WORK/sandbox/<job>-<task>-<attempt>`.
+pub(crate) fn sandbox_dir(work: &Path, k: &proto::TaskKey) -> PathBuf {
+    work.join("sandbox")
+        .join(format!("{}-{}-{}", k.job, k.task, k.attempt))
 }
 
 /// A job-relative path that stays inside the job folder.

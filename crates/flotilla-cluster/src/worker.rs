@@ -303,6 +303,16 @@ impl Shared {
         let sh = self.clone();
         self.pool.spawn(move || {
             let result = execute(&sh, &a, &pkey, &cancel, &logs);
+            if a.transfer {
+                // Its outputs are copies in the store now: the sandbox goes, whatever the
+                // outcome, so a worker's disk does not fill with finished attempts.
+                let dir = crate::objects::sandbox_dir(&sh.config.work_dir, &pkey);
+                if let Err(e) = std::fs::remove_dir_all(&dir) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        tracing::warn!("removing {}: {e}", dir.display());
+                    }
+                }
+            }
             let mut l = sh.local.lock();
             let Local { agent, runs } = &mut *l;
             // Final log bytes, then the result.

@@ -64,6 +64,16 @@ fn transfer_chain_outputs_are_gathered_into_the_job_folder() {
     let job = job_id_of(&out);
     let s = c.wait_job(job, Duration::from_secs(30));
     assert_succeeded(&s);
+    // Sandboxes were never cleaned: each finished attempt's goes once its outputs are stored.
+    for w in ["w0", "w1"] {
+        let sandboxes = dir.parent().unwrap().join(w).join("sandbox");
+        let left: Vec<_> = std::fs::read_dir(&sandboxes)
+            .unwrap_or_else(|e| panic!("{}: {e}", sandboxes.display()))
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{w} kept sandboxes {left:?}");
+    }
     // Each task ran where its resources forced it: a and c on w0, b on w1.
     let names = c.live_workers();
     let ran_on = |t: &str| names[&kit::task(&s, t).worker.unwrap()].clone();

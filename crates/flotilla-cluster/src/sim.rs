@@ -21,7 +21,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
-use flotilla_core::ledger::{Ledger, LedgerError, LedgerGpu};
+use flotilla_core::ledger::{Ledger, LedgerError};
 use flotilla_core::{parse_job, JobId, Resources, WorkerId};
 use flotilla_sched::{Dag, Placement, Schedule};
 
@@ -135,15 +135,7 @@ impl ClusterSim {
 
     /// Adds a worker; its agent keeps a ledger of `spec`'s offer.
     pub fn add_worker(&mut self, spec: WorkerSpec) -> Result<WorkerId, SimError> {
-        let gpus: Vec<LedgerGpu> = spec
-            .gpus
-            .iter()
-            .map(|g| LedgerGpu {
-                index: g.index,
-                mem_bytes: g.mem_bytes,
-            })
-            .collect();
-        let ledger = Ledger::new(spec.resources.clone(), &gpus)?;
+        let ledger = spec.ledger()?;
         let id = self.coord.next_worker_id();
         self.coord.handle(
             self.now,

@@ -217,6 +217,25 @@ pub struct WorkerSpec {
     pub data_addr: String,
 }
 
+impl WorkerSpec {
+    /// The resource ledger of this offer, with nothing reserved (what the coordinator and
+    /// the worker's agent each keep).
+    pub fn ledger(
+        &self,
+    ) -> std::result::Result<flotilla_core::ledger::Ledger, flotilla_core::ledger::LedgerError>
+    {
+        let gpus: Vec<flotilla_core::ledger::LedgerGpu> = self
+            .gpus
+            .iter()
+            .map(|g| flotilla_core::ledger::LedgerGpu {
+                index: g.index,
+                mem_bytes: g.mem_bytes,
+            })
+            .collect();
+        flotilla_core::ledger::Ledger::new(self.resources.clone(), &gpus)
+    }
+}
+
 /// A task of a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
 pub struct TaskRef {

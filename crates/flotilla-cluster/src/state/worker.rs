@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use flotilla_core::ledger::{GpuShares, Ledger, LedgerGpu};
+use flotilla_core::ledger::{GpuShares, Ledger};
 use flotilla_core::{Resources, WorkerId};
 use flotilla_sched::cluster::Node;
 
@@ -66,15 +66,7 @@ impl Worker {
         spec: WorkerSpec,
         now: Millis,
     ) -> std::result::Result<Worker, String> {
-        let gpus: Vec<LedgerGpu> = spec
-            .gpus
-            .iter()
-            .map(|g| LedgerGpu {
-                index: g.index,
-                mem_bytes: g.mem_bytes,
-            })
-            .collect();
-        let ledger = Ledger::new(spec.resources.clone(), &gpus).map_err(|e| e.to_string())?;
+        let ledger = spec.ledger().map_err(|e| e.to_string())?;
         Ok(Worker {
             id,
             spec,

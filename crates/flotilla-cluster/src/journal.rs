@@ -328,10 +328,10 @@ impl Journal {
             // Rewrite as version 2, next to it, then over it.
             let mut out = Vec::with_capacity(bytes.len() + records.len() * 4);
             out.extend_from_slice(MAGIC);
-            for &(a, b) in &records {
+            for (i, &(a, b)) in records.iter().enumerate() {
                 frame(&bytes[a..b], &mut out).map_err(|n| JournalError::TooLarge {
                     path: path.clone(),
-                    record: 0,
+                    record: i as u64,
                     bytes: n,
                 })?;
             }

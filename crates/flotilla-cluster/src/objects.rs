@@ -129,7 +129,7 @@ fn blake3_file(path: &Path) -> Result<String> {
     Ok(h.finalize().to_hex().to_string())
 }
 
-pub(crate) fn valid_hash(h: &str) -> bool {
+fn valid_hash(h: &str) -> bool {
     h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())
 }
 

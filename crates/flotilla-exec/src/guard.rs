@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 /// The worker's side: registers and unregisters process groups.
 #[derive(Debug)]
 pub struct Guard {
-    stdin: Mutex<ChildStdin>,
+    stdin: Mutex<Option<ChildStdin>>,
     child: Mutex<Child>,
 }
 
@@ -40,19 +40,16 @@ impl Guard {
             .take()
             .ok_or_else(|| io::Error::other("the guard has no stdin"))?;
         Ok(Guard {
-            stdin: Mutex::new(stdin),
+            stdin: Mutex::new(Some(stdin)),
             child: Mutex::new(child),
         })
     }
 
-    /// The guard's pid.
-    pub fn pid(&self) -> u32 {
-        self.child.lock().id()
-    }
-
     fn send(&self, sign: char, pgid: i32) {
         // A guard that died cannot be helped here; the task still runs.
-        let _ = writeln!(self.stdin.lock(), "{sign}{pgid}");
+        if let Some(stdin) = self.stdin.lock().as_mut() {
+            let _ = writeln!(stdin, "{sign}{pgid}");
+        }
     }
 
     /// A task's process group to kill if the worker dies.
@@ -63,6 +60,15 @@ impl Guard {
     /// The task ended (its group is killed and reaped): forget it.
     pub fn unwatch(&self, pgid: i32) {
         self.send('-', pgid);
+    }
+}
+
+impl Drop for Guard {
+    /// The worker is done: closing the pipe lets the guard kill what is still registered and
+    /// exit; it is reaped here, so it leaves no zombie behind.
+    fn drop(&mut self) {
+        drop(self.stdin.lock().take());
+        let _ = self.child.lock().wait();
     }
 }
 

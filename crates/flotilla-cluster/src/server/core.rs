@@ -475,26 +475,14 @@ impl Core {
     ) {
         let job = self.coord.next_job_id();
         let name = spec.name.clone();
-        let rec = JournalRecord::JobSubmitted {
-            job,
-            spec: Box::new(spec),
-            dir,
-            tenant,
-        };
-        let JournalRecord::JobSubmitted {
-            spec, dir, tenant, ..
-        } = &rec
-        else {
-            unreachable!("built just above")
-        };
         let now = self.now();
         if let Err(e) = self.coord.submit_expanded(
             now,
             job,
             &spec.name,
             *graph,
-            dir,
-            tenant,
+            &dir,
+            &tenant,
             spec.staging,
             cmds,
         ) {
@@ -502,7 +490,13 @@ impl Core {
             return;
         }
         self.note_uploads(job, files);
-        records.push(rec);
+        // The journal keeps the spec; a replay expands it again.
+        records.push(JournalRecord::JobSubmitted {
+            job,
+            spec: Box::new(spec),
+            dir,
+            tenant,
+        });
         records.extend(self.coord.take_journal_records());
         let tasks = self
             .coord

@@ -113,12 +113,7 @@ pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 
 impl tonic::service::Interceptor for TokenCheck {
     fn call(&mut self, req: Request<()>) -> std::result::Result<Request<()>, Status> {
-        let ok = req
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| ct_eq(t.as_bytes(), self.token.as_bytes()));
+        let ok = bearer(&req).is_some_and(|t| ct_eq(t.as_bytes(), self.token.as_bytes()));
         if ok {
             Ok(req)
         } else {
@@ -130,6 +125,57 @@ impl tonic::service::Interceptor for TokenCheck {
             Err(Status::unauthenticated("invalid or missing access token"))
         }
     }
+}
+
+fn bearer<T>(req: &Request<T>) -> Option<&str> {
+    req.metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+}
+
+/// The coordinator's check: the bearer token must be one the registry knows and has not
+/// revoked; the [`Principal`](crate::access::Principal) it names rides in the request's
+/// extensions for the handler to authorize.
+#[derive(Clone)]
+pub struct Authn {
+    access: std::sync::Arc<crate::access::Access>,
+}
+
+impl Authn {
+    /// A check against `access`.
+    pub fn new(access: std::sync::Arc<crate::access::Access>) -> Self {
+        Self { access }
+    }
+}
+
+impl tonic::service::Interceptor for Authn {
+    fn call(&mut self, mut req: Request<()>) -> std::result::Result<Request<()>, Status> {
+        match bearer(&req).and_then(|t| self.access.authenticate(t)) {
+            Some(p) => {
+                req.extensions_mut().insert(p);
+                Ok(req)
+            }
+            None => {
+                let peer = req
+                    .remote_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| "unknown peer".into());
+                tracing::warn!(%peer, "refused a request without a valid token");
+                Err(Status::unauthenticated(
+                    "invalid, revoked or missing access token",
+                ))
+            }
+        }
+    }
+}
+
+/// The principal [`Authn`] found for a request.
+pub fn principal<T>(req: &Request<T>) -> std::result::Result<crate::access::Principal, Status> {
+    req.extensions()
+        .get::<crate::access::Principal>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("no principal (the request was not checked)"))
 }
 
 /// Adds the bearer token to outgoing requests.

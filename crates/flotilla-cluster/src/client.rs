@@ -17,8 +17,10 @@ use flotilla_core::{JobId, JobSpec};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::access::{Quota, Tenant, TokenInfo};
 use crate::auth::TokenAdd;
 use crate::error::{ClusterError, Result};
+use crate::proto::admin_client::AdminClient;
 use crate::proto::coordinator_client::CoordinatorClient;
 use crate::proto::{self, JobEvent};
 use crate::state::{ClusterStatus, JobStatus};
@@ -28,12 +30,20 @@ use crate::transport::Remote;
 #[derive(Clone)]
 pub struct Client {
     inner: CoordinatorClient<InterceptedService<Channel, TokenAdd>>,
+    admin: AdminClient<InterceptedService<Channel, TokenAdd>>,
     /// The coordinator's address, for error messages.
     addr: String,
     /// Whether the connection uses TLS.
     tls: bool,
-    /// The access token (also presented to workers' object servers by [`Client::gather`]).
-    token: String,
+}
+
+/// A token just made: shown once, never stored in the clear by the coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewToken {
+    /// Its id (`flotilla admin token revoke ID`).
+    pub id: String,
+    /// The token.
+    pub token: String,
 }
 
 /// A job the coordinator accepted.
@@ -58,6 +68,8 @@ pub struct GatheredOutput {
     pub size: u64,
     /// The data address of a worker holding it.
     pub from: String,
+    /// What that worker wants to see before it sends the object.
+    pub ticket: String,
 }
 
 /// How a job ended.
@@ -78,14 +90,16 @@ impl Client {
     /// Connects to the coordinator at `remote`.
     pub async fn connect(remote: &Remote) -> Result<Self> {
         let channel = remote.channel().await?;
-        let inner = CoordinatorClient::with_interceptor(channel, TokenAdd::new(&remote.token)?)
+        let add = TokenAdd::new(&remote.token)?;
+        let inner = CoordinatorClient::with_interceptor(channel.clone(), add.clone())
             .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES);
+        let admin = AdminClient::with_interceptor(channel, add);
         Ok(Self {
             inner,
+            admin,
             addr: remote.addr.clone(),
             tls: remote.tls_ca.is_some(),
-            token: remote.token.clone(),
         })
     }
 
@@ -294,6 +308,7 @@ impl Client {
                     hash: o.hash,
                     size: o.size,
                     from: i.from,
+                    ticket: i.ticket,
                 })
             })
             .collect())
@@ -314,13 +329,82 @@ impl Client {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let tmp = parent.join(format!(".{name}.gather{}", rand::random::<u32>()));
-            crate::framed::fetch_framed_to(&o.from, &self.token, (&o.hash, o.size), &tmp, &dst)
+            crate::framed::fetch_framed_to(&o.from, &o.ticket, (&o.hash, o.size), &tmp, &dst)
                 .await
                 .map_err(|e| {
                     ClusterError::Rpc(format!("cannot gather {} from {}: {e}", o.path, o.from))
                 })?;
         }
         Ok(outs)
+    }
+
+    /// Admin: adds tenant `name` with `quota`; its token.
+    pub async fn tenant_add(&mut self, name: &str, quota: &Quota) -> Result<NewToken> {
+        let r = self
+            .admin
+            .tenant_add(proto::TenantAddRequest {
+                name: name.to_string(),
+                cpus: quota.cpus,
+                gpus: quota.gpus,
+                running_jobs: quota.running_jobs,
+                tasks: quota.tasks,
+            })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        Ok(NewToken {
+            id: r.id,
+            token: r.token,
+        })
+    }
+
+    /// Admin: every tenant.
+    pub async fn tenant_list(&mut self) -> Result<Vec<Tenant>> {
+        let r = self
+            .admin
+            .tenant_list(proto::TenantListRequest {})
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("tenant list: {e}")))
+    }
+
+    /// Admin: a new worker enrolment token.
+    pub async fn worker_token_add(&mut self, name: &str) -> Result<NewToken> {
+        let r = self
+            .admin
+            .worker_token_add(proto::WorkerTokenAddRequest {
+                name: name.to_string(),
+            })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        Ok(NewToken {
+            id: r.id,
+            token: r.token,
+        })
+    }
+
+    /// Admin: every token (ids, roles, names; never a token).
+    pub async fn token_list(&mut self) -> Result<Vec<TokenInfo>> {
+        let r = self
+            .admin
+            .token_list(proto::TokenListRequest {})
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("token list: {e}")))
+    }
+
+    /// Admin: revokes token `id`.
+    pub async fn token_revoke(&mut self, id: &str) -> Result<TokenInfo> {
+        let r = self
+            .admin
+            .token_revoke(proto::TokenRevokeRequest { id: id.to_string() })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("token revoke: {e}")))
     }
 
     /// Asks the coordinator to stop (used by `flotilla run` for its in-process server).

@@ -72,7 +72,13 @@ fn object_to(o: &state::ObjectRef) -> proto::Object {
     }
 }
 
-pub(crate) fn worker_joined(worker: WorkerId, req: proto::RegisterRequest) -> Event {
+/// The event of a registration; `previous` is the id the worker proved it had before (its
+/// claims on that id's attempts and outputs are taken only then).
+pub(crate) fn worker_joined(
+    worker: WorkerId,
+    req: proto::RegisterRequest,
+    previous: Option<WorkerId>,
+) -> Event {
     let resources = req
         .resources
         .as_ref()
@@ -108,6 +114,7 @@ pub(crate) fn worker_joined(worker: WorkerId, req: proto::RegisterRequest) -> Ev
         spec,
         running,
         held,
+        previous,
     }
 }
 
@@ -160,6 +167,7 @@ pub(crate) fn assignment(a: state::Assignment) -> proto::Assignment {
             .map(|(o, from)| proto::Input {
                 object: Some(object_to(o)),
                 from: from.clone(),
+                ticket: String::new(),
             })
             .collect(),
         outputs: a.outputs,

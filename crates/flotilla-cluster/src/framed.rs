@@ -61,11 +61,39 @@ fn fail(m: &str) -> Bytes {
     Bytes::from(v)
 }
 
-/// Serves `store` over framed TCP on `addr` (port 0 picks one); returns the bound address.
+/// Who a framed server serves.
+#[derive(Clone)]
+pub enum Gate {
+    /// Whoever presents this token (benchmarks and tests).
+    Token(Arc<String>),
+    /// Whoever presents a ticket for the object under one of these keys: a worker's data
+    /// keys (one per registration of its process), set from its registration replies.
+    Tickets(Arc<parking_lot::RwLock<Vec<[u8; 32]>>>),
+}
+
+impl Gate {
+    /// A gate that admits `token`.
+    pub fn token(token: impl Into<String>) -> Gate {
+        Gate::Token(Arc::new(token.into()))
+    }
+
+    fn admits(&self, credential: &[u8], hash: &str) -> bool {
+        match self {
+            Gate::Token(t) => crate::auth::ct_eq(credential, t.as_bytes()),
+            Gate::Tickets(keys) => keys
+                .read()
+                .iter()
+                .any(|k| crate::auth::ct_eq(credential, crate::access::ticket(k, hash).as_bytes())),
+        }
+    }
+}
+
+/// Serves `store` over framed TCP on `addr` (port 0 picks one) to whom `gate` admits;
+/// returns the bound address.
 pub async fn serve_framed(
     addr: SocketAddr,
     store: Arc<ObjectStore>,
-    token: String,
+    gate: Gate,
 ) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -76,7 +104,6 @@ pub async fn serve_framed(
     let local = listener
         .local_addr()
         .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
-    let token = Arc::new(token);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         while let Ok((sock, peer)) = listener.accept().await {
@@ -91,9 +118,9 @@ pub async fn serve_framed(
                 });
                 continue;
             };
-            let (store, token) = (store.clone(), token.clone());
+            let (store, gate) = (store.clone(), gate.clone());
             tokio::spawn(async move {
-                if let Err(e) = serve_one(sock, &store, &token).await {
+                if let Err(e) = serve_one(sock, &store, &gate).await {
                     tracing::debug!("framed object request from {peer}: {e}");
                 }
                 drop(slot);
@@ -103,7 +130,7 @@ pub async fn serve_framed(
     Ok(local)
 }
 
-async fn serve_one(sock: tokio::net::TcpStream, store: &ObjectStore, token: &str) -> Result<()> {
+async fn serve_one(sock: tokio::net::TcpStream, store: &ObjectStore, gate: &Gate) -> Result<()> {
     let mut framed = Framed::new(sock, codec(MAX_REQUEST));
     let io = |e: std::io::Error| ClusterError::Rpc(format!("framed transfer: {e}"));
     let req = match tokio::time::timeout(AUTH_TIMEOUT, framed.next()).await {
@@ -116,11 +143,14 @@ async fn serve_one(sock: tokio::net::TcpStream, store: &ObjectStore, token: &str
         parts.next().unwrap_or_default(),
         parts.next().unwrap_or_default(),
     );
-    if !crate::auth::ct_eq(t, token.as_bytes()) {
-        framed.send(fail("invalid token")).await.map_err(io)?;
+    let hash = String::from_utf8_lossy(hash).into_owned();
+    if !gate.admits(t, &hash) {
+        framed
+            .send(fail("invalid token or ticket"))
+            .await
+            .map_err(io)?;
         return Ok(());
     }
-    let hash = String::from_utf8_lossy(hash).into_owned();
     if !store.has(&hash) {
         framed
             .send(fail(&format!("object {hash} is not held here")))
@@ -250,6 +280,7 @@ pub async fn fetch_grpc(from: &Remote, hash: &str) -> Result<u64> {
     let mut s = client
         .fetch(proto::FetchRequest {
             hash: hash.to_string(),
+            ticket: String::new(),
         })
         .await?
         .into_inner();
@@ -281,7 +312,7 @@ pub async fn compare(bytes: usize, reps: usize) -> Result<(f64, f64)> {
     let token = "bench-token".to_string();
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let grpc = crate::objects::serve_objects(any, store.clone(), token.clone()).await?;
-    let framed = serve_framed(any, store.clone(), token.clone()).await?;
+    let framed = serve_framed(any, store.clone(), Gate::token(token.clone())).await?;
     let remote = Remote::new(grpc.to_string(), token.clone());
     let (mut g, mut f): (Vec<Duration>, Vec<Duration>) = (Vec::new(), Vec::new());
     // One warm-up each: connections, page cache.
@@ -317,7 +348,9 @@ mod tests {
         let data: Vec<u8> = (0..3 * CHUNK + 17).map(|i| (i % 251) as u8).collect();
         let (hash, _) = store.put_bytes(&data).unwrap();
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let framed = serve_framed(any, store.clone(), "t".into()).await.unwrap();
+        let framed = serve_framed(any, store.clone(), Gate::token("t"))
+            .await
+            .unwrap();
         assert_eq!(
             fetch_framed(framed, "t", &hash).await.unwrap(),
             data.len() as u64
@@ -335,13 +368,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_worker_serves_an_object_only_for_its_ticket() {
+        // Workers once served any object to whoever held the cluster's one token.
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(ObjectStore::open(dir.path()).unwrap());
+        let (hash, _) = store.put_bytes(b"an output").unwrap();
+        let (other, _) = store.put_bytes(b"another output").unwrap();
+        let key = [7u8; 32];
+        let keys = Arc::new(parking_lot::RwLock::new(vec![key]));
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let framed = serve_framed(any, store, Gate::Tickets(keys.clone()))
+            .await
+            .unwrap();
+        let ticket = crate::access::ticket(&key, &hash);
+        assert_eq!(fetch_framed(framed, &ticket, &hash).await.unwrap(), 9);
+        for (t, h) in [
+            (ticket.as_str(), other.as_str()),
+            ("", hash.as_str()),
+            (&crate::access::ticket(&[8u8; 32], &hash), hash.as_str()),
+        ] {
+            let e = fetch_framed(framed, t, h).await.unwrap_err().to_string();
+            assert!(e.contains("invalid token or ticket"), "{e}");
+        }
+        // A key of the worker's next registration is added; the old one still serves.
+        keys.write().push([9u8; 32]);
+        let t2 = crate::access::ticket(&[9u8; 32], &other);
+        assert_eq!(fetch_framed(framed, &t2, &other).await.unwrap(), 14);
+        assert_eq!(fetch_framed(framed, &ticket, &hash).await.unwrap(), 9);
+    }
+
+    #[tokio::test]
     async fn small_objects_that_look_like_error_frames_are_fetched_intact() {
         // A small file starting with a 0 byte and otherwise UTF-8 (all zeros) was read as an
         // error frame: every fetch of it failed.
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(ObjectStore::open(dir.path()).unwrap());
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let framed = serve_framed(any, store.clone(), "t".into()).await.unwrap();
+        let framed = serve_framed(any, store.clone(), Gate::token("t"))
+            .await
+            .unwrap();
         for data in [
             vec![0u8; 100],
             b"\0invalid token".to_vec(),
@@ -363,7 +428,7 @@ mod tests {
         let store = Arc::new(ObjectStore::open(dir.path()).unwrap());
         let (hash, _) = store.put_bytes(&[7u8; 5000]).unwrap();
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let addr = serve_framed(any, store, "t".into())
+        let addr = serve_framed(any, store, Gate::token("t"))
             .await
             .unwrap()
             .to_string();
@@ -390,7 +455,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(ObjectStore::open(dir.path()).unwrap());
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let addr = serve_framed(any, store, "t".into()).await.unwrap();
+        let addr = serve_framed(any, store, Gate::token("t")).await.unwrap();
         let sock = tokio::net::TcpStream::connect(addr).await.unwrap();
         let mut framed = Framed::new(sock, codec(CHUNK + 4096));
         framed

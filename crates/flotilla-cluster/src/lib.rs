@@ -7,6 +7,7 @@
 //! the journal after a restart; [`run_worker`] is the agent on each machine; [`Client`] is
 //! the API the CLI uses.
 
+pub mod access;
 mod agent;
 pub mod auth;
 pub mod client;

@@ -133,9 +133,12 @@ fn valid_hash(h: &str) -> bool {
     h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// The `Objects` service over a store (workers' data servers and the coordinator).
+/// The `Objects` service over a store (the coordinator's uploads; a worker's store in the
+/// transfer benchmark).
 pub(crate) struct ObjectsService {
     store: Arc<ObjectStore>,
+    /// The coordinator's: a fetch needs the admin token or a ticket for the object.
+    tickets: Option<Arc<crate::access::Access>>,
 }
 
 type ChunkStream =
@@ -148,6 +151,21 @@ impl Objects for ObjectsService {
         &self,
         req: Request<proto::FetchRequest>,
     ) -> std::result::Result<Response<ChunkStream>, Status> {
+        if let Some(access) = &self.tickets {
+            let admin = req
+                .extensions()
+                .get::<crate::access::Principal>()
+                .is_some_and(|p| p.is_admin());
+            let r = req.get_ref();
+            let want = access.ticket(crate::server::COORDINATOR_HOLDER, &r.hash);
+            if !admin && !crate::auth::ct_eq(r.ticket.as_bytes(), want.as_bytes()) {
+                return Err(Status::permission_denied(format!(
+                    "no ticket for object {}: objects are fetched with the ticket of an \
+                     assignment",
+                    r.hash
+                )));
+            }
+        }
         let hash = req.into_inner().hash;
         if !self.store.has(&hash) {
             return Err(Status::not_found(format!("object {hash} is not held here")));
@@ -190,12 +208,20 @@ impl Objects for ObjectsService {
     }
 }
 
-/// The `Objects` service over `store`, behind `check`.
+/// The coordinator's `Objects` service over `store`: behind `check`, and each fetch needs the
+/// admin token or a ticket.
 pub(crate) fn objects_service(
     store: Arc<ObjectStore>,
-    check: TokenCheck,
-) -> tonic::codegen::InterceptedService<ObjectsServer<ObjectsService>, TokenCheck> {
-    ObjectsServer::with_interceptor(ObjectsService { store }, check)
+    check: crate::auth::Authn,
+    access: Arc<crate::access::Access>,
+) -> tonic::codegen::InterceptedService<ObjectsServer<ObjectsService>, crate::auth::Authn> {
+    ObjectsServer::with_interceptor(
+        ObjectsService {
+            store,
+            tickets: Some(access),
+        },
+        check,
+    )
 }
 
 /// Serves `store` over gRPC (`Objects.Fetch`) on `addr` (port 0 picks one); returns the bound
@@ -215,7 +241,13 @@ pub async fn serve_objects(
     let local = listener
         .local_addr()
         .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
-    let svc = ObjectsServer::with_interceptor(ObjectsService { store }, TokenCheck::new(token));
+    let svc = ObjectsServer::with_interceptor(
+        ObjectsService {
+            store,
+            tickets: None,
+        },
+        TokenCheck::new(token),
+    );
     tokio::spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         if let Err(e) = tonic::transport::Server::builder()
@@ -230,19 +262,19 @@ pub async fn serve_objects(
     Ok(local)
 }
 
-/// Fetches `hash` into the store: from a worker's data server (framed TCP), or from the
-/// coordinator (`Objects.Fetch` over gRPC) when `from_coordinator`.
+/// Fetches `hash` into the store: from a worker's data server (framed TCP, `from.token` is
+/// the ticket), or from the coordinator (`Objects.Fetch` over gRPC) with `coordinator_ticket`.
 async fn fetch_from(
     store: &ObjectStore,
     from: &Remote,
     (hash, size): (&str, u64),
-    from_coordinator: bool,
+    coordinator_ticket: Option<&str>,
 ) -> Result<()> {
     let tmp = store
         .dir
         .join(format!(".{hash}.fetch{}", rand::random::<u32>()));
-    if from_coordinator {
-        fetch_to(from, hash, &tmp, &store.path(hash)).await
+    if let Some(ticket) = coordinator_ticket {
+        fetch_to(from, (hash, ticket), &tmp, &store.path(hash)).await
     } else {
         crate::framed::fetch_framed_to(
             &from.addr,
@@ -258,7 +290,12 @@ async fn fetch_from(
 /// Fetches object `hash` from `from` (a worker's data server or the coordinator) into `tmp`,
 /// checks its blake3 hash, then renames it to `dst` (same folder as `tmp`): `dst` is never
 /// partial.
-pub(crate) async fn fetch_to(from: &Remote, hash: &str, tmp: &Path, dst: &Path) -> Result<()> {
+pub(crate) async fn fetch_to(
+    from: &Remote,
+    (hash, ticket): (&str, &str),
+    tmp: &Path,
+    dst: &Path,
+) -> Result<()> {
     if !valid_hash(hash) {
         return Err(ClusterError::Rpc(format!("bad object hash {hash:?}")));
     }
@@ -267,6 +304,7 @@ pub(crate) async fn fetch_to(from: &Remote, hash: &str, tmp: &Path, dst: &Path) 
     let mut s = client
         .fetch(proto::FetchRequest {
             hash: hash.to_string(),
+            ticket: ticket.to_string(),
         })
         .await?
         .into_inner();
@@ -322,16 +360,18 @@ pub(crate) fn stage_inputs(
                 .enable_all()
                 .build()
                 .map_err(|e| ClusterError::Config(format!("runtime for a fetch: {e}")))?;
+            // A peer is shown the ticket the coordinator gave for this object; the
+            // coordinator is shown this worker's credential and the ticket.
             let from = if input.from.is_empty() {
                 coordinator.clone()
             } else {
-                Remote::new(input.from.clone(), coordinator.token.clone())
+                Remote::new(input.from.clone(), input.ticket.clone())
             };
             rt.block_on(fetch_from(
                 store,
                 &from,
                 (&obj.hash, obj.size),
-                input.from.is_empty(),
+                (input.from.is_empty()).then_some(input.ticket.as_str()),
             ))?;
         }
         let rel = safe_relative(&obj.path)?;
@@ -468,6 +508,7 @@ mod tests {
                         size,
                     }),
                     from: "127.0.0.1:1".into(),
+                    ticket: String::new(),
                 })
                 .collect(),
             ..Assignment::default()

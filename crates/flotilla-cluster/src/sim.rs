@@ -144,6 +144,7 @@ impl ClusterSim {
                 spec,
                 running: Vec::new(),
                 held: Vec::new(),
+                previous: None,
             },
             &mut self.out,
         )?;

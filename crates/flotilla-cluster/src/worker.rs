@@ -235,6 +235,12 @@ struct Shared {
     pool: Arc<Pool>,
     /// The id of the last registration, reported at the next one.
     previous: Mutex<Option<u32>>,
+    /// The credential of the last registration: its session's token, the proof of its id
+    /// at the next registration, and its token for the coordinator's objects.
+    credential: Mutex<String>,
+    /// The data keys of its registrations: fetches from its data server need a ticket made
+    /// with one of them.
+    data_keys: Arc<parking_lot::RwLock<Vec<[u8; 32]>>>,
     config: WorkerConfig,
     local: Mutex<Local>,
     out: mpsc::UnboundedSender<Out>,
@@ -340,10 +346,11 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
     let ledger = config.ledger()?;
     std::fs::create_dir_all(&config.work_dir).map_err(|e| ClusterError::io(&config.work_dir, e))?;
     let objects = Arc::new(ObjectStore::open(&config.work_dir.join("objects"))?);
+    let data_keys = Arc::new(parking_lot::RwLock::new(Vec::new()));
     let data = crate::framed::serve_framed(
         config.data_listen,
         objects.clone(),
-        config.remote.token.clone(),
+        crate::framed::Gate::Tickets(data_keys.clone()),
     )
     .await?;
     let data_addr = data.to_string();
@@ -368,6 +375,8 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
     let shared = Arc::new(Shared {
         pool: Pool::new(),
         previous: Mutex::new(None),
+        credential: Mutex::new(String::new()),
+        data_keys,
         config,
         guard,
         local: Mutex::new(Local {
@@ -472,6 +481,7 @@ async fn session(
     let back = rejoin(shared, out_rx);
     let held = shared.objects.held();
     let previous_worker = *shared.previous.lock();
+    let previous_credential = shared.credential.lock().clone();
     let reply = client
         .register(proto::RegisterRequest {
             protocol_version: proto::PROTOCOL_VERSION,
@@ -492,6 +502,7 @@ async fn session(
             running: back.running,
             held,
             previous_worker,
+            previous_credential,
             finished: back.finished,
         })
         .await?
@@ -504,6 +515,22 @@ async fn session(
     }
     let me = reply.worker;
     *shared.previous.lock() = Some(me);
+    *shared.credential.lock() = reply.credential.clone();
+    let key = crate::access::parse_key(&reply.data_key)
+        .ok_or_else(|| ClusterError::Rpc("the coordinator sent no valid data key".into()))?;
+    {
+        let mut keys = shared.data_keys.write();
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    // The session is opened with this worker's own credential, not the enrolment token.
+    let mut client = WorkersClient::with_interceptor(
+        cfg.remote.channel().await?,
+        TokenAdd::new(&reply.credential)?,
+    )
+    .max_decoding_message_size(proto::MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(proto::MAX_MESSAGE_BYTES);
     shared
         .rendezvous_port
         .store(reply.rendezvous_port, std::sync::atomic::Ordering::Relaxed);
@@ -654,7 +681,11 @@ fn execute(
     }
     // Where the task runs: the shared job folder, or a sandbox with its inputs staged.
     let root = if a.transfer {
-        match crate::objects::stage_inputs(&sh.objects, &sh.config.work_dir, a, &sh.config.remote) {
+        let coordinator = Remote {
+            token: sh.credential.lock().clone(),
+            ..sh.config.remote.clone()
+        };
+        match crate::objects::stage_inputs(&sh.objects, &sh.config.work_dir, a, &coordinator) {
             Ok(dir) => dir,
             Err(e) => return failed(format!("staging inputs: {e}"), true),
         }

@@ -328,7 +328,13 @@ fn fmt_secs(s: f64) -> String {
 /// Prints the end-of-job summary from the job's status document and (for per-worker
 /// utilization) the cluster's.
 fn print_summary(status: &JobStatus, cluster: Option<&ClusterStatus>) {
-    println!("job {} ({}): {}", status.id.0, status.name, status.state);
+    println!(
+        "job {} ({}, tenant {}): {}",
+        status.id.0, status.name, status.tenant, status.state
+    );
+    if let Some(w) = &status.waiting {
+        println!("  waiting: {w}");
+    }
     if let Ok(serde_json::Value::Object(c)) = serde_json::to_value(&status.counts) {
         let parts: Vec<String> = c
             .iter()
@@ -479,18 +485,22 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:>6}  {:<20} {:<10} {:>13} {:>10}",
-        "JOB", "NAME", "STATE", "DONE/TOTAL", "MAKESPAN"
+        "{:>6}  {:<20} {:<12} {:<10} {:>13} {:>10}",
+        "JOB", "NAME", "TENANT", "STATE", "DONE/TOTAL", "MAKESPAN"
     );
     for j in &s.jobs {
         println!(
-            "{:>6}  {:<20} {:<10} {:>13} {:>10}",
+            "{:>6}  {:<20} {:<12} {:<10} {:>13} {:>10}",
             j.id.0,
             j.name,
+            j.tenant,
             j.state.to_string(),
             format!("{}/{}", j.done, j.total),
             fmt_secs(j.makespan_s)
         );
+        if let Some(w) = &j.waiting {
+            println!("        waiting: {w}");
+        }
     }
     println!();
     println!(

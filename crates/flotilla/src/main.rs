@@ -1,5 +1,6 @@
 //! The `flotilla` command line: a thin layer over the library.
 
+mod admin_cmd;
 mod cluster_cmd;
 
 use std::path::PathBuf;
@@ -46,6 +47,9 @@ enum Command {
     Rm(cluster_cmd::JobArgs),
     /// Print a task's captured output.
     Logs(cluster_cmd::LogsArgs),
+    /// Tenants, worker enrolment tokens and revocation (takes the admin token).
+    #[command(subcommand)]
+    Admin(admin_cmd::AdminCmd),
     /// Run a benchmark (one line per result; --json for one JSON object per line).
     #[command(subcommand)]
     Bench(Bench),
@@ -417,6 +421,7 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Cancel(a) => ok(tokio_runtime()?.block_on(cluster_cmd::cancel(a))),
         Command::Rm(a) => ok(tokio_runtime()?.block_on(cluster_cmd::remove(a))),
         Command::Logs(a) => ok(tokio_runtime()?.block_on(cluster_cmd::logs(a))),
+        Command::Admin(a) => ok(tokio_runtime()?.block_on(admin_cmd::admin(a))),
         Command::Bench(Bench::Cluster(a)) => {
             let cfg = flotilla::bench::cluster::ClusterBenchConfig {
                 workload: name(&a.workload),

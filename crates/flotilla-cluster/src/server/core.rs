@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
+use crate::access::{Access, Scope};
 use crate::error::{ClusterError, Result};
 use crate::journal::Journal;
 use crate::proto::{self, PROTOCOL_VERSION};
@@ -29,6 +30,7 @@ pub(super) enum Req {
         /// The spec expanded (off the core thread).
         graph: Box<flotilla_core::TaskGraph>,
         dir: String,
+        /// The submitter's tenant (from its token, never from the request).
         tenant: String,
         /// Uploaded job-folder files (transfer staging), already in the store.
         files: Vec<proto::Object>,
@@ -36,10 +38,12 @@ pub(super) enum Req {
     },
     Cancel {
         job: JobId,
+        scope: Scope,
         reply: Reply<()>,
     },
     Remove {
         job: JobId,
+        scope: Scope,
         reply: Reply<()>,
     },
     /// Makes the core panic (tests of its supervision).
@@ -47,29 +51,84 @@ pub(super) enum Req {
     Panic,
     Status {
         job: Option<JobId>,
+        scope: Scope,
         reply: Reply<String>,
     },
     Outputs {
         job: JobId,
+        scope: Scope,
         reply: Reply<Vec<proto::Input>>,
     },
     Watch {
         job: JobId,
+        scope: Scope,
         tx: Watcher,
     },
     LogInfo {
         job: JobId,
         task: String,
+        scope: Scope,
         reply: Reply<LogInfo>,
     },
     Register {
         req: proto::RegisterRequest,
+        /// Its id before a reconnect, when its credential proved it.
+        previous: Option<WorkerId>,
         reply: Reply<proto::RegisterReply>,
     },
+    /// The tenants' quotas changed (a tenant was added).
+    Quotas(BTreeMap<String, crate::access::Quota>),
     FromWorker(proto::WorkerMessage),
     SessionClosed(WorkerId),
     Shutdown,
     Stop,
+}
+
+/// What a job request answers for a job its sender does not see: exactly what it answers
+/// for a job that does not exist.
+pub(super) fn no_job(job: JobId) -> Status {
+    Status::not_found(format!("no job {job}"))
+}
+
+impl Req {
+    /// The job a scoped request is about, and the scope it was sent with.
+    fn scoped(&self) -> Option<(JobId, &Scope)> {
+        match self {
+            Req::Cancel { job, scope, .. }
+            | Req::Remove { job, scope, .. }
+            | Req::Outputs { job, scope, .. }
+            | Req::Watch { job, scope, .. }
+            | Req::LogInfo { job, scope, .. } => Some((*job, scope)),
+            Req::Status {
+                job: Some(job),
+                scope,
+                ..
+            } => Some((*job, scope)),
+            _ => None,
+        }
+    }
+
+    /// Answers "no job" (the request's job is not in its sender's scope).
+    fn refuse(self, job: JobId) {
+        match self {
+            Req::Cancel { reply, .. } | Req::Remove { reply, .. } => {
+                let _ = reply.send(Err(no_job(job)));
+            }
+            Req::Outputs { reply, .. } => {
+                let _ = reply.send(Err(no_job(job)));
+            }
+            Req::Status { reply, .. } => {
+                let _ = reply.send(Err(no_job(job)));
+            }
+            Req::LogInfo { reply, .. } => {
+                let _ = reply.send(Err(no_job(job)));
+            }
+            Req::Watch { tx, .. } => {
+                let _ = tx.try_send(Err(no_job(job)));
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Replies sent once the batch they answer is durable.
@@ -97,6 +156,9 @@ fn send_or_drop(ws: &mut Vec<Watcher>, ev: &proto::JobEvent) {
         Err(mpsc::error::TrySendError::Closed(_)) => false,
     });
 }
+
+/// The holder id the coordinator's own object store is ticketed under (no worker has it).
+pub(crate) const COORDINATOR_HOLDER: WorkerId = WorkerId(0);
 
 /// How long the rendezvous accepts a gang's key after the gang was assigned.
 const GANG_KEY_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -133,6 +195,10 @@ pub(super) struct Core {
     rendezvous: Option<flotilla_collective::RendezvousServer>,
     /// Appended to gang keys so that they cannot be guessed from job and task ids.
     gang_nonce: String,
+    /// Tokens and keys: tickets for the objects an assignment or a gather fetches.
+    access: Arc<Access>,
+    /// Which worker serves each data address (tickets are made with the holder's key).
+    addr_owner: HashMap<String, WorkerId>,
 }
 
 impl Core {
@@ -229,6 +295,7 @@ impl Core {
             }
         }
         a.inputs.extend(chosen.into_values().map(|o| proto::Input {
+            ticket: self.access.ticket(COORDINATOR_HOLDER, &o.hash),
             object: Some(o.clone()),
             from: String::new(),
         }));
@@ -238,7 +305,7 @@ impl Core {
     /// address of a live worker holding it.
     fn outputs(&self, job: JobId) -> std::result::Result<Vec<proto::Input>, Status> {
         let Some(j) = self.coord.jobs_map().get(&job) else {
-            return Err(Status::not_found(format!("no job {job}")));
+            return Err(no_job(job));
         };
         let workers = self.coord.workers_map();
         let mut tasks: Vec<TaskId> = j.outputs.keys().copied().collect();
@@ -267,6 +334,7 @@ impl Core {
                         size: o.size,
                     }),
                     from: w.spec.data_addr.clone(),
+                    ticket: self.access.ticket(w.id, &o.hash),
                 });
             }
         }
@@ -283,6 +351,7 @@ impl Core {
         journal: Journal,
         sessions: Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
         stop: watch::Sender<bool>,
+        access: Arc<Access>,
     ) -> Result<Core> {
         let mut core = Core {
             coord: Coordinator::new(config.coordinator.clone()),
@@ -306,6 +375,8 @@ impl Core {
                 rand::rngs::OsRng.fill_bytes(&mut bytes);
                 bytes.iter().map(|b| format!("{b:02x}")).collect()
             },
+            access,
+            addr_owner: HashMap::new(),
         };
         let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
         core.rendezvous = Some(
@@ -419,6 +490,17 @@ impl Core {
         records: &mut Vec<JournalRecord>,
         after: &mut Vec<AfterCommit>,
     ) {
+        if let Some((job, scope)) = req.scoped() {
+            let seen = self
+                .coord
+                .jobs_map()
+                .get(&job)
+                .is_some_and(|j| scope.sees(&j.tenant));
+            if !seen {
+                req.refuse(job);
+                return;
+            }
+        }
         match req {
             Req::Submit {
                 spec,
@@ -437,19 +519,29 @@ impl Core {
                 records,
                 after,
             ),
-            Req::Cancel { job, reply } => self.on_cancel(job, reply, cmds, records, after),
-            Req::Remove { job, reply } => self.on_remove(job, reply, cmds, records, after),
-            Req::Status { job, reply } => {
-                let _ = reply.send(self.on_status(job));
+            Req::Cancel { job, reply, .. } => self.on_cancel(job, reply, cmds, records, after),
+            Req::Remove { job, reply, .. } => self.on_remove(job, reply, cmds, records, after),
+            Req::Status { job, scope, reply } => {
+                let _ = reply.send(self.on_status(job, &scope));
             }
-            Req::Outputs { job, reply } => {
+            Req::Outputs { job, reply, .. } => {
                 let _ = reply.send(self.outputs(job));
             }
-            Req::Watch { job, tx } => self.on_watch(job, tx),
-            Req::LogInfo { job, task, reply } => {
+            Req::Watch { job, tx, .. } => self.on_watch(job, tx),
+            Req::LogInfo {
+                job, task, reply, ..
+            } => {
                 let _ = reply.send(self.on_log_info(job, &task));
             }
-            Req::Register { req, reply } => self.on_register(req, reply, cmds, records, after),
+            Req::Register {
+                req,
+                previous,
+                reply,
+            } => self.on_register(req, previous, reply, cmds, records, after),
+            Req::Quotas(q) => {
+                self.coord.set_quotas(q);
+                self.handle(Event::Tick, cmds, records);
+            }
             Req::FromWorker(m) => self.on_worker_message(m, cmds, records),
             Req::SessionClosed(worker) => self.on_session_closed(worker, cmds, records),
             Req::Shutdown => {
@@ -521,7 +613,7 @@ impl Core {
         after: &mut Vec<AfterCommit>,
     ) {
         if self.coord.job_summary(job).is_none() {
-            let _ = reply.send(Err(Status::not_found(format!("no job {job}"))));
+            let _ = reply.send(Err(no_job(job)));
             return;
         }
         self.handle(Event::JobCancelled { job }, cmds, records);
@@ -545,7 +637,7 @@ impl Core {
         let now = self.now();
         match self.coord.handle(now, ev, cmds) {
             Err(state::StateError::UnknownJob(_)) => {
-                let _ = reply.send(Err(Status::not_found(format!("no job {job}"))));
+                let _ = reply.send(Err(no_job(job)));
             }
             Err(e) => {
                 let _ = reply.send(Err(Status::failed_precondition(e.to_string())));
@@ -564,16 +656,22 @@ impl Core {
     }
 
     /// A job's status, or every job and worker, as JSON.
-    fn on_status(&self, job: Option<JobId>) -> std::result::Result<String, Status> {
+    fn on_status(&self, job: Option<JobId>, scope: &Scope) -> std::result::Result<String, Status> {
         let json = match job {
             Some(j) => match self.coord.job_status(j) {
                 Some(s) => serde_json::to_string(&s),
-                None => return Err(Status::not_found(format!("no job {j}"))),
+                None => return Err(no_job(j)),
             },
             None => serde_json::to_string(&state::ClusterStatus {
-                jobs: self.coord.jobs(),
+                jobs: self
+                    .coord
+                    .jobs()
+                    .into_iter()
+                    .filter(|j| scope.sees(&j.tenant))
+                    .collect(),
                 workers: self.coord.workers(),
-                journal: Some(state::JournalStatus {
+                // The journal is the operator's business.
+                journal: (*scope == Scope::All).then(|| state::JournalStatus {
                     path: self.journal.path().display().to_string(),
                     records: self.journal.len(),
                     bytes: self.journal.bytes(),
@@ -588,7 +686,7 @@ impl Core {
     /// A new watcher: the job's state now, then (while it runs) its events.
     fn on_watch(&mut self, job: JobId, tx: Watcher) {
         let Some(s) = self.coord.job_summary(job) else {
-            let _ = tx.try_send(Err(Status::not_found(format!("no job {job}"))));
+            let _ = tx.try_send(Err(no_job(job)));
             return;
         };
         let (done, total) = (s.done as u32, s.total as u32);
@@ -615,9 +713,7 @@ impl Core {
 
     fn on_log_info(&self, job: JobId, task: &str) -> std::result::Result<LogInfo, Status> {
         match self.coord.task_status(job, task) {
-            None if self.coord.job_summary(job).is_none() => {
-                Err(Status::not_found(format!("no job {job}")))
-            }
+            None if self.coord.job_summary(job).is_none() => Err(no_job(job)),
             None => Err(Status::not_found(format!(
                 "job {job} has no task named {task:?}"
             ))),
@@ -638,6 +734,7 @@ impl Core {
     fn on_register(
         &mut self,
         mut req: proto::RegisterRequest,
+        previous: Option<WorkerId>,
         reply: Reply<proto::RegisterReply>,
         cmds: &mut Vec<Command>,
         records: &mut Vec<JournalRecord>,
@@ -655,9 +752,11 @@ impl Core {
         self.senders.insert(worker, tx);
         self.sessions.lock().insert(worker, rx);
         self.last_seen.insert(worker, Instant::now());
-        let previous = req.previous_worker.map(WorkerId::new);
+        if !req.data_addr.is_empty() {
+            self.addr_owner.insert(req.data_addr.clone(), worker);
+        }
         let finished = std::mem::take(&mut req.finished);
-        let ev = crate::convert::worker_joined(worker, req);
+        let ev = crate::convert::worker_joined(worker, req, previous);
         self.handle(ev, cmds, records);
         for r in finished {
             if let Some(ev) = crate::convert::task_finished(worker, r) {
@@ -678,6 +777,9 @@ impl Core {
                 heartbeat_ms: hb,
                 protocol_version: PROTOCOL_VERSION,
                 rendezvous_port: rdv_port,
+                // Set by the handler, which knows the token it enrolled with.
+                credential: String::new(),
+                data_key: String::new(),
             }));
         }));
     }
@@ -829,6 +931,13 @@ impl Core {
                             }
                         }
                         self.add_uploaded_inputs(&mut a);
+                        for i in &mut a.inputs {
+                            if let (Some(o), Some(&holder)) =
+                                (&i.object, self.addr_owner.get(&i.from))
+                            {
+                                i.ticket = self.access.ticket(holder, &o.hash);
+                            }
+                        }
                         m.assign.push(a);
                     }
                 }

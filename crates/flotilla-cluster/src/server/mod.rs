@@ -29,9 +29,11 @@ use flotilla_core::WorkerId;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 
-use crate::auth::{load_or_create_token, TokenCheck};
+use crate::access::Access;
+use crate::auth::{load_or_create_token, Authn};
 use crate::error::{ClusterError, Result};
 use crate::journal::{Journal, SyncMode};
+use crate::proto::admin_server::AdminServer;
 use crate::proto::coordinator_server::CoordinatorServer;
 use crate::proto::workers_server::WorkersServer;
 use crate::proto::{self};
@@ -106,6 +108,10 @@ impl Server {
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| ClusterError::io(&config.state_dir, e))?;
         let token = load_or_create_token(&config.state_dir)?;
+        let access = Arc::new(
+            Access::open(&config.state_dir, &token)
+                .map_err(|e| ClusterError::Config(e.to_string()))?,
+        );
         let journal_path = config.state_dir.join("journal.log");
         let mut journal = if config.recover_journal {
             Journal::open_recovering(&journal_path)?.0
@@ -123,7 +129,13 @@ impl Server {
         let sessions: Arc<
             Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>,
         > = Arc::new(Mutex::new(HashMap::new()));
-        let core = Core::recover(&config, journal, sessions.clone(), stop_tx.clone())?;
+        let core = Core::recover(
+            &config,
+            journal,
+            sessions.clone(),
+            stop_tx.clone(),
+            access.clone(),
+        )?;
         let fatal: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
         {
             let (fatal, stop) = (fatal.clone(), stop_tx.clone());
@@ -157,16 +169,19 @@ impl Server {
         let addr = listener
             .local_addr()
             .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
-        let check = TokenCheck::new(token.clone());
+        let check = Authn::new(access.clone());
         let store = Arc::new(crate::objects::ObjectStore::open(
             &config.state_dir.join("objects"),
         )?);
+        let access_for_objects = access.clone();
         let api = Api {
             core: req_tx.clone(),
             sessions,
             store: store.clone(),
             max_job_tasks: config.max_job_tasks,
+            access,
         };
+        api.send_quotas();
         let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
         if let Some(tls) = &config.tls {
             builder = builder
@@ -181,12 +196,20 @@ impl Server {
                 check.clone(),
             ))
             .add_service(tonic::service::interceptor::InterceptedService::new(
+                AdminServer::new(api.clone()),
+                check.clone(),
+            ))
+            .add_service(tonic::service::interceptor::InterceptedService::new(
                 WorkersServer::new(api)
                     .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
                     .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
                 check.clone(),
             ))
-            .add_service(crate::objects::objects_service(store, check));
+            .add_service(crate::objects::objects_service(
+                store,
+                check,
+                access_for_objects,
+            ));
         let mut stop_wait = stop_rx.clone();
         #[cfg(test)]
         let core_tx = req_tx.clone();
@@ -269,5 +292,6 @@ mod rpc;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use self::core::COORDINATOR_HOLDER;
 use self::core::{Core, Req};
 use self::rpc::Api;

@@ -14,6 +14,9 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::access::{Access, Principal, Scope};
+use crate::auth::principal;
+use crate::proto::admin_server::Admin as AdminRpc;
 use crate::proto::coordinator_server::Coordinator as CoordinatorRpc;
 use crate::proto::workers_server::Workers;
 use crate::proto::{self};
@@ -30,6 +33,65 @@ pub(super) struct Api {
     pub(super) store: Arc<crate::objects::ObjectStore>,
     /// The most task instances one submitted job may expand to.
     pub(super) max_job_tasks: u64,
+    /// Tokens, tenants, credentials.
+    pub(super) access: Arc<Access>,
+}
+
+/// The refusal of a request its sender's role does not allow.
+fn deny(p: &Principal, what: &str) -> Status {
+    Status::permission_denied(format!("a {} token may not {what}", p.role()))
+}
+
+/// The jobs the sender of `req` may see; refused for workers.
+fn job_scope<T>(req: &Request<T>, what: &str) -> std::result::Result<Scope, Status> {
+    let p = principal(req)?;
+    p.scope().ok_or_else(|| deny(&p, what))
+}
+
+/// Only the admin.
+fn admin_only<T>(req: &Request<T>, what: &str) -> std::result::Result<(), Status> {
+    let p = principal(req)?;
+    if p.is_admin() {
+        Ok(())
+    } else {
+        Err(deny(&p, what))
+    }
+}
+
+/// `inner`, ended with `UNAUTHENTICATED` as soon as `who`'s token is revoked.
+pub(super) fn revocable<T: Send + 'static>(
+    inner: BoxStream<T>,
+    access: Arc<Access>,
+    who: Principal,
+) -> BoxStream<T> {
+    use futures::StreamExt as _;
+    let mut revoked = access.revocations();
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        let mut inner = inner;
+        loop {
+            tokio::select! {
+                item = inner.next() => match item {
+                    Some(i) => {
+                        if tx.send(i).await.is_err() {
+                            return;
+                        }
+                    }
+                    None => return,
+                },
+                changed = revoked.changed() => {
+                    if changed.is_err() || !access.still_valid(&who) {
+                        let _ = tx
+                            .send(Err(Status::unauthenticated("the access token was revoked")))
+                            .await;
+                        return;
+                    }
+                }
+                () = tx.closed() => return,
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 impl Api {
@@ -143,6 +205,13 @@ impl CoordinatorRpc for Api {
         &self,
         req: Request<proto::SubmitRequest>,
     ) -> std::result::Result<Response<proto::SubmitReply>, Status> {
+        let who = principal(&req)?;
+        // The job is filed under the sender's tenant, whatever the request says.
+        let tenant = who
+            .submits_as()
+            .ok_or_else(|| deny(&who, "submit jobs"))?
+            .to_string();
+        let quota_tasks = self.access.quota(&tenant).and_then(|q| q.tasks);
         let r = req.into_inner();
         check_job_dir(&r.dir).map_err(Status::invalid_argument)?;
         // Parsing a large job and hashing uploads into the store are CPU and disk work:
@@ -157,6 +226,13 @@ impl CoordinatorRpc for Api {
                 return Err(Status::invalid_argument(format!(
                     "{}: the job expands to {tasks} tasks, more than this coordinator takes \
                      in one job ({max_tasks}, `flotilla server --max-job-tasks`)",
+                    r.file_name
+                )));
+            }
+            if let Some(q) = quota_tasks.filter(|&q| tasks > q) {
+                return Err(Status::resource_exhausted(format!(
+                    "{}: the job expands to {tasks} tasks, more than tenant {tenant:?} may \
+                     submit in one job (its tasks quota: {q})",
                     r.file_name
                 )));
             }
@@ -182,7 +258,7 @@ impl CoordinatorRpc for Api {
                     size,
                 });
             }
-            Ok::<_, Status>((spec, Box::new(graph), files, r.dir, r.tenant))
+            Ok::<_, Status>((spec, Box::new(graph), files, r.dir, tenant))
         })
         .await
         .map_err(|e| Status::internal(format!("the submission's file work failed: {e}")))??;
@@ -203,8 +279,9 @@ impl CoordinatorRpc for Api {
         &self,
         req: Request<proto::StatusRequest>,
     ) -> std::result::Result<Response<proto::StatusReply>, Status> {
+        let scope = job_scope(&req, "see jobs")?;
         let job = req.into_inner().job.map(JobId::new);
-        let json = self.ask(|reply| Req::Status { job, reply }).await?;
+        let json = self.ask(|reply| Req::Status { job, scope, reply }).await?;
         Ok(Response::new(proto::StatusReply { json }))
     }
 
@@ -213,13 +290,17 @@ impl CoordinatorRpc for Api {
         &self,
         req: Request<proto::WatchRequest>,
     ) -> std::result::Result<Response<Self::WatchStream>, Status> {
+        let scope = job_scope(&req, "watch jobs")?;
+        let who = principal(&req)?;
         let job = JobId::new(req.into_inner().job);
         let (tx, rx) = mpsc::channel(super::core::WATCH_BUFFER);
         self.core
-            .send(Req::Watch { job, tx })
+            .send(Req::Watch { job, scope, tx })
             .map_err(|_| Status::unavailable("the coordinator is stopping"))?;
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
+        Ok(Response::new(revocable(
+            Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)),
+            self.access.clone(),
+            who,
         )))
     }
 
@@ -227,8 +308,9 @@ impl CoordinatorRpc for Api {
         &self,
         req: Request<proto::CancelRequest>,
     ) -> std::result::Result<Response<proto::CancelReply>, Status> {
+        let scope = job_scope(&req, "cancel jobs")?;
         let job = JobId::new(req.into_inner().job);
-        self.ask(|reply| Req::Cancel { job, reply }).await?;
+        self.ask(|reply| Req::Cancel { job, scope, reply }).await?;
         Ok(Response::new(proto::CancelReply {}))
     }
 
@@ -236,8 +318,9 @@ impl CoordinatorRpc for Api {
         &self,
         req: Request<proto::RemoveRequest>,
     ) -> std::result::Result<Response<proto::RemoveReply>, Status> {
+        let scope = job_scope(&req, "remove jobs")?;
         let job = JobId::new(req.into_inner().job);
-        self.ask(|reply| Req::Remove { job, reply }).await?;
+        self.ask(|reply| Req::Remove { job, scope, reply }).await?;
         Ok(Response::new(proto::RemoveReply {}))
     }
 
@@ -246,12 +329,15 @@ impl CoordinatorRpc for Api {
         &self,
         req: Request<proto::LogsRequest>,
     ) -> std::result::Result<Response<Self::LogsStream>, Status> {
+        let scope = job_scope(&req, "read logs")?;
+        let who = principal(&req)?;
         let r = req.into_inner();
         let job = JobId::new(r.job);
         let info = self
             .ask(|reply| Req::LogInfo {
                 job,
                 task: r.task.clone(),
+                scope: scope.clone(),
                 reply,
             })
             .await?;
@@ -297,6 +383,7 @@ impl CoordinatorRpc for Api {
                     .send(Req::LogInfo {
                         job,
                         task: task.clone(),
+                        scope: scope.clone(),
                         reply: rtx,
                     })
                     .is_err()
@@ -316,8 +403,10 @@ impl CoordinatorRpc for Api {
                 }
             }
         });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
+        Ok(Response::new(revocable(
+            Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)),
+            self.access.clone(),
+            who,
         )))
     }
 
@@ -325,17 +414,115 @@ impl CoordinatorRpc for Api {
         &self,
         req: Request<proto::OutputsRequest>,
     ) -> std::result::Result<Response<proto::OutputsReply>, Status> {
+        let scope = job_scope(&req, "fetch outputs")?;
         let job = JobId::new(req.into_inner().job);
-        let outputs = self.ask(|reply| Req::Outputs { job, reply }).await?;
+        let outputs = self.ask(|reply| Req::Outputs { job, scope, reply }).await?;
         Ok(Response::new(proto::OutputsReply { outputs }))
     }
 
     async fn shutdown(
         &self,
-        _req: Request<proto::ShutdownRequest>,
+        req: Request<proto::ShutdownRequest>,
     ) -> std::result::Result<Response<proto::ShutdownReply>, Status> {
+        admin_only(&req, "shut the coordinator down")?;
         let _ = self.core.send(Req::Shutdown);
         Ok(Response::new(proto::ShutdownReply {}))
+    }
+}
+
+#[tonic::async_trait]
+impl AdminRpc for Api {
+    async fn tenant_add(
+        &self,
+        req: Request<proto::TenantAddRequest>,
+    ) -> std::result::Result<Response<proto::NewToken>, Status> {
+        admin_only(&req, "add tenants")?;
+        let r = req.into_inner();
+        let quota = crate::access::Quota {
+            cpus: r.cpus,
+            gpus: r.gpus,
+            running_jobs: r.running_jobs,
+            tasks: r.tasks,
+        };
+        let access = self.access.clone();
+        let (info, token) = tokio::task::spawn_blocking(move || access.add_tenant(&r.name, quota))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(access_status)?;
+        self.send_quotas();
+        tracing::info!(tenant = %info.name, id = %info.id, "tenant added");
+        Ok(Response::new(proto::NewToken { id: info.id, token }))
+    }
+
+    async fn tenant_list(
+        &self,
+        req: Request<proto::TenantListRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "list tenants")?;
+        let json = serde_json::to_string(&self.access.tenants())
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(proto::JsonReply { json }))
+    }
+
+    async fn worker_token_add(
+        &self,
+        req: Request<proto::WorkerTokenAddRequest>,
+    ) -> std::result::Result<Response<proto::NewToken>, Status> {
+        admin_only(&req, "add worker tokens")?;
+        let name = req.into_inner().name;
+        let access = self.access.clone();
+        let (info, token) = tokio::task::spawn_blocking(move || access.add_worker_token(&name))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(access_status)?;
+        tracing::info!(id = %info.id, "worker enrolment token added");
+        Ok(Response::new(proto::NewToken { id: info.id, token }))
+    }
+
+    async fn token_list(
+        &self,
+        req: Request<proto::TokenListRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "list tokens")?;
+        let json = serde_json::to_string(&self.access.tokens())
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(proto::JsonReply { json }))
+    }
+
+    async fn token_revoke(
+        &self,
+        req: Request<proto::TokenRevokeRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "revoke tokens")?;
+        let id = req.into_inner().id;
+        let access = self.access.clone();
+        let info = tokio::task::spawn_blocking(move || access.revoke(&id))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(access_status)?;
+        tracing::info!(id = %info.id, role = %info.role, "token revoked");
+        let json = serde_json::to_string(&info).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(proto::JsonReply { json }))
+    }
+}
+
+impl Api {
+    /// Gives the core the tenants' quotas.
+    pub(super) fn send_quotas(&self) {
+        let q = self
+            .access
+            .tenants()
+            .into_iter()
+            .map(|t| (t.name, t.quota))
+            .collect();
+        let _ = self.core.send(Req::Quotas(q));
+    }
+}
+
+fn access_status(e: crate::access::AccessError) -> Status {
+    match e {
+        crate::access::AccessError::Refused(m) => Status::invalid_argument(m),
+        other => Status::internal(other.to_string()),
     }
 }
 
@@ -358,8 +545,36 @@ impl Workers for Api {
         &self,
         req: Request<proto::RegisterRequest>,
     ) -> std::result::Result<Response<proto::RegisterReply>, Status> {
+        let who = principal(&req)?;
+        let enrolment = match &who {
+            Principal::Admin { token } | Principal::Enrolment { token } => token.clone(),
+            _ => return Err(deny(&who, "register workers")),
+        };
         let req = req.into_inner();
-        let reply = self.ask(|reply| Req::Register { req, reply }).await?;
+        // A worker speaks for its id before a reconnect only with that id's credential.
+        let previous = req.previous_worker.and_then(|p| {
+            let proved = matches!(
+                self.access.authenticate(&req.previous_credential),
+                Some(Principal::Worker { worker, .. }) if worker.0 == p
+            );
+            if !proved {
+                tracing::warn!(
+                    claimed = p,
+                    "a worker claims a previous id without its credential: it claims nothing"
+                );
+            }
+            proved.then_some(WorkerId::new(p))
+        });
+        let mut reply = self
+            .ask(|reply| Req::Register {
+                req,
+                previous,
+                reply,
+            })
+            .await?;
+        let me = WorkerId::new(reply.worker);
+        reply.credential = self.access.credential(me, &enrolment);
+        reply.data_key = crate::access::key_hex(&self.access.data_key(me));
         Ok(Response::new(reply))
     }
 
@@ -368,11 +583,24 @@ impl Workers for Api {
         &self,
         req: Request<Streaming<proto::WorkerMessage>>,
     ) -> std::result::Result<Response<Self::SessionStream>, Status> {
+        let who = principal(&req)?;
+        let Principal::Worker { worker: me, .. } = &who else {
+            return Err(deny(
+                &who,
+                "open a worker session (it takes a worker's credential)",
+            ));
+        };
+        let me = *me;
         let mut inbound = req.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument("a session starts with a message naming the worker")
         })?;
         let worker = WorkerId::new(first.worker);
+        if worker != me {
+            return Err(Status::permission_denied(format!(
+                "the credential of {me} opens {me}'s session, not {worker}'s"
+            )));
+        }
         let rx = self.sessions.lock().remove(&worker).ok_or_else(|| {
             Status::failed_precondition(format!(
                 "worker {worker} is not registered (or already has a session)"
@@ -380,9 +608,21 @@ impl Workers for Api {
         })?;
         let core = self.core.clone();
         let _ = core.send(Req::FromWorker(first));
+        let (access, holder) = (self.access.clone(), who.clone());
+        let mut revoked = access.revocations();
         tokio::spawn(async move {
             loop {
-                match inbound.message().await {
+                let msg = tokio::select! {
+                    m = inbound.message() => m,
+                    changed = revoked.changed() => {
+                        if changed.is_err() || !access.still_valid(&holder) {
+                            tracing::warn!(%worker, "its enrolment token was revoked: session closed");
+                            break;
+                        }
+                        continue;
+                    }
+                };
+                match msg {
                     Ok(Some(m)) => {
                         if m.worker != worker.0 {
                             tracing::warn!(%worker, claimed = m.worker, "session message names another worker; closing");
@@ -405,7 +645,11 @@ impl Workers for Api {
             tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
             Ok,
         );
-        Ok(Response::new(Box::pin(out)))
+        Ok(Response::new(revocable(
+            Box::pin(out),
+            self.access.clone(),
+            who,
+        )))
     }
 }
 

@@ -97,6 +97,29 @@ pub(crate) struct Job {
     /// Attempts of gang members cancelled because their gang broke (another member failed
     /// or was lost): whatever they report, they go back to `Ready`, counting no failure.
     pub(crate) broken: HashSet<(TaskId, u32)>,
+    /// CPUs and GPUs its assigned and running tasks are charged (its tenant's share).
+    pub(crate) held: Held,
+    /// Why its ready tasks wait although workers may have room (its tenant's quota).
+    pub(crate) quota_wait: Option<String>,
+}
+
+/// What a job's tasks in flight are charged, for fair share and quotas.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Held {
+    pub(crate) cpus: f64,
+    pub(crate) gpus: f64,
+}
+
+impl Held {
+    pub(crate) fn add(&mut self, other: Held, sign: f64) {
+        self.cpus = (self.cpus + sign * other.cpus).max(0.0);
+        self.gpus = (self.gpus + sign * other.gpus).max(0.0);
+    }
+}
+
+/// Whether a task in `s` holds resources on a worker (counts against its tenant).
+fn in_flight(s: TaskState) -> bool {
+    matches!(s, TaskState::Assigned | TaskState::Running)
 }
 
 impl Job {
@@ -184,6 +207,43 @@ impl Job {
             holders: HashMap::new(),
             producers,
             broken: HashSet::new(),
+            held: Held::default(),
+            quota_wait: None,
+        }
+    }
+
+    /// What task `t` is charged with variant `v` (whole GPUs rounded up, as a ledger does).
+    pub(crate) fn charge(&self, t: TaskId, v: Option<u16>) -> Held {
+        let r = flotilla_core::ledger::Ledger::charge(super::coordinator::resources_of(self, t, v));
+        Held {
+            cpus: r.cpus,
+            gpus: r.gpus,
+        }
+    }
+
+    /// The most task `t` can be charged, whichever variant it gets (quotas are checked
+    /// against it before placement, which picks the variant).
+    pub(crate) fn max_charge(&self, t: TaskId) -> Held {
+        let mut h = Held::default();
+        for (_, r) in self.options(t) {
+            let c = flotilla_core::ledger::Ledger::charge(r);
+            h.cpus = h.cpus.max(c.cpus);
+            h.gpus = h.gpus.max(c.gpus);
+        }
+        h
+    }
+
+    /// Sets the variant of task `t`'s latest attempt, keeping `held` right.
+    pub(crate) fn set_variant(&mut self, t: TaskId, v: Option<u16>) {
+        let flying = in_flight(self.tasks[t.index()].state);
+        if flying {
+            let c = self.charge(t, self.tasks[t.index()].variant);
+            self.held.add(c, -1.0);
+        }
+        self.tasks[t.index()].variant = v;
+        if flying {
+            let c = self.charge(t, v);
+            self.held.add(c, 1.0);
         }
     }
 
@@ -265,6 +325,16 @@ impl Job {
             }
             self.counts[old.index()] -= 1;
             self.counts[new.index()] += 1;
+            if in_flight(old) != in_flight(new) {
+                let c = self.charge(t, self.tasks[t.index()].variant);
+                self.held.add(c, if in_flight(new) { 1.0 } else { -1.0 });
+                if self.counts[TaskState::Assigned.index()]
+                    + self.counts[TaskState::Running.index()]
+                    == 0
+                {
+                    self.held = Held::default(); // no rounding left over
+                }
+            }
         }
         let task = self.tref(t);
         let rt = &mut self.tasks[t.index()];

@@ -252,6 +252,23 @@ impl fmt::Display for TaskRef {
     }
 }
 
+/// A tenant's quotas; `None` is no limit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Quota {
+    /// The most CPUs its tasks hold at once (assigned or running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// The most GPUs its tasks hold at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<f64>,
+    /// The most of its jobs that run at once; later ones wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_jobs: Option<u32>,
+    /// The most tasks one of its jobs may expand to (larger jobs are refused at submit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<u64>,
+}
+
 /// A file a task produced (transfer staging).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectRef {
@@ -339,6 +356,10 @@ pub enum Event {
         running: Vec<(TaskRef, u32)>,
         /// Outputs it still holds (transfer staging).
         held: Vec<(TaskRef, ObjectRef)>,
+        /// The id it had before (a coordinator restart or a reconnect), as its credential
+        /// proved: only that id's attempts (`running`, and results it reports later) and
+        /// outputs (`held`) are taken from it. `None`: it claims nothing.
+        previous: Option<WorkerId>,
     },
     /// A worker that rejoined under a new id has reported everything it ran (its running
     /// attempts in `WorkerJoined`, then what finished while it was away as `TaskFinished`).

@@ -286,6 +286,7 @@ impl World {
             spec: spec_of(w),
             running: Vec::new(),
             held: Vec::new(),
+            previous: None,
         });
     }
 

@@ -112,6 +112,9 @@ pub struct JobStatus {
     pub makespan_s: f64,
     /// The longest chain of dependent tasks, by their last attempts' wall times (seconds).
     pub critical_path_s: f64,
+    /// Why its ready tasks wait: its tenant's quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
     /// Every task, by id.
     pub tasks: Vec<TaskStatus>,
 }
@@ -152,6 +155,9 @@ pub struct JobSummary {
     pub retries: u32,
     /// Seconds from submission to the end (or to now).
     pub makespan_s: f64,
+    /// Why its ready tasks wait: its tenant's quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// Every job and live worker, as `flotilla status` shows them.
@@ -239,6 +245,7 @@ impl Coordinator {
             finished_ms: j.finished,
             makespan_s: makespan(j, self.now()),
             critical_path_s,
+            waiting: j.quota_wait.clone().filter(|_| j.is_active()),
             tasks,
         })
     }
@@ -271,6 +278,7 @@ impl Coordinator {
             total: j.len() as u64,
             retries: j.retries,
             makespan_s: makespan(j, self.now()),
+            waiting: j.quota_wait.clone().filter(|_| j.is_active()),
         }
     }
 

@@ -52,6 +52,7 @@ fn makespan(variants: &[&str], queue_depth: usize) -> (f64, usize, usize) {
             spec: wspec(4.0, &[80 << 30]),
             running: Vec::new(),
             held: Vec::new(),
+            previous: None,
         },
         &mut out,
     )

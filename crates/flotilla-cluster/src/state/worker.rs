@@ -57,6 +57,9 @@ pub(crate) struct Worker {
     pub(crate) busy_cpu_s: f64,
     /// Retractions pending on its behalf.
     pub(crate) incoming: u32,
+    /// The id it proved it had before it rejoined: it speaks for that id's attempts and
+    /// outputs, and no other worker does.
+    pub(crate) previous: Option<WorkerId>,
 }
 
 impl Worker {
@@ -78,7 +81,13 @@ impl Worker {
             joined: now,
             busy_cpu_s: 0.0,
             incoming: 0,
+            previous: None,
         })
+    }
+
+    /// Whether it may report for `owner`'s attempts: it is `owner`, or rejoined as `owner`.
+    pub(crate) fn speaks_for(&self, owner: WorkerId) -> bool {
+        self.id == owner || self.previous == Some(owner)
     }
 
     /// Capacity.

@@ -189,6 +189,12 @@ impl Cluster {
 
     /// [`Cluster::add_worker`] with extra `flotilla worker` arguments (e.g. `--mem 1GiB`).
     pub(crate) fn add_worker_with(&mut self, cpus: u32, extra: &[&str]) -> usize {
+        let token = self.token.clone();
+        self.add_worker_as(cpus, extra, &token)
+    }
+
+    /// [`Cluster::add_worker_with`] enrolling with `token` (e.g. a worker enrolment token).
+    pub(crate) fn add_worker_as(&mut self, cpus: u32, extra: &[&str], token: &str) -> usize {
         let i = self.workers.len();
         let work = self.root.path().join(format!("w{i}"));
         let mut cmd = Command::new(BIN);
@@ -199,7 +205,7 @@ impl Cluster {
             .arg(&work)
             .args(&self.opts.remote_args)
             .args(extra)
-            .env("FLOTILLA_TOKEN", &self.token)
+            .env("FLOTILLA_TOKEN", token)
             .env_remove("FLOTILLA_SERVER");
         let (p, _lines) = spawn_logged(cmd, &format!("w{i}"));
         self.workers.push(Some(p));

@@ -5,7 +5,15 @@ use super::*;
 impl Coordinator {
     /// Places the gangs of a class whose members are all `Ready`, oldest gang first; stops
     /// at the first gang that does not fit (later ones would not either).
-    pub(super) fn schedule_gangs(&mut self, job: JobId, c: usize, out: &mut Vec<Command>) {
+    /// Whether it placed one. A gang that would take its tenant beyond `room` is not placed
+    /// (the job's `quota_wait` says so) and stops the class.
+    pub(super) fn schedule_gangs(
+        &mut self,
+        job: JobId,
+        c: usize,
+        mut room: Held,
+        out: &mut Vec<Command>,
+    ) -> bool {
         let mut leaders: Vec<TaskId> = Vec::new();
         {
             let j = &self.jobs[&job];
@@ -17,12 +25,33 @@ impl Coordinator {
                 }
             }
         }
+        let mut placed = false;
         for leader in leaders {
+            let j = &self.jobs[&job];
+            let one = j.max_charge(leader);
+            let size = self.gang_members(job, leader).len() as f64;
+            let need = Held {
+                cpus: one.cpus * size,
+                gpus: one.gpus * size,
+            };
+            if need.cpus > room.cpus + 1e-9 || need.gpus > room.gpus + 1e-9 {
+                self.jobs.get_mut(&job).expect("active").quota_wait = Some(format!(
+                    "its next gang needs {} CPUs and {} GPUs, more than its tenant's quota \
+                     leaves now",
+                    need.cpus, need.gpus
+                ));
+                break;
+            }
             match self.place_gang(job, leader, out) {
-                Placed::Yes | Placed::Deferred => {}
+                Placed::Yes => {
+                    placed = true;
+                    room.add(need, -1.0);
+                }
+                Placed::Deferred => {}
                 Placed::Blocked => break,
             }
         }
+        placed
     }
 
     /// The members of the gang led by `leader`.

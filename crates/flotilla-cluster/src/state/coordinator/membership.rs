@@ -33,9 +33,18 @@ impl Coordinator {
             {
                 continue;
             }
-            let objs = j.outputs.entry(tref.task).or_default();
-            if !objs.iter().any(|o| o.path == obj.path) {
-                objs.push(obj);
+            // Only what its previous id was recorded holding, object for object: a worker
+            // cannot claim outputs it never made (gather would write them into the user's
+            // folder), nor another worker's.
+            let was_holder = w
+                .previous
+                .is_some_and(|p| j.holders.get(&tref.task).is_some_and(|hs| hs.contains(&p)));
+            let recorded = j
+                .outputs
+                .get(&tref.task)
+                .is_some_and(|objs| objs.contains(&obj));
+            if !was_holder || !recorded {
+                continue;
             }
             let hs = j.holders.entry(tref.task).or_default();
             if !hs.contains(&id) {
@@ -62,11 +71,12 @@ impl Coordinator {
             return false;
         }
         let rt = &j.tasks[tref.task.index()];
+        // Only an attempt given to the id it proved it had before.
         let current = matches!(rt.state, TaskState::Assigned | TaskState::Running)
             && rt.attempt == attempt
-            && rt
-                .worker
-                .is_some_and(|o| o != w.id && !self.workers.contains_key(&o));
+            && rt.worker.is_some_and(|o| {
+                o != w.id && w.previous == Some(o) && !self.workers.contains_key(&o)
+            });
         if !current {
             return false;
         }

@@ -12,12 +12,12 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use flotilla_core::{JobId, Staging, TaskGraph, TaskId, TaskKind, WorkerId};
 use flotilla_sched::PerfModel;
 
-use super::job::Job;
+use super::job::{Held, Job};
 use super::worker::Worker;
 use super::{
     AssignedKind, Assignment, AttemptOutcome, AttemptResult, Command, Config, Event,
-    GangAssignment, JobState, JournalRecord, Millis, Notification, ObjectRef, Placement, Result,
-    StateError, TaskRef, TaskState,
+    GangAssignment, JobState, JournalRecord, Millis, Notification, ObjectRef, Placement, Quota,
+    Result, StateError, TaskRef, TaskState,
 };
 use flotilla_sched::cluster::{self as sched, Decision, Problem};
 
@@ -70,6 +70,8 @@ pub struct Coordinator {
     grace_until: Option<Millis>,
     journal: Vec<JournalRecord>,
     pending: BTreeMap<WorkerId, Vec<Assignment>>,
+    /// Tenants' quotas (a tenant not here has none).
+    quotas: BTreeMap<String, Quota>,
 }
 
 impl Coordinator {
@@ -91,7 +93,13 @@ impl Coordinator {
             grace_until: None,
             journal: Vec::new(),
             pending: BTreeMap::new(),
+            quotas: BTreeMap::new(),
         }
+    }
+
+    /// Sets the tenants' quotas (applied from the next scheduling pass).
+    pub fn set_quotas(&mut self, quotas: BTreeMap<String, Quota>) {
+        self.quotas = quotas;
     }
 
     /// The id the next submitted job should get (ids are never reused, even after a restart:
@@ -271,12 +279,14 @@ impl Coordinator {
                 spec,
                 running,
                 held,
+                previous,
             } => {
                 if self.workers.contains_key(&worker) || self.retired.contains(&worker) {
                     return Err(StateError::DuplicateWorker(worker));
                 }
-                let w = Worker::new(worker, spec, now)
+                let mut w = Worker::new(worker, spec, now)
                     .map_err(|reason| StateError::BadWorker { worker, reason })?;
+                w.previous = previous.filter(|p| *p != worker);
                 self.now = now;
                 self.worker_joined(w, running, held, out);
             }
@@ -480,6 +490,7 @@ impl Coordinator {
                 spec,
                 running: Vec::new(),
                 held: Vec::new(),
+                previous: None,
             },
             out,
         )

@@ -3,29 +3,174 @@
 
 use super::*;
 
+/// One tenant's turns in a scheduling pass.
+#[derive(Default)]
+struct Turn {
+    quota: Quota,
+    /// What its tasks in flight are charged.
+    used: Held,
+    /// Its active jobs seen so far (for the running-jobs quota).
+    active: usize,
+    /// Its jobs that may place tasks, oldest first, and where it is in them.
+    jobs: Vec<JobId>,
+    next: usize,
+    /// Position in the current job's class order.
+    class: usize,
+}
+
+/// What one turn did.
+enum Step {
+    /// Placed tasks charged this much.
+    Placed(Held),
+    /// Nothing more of this tenant fits now.
+    Exhausted,
+    /// Its next task would take it over its quota.
+    OverQuota,
+}
+
 impl Coordinator {
+    /// Places ready tasks: tenants take turns by Dominant Resource Fairness (the tenant whose
+    /// largest share of the cluster's CPUs or GPUs is smallest places its next task), each
+    /// within its quotas; within a tenant, oldest job first, then by class priority. With
+    /// one tenant this is the plain oldest-job-first order.
     pub(super) fn schedule(&mut self, out: &mut Vec<Command>) {
         if self.workers.is_empty() {
             return;
         }
-        let jobs: Vec<JobId> = self.active.iter().copied().collect();
-        for job in jobs {
-            if self.jobs[&job].counts[TaskState::Ready.index()] == 0 {
+        let mut tenants: BTreeMap<String, Turn> = BTreeMap::new();
+        for &job in &self.active {
+            let j = &self.jobs[&job];
+            let turn = tenants.entry(j.tenant.clone()).or_insert_with(|| Turn {
+                quota: self.quotas.get(&j.tenant).cloned().unwrap_or_default(),
+                ..Turn::default()
+            });
+            turn.used.add(j.held, 1.0);
+            turn.active += 1;
+            let runs = turn
+                .quota
+                .running_jobs
+                .is_none_or(|n| turn.active <= n as usize);
+            let wait = (!runs).then(|| {
+                format!(
+                    "tenant {:?} runs {} of its jobs at once (its running_jobs quota): this \
+                     one waits for an earlier one to finish",
+                    j.tenant,
+                    turn.quota.running_jobs.unwrap_or_default()
+                )
+            });
+            if runs && j.counts[TaskState::Ready.index()] > 0 {
+                turn.jobs.push(job);
+            }
+            self.jobs.get_mut(&job).expect("active").quota_wait = wait;
+        }
+        let total = self.workers.values().fold(Held::default(), |mut h, w| {
+            h.cpus += w.cap().cpus;
+            h.gpus += w.cap().gpus;
+            h
+        });
+        let share = |u: &Held| {
+            let c = if total.cpus > 0.0 {
+                u.cpus / total.cpus
+            } else {
+                0.0
+            };
+            let g = if total.gpus > 0.0 {
+                u.gpus / total.gpus
+            } else {
+                0.0
+            };
+            c.max(g)
+        };
+        // The tenant with the smallest dominant share (then the oldest waiting job) goes next.
+        while let Some(name) = tenants
+            .iter()
+            .filter(|(_, t)| t.next < t.jobs.len())
+            .min_by(|a, b| {
+                share(&a.1.used)
+                    .total_cmp(&share(&b.1.used))
+                    .then(a.1.jobs[a.1.next].cmp(&b.1.jobs[b.1.next]))
+            })
+            .map(|(n, _)| n.clone())
+        {
+            let turn = tenants.get_mut(&name).expect("picked above");
+            let room = Held {
+                cpus: turn
+                    .quota
+                    .cpus
+                    .map_or(f64::INFINITY, |q| q - turn.used.cpus),
+                gpus: turn
+                    .quota
+                    .gpus
+                    .map_or(f64::INFINITY, |q| q - turn.used.gpus),
+            };
+            match self.step(turn, room, out) {
+                Step::Placed(d) => turn.used.add(d, 1.0),
+                Step::Exhausted => turn.next = turn.jobs.len(),
+                Step::OverQuota => {
+                    let why = format!(
+                        "tenant {name:?} holds {} CPUs and {} GPUs of its quota ({} CPUs, {} \
+                         GPUs): its ready tasks wait for its running ones",
+                        turn.used.cpus,
+                        turn.used.gpus,
+                        turn.quota.cpus.map_or("no limit".into(), |c| c.to_string()),
+                        turn.quota.gpus.map_or("no limit".into(), |g| g.to_string()),
+                    );
+                    for job in &turn.jobs[turn.next..] {
+                        if let Some(j) = self.jobs.get_mut(job) {
+                            j.quota_wait = Some(why.clone());
+                        }
+                    }
+                    turn.next = turn.jobs.len();
+                }
+            }
+        }
+    }
+
+    /// Places the next task (or gangs) of a tenant's turn within `room`.
+    fn step(&mut self, turn: &mut Turn, room: Held, out: &mut Vec<Command>) -> Step {
+        const SLACK: f64 = 1e-9;
+        loop {
+            let Some(&job) = turn.jobs.get(turn.next) else {
+                return Step::Exhausted;
+            };
+            let j = &self.jobs[&job];
+            let Some(&c) = j.class_order.get(turn.class) else {
+                turn.next += 1;
+                turn.class = 0;
+                continue;
+            };
+            let before = j.held;
+            let first = TaskId::new(j.classes[c].first);
+            if j.graph.task(first).gang.is_some() {
+                let placed = self.schedule_gangs(job, c, room, out);
+                turn.class += 1;
+                let j = &self.jobs[&job];
+                if placed {
+                    let mut d = j.held;
+                    d.add(before, -1.0);
+                    return Step::Placed(d);
+                }
+                if j.quota_wait.is_some() {
+                    return Step::OverQuota;
+                }
                 continue;
             }
-            let order = self.jobs[&job].class_order.clone();
-            for c in order {
-                let first = TaskId::new(self.jobs[&job].classes[c].first);
-                if self.jobs[&job].graph.task(first).gang.is_some() {
-                    self.schedule_gangs(job, c, out);
-                    continue;
+            let Some(&t) = j.classes[c].ready.first() else {
+                turn.class += 1;
+                continue;
+            };
+            let need = j.max_charge(TaskId::new(t));
+            if need.cpus > room.cpus + SLACK || need.gpus > room.gpus + SLACK {
+                return Step::OverQuota;
+            }
+            match self.place_one(job, TaskId::new(t), out) {
+                Placed::Yes => {
+                    let mut d = self.jobs[&job].held;
+                    d.add(before, -1.0);
+                    return Step::Placed(d);
                 }
-                while let Some(&t) = self.jobs[&job].classes[c].ready.first() {
-                    match self.place_one(job, TaskId::new(t), out) {
-                        Placed::Yes | Placed::Deferred => {}
-                        Placed::Blocked => break,
-                    }
-                }
+                Placed::Deferred => {}
+                Placed::Blocked => turn.class += 1,
             }
         }
     }

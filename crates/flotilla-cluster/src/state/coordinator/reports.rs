@@ -109,8 +109,18 @@ impl Coordinator {
         result: AttemptResult,
         out: &mut Vec<Command>,
     ) {
+        // A ghost's attempt is reported by the worker it was given to, which rejoined
+        // under a new id; any other live worker's word on it is refused. (A worker that is
+        // not live is a replayed record: accepted when it was live.)
+        let speaks = |g: &Ghost| {
+            g.attempt == attempt
+                && self
+                    .workers
+                    .get(&worker)
+                    .is_none_or(|w| w.speaks_for(g.worker))
+        };
         let ghost = match self.ghosts.get(&task) {
-            Some(g) if g.attempt == attempt => self.ghosts.remove(&task),
+            Some(g) if speaks(g) => self.ghosts.remove(&task),
             _ => None,
         };
         let mut hw_class = ghost.as_ref().map(|g| g.hw_class.clone());
@@ -224,9 +234,9 @@ impl Coordinator {
             .as_deref()
             .and_then(|v| variant_index(j, t, v))
             .or(j.tasks[t.index()].variant);
+        j.set_variant(t, variant);
         {
             let rt = &mut j.tasks[t.index()];
-            rt.variant = variant;
             rt.worker = Some(ran_on);
             rt.ext().usage = Some(usage);
         }
@@ -404,10 +414,10 @@ impl Coordinator {
             // Rerun from lineage before the restart (its outputs were lost).
             j.undo_done(&[task.task], "rerun: its outputs were lost", out);
         }
+        j.set_variant(task.task, v);
         let rt = &mut j.tasks[task.task.index()];
         rt.attempt = attempt;
         rt.worker = Some(worker);
-        rt.variant = v;
         if j.is_active() {
             j.set_state(task.task, TaskState::Assigned, None, out);
             self.ghosts.insert(

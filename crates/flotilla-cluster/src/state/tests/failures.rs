@@ -161,6 +161,7 @@ fn a_lost_worker_s_tasks_are_placed_again_and_its_late_reports_ignored() {
             spec: wspec(1.0, &[]),
             running: vec![],
             held: vec![],
+            previous: None,
         })
         .unwrap_err();
     assert_eq!(e, StateError::DuplicateWorker(w1));
@@ -374,6 +375,7 @@ fn a_registration_offering_absurd_resources_is_refused_and_changes_nothing() {
             spec,
             running: Vec::new(),
             held: Vec::new(),
+            previous: None,
         })
         .unwrap_err();
     assert!(e.to_string().contains("gpus = 10000000000"), "{e}");

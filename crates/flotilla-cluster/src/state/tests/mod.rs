@@ -74,18 +74,23 @@ impl Sim {
             spec,
             running: Vec::new(),
             held: Vec::new(),
+            previous: None,
         });
         (id, out)
     }
 
     pub(super) fn submit(&mut self, text: &str) -> (JobId, Vec<Command>) {
+        self.submit_as("t", text)
+    }
+
+    pub(super) fn submit_as(&mut self, tenant: &str, text: &str) -> (JobId, Vec<Command>) {
         let spec = parse_job(text, "job.toml").expect("a valid job");
         let job = self.c.next_job_id();
         let out = self.ev(Event::JobSubmitted {
             job,
             spec,
             dir: "/jobs".into(),
-            tenant: "t".into(),
+            tenant: tenant.into(),
         });
         (job, out)
     }
@@ -285,3 +290,4 @@ outputs = ["c.out"]
 mod failures;
 mod placement;
 mod restart;
+mod tenants;

@@ -73,6 +73,7 @@ fn after_a_restart_finished_tasks_stay_done_and_assigned_ones_wait_for_their_wor
             spec: wspec(8.0, &[]),
             running: vec![],
             held: vec![],
+            previous: None,
         },
         &mut out,
     )
@@ -88,6 +89,7 @@ fn after_a_restart_finished_tasks_stay_done_and_assigned_ones_wait_for_their_wor
             spec: wspec(3.0, &[]),
             running: vec![(t(1), 1), (t(0), 1), (t(2), 7)],
             held: vec![],
+            previous: Some(w1),
         },
         &mut out,
     )
@@ -303,18 +305,21 @@ fn invalid_events_change_nothing() {
             spec: wspec(1.0, &[]),
             running: vec![],
             held: vec![],
+            previous: None,
         },
         Event::WorkerJoined {
             worker: WorkerId::new(50),
             spec: bad_gpu,
             running: vec![],
             held: vec![],
+            previous: None,
         },
         Event::WorkerJoined {
             worker: WorkerId::new(51),
             spec: neg,
             running: vec![],
             held: vec![],
+            previous: None,
         },
         Event::TaskFinished {
             worker: WorkerId::new(99),
@@ -616,6 +621,7 @@ fn a_rejoining_worker_releases_the_assignments_it_never_received() {
             spec: wspec(2.0, &[]),
             running: vec![(t(0), 1)],
             held: vec![],
+            previous: Some(w1),
         },
         &mut out,
     )
@@ -642,4 +648,138 @@ fn a_rejoining_worker_releases_the_assignments_it_never_received() {
     assert_eq!(a[0].0, w2);
     assert_eq!(a[0].1.task, t(1));
     assert_eq!(c.job_status(job).unwrap().tasks[1].attempts, 2);
+}
+
+/// After a restart, only the worker that proves it was the attempt's worker (its previous id,
+/// checked by the server with that id's credential) may take the attempt, report its result
+/// or claim its outputs. Any worker could, once: and `gather` wrote outputs with hashes of a
+/// stranger's choosing into the user's folder.
+#[test]
+fn after_a_restart_only_the_proven_previous_worker_claims_attempts_and_outputs() {
+    let mut sim = Sim::new(0);
+    let mut journal: Vec<JournalRecord> = Vec::new();
+    let text = "staging = \"transfer\"\n[[task]]\nid = \"a\"\ncmd = [\"x\"]\noutputs = [\"a.out\"]\n[[task]]\nid = \"b\"\ncmd = [\"y\"]\narray = \"0..2\"\n";
+    let spec = parse_job(text, "job.toml").unwrap();
+    let job = sim.c.next_job_id();
+    let ev = Event::JobSubmitted {
+        job,
+        spec,
+        dir: "/d".into(),
+        tenant: "t".into(),
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    let (w1, _) = sim.join(wspec(3.0, &[]));
+    journal.extend(sim.c.take_journal_records());
+    let a = sim.tref(job, "a");
+    let ev = Event::TaskFinished {
+        worker: w1,
+        task: a,
+        attempt: 1,
+        result: AttemptResult {
+            outcome: AttemptOutcome::Succeeded,
+            usage: Usage::default(),
+            outputs: vec![obj("a.out", 5)],
+            variant: None,
+        },
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    journal.extend(sim.c.take_journal_records());
+    let b0 = sim.tref(job, "b[0]");
+    let b1 = sim.tref(job, "b[1]");
+    let mut c = replayed(&journal, 10_000);
+    // A stranger (no proven previous id) claims everything w1 had: refused.
+    let stranger = c.next_worker_id();
+    let mut out = Vec::new();
+    c.handle(
+        10_001,
+        Event::WorkerJoined {
+            worker: stranger,
+            spec: wspec(3.0, &[]),
+            running: vec![(b0, 1)],
+            held: vec![(a, obj("a.out", 5))],
+            previous: None,
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(cancels(&out), vec![(stranger, b0, 1)], "not adopted");
+    let s = c.job_status(job).unwrap();
+    assert_eq!(s.tasks[b0.task.index()].worker, Some(w1), "still w1's");
+    // Nor may it report b[1]'s result, nor claim w1's identity with a forged id later.
+    out.clear();
+    c.handle(
+        10_002,
+        Event::TaskFinished {
+            worker: stranger,
+            task: b1,
+            attempt: 1,
+            result: AttemptResult {
+                outcome: AttemptOutcome::Succeeded,
+                usage: Usage::default(),
+                outputs: vec![],
+                variant: None,
+            },
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(
+        c.job_status(job).unwrap().tasks[b1.task.index()].state,
+        TaskState::Assigned
+    );
+    // w1 comes back proven: it takes b[0], reports b[1], and holds a.out; a claim on an
+    // object it was never recorded holding (another hash) is ignored.
+    let back = c.next_worker_id();
+    out.clear();
+    let forged = ObjectRef {
+        hash: "forged".into(),
+        ..obj("a.out", 5)
+    };
+    c.handle(
+        10_003,
+        Event::WorkerJoined {
+            worker: back,
+            spec: wspec(3.0, &[]),
+            running: vec![(b0, 1)],
+            held: vec![(a, forged.clone()), (a, obj("a.out", 5))],
+            previous: Some(w1),
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert!(cancels(&out).is_empty(), "{out:?}");
+    let s = c.job_status(job).unwrap();
+    assert_eq!(s.tasks[b0.task.index()].worker, Some(back));
+    assert_eq!(s.tasks[b0.task.index()].state, TaskState::Running);
+    out.clear();
+    c.handle(
+        10_004,
+        Event::TaskFinished {
+            worker: back,
+            task: b1,
+            attempt: 1,
+            result: AttemptResult {
+                outcome: AttemptOutcome::Succeeded,
+                usage: Usage::default(),
+                outputs: vec![],
+                variant: None,
+            },
+        },
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(
+        c.job_status(job).unwrap().tasks[b1.task.index()].state,
+        TaskState::Done
+    );
+    let j = &c.jobs_map()[&job];
+    assert_eq!(
+        j.outputs[&a.task],
+        vec![obj("a.out", 5)],
+        "no forged object"
+    );
+    assert!(j.holders[&a.task].contains(&back));
+    assert!(!j.holders[&a.task].contains(&stranger));
 }

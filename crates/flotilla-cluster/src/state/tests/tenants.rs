@@ -1,0 +1,131 @@
+//! Tenants: Dominant Resource Fairness between them, and their quotas (CPUs, GPUs, running
+//! jobs), with the reason a waiting job gives in its status.
+
+use super::*;
+
+const MANY: &str = "[[task]]\nid = \"t\"\narray = \"0..100\"\ncmd = [\"x\"]\n";
+
+/// Tasks in flight per tenant.
+fn flying(sim: &Sim) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for j in sim.c.jobs() {
+        *m.entry(j.tenant.clone()).or_default() += j.counts.assigned + j.counts.running;
+    }
+    m
+}
+
+#[test]
+fn a_tenant_that_arrives_later_gets_its_fair_share_as_tasks_end() {
+    let mut sim = Sim::new(0);
+    let (w, _) = sim.join(wspec(4.0, &[]));
+    let (a, out) = sim.submit_as("alice", MANY);
+    assert_eq!(assigns(&out).len(), 4, "alice alone takes the whole worker");
+    let (b, out) = sim.submit_as("bob", MANY);
+    assert!(assigns(&out).is_empty(), "nothing is preempted");
+    // As alice's tasks end, bob (the smaller dominant share) gets the freed CPUs until
+    // both hold 2; then they alternate.
+    let mut next_a = 0u32;
+    for _ in 0..2 {
+        let t = TaskRef {
+            job: a,
+            task: TaskId::new(next_a),
+        };
+        next_a += 1;
+        let out = sim.finish(w, t, 1, AttemptOutcome::Succeeded);
+        let got: Vec<JobId> = assigns(&out).iter().map(|(_, x)| x.task.job).collect();
+        assert_eq!(got, vec![b], "the freed CPU goes to bob");
+    }
+    assert_eq!(flying(&sim)["alice"], 2);
+    assert_eq!(flying(&sim)["bob"], 2);
+    // Equal shares: the tie goes to the tenant with the older job (alice), then bob.
+    let t = TaskRef {
+        job: a,
+        task: TaskId::new(next_a),
+    };
+    let out = sim.finish(w, t, 1, AttemptOutcome::Succeeded);
+    assert_eq!(assigns(&out)[0].1.task.job, a);
+    let bt = TaskRef {
+        job: b,
+        task: TaskId::new(0),
+    };
+    let out = sim.finish(w, bt, 1, AttemptOutcome::Succeeded);
+    assert_eq!(assigns(&out)[0].1.task.job, b);
+    assert_eq!(flying(&sim)["alice"], 2);
+    assert_eq!(flying(&sim)["bob"], 2);
+}
+
+#[test]
+fn dominant_shares_count_gpus_against_cpus() {
+    // Alice's tasks take 1 GPU (of 2) and half a CPU each, bob's 1 CPU (of 8): one alice
+    // task is a dominant share of 1/2, worth four of bob's.
+    let gpu = "[[task]]\nid = \"g\"\narray = \"0..10\"\ncmd = [\"x\"]\nresources = { cpus = 0.5, gpus = 1 }\n";
+    let cpu = "[[task]]\nid = \"c\"\narray = \"0..10\"\ncmd = [\"x\"]\n";
+    // Both wait for a worker, as after a coordinator restart.
+    let mut sim = Sim::new(0);
+    let (a, _) = sim.submit_as("alice", gpu);
+    let (b, _) = sim.submit_as("bob", cpu);
+    let (_, out) = sim.join(wspec(8.0, &[16 << 30, 16 << 30]));
+    let order: Vec<&str> = assigns(&out)
+        .iter()
+        .map(|(_, x)| {
+            if x.task.job == a {
+                "a"
+            } else if x.task.job == b {
+                "b"
+            } else {
+                "?"
+            }
+        })
+        .collect();
+    // Equal shares go to the older job: alice (1/2); bob until 4/8 = 1/2; alice's second
+    // GPU (share 1); bob fills the 7 CPUs alice's two tasks leave.
+    assert_eq!(order, ["a", "b", "b", "b", "b", "a", "b", "b", "b"]);
+}
+
+#[test]
+fn quotas_cap_cpus_and_running_jobs_and_say_why_a_job_waits() {
+    let mut sim = Sim::new(0);
+    let mut q = BTreeMap::new();
+    q.insert(
+        "alice".to_string(),
+        Quota {
+            cpus: Some(2.0),
+            running_jobs: Some(1),
+            ..Quota::default()
+        },
+    );
+    sim.c.set_quotas(q);
+    let (w, _) = sim.join(wspec(8.0, &[]));
+    let (a1, out) = sim.submit_as("alice", MANY);
+    assert_eq!(assigns(&out).len(), 2, "her CPU quota");
+    let s = sim.c.job_status(a1).unwrap();
+    let why = s.waiting.expect("a reason");
+    assert!(why.contains("alice") && why.contains("quota"), "{why}");
+    let (a2, out) = sim.submit_as("alice", MANY);
+    assert!(assigns(&out).is_empty());
+    let why = sim.c.job_status(a2).unwrap().waiting.expect("a reason");
+    assert!(why.contains("running_jobs"), "{why}");
+    // Others are not held back by her quota.
+    let (b, out) = sim.submit_as("bob", MANY);
+    assert_eq!(assigns(&out).len(), 6);
+    assert!(sim.c.job_status(b).unwrap().waiting.is_none());
+    // Her first job ends (cancelled): the second one runs, within her CPUs.
+    let out = sim.ev(Event::JobCancelled { job: a1 });
+    for (worker, task, attempt) in cancels(&out) {
+        sim.ev(Event::TaskFinished {
+            worker,
+            task,
+            attempt,
+            result: AttemptResult {
+                outcome: AttemptOutcome::Cancelled,
+                usage: Usage::default(),
+                outputs: vec![],
+                variant: None,
+            },
+        });
+    }
+    let f = flying(&sim);
+    assert_eq!(f["alice"], 2, "{f:?}");
+    assert!(sim.c.job_status(a2).unwrap().counts.assigned > 0);
+    let _ = w;
+}

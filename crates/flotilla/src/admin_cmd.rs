@@ -1,0 +1,160 @@
+//! `flotilla admin`: tenants, worker enrolment tokens, token listing and revocation. Each
+//! takes the admin token (`--token-file` or `FLOTILLA_TOKEN`, as every command does). A new
+//! token is printed alone on the last line of stdout: the coordinator keeps only its hash.
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use flotilla::cluster::access::Quota;
+
+use crate::cluster_cmd::RemoteArgs;
+
+/// `flotilla admin ...`.
+#[derive(Subcommand)]
+pub(crate) enum AdminCmd {
+    /// Tenants: who submits jobs, with quotas.
+    #[command(subcommand)]
+    Tenant(TenantCmd),
+    /// Worker enrolment tokens.
+    #[command(subcommand, name = "worker-token")]
+    WorkerToken(WorkerTokenCmd),
+    /// Every token: list, revoke.
+    #[command(subcommand)]
+    Token(TokenCmd),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TenantCmd {
+    /// Add a tenant; prints its token alone on the last line.
+    Add(TenantAddArgs),
+    /// List the tenants and their quotas.
+    List(ListArgs),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum WorkerTokenCmd {
+    /// Add a worker enrolment token; prints it alone on the last line.
+    Add(WorkerTokenAddArgs),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TokenCmd {
+    /// List every token (ids, roles, names; never a token).
+    List(ListArgs),
+    /// Revoke a token at once (a worker enrolment token takes its workers' credentials).
+    Revoke(RevokeArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct TenantAddArgs {
+    /// The tenant's name: 1 to 64 of a-z, 0-9, '_' and '-'.
+    name: String,
+    /// The most CPUs its tasks hold at once.
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// The most GPUs its tasks hold at once.
+    #[arg(long)]
+    gpus: Option<f64>,
+    /// The most of its jobs that run at once (later ones wait).
+    #[arg(long)]
+    running_jobs: Option<u32>,
+    /// The most tasks one of its jobs may have (larger jobs are refused).
+    #[arg(long)]
+    tasks: Option<u64>,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct WorkerTokenAddArgs {
+    /// A name to recognise it by in `token list`.
+    #[arg(long, default_value = "")]
+    name: String,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct ListArgs {
+    /// One JSON document.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct RevokeArgs {
+    /// The token's id (from `flotilla admin token list`).
+    id: String,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+fn limit<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+/// Runs an admin command.
+pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
+    match cmd {
+        AdminCmd::Tenant(TenantCmd::Add(a)) => {
+            let quota = Quota {
+                cpus: a.cpus,
+                gpus: a.gpus,
+                running_jobs: a.running_jobs,
+                tasks: a.tasks,
+            };
+            let t = a.remote.client().await?.tenant_add(&a.name, &quota).await?;
+            eprintln!("tenant {} added (token {}); its token:", a.name, t.id);
+            println!("{}", t.token);
+        }
+        AdminCmd::Tenant(TenantCmd::List(a)) => {
+            let tenants = a.remote.client().await?.tenant_list().await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&tenants)?);
+            } else {
+                println!(
+                    "{:<20} {:>8} {:>8} {:>13} {:>10}",
+                    "TENANT", "CPUS", "GPUS", "RUNNING JOBS", "TASKS/JOB"
+                );
+                for t in tenants {
+                    println!(
+                        "{:<20} {:>8} {:>8} {:>13} {:>10}",
+                        t.name,
+                        limit(t.quota.cpus),
+                        limit(t.quota.gpus),
+                        limit(t.quota.running_jobs),
+                        limit(t.quota.tasks)
+                    );
+                }
+            }
+        }
+        AdminCmd::WorkerToken(WorkerTokenCmd::Add(a)) => {
+            let t = a.remote.client().await?.worker_token_add(&a.name).await?;
+            eprintln!("worker enrolment token {} added; the token:", t.id);
+            println!("{}", t.token);
+        }
+        AdminCmd::Token(TokenCmd::List(a)) => {
+            let tokens = a.remote.client().await?.token_list().await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&tokens)?);
+            } else {
+                println!("{:<10} {:<8} {:<20} {:<8}", "ID", "ROLE", "NAME", "STATE");
+                for t in tokens {
+                    println!(
+                        "{:<10} {:<8} {:<20} {:<8}",
+                        t.id,
+                        t.role.to_string(),
+                        t.name,
+                        if t.revoked { "revoked" } else { "active" }
+                    );
+                }
+            }
+        }
+        AdminCmd::Token(TokenCmd::Revoke(a)) => {
+            let t = a.remote.client().await?.token_revoke(&a.id).await?;
+            println!("{} ({} {}) revoked", t.id, t.role, t.name);
+        }
+    }
+    Ok(())
+}

@@ -71,6 +71,14 @@ pub struct WorkerConfig {
     /// (`flotilla_exec::Guard`): the program and its arguments, e.g. the `flotilla` binary
     /// and `worker-guard`. `None`: no guard (a worker inside another process, as in tests).
     pub guard: Option<Vec<String>>,
+    /// Whether process tasks run in a sandbox ([`Isolation`]).
+    pub isolation: Isolation,
+    /// Whether tasks that ask for the network (`network = true`) may have it: the worker
+    /// then offers the custom resource `network`, and only such tasks are placed here.
+    pub allow_network: bool,
+    /// The most processes (and threads) one sandboxed task may have at once (cgroup
+    /// `pids.max`): a fork bomb stops there.
+    pub task_pids: u64,
 }
 
 impl WorkerConfig {
@@ -90,6 +98,9 @@ impl WorkerConfig {
             work_dir: std::env::temp_dir().join(format!("flotilla-worker-{}", std::process::id())),
             data_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             guard: None,
+            isolation: Isolation::Auto,
+            allow_network: false,
+            task_pids: DEFAULT_TASK_PIDS,
         }
     }
 }
@@ -134,6 +145,12 @@ impl WorkerConfig {
         r.gpus = self.gpus.len() as f64;
         r.gpu_mem = self.gpus.iter().map(|g| g.mem_bytes).max().unwrap_or(0);
         r.custom = self.custom.iter().cloned().collect();
+        if self.allow_network {
+            // Any number of its tasks may use the network at once.
+            r.custom
+                .entry(flotilla_core::NETWORK.to_string())
+                .or_insert(1e6);
+        }
         r
     }
 
@@ -148,6 +165,145 @@ impl WorkerConfig {
             })
             .collect();
         Ok(Ledger::new(self.offer(), &gpus)?)
+    }
+}
+
+/// The device files a task given GPUs `indices` needs inside its sandbox (those missing on
+/// this machine are skipped by the sandbox).
+fn gpu_devices(indices: &[u32]) -> Vec<PathBuf> {
+    if indices.is_empty() {
+        return Vec::new();
+    }
+    let mut d: Vec<PathBuf> = [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia-modeset",
+        "/dev/dri",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .collect();
+    d.extend(
+        indices
+            .iter()
+            .map(|i| PathBuf::from(format!("/dev/nvidia{i}"))),
+    );
+    d
+}
+
+/// Whether a worker sandboxes its process tasks (bubblewrap; see `flotilla_exec::sandbox`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isolation {
+    /// A sandbox when this machine can make one; a warning when it cannot.
+    #[default]
+    Auto,
+    /// Always bubblewrap; the worker refuses to start without it.
+    Bwrap,
+    /// A sandbox or nothing: the worker refuses to start when it cannot make one.
+    Required,
+    /// No sandbox: tasks run as the worker's user, in its namespaces.
+    None,
+}
+
+impl std::str::FromStr for Isolation {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Isolation::Auto),
+            "bwrap" => Ok(Isolation::Bwrap),
+            "required" => Ok(Isolation::Required),
+            "none" => Ok(Isolation::None),
+            _ => Err(format!(
+                "isolation {s:?}: one of auto, bwrap, required, none"
+            )),
+        }
+    }
+}
+
+/// The default for [`WorkerConfig::task_pids`].
+pub const DEFAULT_TASK_PIDS: u64 = 1024;
+
+/// How this worker sandboxes tasks, found at start.
+struct Sandboxing {
+    bwrap: PathBuf,
+    /// One empty network namespace the sandboxes join (when the worker may make one).
+    netns: Option<flotilla_exec::EmptyNetns>,
+    /// The cgroup parent of its attempts (relative), when cgroups can be used.
+    cgroups: Option<PathBuf>,
+}
+
+impl Sandboxing {
+    /// Resolves `isolation` on this machine; `Ok(None)` when tasks run unsandboxed.
+    fn find(config: &WorkerConfig) -> Result<Option<Sandboxing>> {
+        let strict = matches!(config.isolation, Isolation::Bwrap | Isolation::Required);
+        if config.isolation == Isolation::None {
+            return Ok(None);
+        }
+        let found = flotilla_exec::sandbox::find_bwrap()
+            .ok_or_else(|| "bwrap was not found (Debian: apt-get install bubblewrap)".to_string())
+            .and_then(|b| flotilla_exec::sandbox::probe(&b).map(|()| b));
+        let bwrap = match found {
+            Ok(b) => b,
+            Err(why) if strict => {
+                let mode = if config.isolation == Isolation::Bwrap {
+                    "bwrap"
+                } else {
+                    "required"
+                };
+                return Err(ClusterError::Config(format!(
+                    "--isolation {mode}: no sandbox can be made here: {why}"
+                )));
+            }
+            Err(why) => {
+                tracing::warn!(
+                    "tasks run WITHOUT a sandbox: {why}; they can read what this worker's \
+                     user can read and signal its processes (--isolation required refuses \
+                     to start instead)"
+                );
+                return Ok(None);
+            }
+        };
+        let netns = match flotilla_exec::EmptyNetns::new() {
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::info!("each sandbox makes its own network namespace ({e})");
+                None
+            }
+        };
+        let cgroups = flotilla_exec::cgroup_available().then(|| {
+            let name: String = config
+                .name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            let parent = PathBuf::from("flotilla").join(format!("worker-{name}"));
+            // Attempts of this worker's previous life (killed, crashed) must not run on.
+            flotilla_exec::cleanup_cgroups(&parent);
+            parent
+        });
+        if cgroups.is_none() {
+            tracing::warn!(
+                "no writable cgroup hierarchy: sandboxed tasks are limited by rlimits only"
+            );
+        }
+        tracing::info!(
+            bwrap = %bwrap.display(),
+            shared_netns = netns.is_some(),
+            cgroups = cgroups.is_some(),
+            "process tasks run in sandboxes"
+        );
+        Ok(Some(Sandboxing {
+            bwrap,
+            netns,
+            cgroups,
+        }))
     }
 }
 
@@ -253,6 +409,8 @@ struct Shared {
     epoch: Instant,
     /// Kills the tasks' process groups if this worker dies.
     guard: Option<flotilla_exec::Guard>,
+    /// How process tasks are sandboxed (`None`: they are not).
+    sandboxing: Option<Sandboxing>,
 }
 
 impl Shared {
@@ -344,6 +502,7 @@ impl Shared {
 /// unreachable), registers, runs tasks, reconnects after a broken session.
 pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) -> Result<()> {
     let ledger = config.ledger()?;
+    let sandboxing = Sandboxing::find(&config)?;
     std::fs::create_dir_all(&config.work_dir).map_err(|e| ClusterError::io(&config.work_dir, e))?;
     let objects = Arc::new(ObjectStore::open(&config.work_dir.join("objects"))?);
     let data_keys = Arc::new(parking_lot::RwLock::new(Vec::new()));
@@ -379,6 +538,7 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         data_keys,
         config,
         guard,
+        sandboxing,
         local: Mutex::new(Local {
             agent: Agent::new(ledger),
             runs: HashMap::new(),
@@ -760,10 +920,59 @@ fn execute(
             }
         }
         let mem = a.resources.as_ref().map(|r| r.mem).unwrap_or(0);
+        let cpus = a.resources.as_ref().map(|r| r.cpus).unwrap_or(0.0);
         // Only the host's basic variables, never the rest of the worker's own (its token
         // above all), then the task's.
         let mut all = flotilla_exec::host_vars();
+        let (sandbox, cgroup) = match &sh.sandboxing {
+            Some(sb) => {
+                // A gang member needs the network to meet its peers.
+                let network = a.gang.is_some()
+                    || (sh.config.allow_network
+                        && a.resources.as_ref().is_some_and(|r| {
+                            r.custom
+                                .iter()
+                                .any(|c| c.name == flotilla_core::NETWORK && c.amount > 0.0)
+                        }));
+                // Inside, /tmp is the sandbox's own and $HOME is not there.
+                all.retain(|(k, _)| k != "TMPDIR" && k != "HOME");
+                all.push(("TMPDIR".into(), "/tmp".into()));
+                all.push(("HOME".into(), "/tmp".into()));
+                let spec = flotilla_exec::SandboxSpec {
+                    bwrap: sb.bwrap.clone(),
+                    writable: root.clone(),
+                    network,
+                    netns: if network {
+                        None
+                    } else {
+                        sb.netns.as_ref().map(flotilla_exec::EmptyNetns::fd)
+                    },
+                    devices: gpu_devices(&a.gpu_indices),
+                };
+                let cgroup = sb.cgroups.as_ref().map(|parent| flotilla_exec::CgroupSpec {
+                    mem_max: (mem > 0).then_some(mem),
+                    cpu_max: (cpus > 0.0).then_some(cpus),
+                    pids_max: Some(sh.config.task_pids),
+                    ..flotilla_exec::CgroupSpec::new(
+                        parent,
+                        format!("{}-{}-{}", key.job, key.task, key.attempt),
+                    )
+                });
+                (Some(spec), cgroup)
+            }
+            None => (None, None),
+        };
         all.extend(env);
+        if let Some(g) = &sh.guard {
+            // So that the guard finds the task even before it is registered.
+            all.push(g.mark());
+        }
+        // Without a cgroup, a sandboxed task's processes are capped by RLIMIT_NPROC (which
+        // counts all of its user's processes; root is not bound by it).
+        // SAFETY: getuid has no preconditions.
+        let root_user = unsafe { libc::getuid() } == 0;
+        let nproc =
+            (sandbox.is_some() && cgroup.is_none() && !root_user).then_some(sh.config.task_pids);
         let spec = ProcessSpec {
             cmd,
             cwd: cwd.clone(),
@@ -774,11 +983,13 @@ fn execute(
             stdout: Output::File(logs.0.clone()),
             stderr: Output::File(logs.1.clone()),
             limits: Limits {
-                mem_bytes: (mem > 0).then_some(mem),
-                cpu_seconds: None,
-                open_files: None,
+                // A cgroup's memory limit covers the whole tree; RLIMIT_AS otherwise.
+                mem_bytes: (mem > 0 && cgroup.is_none()).then_some(mem),
+                processes: nproc,
+                ..Limits::default()
             },
-            cgroup: None,
+            cgroup,
+            sandbox,
         };
         flotilla_exec::run_process_guarded(&spec, cancel, sh.guard.as_ref())
     };

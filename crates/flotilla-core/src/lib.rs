@@ -63,5 +63,5 @@ pub use job::{
 };
 pub use ledger::Ledger;
 pub use parse::parse_job;
-pub use resources::{ResourceRequest, Resources};
+pub use resources::{ResourceRequest, Resources, NETWORK};
 pub use source::SourceMap;

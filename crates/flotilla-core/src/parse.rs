@@ -20,6 +20,7 @@ use crate::job::{
     Defaults, Dependency, Group, JobSpec, Staging, TaskBody, TaskSpec, VariantSpec, WasmSpec,
 };
 use crate::resources::ResourceRequest;
+use crate::resources::NETWORK;
 use crate::size::parse_size;
 use crate::source::{FieldPositions, LineIndex, SourceMap, TaskPositions};
 
@@ -63,6 +64,7 @@ struct RawTask {
     variant: Option<Spanned<Vec<Spanned<RawVariant>>>>,
     wasm: V,
     group: V,
+    network: V,
 }
 
 #[derive(Deserialize)]
@@ -299,7 +301,7 @@ impl Cx<'_> {
             None => return Err(self.err(start, "id", Problem::Missing)),
         };
         self.task = Some(id.clone());
-        let spans: [(&'static str, Option<Range<usize>>); 15] = [
+        let spans: [(&'static str, Option<Range<usize>>); 16] = [
             ("id", raw.id.as_ref().map(Spanned::span)),
             ("cmd", raw.cmd.as_ref().map(Spanned::span)),
             ("array", raw.array.as_ref().map(Spanned::span)),
@@ -315,6 +317,7 @@ impl Cx<'_> {
             ("variant", raw.variant.as_ref().map(Spanned::span)),
             ("wasm", raw.wasm.as_ref().map(Spanned::span)),
             ("group", raw.group.as_ref().map(Spanned::span)),
+            ("network", raw.network.as_ref().map(Spanned::span)),
         ];
         for (field, span) in spans {
             if let Some(s) = span {
@@ -391,9 +394,17 @@ impl Cx<'_> {
                 None => BTreeMap::new(),
             },
             cwd: self.opt(&raw.cwd, "cwd", string)?,
-            resources: match &raw.resources {
-                Some(r) => self.resources(r, "resources")?,
-                None => ResourceRequest::default(),
+            resources: {
+                let mut r = match &raw.resources {
+                    Some(r) => self.resources(r, "resources")?,
+                    None => ResourceRequest::default(),
+                };
+                // `network = true`: the task needs the network, which only workers started
+                // with `--allow-network` offer (as the custom resource `network`).
+                if self.opt(&raw.network, "network", boolean)? == Some(true) {
+                    r.custom.insert(NETWORK.to_string(), 1.0);
+                }
+                r
             },
             retries: self.opt(&raw.retries, "retries", retries)?,
             timeout: self.opt(&raw.timeout, "timeout", duration)?,
@@ -538,6 +549,13 @@ fn non_negative<T: TryFrom<i64>>(v: &Value, expected: &'static str) -> PResult<T
 
 fn retries(v: &Value) -> PResult<u32> {
     non_negative(v, "a non-negative integer")
+}
+
+fn boolean(v: &Value) -> PResult<bool> {
+    match v {
+        Value::Boolean(b) => Ok(*b),
+        _ => Err(type_error("true or false", v)),
+    }
 }
 
 fn number(v: &Value) -> PResult<f64> {

@@ -99,6 +99,11 @@ impl fmt::Display for Resources {
     }
 }
 
+/// The custom resource a task needs to use the network (`network = true` in its table); only
+/// workers started with `--allow-network` offer it, and their sandboxes give network only to
+/// tasks holding it.
+pub const NETWORK: &str = "network";
+
 /// Resources as a job file writes them: only the keys that were given.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ResourceRequest {

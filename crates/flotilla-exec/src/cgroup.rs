@@ -1,13 +1,17 @@
-//! A cgroup v2 per process attempt: memory and CPU limits that cover every descendant,
-//! OOM-kill detection, whole-tree usage and a clean kill of stragglers.
+//! A cgroup per process attempt: memory, CPU and process-count limits that cover every
+//! descendant, OOM-kill detection, whole-tree usage and a clean kill of stragglers.
 //!
-//! The child joins its cgroup before `exec`: the parent opens `cgroup.procs` (close-on-exec)
-//! and the child writes `0` ("myself") to it in `pre_exec`, so there is no window in which the
-//! command runs, or forks, outside the cgroup. The directory is removed when the attempt ends.
+//! Both hierarchies are supported, as machines have them: cgroup v2 (one tree at
+//! [`CGROUP_ROOT`]) and cgroup v1 (one tree per controller, `CGROUP_ROOT/memory`,
+//! `CGROUP_ROOT/pids`, `CGROUP_ROOT/cpu`, `CGROUP_ROOT/cpuacct`); [`hierarchy`] says which
+//! one this machine offers and this process may write. A [`CgroupSpec`] with a relative
+//! `parent` is placed in whichever it is (in v1, the same relative path under every
+//! controller); an absolute `parent` names a v2 folder directly.
 //!
-//! Cgroups are usually unavailable inside containers (cgroup v1, or a read-only or
-//! controller-less v2 mount); [`cgroup_available`] says whether the usual place works, and
-//! callers run without a [`CgroupSpec`] when it does not.
+//! The child joins its cgroup before `exec`: the parent opens each `cgroup.procs`
+//! (close-on-exec) and the child writes `0` ("myself") to them in `pre_exec`, so there is no
+//! window in which the command runs, or forks, outside the cgroup. The folders are removed
+//! when the attempt ends.
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -25,6 +29,72 @@ use crate::error::{Error, Result};
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+
+/// The cgroup hierarchy of this machine, as this process can use it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hierarchy {
+    /// cgroup v2 mounted at this folder, with the memory controller, writable.
+    V2(PathBuf),
+    /// cgroup v1: the writable controller trees found (`memory` and `pids` at least).
+    V1(Vec<(Controller, PathBuf)>),
+}
+
+/// A cgroup v1 controller Flotilla uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controller {
+    /// `memory.limit_in_bytes`, OOM kills, peak usage.
+    Memory,
+    /// `pids.max`: fork bombs stop there.
+    Pids,
+    /// `cpu.cfs_quota_us`.
+    Cpu,
+    /// `cpuacct.usage`: CPU time of the whole tree.
+    Cpuacct,
+}
+
+impl Controller {
+    const ALL: [Controller; 4] = [
+        Controller::Memory,
+        Controller::Pids,
+        Controller::Cpu,
+        Controller::Cpuacct,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Pids => "pids",
+            Controller::Cpu => "cpu",
+            Controller::Cpuacct => "cpuacct",
+        }
+    }
+}
+
+/// The hierarchy this process can put attempts in, if any (computed once).
+pub fn hierarchy() -> Option<Hierarchy> {
+    static FOUND: OnceLock<Option<Hierarchy>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let root = Path::new(CGROUP_ROOT);
+            let v2 = is_cgroup2(root)
+                && fs::read_to_string(root.join("cgroup.controllers"))
+                    .map(|c| c.split_whitespace().any(|c| c == "memory"))
+                    .unwrap_or(false)
+                && writable(root);
+            if v2 {
+                return Some(Hierarchy::V2(root.to_path_buf()));
+            }
+            let found: Vec<(Controller, PathBuf)> = Controller::ALL
+                .iter()
+                .map(|&c| (c, root.join(c.name())))
+                .filter(|(_, p)| fs_magic(p) == Some(CGROUP_SUPER_MAGIC) && writable(p))
+                .collect();
+            let has = |c| found.iter().any(|(x, _)| *x == c);
+            (has(Controller::Memory) && has(Controller::Pids)).then_some(Hierarchy::V1(found))
+        })
+        .clone()
+}
 
 /// A cgroup v2 to run one process attempt in.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +109,8 @@ pub struct CgroupSpec {
     pub mem_max: Option<u64>,
     /// `cpu.max` in cores, e.g. `1.5`.
     pub cpu_max: Option<f64>,
+    /// `pids.max`: the most processes and threads at once (a fork bomb stops there).
+    pub pids_max: Option<u64>,
 }
 
 impl CgroupSpec {
@@ -49,41 +121,70 @@ impl CgroupSpec {
             name: name.into(),
             mem_max: None,
             cpu_max: None,
+            pids_max: None,
         }
     }
 }
 
-/// Whether cgroup v2 limits can be used: [`CGROUP_ROOT`] is a cgroup2 mount offering the
-/// `memory` controller, and this process may write there. Computed once.
+/// Kills every process in the cgroups under `parent` (relative, as in [`CgroupSpec`]) and
+/// removes them: what a worker that restarts does with its previous life's attempts.
+pub fn cleanup_cgroups(parent: &Path) {
+    let roots: Vec<PathBuf> = match hierarchy() {
+        Some(Hierarchy::V2(root)) => vec![root.join(parent)],
+        Some(Hierarchy::V1(ctls)) => ctls.into_iter().map(|(_, r)| r.join(parent)).collect(),
+        None => return,
+    };
+    for root in roots {
+        let Ok(entries) = fs::read_dir(&root) else {
+            continue;
+        };
+        for dir in entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()) {
+            for _ in 0..100 {
+                let pids = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                for pid in pids
+                    .lines()
+                    .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+                {
+                    // SAFETY: kill has no memory-safety preconditions.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                    }
+                }
+                match fs::remove_dir(&dir) {
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+}
+
+/// Whether cgroup limits can be used: [`hierarchy`] found a v2 mount with the `memory`
+/// controller or v1 `memory` and `pids` trees, writable by this process.
 pub fn cgroup_available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        let root = Path::new(CGROUP_ROOT);
-        is_cgroup2(root)
-            && fs::read_to_string(root.join("cgroup.controllers"))
-                .map(|c| c.split_whitespace().any(|c| c == "memory"))
-                .unwrap_or(false)
-            && writable(root)
-    })
+    hierarchy().is_some()
 }
 
 /// Whether `path` is on a cgroup2 file system.
 pub fn is_cgroup2(path: &Path) -> bool {
+    fs_magic(path) == Some(CGROUP2_SUPER_MAGIC)
+}
+
+fn fs_magic(path: &Path) -> Option<i64> {
     use std::os::unix::ffi::OsStrExt as _;
-    let Ok(c_path) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
     let mut buf = std::mem::MaybeUninit::<libc::statfs>::zeroed();
     // SAFETY: c_path is a valid NUL-terminated string and buf is large enough for statfs.
     let rc = unsafe { libc::statfs(c_path.as_ptr(), buf.as_mut_ptr()) };
     if rc != 0 {
-        return false;
+        return None;
     }
     // SAFETY: statfs succeeded, so it filled buf.
     let stat = unsafe { buf.assume_init() };
     #[allow(clippy::unnecessary_cast)] // f_type's integer type differs between libcs
-    let magic = stat.f_type as i64;
-    magic == CGROUP2_SUPER_MAGIC
+    Some(stat.f_type as i64)
 }
 
 fn writable(path: &Path) -> bool {
@@ -103,11 +204,13 @@ pub(crate) struct CgroupStats {
     pub(crate) cpu_usec: Option<u64>,
 }
 
-/// A live cgroup for one attempt; removed on drop.
+/// A live cgroup for one attempt (one folder in v2, one per controller in v1); removed on
+/// drop.
 #[derive(Debug)]
 pub(crate) struct Cgroup {
-    path: PathBuf,
-    procs: File,
+    /// The folders, by controller (`None`: the v2 folder).
+    dirs: Vec<(Option<Controller>, PathBuf)>,
+    procs: Vec<File>,
 }
 
 fn setup_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Error + 'a {
@@ -136,68 +239,169 @@ fn enable_controllers(parent: &Path, cpu: bool) {
         // Each may fail (already on, not offered, parent has processes): the limit writes
         // that follow report what actually matters.
         let _ = write_file(&control, "+memory");
+        let _ = write_file(&control, "+pids");
         if cpu {
             let _ = write_file(&control, "+cpu");
         }
     }
 }
 
+fn make_dir(path: &Path) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        if !parent.is_dir() {
+            fs::create_dir_all(parent).map_err(setup_err("create the parent directory", parent))?;
+        }
+    }
+    match fs::create_dir(path) {
+        Ok(()) => Ok(()),
+        // Left over by an attempt of a crashed executor: reuse it.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(setup_err("create the directory", path)(e)),
+    }
+}
+
+const CPU_PERIOD_US: u64 = 100_000;
+
+fn cpu_quota_us(cores: f64) -> u64 {
+    ((cores * CPU_PERIOD_US as f64).round() as u64).max(1000)
+}
+
 impl Cgroup {
-    /// Creates `parent/name` and applies the limits.
+    /// Creates the attempt's folder(s) and applies the limits.
     pub(crate) fn create(spec: &CgroupSpec) -> Result<Cgroup> {
-        if !spec.parent.is_dir() {
-            fs::create_dir_all(&spec.parent)
-                .map_err(setup_err("create the parent directory", &spec.parent))?;
-        }
-        enable_controllers(&spec.parent, spec.cpu_max.is_some());
-        let path = spec.parent.join(&spec.name);
-        match fs::create_dir(&path) {
-            Ok(()) => {}
-            // Left over by an attempt of a crashed executor: reuse it.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(setup_err("create the directory", &path)(e)),
-        }
-        // From here on, dropping `cgroup` removes the directory on every error path.
-        let procs = OpenOptions::new()
-            .write(true)
-            .open(path.join("cgroup.procs"))
-            .map_err(setup_err("open cgroup.procs", &path));
-        let procs = match procs {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = fs::remove_dir(&path);
-                return Err(e);
+        let v2_dir = |parent: &Path| {
+            enable_controllers(parent, spec.cpu_max.is_some());
+            vec![(None, parent.join(&spec.name))]
+        };
+        let dirs = if spec.parent.is_absolute() {
+            if !spec.parent.is_dir() {
+                fs::create_dir_all(&spec.parent)
+                    .map_err(setup_err("create the parent directory", &spec.parent))?;
+            }
+            v2_dir(&spec.parent)
+        } else {
+            match hierarchy() {
+                Some(Hierarchy::V2(root)) => {
+                    let parent = root.join(&spec.parent);
+                    if !parent.is_dir() {
+                        fs::create_dir_all(&parent)
+                            .map_err(setup_err("create the parent directory", &parent))?;
+                    }
+                    v2_dir(&parent)
+                }
+                Some(Hierarchy::V1(ctls)) => ctls
+                    .iter()
+                    .map(|(c, root)| (Some(*c), root.join(&spec.parent).join(&spec.name)))
+                    .collect(),
+                None => {
+                    return Err(Error::Cgroup {
+                        what: "find a writable cgroup hierarchy",
+                        path: PathBuf::from(CGROUP_ROOT),
+                        source: io::Error::new(io::ErrorKind::NotFound, "no usable cgroup mount"),
+                    })
+                }
             }
         };
-        let cgroup = Cgroup { path, procs };
-        if let Some(bytes) = spec.mem_max {
-            write_file(&cgroup.path.join("memory.max"), &bytes.to_string())
-                .map_err(setup_err("write memory.max", &cgroup.path))?;
-            // Without these the limit could be dodged by swapping, or kill only one process.
-            let _ = write_file(&cgroup.path.join("memory.swap.max"), "0");
-            let _ = write_file(&cgroup.path.join("memory.oom.group"), "1");
+        // From here on, dropping `cgroup` removes the folders made on every error path.
+        let mut cgroup = Cgroup {
+            dirs: Vec::new(),
+            procs: Vec::new(),
+        };
+        for (c, dir) in dirs {
+            make_dir(&dir)?;
+            cgroup.dirs.push((c, dir.clone()));
+            let procs = OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.procs"))
+                .map_err(setup_err("open cgroup.procs", &dir))?;
+            cgroup.procs.push(procs);
         }
-        if let Some(cores) = spec.cpu_max {
-            const PERIOD: u64 = 100_000;
-            let quota = ((cores * PERIOD as f64).round() as u64).max(1000);
-            write_file(&cgroup.path.join("cpu.max"), &format!("{quota} {PERIOD}"))
-                .map_err(setup_err("write cpu.max", &cgroup.path))?;
-        }
+        cgroup.apply(spec)?;
         Ok(cgroup)
     }
 
-    /// The descriptor the child writes `0` to (from `pre_exec`) to join the cgroup.
-    pub(crate) fn procs_fd(&self) -> RawFd {
-        self.procs.as_raw_fd()
+    fn dir(&self, c: Option<Controller>) -> Option<&Path> {
+        self.dirs
+            .iter()
+            .find(|(x, _)| *x == c)
+            .map(|(_, p)| p.as_path())
+    }
+
+    fn is_v2(&self) -> bool {
+        self.dir(None).is_some()
+    }
+
+    fn apply(&self, spec: &CgroupSpec) -> Result<()> {
+        let write = |c: Option<Controller>, file: &'static str, value: String| -> Result<()> {
+            let Some(dir) = self.dir(c) else {
+                return Err(Error::Cgroup {
+                    what: file,
+                    path: PathBuf::from(CGROUP_ROOT),
+                    source: io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "the controller is not mounted or not writable",
+                    ),
+                });
+            };
+            write_file(&dir.join(file), &value).map_err(setup_err(file, dir))
+        };
+        let v2 = self.is_v2();
+        if let Some(bytes) = spec.mem_max {
+            if v2 {
+                write(None, "memory.max", bytes.to_string())?;
+                // Without these the limit could be dodged by swapping, or kill only one process.
+                let _ = write(None, "memory.swap.max", "0".into());
+                let _ = write(None, "memory.oom.group", "1".into());
+            } else {
+                write(
+                    Some(Controller::Memory),
+                    "memory.limit_in_bytes",
+                    bytes.to_string(),
+                )?;
+                let _ = write(
+                    Some(Controller::Memory),
+                    "memory.memsw.limit_in_bytes",
+                    bytes.to_string(),
+                );
+            }
+        }
+        if let Some(cores) = spec.cpu_max {
+            let quota = cpu_quota_us(cores);
+            if v2 {
+                write(None, "cpu.max", format!("{quota} {CPU_PERIOD_US}"))?;
+            } else if self.dir(Some(Controller::Cpu)).is_some() {
+                write(
+                    Some(Controller::Cpu),
+                    "cpu.cfs_period_us",
+                    CPU_PERIOD_US.to_string(),
+                )?;
+                write(Some(Controller::Cpu), "cpu.cfs_quota_us", quota.to_string())?;
+            }
+        }
+        if let Some(n) = spec.pids_max {
+            let c = if v2 { None } else { Some(Controller::Pids) };
+            write(c, "pids.max", n.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The descriptors the child writes `0` to (from `pre_exec`) to join the cgroup.
+    pub(crate) fn procs_fds(&self) -> Vec<RawFd> {
+        self.procs.iter().map(AsRawFd::as_raw_fd).collect()
     }
 
     /// Kills every process left in the cgroup.
     pub(crate) fn kill_all(&self) {
-        if write_file(&self.path.join("cgroup.kill"), "1").is_ok() {
-            return;
+        if let Some(dir) = self.dir(None) {
+            if write_file(&dir.join("cgroup.kill"), "1").is_ok() {
+                return;
+            }
         }
-        // Kernels before 5.14 have no cgroup.kill: signal the members one by one.
-        if let Ok(pids) = fs::read_to_string(self.path.join("cgroup.procs")) {
+        // v1, and kernels before 5.14: signal the members one by one.
+        let Some((_, dir)) = self.dirs.first() else {
+            return;
+        };
+        if let Ok(pids) = fs::read_to_string(dir.join("cgroup.procs")) {
             for pid in pids
                 .lines()
                 .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
@@ -212,19 +416,34 @@ impl Cgroup {
 
     /// Reads the counters (call after the child was reaped).
     pub(crate) fn stats(&self) -> CgroupStats {
-        let read = |file: &str| fs::read_to_string(self.path.join(file)).ok();
+        let read = |c: Option<Controller>, file: &str| {
+            self.dir(c)
+                .and_then(|d| fs::read_to_string(d.join(file)).ok())
+        };
         let field = |text: &str, name: &str| {
             text.lines().find_map(|line| {
                 let (key, value) = line.split_once(' ')?;
                 (key == name).then(|| value.trim().parse::<u64>().ok())?
             })
         };
+        if self.is_v2() {
+            return CgroupStats {
+                oom_kills: read(None, "memory.events")
+                    .and_then(|t| field(&t, "oom_kill"))
+                    .unwrap_or(0),
+                memory_peak: read(None, "memory.peak").and_then(|t| t.trim().parse().ok()),
+                cpu_usec: read(None, "cpu.stat").and_then(|t| field(&t, "usage_usec")),
+            };
+        }
+        let mem = Some(Controller::Memory);
         CgroupStats {
-            oom_kills: read("memory.events")
+            oom_kills: read(mem, "memory.oom_control")
                 .and_then(|t| field(&t, "oom_kill"))
                 .unwrap_or(0),
-            memory_peak: read("memory.peak").and_then(|t| t.trim().parse().ok()),
-            cpu_usec: read("cpu.stat").and_then(|t| field(&t, "usage_usec")),
+            memory_peak: read(mem, "memory.max_usage_in_bytes").and_then(|t| t.trim().parse().ok()),
+            cpu_usec: read(Some(Controller::Cpuacct), "cpuacct.usage")
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .map(|ns| ns / 1000),
         }
     }
 }
@@ -232,15 +451,17 @@ impl Cgroup {
 impl Drop for Cgroup {
     fn drop(&mut self) {
         // Killed stragglers leave the cgroup asynchronously: retry briefly (bounded, ~200 ms).
-        for _ in 0..100 {
-            match fs::remove_dir(&self.path) {
-                Ok(()) => return,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return,
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    self.kill_all();
-                    std::thread::sleep(Duration::from_millis(2));
+        for (_, dir) in &self.dirs {
+            for _ in 0..100 {
+                match fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                        self.kill_all();
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(_) => break,
                 }
-                Err(_) => return,
             }
         }
     }

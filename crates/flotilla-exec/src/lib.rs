@@ -38,18 +38,23 @@ mod outcome;
 mod output;
 mod process;
 mod reaper;
+pub mod sandbox;
 #[cfg(feature = "wasm")]
 mod wasm;
 
 pub use cancel::CancelHandle;
-pub use cgroup::{cgroup_available, is_cgroup2, CgroupSpec, CGROUP_ROOT};
+pub use cgroup::{
+    cgroup_available, cleanup_cgroups, hierarchy, is_cgroup2, CgroupSpec, Controller, Hierarchy,
+    CGROUP_ROOT,
+};
 pub use error::{Error, Result};
-pub use guard::{guard_main, Guard};
+pub use guard::{guard_main, Guard, GUARD_VAR};
 pub use outcome::{Outcome, Termination, Usage};
 pub use output::Output;
 pub use process::{
     host_vars, run_process, run_process_guarded, GangEnv, Limits, ProcessSpec, TaskEnv,
     DEFAULT_KILL_GRACE, HOST_VARS,
 };
+pub use sandbox::{EmptyNetns, SandboxSpec};
 #[cfg(feature = "wasm")]
 pub use wasm::{WasmRunner, WasmSpec, EPOCH_TICK, MAX_TABLE_ELEMENTS};

@@ -45,11 +45,20 @@ pub struct Limits {
     pub cpu_seconds: Option<u64>,
     /// Open-file limit (`RLIMIT_NOFILE`).
     pub open_files: Option<u64>,
+    /// Processes of the task's user (`RLIMIT_NPROC`): a fork bomb's limit where no cgroup
+    /// is (it counts every process of that user, so set it with headroom).
+    pub processes: Option<u64>,
+    /// Largest file the task may write (`RLIMIT_FSIZE`).
+    pub file_bytes: Option<u64>,
 }
 
 impl Limits {
     fn any(&self) -> bool {
-        self.mem_bytes.is_some() || self.cpu_seconds.is_some() || self.open_files.is_some()
+        self.mem_bytes.is_some()
+            || self.cpu_seconds.is_some()
+            || self.open_files.is_some()
+            || self.processes.is_some()
+            || self.file_bytes.is_some()
     }
 }
 
@@ -76,8 +85,10 @@ pub struct ProcessSpec {
     pub stderr: Output,
     /// rlimits.
     pub limits: Limits,
-    /// A cgroup v2 to run in; see [`cgroup_available`](crate::cgroup_available).
+    /// A cgroup (v2, or v1 trees) to run in; see [`cgroup_available`](crate::cgroup_available).
     pub cgroup: Option<CgroupSpec>,
+    /// A sandbox to run in (bubblewrap); see [`crate::sandbox`].
+    pub sandbox: Option<crate::SandboxSpec>,
 }
 
 impl ProcessSpec {
@@ -99,6 +110,7 @@ impl ProcessSpec {
             stderr: Output::Null,
             limits: Limits::default(),
             cgroup: None,
+            sandbox: None,
         }
     }
 
@@ -227,9 +239,19 @@ pub fn run_process_guarded(
         return Ok(spec.outcome(Termination::Cancelled, Usage::default()));
     }
     let (out, err) = output::open_pair(&spec.stdout, &spec.stderr)?;
-    let mut command = Command::new(program);
+    let mut command = match &spec.sandbox {
+        Some(sb) => {
+            let mut c = Command::new(&sb.bwrap);
+            c.args(sb.command_line(&spec.cmd, &spec.cwd));
+            c
+        }
+        None => {
+            let mut c = Command::new(program);
+            c.args(&spec.cmd[1..]);
+            c
+        }
+    };
     command
-        .args(&spec.cmd[1..])
         .current_dir(&spec.cwd)
         .stdin(Stdio::null())
         .stdout(stdio(out))
@@ -241,15 +263,16 @@ pub fn run_process_guarded(
     command.envs(spec.env.iter().map(|(k, v)| (k, v)));
 
     let cgroup = spec.cgroup.as_ref().map(Cgroup::create).transpose()?;
-    if spec.limits.any() || cgroup.is_some() {
+    let netns = spec.sandbox.as_ref().and_then(|s| s.netns);
+    if spec.limits.any() || cgroup.is_some() || netns.is_some() {
         let limits = spec.limits;
-        let procs_fd = cgroup.as_ref().map(Cgroup::procs_fd);
+        let procs_fds = cgroup.as_ref().map(Cgroup::procs_fds).unwrap_or_default();
         // SAFETY: getpid has no preconditions.
         let parent = unsafe { libc::getpid() };
         // SAFETY: the hook runs between fork and exec and only makes async-signal-safe calls
         // (prctl, getppid, setrlimit, write); it allocates nothing and touches no locks.
         unsafe {
-            command.pre_exec(move || child_setup(&limits, procs_fd, parent));
+            command.pre_exec(move || child_setup(&limits, &procs_fds, netns, parent));
         }
     }
 
@@ -331,7 +354,8 @@ pub fn run_process_guarded(
 /// the cgroup.
 fn child_setup(
     limits: &Limits,
-    procs_fd: Option<libc::c_int>,
+    procs_fds: &[libc::c_int],
+    netns: Option<libc::c_int>,
     parent: libc::pid_t,
 ) -> io::Result<()> {
     // SAFETY: prctl with PR_SET_PDEATHSIG takes a signal number; async-signal-safe.
@@ -349,6 +373,8 @@ fn child_setup(
         (libc::RLIMIT_AS, limits.mem_bytes, 0),
         (libc::RLIMIT_CPU, limits.cpu_seconds, 1),
         (libc::RLIMIT_NOFILE, limits.open_files, 0),
+        (libc::RLIMIT_NPROC, limits.processes, 0),
+        (libc::RLIMIT_FSIZE, limits.file_bytes, 0),
     ];
     for (resource, value, extra_hard) in plan {
         if let Some(value) = value {
@@ -362,8 +388,11 @@ fn child_setup(
             }
         }
     }
-    if let Some(fd) = procs_fd {
-        // "0" moves the writing process itself.
+    if let Some(fd) = netns {
+        crate::sandbox::join_netns(fd)?;
+    }
+    for &fd in procs_fds {
+        // "0" moves the writing process itself (in v1 and v2).
         // SAFETY: fd is open (inherited across fork) and the buffer is a static string.
         if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
             return Err(io::Error::last_os_error());
@@ -806,7 +835,9 @@ mod tests {
             .expect("pid");
         assert!(process_gone(pid));
 
-        if crate::cgroup_available() {
+        // A memory limit needs the memory controller there (the hybrid `unified` mount has
+        // none; v1 machines are tested by `cgroup_limits_hold_on_this_machines_hierarchy`).
+        if matches!(crate::hierarchy(), Some(crate::Hierarchy::V2(_))) {
             let mut spec = sh("head -c 300000000 /dev/zero | tail", dir.path());
             spec.cgroup = Some(CgroupSpec {
                 mem_max: Some(32 << 20),
@@ -821,6 +852,79 @@ mod tests {
             assert_eq!(outcome.describe(), "exceeded its memory limit of 32 MiB");
         }
         fs::remove_dir(&parent).expect("remove test parent cgroup");
+    }
+
+    /// The machine's own hierarchy (v1 trees here and on CI, v2 elsewhere), through a relative
+    /// parent: a fork bomb stops at `pids.max`, a memory hog is reported as such, and nothing
+    /// is left behind. The cgroup path of the executor had never run on a v1 machine.
+    #[test]
+    fn cgroup_limits_hold_on_this_machines_hierarchy() {
+        if crate::hierarchy().is_none() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs as root on a machine with cgroups: the limits must be tested there"
+            );
+            eprintln!("no writable cgroup hierarchy: skipped");
+            return;
+        }
+        let parent = PathBuf::from(format!("flotilla-exec-test-{}", std::process::id()));
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A fork bomb in miniature: 200 sleepers wanted, 16 processes allowed.
+        let mut spec = sh(
+            "n=0; for i in $(seq 200); do sleep 30 & n=$((n+1)); done; echo $n > started",
+            dir.path(),
+        );
+        spec.stderr = Output::File(dir.path().join("err"));
+        spec.cgroup = Some(CgroupSpec {
+            pids_max: Some(16),
+            ..CgroupSpec::new(&parent, "bomb")
+        });
+        let outcome = run(&spec);
+        let err = fs::read_to_string(dir.path().join("err")).unwrap_or_default();
+        assert!(
+            err.contains("fork") || err.contains("Resource temporarily unavailable"),
+            "the pids limit did not bite: {outcome:?} {err}"
+        );
+        let mut spec = sh("head -c 300000000 /dev/zero | tail", dir.path());
+        spec.cgroup = Some(CgroupSpec {
+            mem_max: Some(32 << 20),
+            cpu_max: Some(1.0),
+            ..CgroupSpec::new(&parent, "hog")
+        });
+        let outcome = run(&spec);
+        assert_eq!(
+            outcome.termination,
+            Termination::MemoryExceeded,
+            "{outcome:?}"
+        );
+        let mut spec = sh(
+            "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done",
+            dir.path(),
+        );
+        spec.cgroup = Some(CgroupSpec::new(&parent, "usage"));
+        let outcome = run(&spec);
+        assert!(
+            outcome.success() && outcome.usage.cpu_seconds > 0.0,
+            "{outcome:?}"
+        );
+        let roots: Vec<PathBuf> = match crate::hierarchy() {
+            Some(crate::Hierarchy::V2(root)) => vec![root],
+            Some(crate::Hierarchy::V1(ctls)) => ctls.into_iter().map(|(_, p)| p).collect(),
+            None => Vec::new(),
+        };
+        for root in roots {
+            let p = root.join(&parent);
+            let left: Vec<_> = fs::read_dir(&p)
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| e.path().is_dir())
+                        .map(|e| e.file_name())
+                        .collect()
+                })
+                .unwrap_or_default();
+            assert!(left.is_empty(), "{} kept {left:?}", p.display());
+            let _ = fs::remove_dir(&p);
+        }
     }
 
     #[test]

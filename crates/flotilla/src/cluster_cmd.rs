@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use flotilla::cluster::state::{ClusterStatus, JobStatus};
+use flotilla::cluster::worker::Isolation;
 use flotilla::cluster::{
     proto, run_worker, Client, Remote, Server, ServerConfig, ServerTls, WorkerConfig, WorkerGpu,
 };
@@ -109,6 +110,16 @@ pub(crate) struct WorkerArgs {
     /// Where to serve held outputs to other workers.
     #[arg(long, default_value = "127.0.0.1:0")]
     data_listen: SocketAddr,
+    /// Sandbox process tasks (bubblewrap): auto (when this machine can, else a warning),
+    /// bwrap or required (refuse to start without), none.
+    #[arg(long, default_value = "auto")]
+    isolation: Isolation,
+    /// Let tasks that say `network = true` use the network (others never have it).
+    #[arg(long)]
+    allow_network: bool,
+    /// The most processes one sandboxed task may have at once (a fork bomb stops there).
+    #[arg(long, default_value_t = flotilla::cluster::worker::DEFAULT_TASK_PIDS)]
+    task_pids: u64,
 }
 
 #[derive(Args, Debug)]
@@ -127,6 +138,10 @@ pub(crate) struct RunArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+    /// Sandbox the tasks: none (your own job on your own machine: the default), auto, bwrap,
+    /// required (as `flotilla worker --isolation`).
+    #[arg(long, default_value = "none")]
+    isolation: Isolation,
 }
 
 #[derive(Args, Debug)]
@@ -254,6 +269,9 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     if let Some(n) = a.name {
         cfg.name = n;
     }
+    cfg.isolation = a.isolation;
+    cfg.allow_network = a.allow_network;
+    cfg.task_pids = a.task_pids;
     if let Some(w) = a.work_dir {
         cfg.work_dir = w;
     }
@@ -407,6 +425,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     wcfg.gpus = gpus_from(&a.gpus)?;
     wcfg.name = "local".into();
     wcfg.work_dir = state.join("worker");
+    wcfg.isolation = a.isolation;
     let (stop_tx, stop_rx) = watch::channel(false);
     let worker = tokio::spawn(run_worker(wcfg, stop_rx));
     let mut client = Client::connect(&remote).await?;

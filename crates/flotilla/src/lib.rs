@@ -35,6 +35,8 @@ pub use flotilla_collective as collective;
 pub use flotilla_core as core;
 /// Device backends (cpu, opencl, cuda) and the kernel library.
 pub use flotilla_devices as devices;
+/// Running a task: processes (sandboxes, cgroups, limits) and WASM modules.
+pub use flotilla_exec as exec;
 /// The in-process runtime.
 pub use flotilla_runtime as runtime;
 /// Placement policies, performance models and the simulator.

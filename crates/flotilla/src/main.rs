@@ -72,6 +72,9 @@ enum Bench {
     Cluster(ClusterArgs),
     /// Coordinator restart time against journal size (a finished job of N tasks).
     Restart(RestartArgs),
+    /// What a task sandbox costs: /bin/true without and with bubblewrap (shared or fresh
+    /// network namespace, with a cgroup), side by side.
+    Isolation(IsolationArgs),
     /// Allreduce (f32 sum) bandwidth, ranks as separate processes (nccl-tests figures).
     Allreduce(AllreduceArgs),
     /// One object over loopback through gRPC (Objects.Fetch) and through framed TCP.
@@ -92,6 +95,19 @@ struct RestartArgs {
     /// Starts per size; the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct IsolationArgs {
+    /// Tasks per round and setting.
+    #[arg(long, default_value_t = 300)]
+    tasks: usize,
+    /// Rounds (interleaved); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -540,6 +556,20 @@ fn run_local(command: Command) -> Result<()> {
                 for p in points {
                     println!("{}", serde_json::to_string(&p)?);
                 }
+            }
+            Ok(())
+        }
+        Command::Bench(Bench::Isolation(a)) => {
+            for p in flotilla::bench::isolation::run(a.tasks, a.rounds)? {
+                print(a.json, &p, |p| {
+                    format!(
+                        "isolation {:<15} {:>7.2} ms/task  ({:+.2} ms over none, median of {})",
+                        p.setting,
+                        p.ms_per_task,
+                        p.added_ms,
+                        p.rounds_ms.len()
+                    )
+                })?;
             }
             Ok(())
         }

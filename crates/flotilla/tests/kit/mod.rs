@@ -205,6 +205,14 @@ impl Cluster {
             .arg(&work)
             .args(&self.opts.remote_args)
             .args(extra)
+            // Tests of other things look at their tasks' processes from outside (pids,
+            // signals) and run programs from the build folder: no sandbox unless a test asks
+            // (cluster_isolation.rs).
+            .args(if extra.contains(&"--isolation") {
+                &[][..]
+            } else {
+                &["--isolation", "none"][..]
+            })
             .env("FLOTILLA_TOKEN", token)
             .env_remove("FLOTILLA_SERVER");
         let (p, _lines) = spawn_logged(cmd, &format!("w{i}"));
@@ -236,6 +244,21 @@ impl Cluster {
             return HashMap::new();
         };
         doc.workers.into_iter().map(|w| (w.id, w.name)).collect()
+    }
+
+    /// The process id of worker `i`, while it runs.
+    pub(crate) fn worker_pid(&self, i: usize) -> Option<u32> {
+        self.workers.get(i).and_then(Option::as_ref).map(Proc::pid)
+    }
+
+    /// The coordinator's process id, while it runs.
+    pub(crate) fn server_pid(&self) -> Option<u32> {
+        self.server.as_ref().map(Proc::pid)
+    }
+
+    /// The temporary folder holding the state, the job folder and the workers' folders.
+    pub(crate) fn root(&self) -> PathBuf {
+        self.root.path().to_path_buf()
     }
 
     /// SIGKILLs worker `i`.

@@ -1,0 +1,187 @@
+//! A sandbox for a process task, made by bubblewrap (`bwrap`, Debian package `bubblewrap`):
+//! its own user, pid, ipc, uts and (unless the task may use the network) network namespaces,
+//! a root holding only the host's system folders read-only, one writable folder (the
+//! attempt's sandbox, or in shared staging the job folder), a private `/tmp`, and nothing of
+//! the worker's state, work folder, other sandboxes or tokens.
+//!
+//! Inside, the task cannot see the worker's processes (so cannot signal it), and dies with
+//! its sandbox: bubblewrap's `--die-with-parent`, and the pid namespace whose init it is
+//! takes every descendant with it.
+//!
+//! A fresh network namespace per task is the expensive part of a sandbox (a kernel-wide
+//! lock); a worker that may (root) makes one empty namespace at start ([`EmptyNetns`]) and
+//! each sandbox joins it instead.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// How a process task is sandboxed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxSpec {
+    /// The `bwrap` program.
+    pub bwrap: PathBuf,
+    /// The one folder the task may write (bound at the same path).
+    pub writable: PathBuf,
+    /// Whether the task may use the network (the host's namespace).
+    pub network: bool,
+    /// An empty network namespace to join instead of making one (see [`EmptyNetns`]).
+    pub netns: Option<RawFd>,
+    /// Devices the task needs (its GPUs: `/dev/nvidia0`, `/dev/nvidiactl`, ...).
+    pub devices: Vec<PathBuf>,
+}
+
+/// The host folders a sandbox sees, read-only (those that exist; a link such as `/bin ->
+/// usr/bin` is recreated as a link).
+const SYSTEM: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/sys",
+];
+
+/// What of `/etc` a sandbox sees, read-only: what programs need to link, resolve names,
+/// find certificates and OpenCL drivers; not the rest (`shadow`, keys, the machine's
+/// configuration).
+const ETC: &[&str] = &[
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/resolv.conf",
+    "/etc/localtime",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/OpenCL",
+    "/etc/mime.types",
+];
+
+impl SandboxSpec {
+    /// The bubblewrap arguments that put `cmd`, run in `cwd`, in this sandbox.
+    pub fn command_line(&self, cmd: &[String], cwd: &Path) -> Vec<String> {
+        let mut a: Vec<String> = Vec::with_capacity(64 + cmd.len());
+        let mut push = |xs: &[&str]| a.extend(xs.iter().map(|s| s.to_string()));
+        push(&[
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--hostname",
+            "flotilla-task",
+            "--die-with-parent",
+            "--new-session",
+        ]);
+        if !self.network && self.netns.is_none() {
+            push(&["--unshare-net"]);
+        }
+        for dir in SYSTEM {
+            let p = Path::new(dir);
+            match std::fs::read_link(p) {
+                Ok(target) => {
+                    let target = target.display().to_string();
+                    push(&["--symlink", &target, dir]);
+                }
+                Err(_) if p.is_dir() => push(&["--ro-bind", dir, dir]),
+                Err(_) => {}
+            }
+        }
+        for f in ETC {
+            push(&["--ro-bind-try", f, f]);
+        }
+        push(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+        for d in &self.devices {
+            let d = d.display().to_string();
+            push(&["--dev-bind-try", &d, &d]);
+        }
+        let w = self.writable.display().to_string();
+        push(&["--bind", &w, &w]);
+        let cwd = cwd.display().to_string();
+        push(&["--chdir", &cwd, "--"]);
+        a.extend(cmd.iter().cloned());
+        a
+    }
+}
+
+/// Where `bwrap` is, if it is on `PATH` (or in `/usr/bin`).
+pub fn find_bwrap() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin")])
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.is_file())
+}
+
+/// Runs `/bin/true` (or the first system `true`) in a sandbox: whether this machine lets
+/// `bwrap` make one (user namespaces may be off, or `bwrap` too old). The error says why not.
+pub fn probe(bwrap: &Path) -> Result<(), String> {
+    let dir = std::env::temp_dir();
+    let spec = SandboxSpec {
+        bwrap: bwrap.to_path_buf(),
+        writable: dir.clone(),
+        network: false,
+        netns: None,
+        devices: Vec::new(),
+    };
+    let out = Command::new(bwrap)
+        .args(spec.command_line(&["true".into()], &dir))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("{}: {e}", bwrap.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} cannot make a sandbox here: {}",
+            bwrap.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// An empty network namespace (only a loopback, down) held open for sandboxes to join.
+#[derive(Debug)]
+pub struct EmptyNetns(OwnedFd);
+
+impl EmptyNetns {
+    /// Makes one (needs `CAP_SYS_ADMIN`: a worker running as root). A thread of its own
+    /// enters the new namespace, so the worker's other threads stay where they are.
+    pub fn new() -> io::Result<EmptyNetns> {
+        std::thread::Builder::new()
+            .name("flotilla-netns".into())
+            .spawn(|| {
+                // SAFETY: unshare affects only this thread's network namespace.
+                if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let f = std::fs::File::open("/proc/thread-self/ns/net")?;
+                Ok(OwnedFd::from(f))
+            })?
+            .join()
+            .map_err(|_| io::Error::other("the netns thread panicked"))?
+            .map(EmptyNetns)
+    }
+
+    /// The descriptor a child joins with `setns` (see [`SandboxSpec::netns`]).
+    pub fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// A copy that can be moved elsewhere.
+    pub fn try_clone(&self) -> io::Result<EmptyNetns> {
+        self.0.try_clone().map(EmptyNetns)
+    }
+}
+
+/// Joins the network namespace `fd` (between fork and exec: async-signal-safe).
+pub(crate) fn join_netns(fd: RawFd) -> io::Result<()> {
+    // SAFETY: setns takes a descriptor and a namespace type; async-signal-safe.
+    if unsafe { libc::setns(fd, libc::CLONE_NEWNET) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

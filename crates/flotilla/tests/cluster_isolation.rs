@@ -1,0 +1,277 @@
+//! Sandboxed tasks (`flotilla worker --isolation required`, bubblewrap): a task that tries to
+//! read the coordinator's token or the worker's folder, kill its worker or the coordinator,
+//! write outside its folder, fork-bomb, or reach the network fails at that, while the job's
+//! other tasks and the worker are unharmed. The same probes run on a worker without a
+//! sandbox succeed at their attacks, so the probes do detect them.
+
+#![allow(clippy::unwrap_used)]
+
+mod kit;
+
+use std::time::Duration;
+
+use flotilla::cluster::state::{JobState, TaskState};
+use kit::{job_id_of, Cluster};
+
+/// Whether this machine can sandbox (bubblewrap installed, namespaces allowed); CI must.
+fn sandbox_or_skip() -> bool {
+    let ok = flotilla::exec::sandbox::find_bwrap()
+        .is_some_and(|b| flotilla::exec::sandbox::probe(&b).is_ok());
+    if !ok {
+        assert!(
+            std::env::var_os("FLOTILLA_REQUIRE_SANDBOX").is_none(),
+            "FLOTILLA_REQUIRE_SANDBOX is set but no sandbox can be made (apt-get install bubblewrap)"
+        );
+        eprintln!("no sandbox on this machine (bubblewrap): skipped");
+    }
+    ok
+}
+
+/// A file a probe tries to create in a system folder (one per cluster: tests run at once).
+fn usr_mark(c: &Cluster) -> String {
+    format!(
+        "/usr/flotilla-was-here-{}",
+        c.root().file_name().unwrap().to_string_lossy()
+    )
+}
+
+/// Each probe exits 0 when the attack failed, 1 when it succeeded.
+fn probes(c: &Cluster, worker_pid: u32) -> String {
+    let root = c.root().display().to_string();
+    let state = c.state.display().to_string();
+    let server = c.server_pid().unwrap();
+    let port = c.addr.port();
+    let mark = usr_mark(c);
+    format!(
+        r#"name = "probes"
+
+[[task]]
+id = "read-token"
+cmd = ["sh", "-c", "if cat {state}/token || ls {root}/w0; then exit 1; fi; exit 0"]
+
+[[task]]
+id = "kill-worker"
+cmd = ["sh", "-c", "kill -9 {worker_pid} 2>/dev/null && exit 1; kill -9 {server} 2>/dev/null && exit 1; kill -9 -1; exit 0"]
+
+[[task]]
+id = "write-outside"
+cmd = ["sh", "-c", "touch {root}/outside 2>/dev/null; touch {root}/w0/planted 2>/dev/null && exit 1; touch {mark} 2>/dev/null && exit 1; exit 0"]
+
+[[task]]
+id = "fork-bomb"
+cmd = ["sh", "-c", "sh -c 'for i in $(seq 400); do sleep 3 & done' 2> bomb.err; grep -qi fork bomb.err"]
+
+[[task]]
+id = "network"
+cmd = ["python3", "-c", "import socket, sys; s = socket.socket(); s.settimeout(3); sys.exit(1 if s.connect_ex(('127.0.0.1', {port})) == 0 else 0)"]
+
+[[task]]
+id = "honest"
+cmd = ["sh", "-c", "echo fine > honest.txt"]
+"#
+    )
+}
+
+#[test]
+fn sandboxed_tasks_fail_at_their_attacks_and_harm_nothing() {
+    if !sandbox_or_skip() {
+        return;
+    }
+    let mut c = Cluster::start(0, 1);
+    c.add_worker_with(4, &["--isolation", "required", "--task-pids", "64"]);
+    c.wait_workers(1);
+    let worker = c.worker_pid(0).unwrap();
+    let dir = c.job_dir();
+    let file = dir.join("probes.toml");
+    std::fs::write(&file, probes(&c, worker)).unwrap();
+    let out = c.cli(&["submit", &file.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job = job_id_of(&out);
+    let s = c.wait_job(job, Duration::from_secs(60));
+    let failed: Vec<String> = s
+        .tasks
+        .iter()
+        .filter(|t| t.state != TaskState::Done)
+        .map(|t| format!("{} {:?} {:?}", t.name, t.state, t.message))
+        .collect();
+    assert!(failed.is_empty(), "attacks that worked: {failed:?}");
+    assert_eq!(s.state, JobState::Succeeded);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("honest.txt")).unwrap(),
+        "fine\n"
+    );
+    assert!(
+        !c.root().join("outside").exists(),
+        "wrote outside its folder"
+    );
+    assert!(
+        !c.root().join("w0/planted").exists(),
+        "wrote into the worker's folder"
+    );
+    assert!(!std::path::Path::new(&usr_mark(&c)).exists());
+    // The worker and the coordinator live on, and take more work.
+    assert!(c.worker_pid(0).is_some());
+    assert_eq!(c.live_workers().len(), 1);
+    let again = dir.join("again.toml");
+    std::fs::write(
+        &again,
+        "[[task]]\nid = \"after\"\ncmd = [\"sh\", \"-c\", \"echo ok > after.txt\"]\n",
+    )
+    .unwrap();
+    let out = c.cli(&["submit", "--wait", &again.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("after.txt")).unwrap(),
+        "ok\n"
+    );
+}
+
+#[test]
+fn without_a_sandbox_the_same_probes_succeed_at_their_attacks() {
+    // The control: the probes do detect what they look for.
+    let mut c = Cluster::start(0, 1);
+    c.add_worker_with(2, &["--isolation", "none"]);
+    c.wait_workers(1);
+    let dir = c.job_dir();
+    let text = probes(&c, 0);
+    // Only the harmless ones, each a job of its own: reading the token, writing outside,
+    // the network.
+    for k in ["read-token", "write-outside", "network"] {
+        let block = text
+            .split("[[task]]")
+            .find(|b| b.contains(&format!("id = \"{k}\"")))
+            .unwrap();
+        let file = dir.join(format!("{k}.toml"));
+        std::fs::write(&file, format!("[[task]]{block}")).unwrap();
+        let out = c.cli(&["submit", &file.display().to_string()]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s = c.wait_job(job_id_of(&out), Duration::from_secs(60));
+        assert_eq!(s.tasks[0].state, TaskState::Failed, "{k} was not detected");
+    }
+    assert!(c.root().join("outside").exists());
+    // Root without a sandbox writes into /usr; a user without one would be refused there.
+    let _ = std::fs::remove_file(usr_mark(&c));
+}
+
+#[test]
+fn a_task_that_asks_for_the_network_runs_only_where_it_is_allowed() {
+    if !sandbox_or_skip() {
+        return;
+    }
+    let mut c = Cluster::start(0, 1);
+    c.add_worker_with(2, &["--isolation", "required"]); // w0: no network
+    c.wait_workers(1);
+    let port = c.addr.port();
+    let dir = c.job_dir();
+    let job = format!(
+        "[[task]]\nid = \"net\"\nnetwork = true\ncmd = [\"python3\", \"-c\", \"import socket, sys; s = socket.socket(); s.settimeout(3); sys.exit(s.connect_ex(('127.0.0.1', {port})))\"]\n"
+    );
+    let file = dir.join("net.toml");
+    std::fs::write(&file, job).unwrap();
+    let out = c.cli(&["submit", &file.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = job_id_of(&out);
+    // No worker offers the network: it waits.
+    let s = c.status(id).unwrap();
+    assert_eq!(s.tasks[0].state, TaskState::Ready);
+    c.add_worker_with(2, &["--isolation", "required", "--allow-network"]); // w1
+    let s = c.wait_job(id, Duration::from_secs(60));
+    assert_eq!(s.state, JobState::Succeeded, "{:?}", s.tasks[0].message);
+    let names = c.live_workers();
+    assert_eq!(names[&s.tasks[0].worker.unwrap()], "w1");
+}
+
+/// Processes whose command line is exactly `args` (NUL-separated in /proc).
+fn procs_running(args: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = args.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+#[test]
+fn a_sandboxed_task_dies_with_its_killed_worker_and_a_memory_hog_with_its_cgroup() {
+    if !sandbox_or_skip() {
+        return;
+    }
+    let mut c = Cluster::start(0, 1);
+    c.add_worker_with(2, &["--isolation", "required"]);
+    c.wait_workers(1);
+    let dir = c.job_dir();
+    // A unique command line, to find the task's process from outside its pid namespace.
+    let nap = format!(
+        "{}.{}",
+        300 + std::process::id() % 97,
+        std::process::id() % 9973
+    );
+    let file = dir.join("nap.toml");
+    std::fs::write(
+        &file,
+        format!("[[task]]\nid = \"nap\"\ncmd = [\"sleep\", \"{nap}\"]\n"),
+    )
+    .unwrap();
+    let out = c.cli(&["submit", &file.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    kit::wait_until("the task to run", Duration::from_secs(30), || {
+        (!procs_running(&["sleep", &nap]).is_empty()).then_some(())
+    });
+    c.kill_worker(0);
+    kit::wait_until(
+        "the killed worker's task to end",
+        Duration::from_secs(30),
+        || procs_running(&["sleep", &nap]).is_empty().then_some(()),
+    );
+    // A task over its memory is killed by its cgroup (where the machine has one) or refused
+    // its allocation (rlimit): either way it fails for its memory, and the worker goes on.
+    c.add_worker_with(2, &["--isolation", "required"]);
+    c.wait_workers(1);
+    let hog = dir.join("hog.toml");
+    std::fs::write(
+        &hog,
+        "[defaults]\nretries = 0\nresources = { mem = \"64MiB\" }\n[[task]]\nid = \"hog\"\ncmd = [\"python3\", \"-c\", \"x = bytearray(512*1024*1024); x[::4096] = b'1' * len(x[::4096]); open('hog-ok', 'w').write('ok')\"]\n",
+    )
+    .unwrap();
+    let out = c.cli(&["submit", &hog.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = c.wait_job(job_id_of(&out), Duration::from_secs(60));
+    assert_eq!(s.tasks[0].state, TaskState::Failed);
+    assert!(!dir.join("hog-ok").exists());
+    let err = c.cli(&["logs", &s.id.0.to_string(), "hog", "--stderr"]);
+    let why = format!(
+        "{:?} {}",
+        s.tasks[0].message,
+        String::from_utf8_lossy(&err.stdout)
+    );
+    assert!(
+        why.contains("memory limit") || why.contains("MemoryError"),
+        "failed for another reason: {why}"
+    );
+    assert_eq!(c.live_workers().len(), 1);
+}

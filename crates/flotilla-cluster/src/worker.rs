@@ -79,7 +79,24 @@ pub struct WorkerConfig {
     /// The most processes (and threads) one sandboxed task may have at once (cgroup
     /// `pids.max`): a fork bomb stops there.
     pub task_pids: u64,
+    /// The most linear memory a WASM module may have here; a job's `memory` is capped at
+    /// it, and a module whose job says nothing gets [`DEFAULT_WASM_MEMORY`] (or this, if
+    /// less).
+    pub wasm_max_memory: u64,
+    /// The longest a WASM module may run here; a task's `timeout` is capped at it, and a
+    /// task without one gets it.
+    pub wasm_max_time: Duration,
 }
+
+/// The WASM memory a module gets when its job does not say: 1 GiB.
+pub const DEFAULT_WASM_MEMORY: u64 = 1 << 30;
+
+/// The default for [`WorkerConfig::wasm_max_memory`]: 4 GiB (all a 32-bit module can
+/// address).
+pub const DEFAULT_WASM_MAX_MEMORY: u64 = 4 << 30;
+
+/// The default for [`WorkerConfig::wasm_max_time`]: 24 hours.
+pub const DEFAULT_WASM_MAX_TIME: Duration = Duration::from_secs(24 * 3600);
 
 impl WorkerConfig {
     /// A config with this machine's defaults: all cores, no GPUs, work dir under the temp dir.
@@ -101,6 +118,8 @@ impl WorkerConfig {
             isolation: Isolation::Auto,
             allow_network: false,
             task_pids: DEFAULT_TASK_PIDS,
+            wasm_max_memory: DEFAULT_WASM_MAX_MEMORY,
+            wasm_max_time: DEFAULT_WASM_MAX_TIME,
         }
     }
 }
@@ -227,6 +246,8 @@ pub const DEFAULT_TASK_PIDS: u64 = 1024;
 /// How this worker sandboxes tasks, found at start.
 struct Sandboxing {
     bwrap: PathBuf,
+    /// What sandboxes see as `/etc` (`WORK/sandbox-etc`), when it could be made.
+    etc: Option<PathBuf>,
     /// One empty network namespace the sandboxes join (when the worker may make one).
     netns: Option<flotilla_exec::EmptyNetns>,
     /// The cgroup parent of its attempts (relative), when cgroups can be used.
@@ -299,8 +320,20 @@ impl Sandboxing {
             cgroups = cgroups.is_some(),
             "process tasks run in sandboxes"
         );
+        let etc = config.work_dir.join("sandbox-etc");
+        let etc = match flotilla_exec::sandbox::prepare_etc(&etc) {
+            Ok(()) => Some(etc),
+            Err(e) => {
+                tracing::info!(
+                    "{}: {e}; sandboxes bind /etc files one by one",
+                    etc.display()
+                );
+                None
+            }
+        };
         Ok(Some(Sandboxing {
             bwrap,
+            etc,
             netns,
             cgroups,
         }))
@@ -905,8 +938,18 @@ fn execute(
             env,
             preopen: Some((root.clone(), ".".into())),
             fuel: a.wasm_fuel,
-            memory_bytes: a.wasm_memory,
-            timeout,
+            // Every module has a memory and a time limit: the job's within this worker's
+            // maxima, or the defaults.
+            memory_bytes: Some(
+                a.wasm_memory
+                    .unwrap_or(DEFAULT_WASM_MEMORY)
+                    .min(sh.config.wasm_max_memory),
+            ),
+            timeout: Some(
+                timeout
+                    .unwrap_or(sh.config.wasm_max_time)
+                    .min(sh.config.wasm_max_time),
+            ),
             stdout: Output::File(logs.0.clone()),
             stderr: Output::File(logs.1.clone()),
         };
@@ -948,6 +991,7 @@ fn execute(
                         sb.netns.as_ref().map(flotilla_exec::EmptyNetns::fd)
                     },
                     devices: gpu_devices(&a.gpu_indices),
+                    etc: sb.etc.clone(),
                 };
                 let cgroup = sb.cgroups.as_ref().map(|parent| flotilla_exec::CgroupSpec {
                     mem_max: (mem > 0).then_some(mem),

@@ -202,7 +202,10 @@ pub struct TaskSpec {
     pub env: BTreeMap<String, String>,
     /// Working directory, relative to the job's folder; `{i}` is replaced.
     pub cwd: Option<String>,
-    /// Resources, layered over the defaults'.
+    /// Resources, layered over the defaults'. A task table's `network = true` is written
+    /// here as the custom resource [`NETWORK`](crate::NETWORK) = 1: the task needs the network,
+    /// which only workers started with `--allow-network` offer (a sandboxed task has none
+    /// otherwise).
     pub resources: ResourceRequest,
     /// Attempts after the first, if not the default.
     pub retries: Option<u32>,

@@ -865,3 +865,24 @@ fn paths_that_leave_the_job_folder_are_refused_at_submit_naming_the_field() {
     .and_then(|s| s.expand())
     .is_ok());
 }
+
+#[test]
+fn network_true_asks_for_the_network_resource() {
+    let spec = crate::parse_job(
+        "[[task]]\nid = \"fetch\"\nnetwork = true\ncmd = [\"curl\", \"x\"]\n[[task]]\nid = \"calc\"\nnetwork = false\ncmd = [\"true\"]\n",
+        "job.toml",
+    )
+    .expect("valid");
+    assert_eq!(
+        spec.tasks[0].resources.custom.get(crate::NETWORK),
+        Some(&1.0)
+    );
+    assert!(spec.tasks[1].resources.custom.is_empty());
+    let e = crate::parse_job(
+        "[[task]]\nid = \"t\"\nnetwork = \"yes\"\ncmd = [\"true\"]\n",
+        "job.toml",
+    )
+    .expect_err("not a boolean");
+    let m = e.to_string();
+    assert!(m.contains("network") && m.contains("true or false"), "{m}");
+}

@@ -452,13 +452,17 @@ impl Drop for Cgroup {
     fn drop(&mut self) {
         // Killed stragglers leave the cgroup asynchronously: retry briefly (bounded, ~200 ms).
         for (_, dir) in &self.dirs {
-            for _ in 0..100 {
+            let mut wait = Duration::from_micros(20);
+            for _ in 0..150 {
                 match fs::remove_dir(dir) {
                     Ok(()) => break,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
                         self.kill_all();
-                        std::thread::sleep(Duration::from_millis(2));
+                        // The exited task leaves its cgroup a moment after it is reaped:
+                        // short waits first.
+                        std::thread::sleep(wait);
+                        wait = (wait * 2).min(Duration::from_millis(2));
                     }
                     Err(_) => break,
                 }

@@ -30,6 +30,9 @@ pub struct SandboxSpec {
     pub netns: Option<RawFd>,
     /// Devices the task needs (its GPUs: `/dev/nvidia0`, `/dev/nvidiactl`, ...).
     pub devices: Vec<PathBuf>,
+    /// A folder made by [`prepare_etc`] to show as `/etc` (one mount instead of one per
+    /// file: each mount costs the sandbox time); `None`: the files are bound one by one.
+    pub etc: Option<PathBuf>,
 }
 
 /// The host folders a sandbox sees, read-only (those that exist; a link such as `/bin ->
@@ -88,8 +91,16 @@ impl SandboxSpec {
                 Err(_) => {}
             }
         }
-        for f in ETC {
-            push(&["--ro-bind-try", f, f]);
+        match &self.etc {
+            Some(etc) => {
+                let etc = etc.display().to_string();
+                push(&["--ro-bind", &etc, "/etc"]);
+            }
+            None => {
+                for f in ETC {
+                    push(&["--ro-bind-try", f, f]);
+                }
+            }
         }
         push(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
         for d in &self.devices {
@@ -102,6 +113,44 @@ impl SandboxSpec {
         push(&["--chdir", &cwd, "--"]);
         a.extend(cmd.iter().cloned());
         a
+    }
+}
+
+/// Fills `dir` with a copy of what a sandbox sees of `/etc` (the entries of the list above
+/// that exist; links are kept as links), for [`SandboxSpec::etc`]. Made once by a worker at
+/// start, so a change to the host's `/etc` reaches sandboxes at the worker's next start.
+pub fn prepare_etc(dir: &Path) -> io::Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::create_dir_all(dir)?;
+    for f in ETC {
+        let src = Path::new(f);
+        let Some(name) = src.file_name() else {
+            continue;
+        };
+        if std::fs::symlink_metadata(src).is_ok() {
+            copy_tree(src, &dir.join(name))?;
+        }
+    }
+    Ok(())
+}
+
+fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
+    let md = std::fs::symlink_metadata(src)?;
+    if md.file_type().is_symlink() {
+        std::os::unix::fs::symlink(std::fs::read_link(src)?, dst)
+    } else if md.is_dir() {
+        std::fs::create_dir_all(dst)?;
+        for e in std::fs::read_dir(src)? {
+            let e = e?;
+            copy_tree(&e.path(), &dst.join(e.file_name()))?;
+        }
+        Ok(())
+    } else if md.is_file() {
+        std::fs::copy(src, dst).map(|_| ())
+    } else {
+        Ok(())
     }
 }
 
@@ -124,6 +173,7 @@ pub fn probe(bwrap: &Path) -> Result<(), String> {
         network: false,
         netns: None,
         devices: Vec::new(),
+        etc: None,
     };
     let out = Command::new(bwrap)
         .args(spec.command_line(&["true".into()], &dir))

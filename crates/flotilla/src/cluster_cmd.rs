@@ -120,6 +120,14 @@ pub(crate) struct WorkerArgs {
     /// The most processes one sandboxed task may have at once (a fork bomb stops there).
     #[arg(long, default_value_t = flotilla::cluster::worker::DEFAULT_TASK_PIDS)]
     task_pids: u64,
+    /// The most memory a WASM task may have (a job's `memory` is capped at it; a job that
+    /// says nothing gets 1GiB or this, if less).
+    #[arg(long, default_value = "4GiB")]
+    wasm_max_memory: String,
+    /// The longest a WASM task may run (its `timeout` is capped at it; a task without one
+    /// gets it), e.g. 24h.
+    #[arg(long, default_value = "24h")]
+    wasm_max_time: String,
 }
 
 #[derive(Args, Debug)]
@@ -272,6 +280,10 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     cfg.isolation = a.isolation;
     cfg.allow_network = a.allow_network;
     cfg.task_pids = a.task_pids;
+    cfg.wasm_max_memory = flotilla::core::size::parse_size(&a.wasm_max_memory)
+        .with_context(|| format!("--wasm-max-memory {}", a.wasm_max_memory))?;
+    cfg.wasm_max_time = flotilla::core::duration::parse_duration(&a.wasm_max_time)
+        .with_context(|| format!("--wasm-max-time {}", a.wasm_max_time))?;
     if let Some(w) = a.work_dir {
         cfg.work_dir = w;
     }

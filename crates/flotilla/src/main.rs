@@ -232,6 +232,11 @@ struct ClusterArgs {
     /// Then restart the coordinator this many times on the same state (journal replay).
     #[arg(long, default_value_t = 0)]
     restarts: usize,
+    /// Sandbox the workers' tasks: none (the default here: the figures compare scheduling
+    /// with xargs's plain spawns), auto, bwrap, required; `bench isolation` measures what a
+    /// sandbox adds.
+    #[arg(long, default_value = "none")]
+    isolation: flotilla::cluster::worker::Isolation,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -449,6 +454,7 @@ fn run(cli: Cli) -> Result<bool> {
                 xargs: !a.no_xargs,
                 chain_depth: a.chain_depth,
                 restarts: a.restarts,
+                isolation: a.isolation,
             };
             let r = tokio_runtime()?
                 .block_on(flotilla::bench::cluster::run(&cfg))

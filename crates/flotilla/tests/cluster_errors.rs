@@ -509,3 +509,40 @@ cmd = ["sh", "-c", "i=0; while [ $i -lt 500 ]; do echo 0123456789; i=$((i+1)); d
     );
     assert!(shown.len() < 1100, "{} bytes kept", shown.len());
 }
+
+#[test]
+fn a_wasm_module_is_held_to_the_workers_maxima() {
+    // Modules without a memory maximum grew until the worker died; the job could not be
+    // held below what it asked for.
+    let mut c = Cluster::start(0, 1);
+    c.add_worker_with(1, &["--wasm-max-memory", "1MiB", "--wasm-max-time", "1s"]);
+    c.wait_workers(1);
+    // Grows its memory by 64 pages (4 MiB) and traps if refused; then spins.
+    let grow = r#"(module (memory (export "memory") 1)
+  (func (export "_start")
+    (if (i32.lt_s (memory.grow (i32.const 64)) (i32.const 0)) (then unreachable))))"#;
+    let spin = r#"(module (memory (export "memory") 1) (func (export "_start") (loop (br 0))))"#;
+    let dir = c.job_dir();
+    std::fs::write(dir.join("grow.wat"), grow).unwrap();
+    std::fs::write(dir.join("spin.wat"), spin).unwrap();
+    // The jobs ask for 64 MiB and a minute: the worker's maxima win.
+    let out = submit_wait(
+        &c,
+        "grow.toml",
+        "[defaults]\nretries = 0\n[[task]]\nid = \"grow\"\nwasm = { module = \"grow.wat\", memory = \"64MiB\" }\n",
+    );
+    assert!(!out.status.success());
+    let s = c.wait_job(job_id_of(&out), WAIT);
+    assert_eq!(task(&s, "grow").state, TaskState::Failed, "{s:?}");
+    let out = submit_wait(
+        &c,
+        "spin.toml",
+        "[defaults]\nretries = 0\n[[task]]\nid = \"spin\"\ntimeout = \"60s\"\nwasm = \"spin.wat\"\n",
+    );
+    assert!(!out.status.success());
+    let s = c.wait_job(job_id_of(&out), WAIT);
+    let spin = task(&s, "spin");
+    assert_eq!(spin.state, TaskState::Failed, "{spin:?}");
+    let m = spin.message.clone().unwrap_or_default();
+    assert!(m.contains("timeout of 1s"), "{m}");
+}

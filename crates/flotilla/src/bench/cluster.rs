@@ -39,6 +39,8 @@ pub struct ClusterBenchConfig {
     pub chain_depth: usize,
     /// Coordinator restarts timed after the runs (0: none).
     pub restarts: usize,
+    /// The workers' task sandboxing.
+    pub isolation: flotilla_cluster::worker::Isolation,
 }
 
 /// One result line.
@@ -163,6 +165,7 @@ pub async fn run(
         wc.name = format!("bench-{w}");
         wc.cpus = cfg.cpus_per_worker;
         wc.work_dir = dir.join(format!("worker{w}"));
+        wc.isolation = cfg.isolation;
         handles.push(tokio::spawn(run_worker(wc, stop_rx.clone())));
     }
     let mut client = Client::connect(&remote).await?;

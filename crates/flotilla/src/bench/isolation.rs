@@ -56,12 +56,15 @@ pub fn run(tasks: usize, rounds: usize) -> Result<Vec<IsolationPoint>> {
     }
     let bwrap = bwrap.unwrap_or_default();
     let netns = EmptyNetns::new().ok();
+    let etc = dir.path().join("etc");
+    flotilla_exec::sandbox::prepare_etc(&etc)?;
     let sandbox = |netns: Option<i32>| SandboxSpec {
         bwrap: bwrap.clone(),
         writable: cwd.clone(),
         network: false,
         netns,
         devices: Vec::new(),
+        etc: Some(etc.clone()),
     };
     match &netns {
         Some(n) => {

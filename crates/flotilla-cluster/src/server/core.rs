@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use flotilla_core::{JobId, TaskId, WorkerId};
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 use crate::access::{Access, Scope};
@@ -80,7 +80,6 @@ pub(super) enum Req {
     Quotas(BTreeMap<String, crate::access::Quota>),
     FromWorker(proto::WorkerMessage),
     SessionClosed(WorkerId),
-    Shutdown,
     Stop,
 }
 
@@ -176,8 +175,13 @@ pub(super) struct Core {
     coord: Coordinator,
     journal: Journal,
     epoch: Instant,
-    sessions: Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
-    senders: HashMap<WorkerId, mpsc::UnboundedSender<proto::CoordinatorMessage>>,
+    sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>>,
+    /// Each worker's command queue (bounded: a worker that does not read is dropped).
+    senders: HashMap<WorkerId, mpsc::Sender<proto::CoordinatorMessage>>,
+    /// How many messages a worker's queue holds.
+    worker_queue: usize,
+    /// Workers whose queue was full: declared lost at the next turn.
+    overflowed: Vec<WorkerId>,
     last_seen: HashMap<WorkerId, Instant>,
     watchers: HashMap<JobId, Vec<Watcher>>,
     logs_dir: PathBuf,
@@ -185,7 +189,6 @@ pub(super) struct Core {
     max_log_bytes: u64,
     heartbeat: Duration,
     heartbeat_timeout: Duration,
-    stop: watch::Sender<bool>,
     /// Transfer staging: files uploaded with each job, by path.
     uploads: HashMap<JobId, HashMap<String, proto::Object>>,
     /// Where `uploads` is kept across restarts (`<job>.json`).
@@ -349,8 +352,7 @@ impl Core {
     pub(super) fn recover(
         config: &ServerConfig,
         journal: Journal,
-        sessions: Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
-        stop: watch::Sender<bool>,
+        sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>>,
         access: Arc<Access>,
     ) -> Result<Core> {
         let mut core = Core {
@@ -359,13 +361,14 @@ impl Core {
             epoch: Instant::now(),
             sessions,
             senders: HashMap::new(),
+            worker_queue: config.worker_queue.max(1),
+            overflowed: Vec::new(),
             last_seen: HashMap::new(),
             watchers: HashMap::new(),
             logs_dir: config.state_dir.join("logs"),
             max_log_bytes: config.max_log_bytes,
             heartbeat: config.heartbeat,
             heartbeat_timeout: config.heartbeat_timeout,
-            stop,
             uploads: HashMap::new(),
             uploads_dir: config.state_dir.join("uploads"),
             rendezvous: None,
@@ -433,6 +436,19 @@ impl Core {
                     continue;
                 }
                 self.apply(req, &mut cmds, &mut records, &mut after);
+            }
+            for w in std::mem::take(&mut self.overflowed) {
+                self.last_seen.remove(&w);
+                self.sessions.lock().remove(&w);
+                let queue = self.worker_queue;
+                self.handle(
+                    Event::WorkerLost {
+                        worker: w,
+                        reason: format!("it did not read its commands ({queue} messages waited)"),
+                    },
+                    &mut cmds,
+                    &mut records,
+                );
             }
             if last_tick.elapsed() >= tick {
                 last_tick = Instant::now();
@@ -544,9 +560,6 @@ impl Core {
             }
             Req::FromWorker(m) => self.on_worker_message(m, cmds, records),
             Req::SessionClosed(worker) => self.on_session_closed(worker, cmds, records),
-            Req::Shutdown => {
-                let _ = self.stop.send(true);
-            }
             Req::Stop => {}
             #[cfg(test)]
             Req::Panic => panic!("injected by a test"),
@@ -748,7 +761,7 @@ impl Core {
             return;
         }
         let worker = self.coord.next_worker_id();
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(self.worker_queue);
         self.senders.insert(worker, tx);
         self.sessions.lock().insert(worker, rx);
         self.last_seen.insert(worker, Instant::now());
@@ -970,11 +983,17 @@ impl Core {
         let mut broken = Vec::new();
         for (w, m) in per_worker {
             match self.senders.get(&w) {
-                Some(tx) => {
-                    if tx.send(m).is_err() {
+                Some(tx) => match tx.try_send(m) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        // It does not read its commands: the coordinator will not hold them
+                        // for it without limit. Dropping the sender ends its session.
+                        tracing::warn!(worker = %w, "its command queue is full: dropped");
+                        self.overflowed.push(w);
                         broken.push(w);
                     }
-                }
+                    Err(mpsc::error::TrySendError::Closed(_)) => broken.push(w),
+                },
                 None => tracing::debug!(worker = %w, "command for a worker without a session"),
             }
         }

@@ -65,7 +65,23 @@ pub struct ServerConfig {
     pub max_job_tasks: u64,
     /// The most bytes kept of each output stream (stdout, stderr) of each attempt.
     pub max_log_bytes: u64,
+    /// Messages waiting for one worker before it is dropped as not reading.
+    pub worker_queue: usize,
+    /// Requests waiting for the core before new ones are refused as busy (a worker's
+    /// session waits instead: backpressure on its stream).
+    pub core_queue: usize,
+    /// Streams (`watch`, `logs`, a worker's session) one token may have open at once.
+    pub max_streams: usize,
 }
+
+/// The default for [`ServerConfig::max_streams`].
+pub const DEFAULT_MAX_STREAMS: usize = 256;
+
+/// The default for [`ServerConfig::worker_queue`].
+pub const DEFAULT_WORKER_QUEUE: usize = 4096;
+
+/// The default for [`ServerConfig::core_queue`].
+pub const DEFAULT_CORE_QUEUE: usize = 65_536;
 
 /// The default for [`ServerConfig::max_log_bytes`]: 64 MiB.
 pub const DEFAULT_MAX_LOG_BYTES: u64 = 64 << 20;
@@ -87,6 +103,9 @@ impl ServerConfig {
             recover_journal: false,
             max_job_tasks: DEFAULT_MAX_JOB_TASKS,
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
+            worker_queue: DEFAULT_WORKER_QUEUE,
+            core_queue: DEFAULT_CORE_QUEUE,
+            max_streams: DEFAULT_MAX_STREAMS,
         }
     }
 }
@@ -125,17 +144,10 @@ impl Server {
         });
         let (stop_tx, stop_rx) = watch::channel(false);
         let (done_tx, done_rx) = watch::channel(None);
-        let (req_tx, req_rx) = crossbeam_channel::unbounded::<Req>();
-        let sessions: Arc<
-            Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>,
-        > = Arc::new(Mutex::new(HashMap::new()));
-        let core = Core::recover(
-            &config,
-            journal,
-            sessions.clone(),
-            stop_tx.clone(),
-            access.clone(),
-        )?;
+        let (req_tx, req_rx) = crossbeam_channel::bounded::<Req>(config.core_queue.max(1));
+        let sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>> =
+            Arc::new(Mutex::new(HashMap::new()));
+        let core = Core::recover(&config, journal, sessions.clone(), access.clone())?;
         let fatal: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
         {
             let (fatal, stop) = (fatal.clone(), stop_tx.clone());
@@ -180,6 +192,8 @@ impl Server {
             store: store.clone(),
             max_job_tasks: config.max_job_tasks,
             access,
+            stop: stop_tx.clone(),
+            streams: rpc::StreamCounts::new(config.max_streams),
         };
         api.send_quotas();
         let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
@@ -225,7 +239,7 @@ impl Server {
                     }
                 })
                 .await;
-            let _ = req_for_stop.send(Req::Stop);
+            let _ = req_for_stop.try_send(Req::Stop);
             let r = match fatal.lock().take() {
                 Some(m) => Err(m),
                 None => r.map_err(|e| e.to_string()),

@@ -27,14 +27,103 @@ use super::core::{Reply, Req};
 #[derive(Clone)]
 pub(super) struct Api {
     pub(super) core: Sender<Req>,
-    pub(super) sessions:
-        Arc<Mutex<HashMap<WorkerId, mpsc::UnboundedReceiver<proto::CoordinatorMessage>>>>,
+    pub(super) sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>>,
     /// Files uploaded with transfer jobs, served to workers by `Objects.Fetch`.
     pub(super) store: Arc<crate::objects::ObjectStore>,
     /// The most task instances one submitted job may expand to.
     pub(super) max_job_tasks: u64,
     /// Tokens, tenants, credentials.
     pub(super) access: Arc<Access>,
+    /// Stops the server (`Shutdown` works even when the core's queue is full).
+    pub(super) stop: tokio::sync::watch::Sender<bool>,
+    /// Open streams per token.
+    pub(super) streams: Arc<StreamCounts>,
+}
+
+/// Open streams (`Watch`, `Logs`, sessions) per token: one holder cannot take the
+/// coordinator's memory and tasks with streams.
+pub(super) struct StreamCounts {
+    open: Mutex<HashMap<String, usize>>,
+    max: usize,
+}
+
+/// One open stream, counted until dropped.
+pub(super) struct StreamSlot {
+    counts: Arc<StreamCounts>,
+    key: String,
+}
+
+impl StreamCounts {
+    pub(super) fn new(max: usize) -> Arc<StreamCounts> {
+        Arc::new(StreamCounts {
+            open: Mutex::new(HashMap::new()),
+            max: max.max(1),
+        })
+    }
+
+    /// A slot for one more stream of `who`, or `RESOURCE_EXHAUSTED`.
+    fn acquire(self: &Arc<Self>, who: &Principal) -> std::result::Result<StreamSlot, Status> {
+        let key = match who {
+            Principal::Worker { worker, .. } => format!("{worker}"),
+            other => other.token_id().to_string(),
+        };
+        let mut open = self.open.lock();
+        let n = open.entry(key.clone()).or_default();
+        if *n >= self.max {
+            return Err(Status::resource_exhausted(format!(
+                "{} streams are open with this token already (the most at once): close one",
+                self.max
+            )));
+        }
+        *n += 1;
+        Ok(StreamSlot {
+            counts: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.counts.open.lock();
+        if let Some(n) = open.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Queues `req` for the core, or refuses it when the queue is full: a client is told to
+/// retry, nothing already accepted is lost.
+fn offer(core: &Sender<Req>, req: Req) -> std::result::Result<(), Status> {
+    core.try_send(req).map_err(|e| match e {
+        crossbeam_channel::TrySendError::Full(_) => Status::resource_exhausted(
+            "the coordinator is busy (its request queue is full): retry shortly",
+        ),
+        crossbeam_channel::TrySendError::Disconnected(_) => {
+            Status::unavailable("the coordinator is stopping")
+        }
+    })
+}
+
+/// Queues `req` for the core, waiting while the queue is full (a worker's session: its
+/// stream is not read meanwhile, which pushes back on the worker). `false` once the core is
+/// gone.
+async fn offer_patiently(core: &Sender<Req>, mut req: Req) -> bool {
+    let mut wait = Duration::from_micros(100);
+    loop {
+        match core.try_send(req) {
+            Ok(()) => return true,
+            Err(crossbeam_channel::TrySendError::Disconnected(_)) => return false,
+            Err(crossbeam_channel::TrySendError::Full(r)) => {
+                req = r;
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_millis(20));
+            }
+        }
+    }
 }
 
 /// The refusal of a request its sender's role does not allow.
@@ -58,16 +147,19 @@ fn admin_only<T>(req: &Request<T>, what: &str) -> std::result::Result<(), Status
     }
 }
 
-/// `inner`, ended with `UNAUTHENTICATED` as soon as `who`'s token is revoked.
+/// `inner`, ended with `UNAUTHENTICATED` as soon as `who`'s token is revoked; `slot` is held
+/// until it ends.
 pub(super) fn revocable<T: Send + 'static>(
     inner: BoxStream<T>,
     access: Arc<Access>,
     who: Principal,
+    slot: StreamSlot,
 ) -> BoxStream<T> {
     use futures::StreamExt as _;
     let mut revoked = access.revocations();
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
+        let _slot = slot;
         let mut inner = inner;
         loop {
             tokio::select! {
@@ -97,9 +189,7 @@ pub(super) fn revocable<T: Send + 'static>(
 impl Api {
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Req) -> std::result::Result<T, Status> {
         let (tx, rx) = oneshot::channel();
-        self.core
-            .send(make(tx))
-            .map_err(|_| Status::unavailable("the coordinator is stopping"))?;
+        offer(&self.core, make(tx))?;
         rx.await
             .map_err(|_| Status::unavailable("the coordinator is stopping"))?
     }
@@ -292,15 +382,15 @@ impl CoordinatorRpc for Api {
     ) -> std::result::Result<Response<Self::WatchStream>, Status> {
         let scope = job_scope(&req, "watch jobs")?;
         let who = principal(&req)?;
+        let slot = self.streams.acquire(&who)?;
         let job = JobId::new(req.into_inner().job);
         let (tx, rx) = mpsc::channel(super::core::WATCH_BUFFER);
-        self.core
-            .send(Req::Watch { job, scope, tx })
-            .map_err(|_| Status::unavailable("the coordinator is stopping"))?;
+        offer(&self.core, Req::Watch { job, scope, tx })?;
         Ok(Response::new(revocable(
             Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)),
             self.access.clone(),
             who,
+            slot,
         )))
     }
 
@@ -331,6 +421,7 @@ impl CoordinatorRpc for Api {
     ) -> std::result::Result<Response<Self::LogsStream>, Status> {
         let scope = job_scope(&req, "read logs")?;
         let who = principal(&req)?;
+        let slot = self.streams.acquire(&who)?;
         let r = req.into_inner();
         let job = JobId::new(r.job);
         let info = self
@@ -379,15 +470,13 @@ impl CoordinatorRpc for Api {
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 let (rtx, rrx) = oneshot::channel();
-                if core
-                    .send(Req::LogInfo {
-                        job,
-                        task: task.clone(),
-                        scope: scope.clone(),
-                        reply: rtx,
-                    })
-                    .is_err()
-                {
+                let asked = Req::LogInfo {
+                    job,
+                    task: task.clone(),
+                    scope: scope.clone(),
+                    reply: rtx,
+                };
+                if !offer_patiently(&core, asked).await {
                     return;
                 }
                 match rrx.await {
@@ -407,6 +496,7 @@ impl CoordinatorRpc for Api {
             Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)),
             self.access.clone(),
             who,
+            slot,
         )))
     }
 
@@ -425,7 +515,7 @@ impl CoordinatorRpc for Api {
         req: Request<proto::ShutdownRequest>,
     ) -> std::result::Result<Response<proto::ShutdownReply>, Status> {
         admin_only(&req, "shut the coordinator down")?;
-        let _ = self.core.send(Req::Shutdown);
+        let _ = self.stop.send(true);
         Ok(Response::new(proto::ShutdownReply {}))
     }
 }
@@ -515,7 +605,14 @@ impl Api {
             .into_iter()
             .map(|t| (t.name, t.quota))
             .collect();
-        let _ = self.core.send(Req::Quotas(q));
+        // Queued at once when there is room (always at start); otherwise as soon as there is.
+        if let Err(crossbeam_channel::TrySendError::Full(req)) = self.core.try_send(Req::Quotas(q))
+        {
+            let core = self.core.clone();
+            tokio::spawn(async move {
+                offer_patiently(&core, req).await;
+            });
+        }
     }
 }
 
@@ -591,6 +688,7 @@ impl Workers for Api {
             ));
         };
         let me = *me;
+        let slot = self.streams.acquire(&who)?;
         let mut inbound = req.into_inner();
         let first = inbound.message().await?.ok_or_else(|| {
             Status::invalid_argument("a session starts with a message naming the worker")
@@ -607,7 +705,9 @@ impl Workers for Api {
             ))
         })?;
         let core = self.core.clone();
-        let _ = core.send(Req::FromWorker(first));
+        if !offer_patiently(&core, Req::FromWorker(first)).await {
+            return Err(Status::unavailable("the coordinator is stopping"));
+        }
         let (access, holder) = (self.access.clone(), who.clone());
         let mut revoked = access.revocations();
         tokio::spawn(async move {
@@ -628,7 +728,7 @@ impl Workers for Api {
                             tracing::warn!(%worker, claimed = m.worker, "session message names another worker; closing");
                             break;
                         }
-                        if core.send(Req::FromWorker(m)).is_err() {
+                        if !offer_patiently(&core, Req::FromWorker(m)).await {
                             return;
                         }
                     }
@@ -639,16 +739,14 @@ impl Workers for Api {
                     }
                 }
             }
-            let _ = core.send(Req::SessionClosed(worker));
+            offer_patiently(&core, Req::SessionClosed(worker)).await;
         });
-        let out = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-            Ok,
-        );
+        let out = tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok);
         Ok(Response::new(revocable(
             Box::pin(out),
             self.access.clone(),
             who,
+            slot,
         )))
     }
 }

@@ -1,6 +1,8 @@
-//! The server in-process: supervision of the core thread.
+//! The server in-process: supervision of the core thread, bounded queues.
 
 use std::net::SocketAddr;
+
+use crate::state::TaskState;
 
 use super::*;
 
@@ -30,4 +32,149 @@ async fn a_stopped_server_ends_without_error() {
         .expect("starts");
     server.stop();
     server.wait().await.expect("a clean stop");
+}
+
+/// A request the full core queue cannot take is refused as busy (the client retries);
+/// before, the queue grew without limit.
+#[tokio::test]
+async fn a_full_request_queue_refuses_new_requests_as_busy() {
+    use crate::proto::coordinator_server::Coordinator as _;
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let (core, _rx) = crossbeam_channel::bounded::<Req>(1);
+    let (stop, _) = watch::channel(false);
+    let api = rpc::Api {
+        core,
+        sessions: Arc::new(Mutex::new(HashMap::new())),
+        store: Arc::new(crate::objects::ObjectStore::open(&dir.path().join("o")).expect("a store")),
+        max_job_tasks: 10,
+        access: Arc::new(Access::open(dir.path(), "an-admin-token-0123456789").expect("opened")),
+        stop,
+        streams: rpc::StreamCounts::new(16),
+    };
+    let watch = || {
+        let mut r = tonic::Request::new(proto::WatchRequest { job: 1 });
+        r.extensions_mut().insert(crate::access::Principal::Admin {
+            token: "tok-1".into(),
+        });
+        r
+    };
+    assert!(api.watch(watch()).await.is_ok(), "the first one is queued");
+    let e = api.watch(watch()).await.err().expect("the queue is full");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    assert!(e.message().contains("busy"), "{}", e.message());
+}
+
+/// A worker that does not read its commands is dropped once its queue is full, and its
+/// tasks are placed again; before, the coordinator held its commands without limit.
+#[tokio::test]
+async fn a_worker_that_does_not_read_its_commands_is_dropped() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    let mut config = ServerConfig::new(listen, dir.path().join("state"));
+    config.worker_queue = 1;
+    // Only the full queue can lose it.
+    config.heartbeat_timeout = Duration::from_secs(600);
+    let server = Server::start(config).await.expect("starts");
+    let remote = crate::Remote::new(server.addr().to_string(), server.token());
+    let channel = remote.channel().await.expect("connects");
+    let mut workers = crate::proto::workers_client::WorkersClient::with_interceptor(
+        channel,
+        crate::auth::TokenAdd::new(server.token()).expect("ascii"),
+    );
+    // Registered, but its session is never opened: nothing reads its queue.
+    workers
+        .register(proto::RegisterRequest {
+            protocol_version: proto::PROTOCOL_VERSION,
+            name: "deaf".into(),
+            resources: Some(proto::ResourceSet {
+                cpus: 64.0,
+                ..Default::default()
+            }),
+            data_addr: "127.0.0.1:9".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("registered");
+    let mut client = crate::Client::connect(&remote).await.expect("a client");
+    let job_dir = dir.path().join("job");
+    std::fs::create_dir_all(&job_dir).expect("a job folder");
+    // Each job is placed on its own turn of the core, so each sends the worker a message of
+    // its own: the second finds the queue full. (Polls for the event, giving up after a
+    // minute.)
+    let mut jobs = Vec::new();
+    let mut lost = false;
+    for i in 0..3 {
+        let text = format!("name = \"j{i}\"\n[[task]]\nid = \"t\"\ncmd = [\"true\"]\n");
+        let job = client
+            .submit_text("job.toml", &text, &job_dir.display().to_string())
+            .await
+            .expect("submitted")
+            .job;
+        jobs.push(job);
+        for _ in 0..3000 {
+            let s = client.job_status(job).await.expect("a job");
+            if s.tasks[0].state != TaskState::Ready {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if client
+            .cluster_status()
+            .await
+            .expect("status")
+            .workers
+            .is_empty()
+        {
+            lost = true;
+            break;
+        }
+    }
+    assert!(lost, "the deaf worker is still there");
+    let s = client.job_status(jobs[0]).await.expect("a job");
+    let m = s.tasks[0].message.clone().unwrap_or_default();
+    assert!(m.contains("did not read its commands"), "{m}");
+    server.stop();
+    server.wait().await.expect("stopped");
+}
+
+/// One token cannot hold more than `max_streams` streams open; a closed one frees its slot.
+#[tokio::test]
+async fn streams_per_token_are_bounded() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    let mut config = ServerConfig::new(listen, dir.path().join("state"));
+    config.max_streams = 2;
+    let server = Server::start(config).await.expect("starts");
+    let remote = crate::Remote::new(server.addr().to_string(), server.token());
+    let mut client = crate::Client::connect(&remote).await.expect("a client");
+    let job_dir = dir.path().join("job");
+    std::fs::create_dir_all(&job_dir).expect("a job folder");
+    let job = client
+        .submit_text(
+            "job.toml",
+            "[[task]]\nid = \"t\"\ncmd = [\"true\"]\n",
+            &job_dir.display().to_string(),
+        )
+        .await
+        .expect("submitted")
+        .job;
+    let a = client.watch(job).await.expect("one");
+    let b = client.watch(job).await.expect("two");
+    let e = client.watch(job).await.expect_err("a third is refused");
+    assert!(e.to_string().contains("streams are open"), "{e}");
+    drop(a);
+    // Its slot is freed once the coordinator sees it closed (polled, a minute at most).
+    let mut again = None;
+    for _ in 0..3000 {
+        if let Ok(s) = client.watch(job).await {
+            again = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(again.is_some(), "the closed stream's slot was not freed");
+    // Open streams would hold the graceful stop.
+    drop((b, again, client));
+    server.stop();
+    server.wait().await.expect("stopped");
 }

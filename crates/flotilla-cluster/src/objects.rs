@@ -31,6 +31,9 @@ pub struct ObjectStore {
     dir: PathBuf,
     /// Objects produced here, by the task that made them (reported at registration).
     produced: Mutex<Vec<proto::HeldObject>>,
+    /// The jobs each object here serves (produced or fetched for them): an object is
+    /// deleted when the last of them is removed.
+    users: Mutex<HashMap<String, std::collections::HashSet<u64>>>,
     sizes: Mutex<HashMap<String, u64>>,
 }
 
@@ -41,6 +44,7 @@ impl ObjectStore {
         Ok(Self {
             dir: dir.to_path_buf(),
             produced: Mutex::new(Vec::new()),
+            users: Mutex::new(HashMap::new()),
             sizes: Mutex::new(HashMap::new()),
         })
     }
@@ -114,10 +118,51 @@ impl ObjectStore {
     }
 
     fn note_produced(&self, task: Option<proto::TaskKey>, obj: &proto::Object) {
+        if let Some(k) = &task {
+            self.note_use(&obj.hash, k.job);
+        }
         self.produced.lock().push(proto::HeldObject {
             task,
             object: Some(obj.clone()),
         });
+    }
+
+    /// Object `hash` serves job `job` here.
+    pub fn note_use(&self, hash: &str, job: u64) {
+        self.users
+            .lock()
+            .entry(hash.to_string())
+            .or_default()
+            .insert(job);
+    }
+
+    /// Job `job` was removed: its objects that serve no other job are deleted, and it is no
+    /// longer reported as holding any. Returns how many files were deleted.
+    pub fn forget_job(&self, job: u64) -> usize {
+        let mut gone = Vec::new();
+        {
+            let mut users = self.users.lock();
+            users.retain(|hash, jobs| {
+                jobs.remove(&job);
+                if jobs.is_empty() {
+                    gone.push(hash.clone());
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.produced
+            .lock()
+            .retain(|h| h.task.is_none_or(|k| k.job != job));
+        let mut n = 0;
+        for hash in gone {
+            if std::fs::remove_file(self.path(&hash)).is_ok() {
+                n += 1;
+            }
+            self.sizes.lock().remove(&hash);
+        }
+        n
     }
 }
 
@@ -129,7 +174,7 @@ fn blake3_file(path: &Path) -> Result<String> {
     Ok(h.finalize().to_hex().to_string())
 }
 
-fn valid_hash(h: &str) -> bool {
+pub(crate) fn valid_hash(h: &str) -> bool {
     h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
@@ -373,6 +418,9 @@ pub(crate) fn stage_inputs(
                 (&obj.hash, obj.size),
                 (input.from.is_empty()).then_some(input.ticket.as_str()),
             ))?;
+        }
+        if let Some(k) = &a.task {
+            store.note_use(&obj.hash, k.job);
         }
         let rel = safe_relative(&obj.path)?;
         let dst = dir.join(rel);

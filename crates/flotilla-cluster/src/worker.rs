@@ -833,6 +833,20 @@ fn read_from(path: &Path, off: &mut u64, max: u64) -> Option<Vec<u8>> {
 }
 
 fn on_message(shared: &Arc<Shared>, m: proto::CoordinatorMessage) {
+    for &job in &m.forget {
+        // A removed job: its objects (those serving no other job) and its logs go.
+        let n = shared.objects.forget_job(job);
+        let logs = shared.config.work_dir.join("logs");
+        let prefix = format!("{job}-");
+        if let Ok(rd) = std::fs::read_dir(&logs) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(&prefix) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        tracing::info!(job, objects = n, "removed job forgotten");
+    }
     let cancel: Vec<Attempt> = m.cancel.iter().map(convert::task_key).collect();
     let retract: Vec<Attempt> = m.retract.iter().map(convert::task_key).collect();
     let assign = m.assign.into_iter().filter_map(convert::work).collect();

@@ -82,6 +82,11 @@ pub(crate) struct ServerArgs {
     /// dropped, with one line saying so (accepts sizes like 64MiB).
     #[arg(long, default_value = "64MiB", value_parser = parse_log_size)]
     max_log_bytes: u64,
+    /// How long a finished job is kept (status, logs, uploads, its objects on workers)
+    /// before it is removed as by `flotilla rm`, e.g. 7d or 12h; `never` keeps it until
+    /// removed.
+    #[arg(long, default_value = "7d")]
+    retain_finished: String,
 }
 
 fn parse_log_size(s: &str) -> std::result::Result<u64, String> {
@@ -239,6 +244,13 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     cfg.recover_journal = a.recover_journal;
     cfg.max_job_tasks = a.max_job_tasks;
     cfg.max_log_bytes = a.max_log_bytes;
+    cfg.retain_finished = match a.retain_finished.as_str() {
+        "never" => None,
+        d => Some(
+            flotilla::core::duration::parse_duration(d)
+                .with_context(|| format!("--retain-finished {d}"))?,
+        ),
+    };
     if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {
         cfg.tls = Some(ServerTls { cert, key });
     }

@@ -202,6 +202,10 @@ pub(super) struct Core {
     access: Arc<Access>,
     /// Which worker serves each data address (tickets are made with the holder's key).
     addr_owner: HashMap<String, WorkerId>,
+    /// The coordinator's object store (uploads).
+    objects_dir: PathBuf,
+    /// How long finished jobs are kept before they are removed (`None`: until `rm`).
+    retain_finished: Option<Duration>,
 }
 
 impl Core {
@@ -380,6 +384,8 @@ impl Core {
             },
             access,
             addr_owner: HashMap::new(),
+            objects_dir: config.state_dir.join("objects"),
+            retain_finished: config.retain_finished,
         };
         let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
         core.rendezvous = Some(
@@ -452,6 +458,7 @@ impl Core {
             }
             if last_tick.elapsed() >= tick {
                 last_tick = Instant::now();
+                self.retire_finished(&mut cmds, &mut records, &mut after);
                 self.check_heartbeats(&mut cmds, &mut records);
                 self.handle(Event::Tick, &mut cmds, &mut records);
             }
@@ -659,12 +666,63 @@ impl Core {
                 records.extend(rec);
                 records.extend(self.coord.take_journal_records());
                 after.push(Box::new(move |core: &mut Core| {
-                    core.uploads.remove(&job);
-                    let _ = std::fs::remove_file(core.uploads_dir.join(format!("{}.json", job.0)));
-                    let _ = std::fs::remove_dir_all(core.logs_dir.join(job.0.to_string()));
+                    core.forget(job);
                     let _ = reply.send(Ok(()));
                 }));
             }
+        }
+    }
+
+    /// A removed job's data: its uploads list and the uploaded objects no other job uses,
+    /// its logs here, and (told to every worker) the objects and logs it left on workers.
+    fn forget(&mut self, job: JobId) {
+        if let Some(files) = self.uploads.remove(&job) {
+            let still: std::collections::HashSet<&str> = self
+                .uploads
+                .values()
+                .flat_map(|m| m.values().map(|o| o.hash.as_str()))
+                .collect();
+            for o in files.values() {
+                if !still.contains(o.hash.as_str()) && crate::objects::valid_hash(&o.hash) {
+                    let _ = std::fs::remove_file(self.objects_dir.join(&o.hash));
+                }
+            }
+        }
+        let _ = std::fs::remove_file(self.uploads_dir.join(format!("{}.json", job.0)));
+        let _ = std::fs::remove_dir_all(self.logs_dir.join(job.0.to_string()));
+        for tx in self.senders.values() {
+            // A worker whose queue is full is being dropped anyway.
+            let _ = tx.try_send(proto::CoordinatorMessage {
+                forget: vec![job.0],
+                ..Default::default()
+            });
+        }
+    }
+
+    /// Finished jobs older than the retention are removed, as `flotilla rm` would.
+    fn retire_finished(
+        &mut self,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+        after: &mut Vec<AfterCommit>,
+    ) {
+        let Some(keep) = self.retain_finished else {
+            return;
+        };
+        let now = self.now();
+        let keep_ms = keep.as_millis().min(u128::from(u64::MAX)) as u64;
+        let old: Vec<JobId> = self
+            .coord
+            .jobs_map()
+            .values()
+            .filter(|j| !j.is_active())
+            .filter(|j| j.finished.is_some_and(|f| now.saturating_sub(f) >= keep_ms))
+            .map(|j| j.id)
+            .collect();
+        for job in old {
+            let (tx, _rx) = oneshot::channel();
+            // Refused while cancelled attempts still stop: tried again at the next look.
+            self.on_remove(job, tx, cmds, records, after);
         }
     }
 

@@ -72,7 +72,13 @@ pub struct ServerConfig {
     pub core_queue: usize,
     /// Streams (`watch`, `logs`, a worker's session) one token may have open at once.
     pub max_streams: usize,
+    /// How long a finished job is kept (its status, logs, uploads, its objects on workers)
+    /// before it is removed as by `flotilla rm`; `None`: until removed.
+    pub retain_finished: Option<Duration>,
 }
+
+/// The default for [`ServerConfig::retain_finished`]: 7 days.
+pub const DEFAULT_RETAIN_FINISHED: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The default for [`ServerConfig::max_streams`].
 pub const DEFAULT_MAX_STREAMS: usize = 256;
@@ -106,6 +112,7 @@ impl ServerConfig {
             worker_queue: DEFAULT_WORKER_QUEUE,
             core_queue: DEFAULT_CORE_QUEUE,
             max_streams: DEFAULT_MAX_STREAMS,
+            retain_finished: Some(DEFAULT_RETAIN_FINISHED),
         }
     }
 }

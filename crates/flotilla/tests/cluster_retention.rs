@@ -1,0 +1,100 @@
+//! What a finished job leaves behind goes: `flotilla rm` (or the retention of finished jobs,
+//! `flotilla server --retain-finished`) removes its status and logs on the coordinator, the
+//! files uploaded with it, and the objects and logs it left on workers. Before, sandboxes,
+//! the object stores and uploads were never cleaned.
+
+#![allow(clippy::unwrap_used)]
+
+mod kit;
+
+use std::path::Path;
+use std::time::Duration;
+
+use kit::{assert_succeeded, job_id_of, wait_until, Cluster, Opts};
+
+const JOB: &str = r#"name = "leftovers"
+staging = "transfer"
+
+[[task]]
+id = "a"
+inputs = ["seed.txt"]
+cmd = ["sh", "-c", "cat seed.txt > a.txt"]
+outputs = ["a.txt"]
+
+[[task]]
+id = "b"
+after = ["a"]
+cmd = ["sh", "-c", "cat a.txt a.txt > b.txt"]
+outputs = ["b.txt"]
+"#;
+
+fn files_in(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| d.flatten().filter(|e| e.path().is_file()).count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn removing_a_job_cleans_the_coordinator_and_the_workers() {
+    let c = Cluster::start(2, 1);
+    let dir = c.job_dir();
+    std::fs::write(dir.join("seed.txt"), "seed\n").unwrap();
+    let file = dir.join("leftovers.toml");
+    std::fs::write(&file, JOB).unwrap();
+    let out = c.cli(&["submit", "--wait", &file.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job = job_id_of(&out);
+    assert_succeeded(&c.wait_job(job, Duration::from_secs(30)));
+    let root = c.root();
+    let held = |w: &str| files_in(&root.join(w).join("objects"));
+    assert!(
+        held("w0") + held("w1") >= 2,
+        "the outputs are held on the workers"
+    );
+    assert_eq!(
+        files_in(&c.state.join("objects")),
+        1,
+        "seed.txt was uploaded"
+    );
+    let out = c.cli(&["rm", &job.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(
+        "the workers to drop the removed job's objects and logs",
+        Duration::from_secs(30),
+        || {
+            let logs = files_in(&root.join("w0/logs")) + files_in(&root.join("w1/logs"));
+            (held("w0") + held("w1") == 0 && logs == 0).then_some(())
+        },
+    );
+    assert_eq!(files_in(&c.state.join("objects")), 0, "the upload was kept");
+    // The gathered copies in the job folder are the user's: untouched.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b.txt")).unwrap(),
+        "seed\nseed\n"
+    );
+}
+
+#[test]
+fn finished_jobs_are_removed_after_the_retention() {
+    let opts = Opts {
+        server_args: vec!["--retain-finished".into(), "1s".into()],
+        ..Opts::default()
+    };
+    let c = Cluster::start_with(1, 1, opts);
+    let id = c.submit_toml("quick.toml", "[[task]]\nid = \"t\"\ncmd = [\"true\"]\n");
+    wait_until("the job to be removed", Duration::from_secs(60), || {
+        let overview = c.overview()?;
+        overview.jobs.iter().all(|j| j.id != id).then_some(())
+    });
+    let out = c.cli(&["status", &id.0.to_string()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no job"));
+}

@@ -147,13 +147,14 @@ fn admin_only<T>(req: &Request<T>, what: &str) -> std::result::Result<(), Status
     }
 }
 
-/// `inner`, ended with `UNAUTHENTICATED` as soon as `who`'s token is revoked; `slot` is held
-/// until it ends.
+/// `inner`, ended with `UNAUTHENTICATED` as soon as `who`'s token is revoked, and with
+/// `UNAVAILABLE` when the server stops (a stream left open would hold its graceful stop);
+/// `slot` is held until it ends.
 pub(super) fn revocable<T: Send + 'static>(
     inner: BoxStream<T>,
     access: Arc<Access>,
     who: Principal,
-    slot: StreamSlot,
+    (slot, mut stop): (StreamSlot, tokio::sync::watch::Receiver<bool>),
 ) -> BoxStream<T> {
     use futures::StreamExt as _;
     let mut revoked = access.revocations();
@@ -180,6 +181,14 @@ pub(super) fn revocable<T: Send + 'static>(
                     }
                 }
                 () = tx.closed() => return,
+                stopped = stop.changed() => {
+                    if stopped.is_err() || *stop.borrow() {
+                        let _ = tx
+                            .send(Err(Status::unavailable("the coordinator is stopping")))
+                            .await;
+                        return;
+                    }
+                }
             }
         }
     });
@@ -390,7 +399,7 @@ impl CoordinatorRpc for Api {
             Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)),
             self.access.clone(),
             who,
-            slot,
+            (slot, self.stop.subscribe()),
         )))
     }
 
@@ -496,7 +505,7 @@ impl CoordinatorRpc for Api {
             Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)),
             self.access.clone(),
             who,
-            slot,
+            (slot, self.stop.subscribe()),
         )))
     }
 
@@ -746,7 +755,7 @@ impl Workers for Api {
             Box::pin(out),
             self.access.clone(),
             who,
-            slot,
+            (slot, self.stop.subscribe()),
         )))
     }
 }

@@ -173,8 +173,18 @@ async fn streams_per_token_are_bounded() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(again.is_some(), "the closed stream's slot was not freed");
-    // Open streams would hold the graceful stop.
-    drop((b, again, client));
+    // Streams still open do not hold the stop: they end, saying why.
     server.stop();
+    let mut b = b;
+    let end = loop {
+        match b.message().await {
+            Ok(Some(_)) => continue,
+            other => break other,
+        }
+    };
+    assert!(
+        matches!(&end, Err(e) if e.code() == tonic::Code::Unavailable) || matches!(end, Ok(None)),
+        "{end:?}"
+    );
     server.wait().await.expect("stopped");
 }

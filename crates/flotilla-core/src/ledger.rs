@@ -208,6 +208,12 @@ impl Ledger {
         self.cap.cpus - self.used.cpus
     }
 
+    /// The GPUs a request for `gpus` is charged: whole GPUs rounded up, a share as it is
+    /// (what [`Ledger::charge`] gives, without building the whole amount).
+    pub fn charged_gpus(gpus: f64) -> f64 {
+        whole_gpus(gpus).map_or(gpus, |n| n as f64)
+    }
+
     /// What a request is charged: whole GPUs rounded up, `gpu_mem` once per GPU taken.
     pub fn charge(need: &Resources) -> Resources {
         let mut r = need.clone();

@@ -214,10 +214,11 @@ impl Job {
 
     /// What task `t` is charged with variant `v` (whole GPUs rounded up, as a ledger does).
     pub(crate) fn charge(&self, t: TaskId, v: Option<u16>) -> Held {
-        let r = flotilla_core::ledger::Ledger::charge(super::coordinator::resources_of(self, t, v));
+        // On every assignment and end: no allocation (a replay does this millions of times).
+        let r = super::coordinator::resources_of(self, t, v);
         Held {
             cpus: r.cpus,
-            gpus: r.gpus,
+            gpus: flotilla_core::ledger::Ledger::charged_gpus(r.gpus),
         }
     }
 
@@ -226,9 +227,10 @@ impl Job {
     pub(crate) fn max_charge(&self, t: TaskId) -> Held {
         let mut h = Held::default();
         for (_, r) in self.options(t) {
-            let c = flotilla_core::ledger::Ledger::charge(r);
-            h.cpus = h.cpus.max(c.cpus);
-            h.gpus = h.gpus.max(c.gpus);
+            h.cpus = h.cpus.max(r.cpus);
+            h.gpus = h
+                .gpus
+                .max(flotilla_core::ledger::Ledger::charged_gpus(r.gpus));
         }
         h
     }

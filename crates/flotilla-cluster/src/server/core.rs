@@ -206,6 +206,8 @@ pub(super) struct Core {
     objects_dir: PathBuf,
     /// How long finished jobs are kept before they are removed (`None`: until `rm`).
     retain_finished: Option<Duration>,
+    /// When finished jobs were last looked at for the retention.
+    retention_checked: Instant,
 }
 
 impl Core {
@@ -386,6 +388,7 @@ impl Core {
             addr_owner: HashMap::new(),
             objects_dir: config.state_dir.join("objects"),
             retain_finished: config.retain_finished,
+            retention_checked: Instant::now(),
         };
         let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
         core.rendezvous = Some(
@@ -642,8 +645,8 @@ impl Core {
         }));
     }
 
-    /// `flotilla rm`: a finished job is forgotten (journaled), its uploads list and its logs
-    /// deleted once that is durable.
+    /// `flotilla rm` (or the retention): a finished job is forgotten (journaled), and once
+    /// that is durable its data goes ([`Core::forget`]).
     fn on_remove(
         &mut self,
         job: JobId,
@@ -709,6 +712,11 @@ impl Core {
         let Some(keep) = self.retain_finished else {
             return;
         };
+        // A look at every job: once a second, not at every tick.
+        if self.retention_checked.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        self.retention_checked = Instant::now();
         let now = self.now();
         let keep_ms = keep.as_millis().min(u128::from(u64::MAX)) as u64;
         let old: Vec<JobId> = self

@@ -70,6 +70,8 @@ pub struct GatheredOutput {
     pub from: String,
     /// What that worker wants to see before it sends the object.
     pub ticket: String,
+    /// The fingerprint of that worker's TLS certificate (`""`: plain TCP).
+    pub cert: String,
 }
 
 /// How a job ended.
@@ -309,6 +311,7 @@ impl Client {
                     size: o.size,
                     from: i.from,
                     ticket: i.ticket,
+                    cert: i.from_cert,
                 })
             })
             .collect())
@@ -329,11 +332,17 @@ impl Client {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let tmp = parent.join(format!(".{name}.gather{}", rand::random::<u32>()));
-            crate::framed::fetch_framed_to(&o.from, &o.ticket, (&o.hash, o.size), &tmp, &dst)
-                .await
-                .map_err(|e| {
-                    ClusterError::Rpc(format!("cannot gather {} from {}: {e}", o.path, o.from))
-                })?;
+            crate::framed::fetch_framed_to(
+                &o.from,
+                (&o.ticket, &o.cert),
+                (&o.hash, o.size),
+                &tmp,
+                &dst,
+            )
+            .await
+            .map_err(|e| {
+                ClusterError::Rpc(format!("cannot gather {} from {}: {e}", o.path, o.from))
+            })?;
         }
         Ok(outs)
     }

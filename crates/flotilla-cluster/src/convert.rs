@@ -168,6 +168,7 @@ pub(crate) fn assignment(a: state::Assignment) -> proto::Assignment {
                 object: Some(object_to(o)),
                 from: from.clone(),
                 ticket: String::new(),
+                from_cert: String::new(),
             })
             .collect(),
         outputs: a.outputs,

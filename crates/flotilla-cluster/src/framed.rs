@@ -3,7 +3,11 @@
 //! server stream) by `flotilla bench transfer`: 2.2–2.8× the throughput on loopback with the
 //! same blake3 check (BENCHMARKS.md), so the bulk path is this one; gRPC stays for the
 //! coordinator's API and the files uploaded with a job (served on the coordinator's port, over
-//! TLS when it has TLS). The framed path is plain TCP with the token (see ARCHITECTURE.md).
+//! TLS when it has TLS). The framed path is plain TCP with a ticket, or TLS when the
+//! coordinator has TLS: each worker's object server then has a self-signed certificate made
+//! at start ([`DataTls`]), whose fingerprint the worker registers and the coordinator hands
+//! out with the server's address; a fetcher accepts that certificate only (pinning, so no CA
+//! has to be run for the workers). See ARCHITECTURE.md.
 //!
 //! Protocol: the client sends one frame `token \0 hash` (at most [`MAX_REQUEST`] bytes, within
 //! [`AUTH_TIMEOUT`] of connecting, or the connection is closed); the server answers one status
@@ -22,7 +26,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use tokio::io::AsyncReadExt;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use crate::error::{ClusterError, Result};
@@ -88,6 +96,140 @@ impl Gate {
     }
 }
 
+/// The name a worker's certificate is made for (a fetcher checks the fingerprint, not it).
+const DATA_SERVER_NAME: &str = "flotilla-worker";
+
+/// The fingerprint of a certificate (DER): its blake3 hash, hex.
+pub fn cert_fingerprint(der: &[u8]) -> String {
+    blake3::hash(der).to_hex().to_string()
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The TLS identity of a worker's object server: a self-signed certificate made at start,
+/// known to others by its fingerprint.
+pub struct DataTls {
+    config: Arc<rustls::ServerConfig>,
+    fingerprint: String,
+}
+
+impl std::fmt::Debug for DataTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataTls")
+            .field("fingerprint", &self.fingerprint)
+            .finish()
+    }
+}
+
+impl DataTls {
+    /// Makes a new key and self-signed certificate.
+    pub fn generate() -> Result<DataTls> {
+        let tls = |e: &dyn std::fmt::Display| {
+            ClusterError::Config(format!("object server certificate: {e}"))
+        };
+        let ck = rcgen::generate_simple_self_signed(vec![DATA_SERVER_NAME.to_string()])
+            .map_err(|e| tls(&e))?;
+        let cert = CertificateDer::from(ck.cert.der().to_vec());
+        let fingerprint = cert_fingerprint(&cert);
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
+        let config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls(&e))?
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], key)
+            .map_err(|e| tls(&e))?;
+        Ok(DataTls {
+            config: Arc::new(config),
+            fingerprint,
+        })
+    }
+
+    /// Its certificate's fingerprint ([`cert_fingerprint`]).
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+}
+
+/// Accepts exactly the certificate with the fingerprint the coordinator announced (and
+/// checks the handshake's signatures with it).
+#[derive(Debug)]
+struct Pinned {
+    fingerprint: String,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        let got = cert_fingerprint(end_entity);
+        if crate::auth::ct_eq(got.as_bytes(), self.fingerprint.as_bytes()) {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General(format!(
+                "the object server's certificate {got} is not the one the coordinator \
+                 announced ({})",
+                self.fingerprint
+            )))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+fn pinned_client(fingerprint: &str) -> Result<tokio_rustls::TlsConnector> {
+    let provider = provider();
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClusterError::Config(format!("tls: {e}")))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Pinned {
+            fingerprint: fingerprint.to_string(),
+            provider,
+        }))
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
 /// Serves `store` over framed TCP on `addr` (port 0 picks one) to whom `gate` admits;
 /// returns the bound address.
 pub async fn serve_framed(
@@ -95,6 +237,18 @@ pub async fn serve_framed(
     store: Arc<ObjectStore>,
     gate: Gate,
 ) -> Result<SocketAddr> {
+    serve_framed_tls(addr, store, gate, None).await
+}
+
+/// [`serve_framed`], over TLS with `tls` when given: a connection that does not complete
+/// the handshake within [`AUTH_TIMEOUT`] is closed.
+pub async fn serve_framed_tls(
+    addr: SocketAddr,
+    store: Arc<ObjectStore>,
+    gate: Gate,
+    tls: Option<Arc<DataTls>>,
+) -> Result<SocketAddr> {
+    let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config.clone()));
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ClusterError::Bind {
@@ -118,9 +272,17 @@ pub async fn serve_framed(
                 });
                 continue;
             };
-            let (store, gate) = (store.clone(), gate.clone());
+            let (store, gate, acceptor) = (store.clone(), gate.clone(), acceptor.clone());
             tokio::spawn(async move {
-                if let Err(e) = serve_one(sock, &store, &gate).await {
+                let served = match acceptor {
+                    None => serve_one(sock, &store, &gate).await,
+                    Some(a) => match tokio::time::timeout(AUTH_TIMEOUT, a.accept(sock)).await {
+                        Ok(Ok(tls)) => serve_one(tls, &store, &gate).await,
+                        Ok(Err(e)) => Err(ClusterError::Rpc(format!("TLS handshake: {e}"))),
+                        Err(_) => Err(ClusterError::Rpc("no TLS handshake in time".into())),
+                    },
+                };
+                if let Err(e) = served {
                     tracing::debug!("framed object request from {peer}: {e}");
                 }
                 drop(slot);
@@ -130,7 +292,11 @@ pub async fn serve_framed(
     Ok(local)
 }
 
-async fn serve_one(sock: tokio::net::TcpStream, store: &ObjectStore, gate: &Gate) -> Result<()> {
+async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
+    sock: S,
+    store: &ObjectStore,
+    gate: &Gate,
+) -> Result<()> {
     let mut framed = Framed::new(sock, codec(MAX_REQUEST));
     let io = |e: std::io::Error| ClusterError::Rpc(format!("framed transfer: {e}"));
     let req = match tokio::time::timeout(AUTH_TIMEOUT, framed.next()).await {
@@ -177,22 +343,33 @@ async fn serve_one(sock: tokio::net::TcpStream, store: &ObjectStore, gate: &Gate
 /// Fetches `hash` from a framed server into memory, hashing it (what a real fetch does
 /// besides writing the file); returns the bytes received.
 pub async fn fetch_framed(addr: SocketAddr, token: &str, hash: &str) -> Result<u64> {
-    fetch_framed_into(&addr.to_string(), token, hash, u64::MAX, |_| Ok(())).await
+    fetch_framed_into(&addr.to_string(), (token, ""), hash, u64::MAX, |_| Ok(())).await
+}
+
+/// [`fetch_framed`] over TLS, from the server whose certificate has fingerprint `cert`.
+pub async fn fetch_framed_pinned(
+    addr: SocketAddr,
+    token: &str,
+    cert: &str,
+    hash: &str,
+) -> Result<u64> {
+    fetch_framed_into(&addr.to_string(), (token, cert), hash, u64::MAX, |_| Ok(())).await
 }
 
 /// Fetches `hash` from the framed server at `addr` (`host:port`) into `tmp`, checks its
 /// blake3 hash, syncs it, then renames it to `dst` (same folder): `dst` is never partial.
-/// More than `size` bytes (the size the coordinator knows) is an error.
+/// More than `size` bytes (the size the coordinator knows) is an error. `credentials` are
+/// the ticket and the server's certificate fingerprint (`""`: plain TCP).
 pub(crate) async fn fetch_framed_to(
     addr: &str,
-    token: &str,
+    credentials: (&str, &str),
     (hash, size): (&str, u64),
     tmp: &Path,
     dst: &Path,
 ) -> Result<()> {
     use std::io::Write;
     let mut f = std::fs::File::create(tmp).map_err(|e| ClusterError::io(tmp, e))?;
-    let copied = fetch_framed_into(addr, token, hash, size, |chunk| {
+    let copied = fetch_framed_into(addr, credentials, hash, size, |chunk| {
         f.write_all(chunk).map_err(|e| ClusterError::io(tmp, e))
     })
     .await
@@ -208,10 +385,10 @@ pub(crate) async fn fetch_framed_to(
 /// end; more than `max_bytes` is an error.
 async fn fetch_framed_into(
     addr: &str,
-    token: &str,
+    (token, cert): (&str, &str),
     hash: &str,
     max_bytes: u64,
-    mut sink: impl FnMut(&[u8]) -> Result<()>,
+    sink: impl FnMut(&[u8]) -> Result<()>,
 ) -> Result<u64> {
     let io = |e: std::io::Error| ClusterError::Rpc(format!("framed transfer from {addr}: {e}"));
     let sock = tokio::time::timeout(FRAME_TIMEOUT, tokio::net::TcpStream::connect(addr))
@@ -219,6 +396,28 @@ async fn fetch_framed_into(
         .map_err(|_| ClusterError::Rpc(format!("{addr}: no connection in {FRAME_TIMEOUT:?}")))?
         .map_err(io)?;
     sock.set_nodelay(true).map_err(io)?;
+    if cert.is_empty() {
+        return fetch_over(sock, addr, token, hash, max_bytes, sink).await;
+    }
+    let name = ServerName::try_from(DATA_SERVER_NAME)
+        .map_err(|e| ClusterError::Config(format!("tls: {e}")))?;
+    let tls = tokio::time::timeout(FRAME_TIMEOUT, pinned_client(cert)?.connect(name, sock))
+        .await
+        .map_err(|_| ClusterError::Rpc(format!("{addr}: no TLS handshake in {FRAME_TIMEOUT:?}")))?
+        .map_err(|e| ClusterError::Rpc(format!("TLS with the object server {addr}: {e}")))?;
+    fetch_over(tls, addr, token, hash, max_bytes, sink).await
+}
+
+/// The request and the object's frames over an open connection.
+async fn fetch_over<S: AsyncRead + AsyncWrite + Unpin>(
+    sock: S,
+    addr: &str,
+    token: &str,
+    hash: &str,
+    max_bytes: u64,
+    mut sink: impl FnMut(&[u8]) -> Result<()>,
+) -> Result<u64> {
+    let io = |e: std::io::Error| ClusterError::Rpc(format!("framed transfer from {addr}: {e}"));
     let mut framed = Framed::new(sock, codec(CHUNK + 4096));
     let mut req = token.as_bytes().to_vec();
     req.push(0);
@@ -432,18 +631,18 @@ mod tests {
             .await
             .unwrap()
             .to_string();
-        let e = fetch_framed_into(&addr, "t", &hash, 4999, |_| Ok(()))
+        let e = fetch_framed_into(&addr, ("t", ""), &hash, 4999, |_| Ok(()))
             .await
             .unwrap_err();
         assert!(e.to_string().contains("more than the 4999 bytes"), "{e}");
         assert_eq!(
-            fetch_framed_into(&addr, "t", &hash, 5000, |_| Ok(()))
+            fetch_framed_into(&addr, ("t", ""), &hash, 5000, |_| Ok(()))
                 .await
                 .unwrap(),
             5000
         );
         let missing = "ab".repeat(32);
-        let e = fetch_framed_into(&addr, "t", &missing, 10, |_| Ok(()))
+        let e = fetch_framed_into(&addr, ("t", ""), &missing, 10, |_| Ok(()))
             .await
             .unwrap_err();
         assert!(e.to_string().contains("is not held here"), "{e}");
@@ -468,5 +667,39 @@ mod tests {
             matches!(answer, None | Some(Err(_))),
             "the server answered an oversized request: {answer:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn over_tls_only_the_announced_certificate_is_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(ObjectStore::open(dir.path()).unwrap());
+        let data: Vec<u8> = (0..2 * CHUNK + 5).map(|i| (i % 241) as u8).collect();
+        let (hash, _) = store.put_bytes(&data).unwrap();
+        let tls = Arc::new(DataTls::generate().unwrap());
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let addr = serve_framed_tls(any, store, Gate::token("t"), Some(tls.clone()))
+            .await
+            .unwrap();
+        assert_eq!(
+            fetch_framed_pinned(addr, "t", tls.fingerprint(), &hash)
+                .await
+                .unwrap(),
+            data.len() as u64
+        );
+        // Another certificate's fingerprint (a server in the middle): refused.
+        let other = DataTls::generate().unwrap();
+        let e = fetch_framed_pinned(addr, "t", other.fingerprint(), &hash)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not the one the coordinator announced"), "{e}");
+        // Plain TCP to a TLS server: no object comes back.
+        assert!(fetch_framed(addr, "t", &hash).await.is_err());
+        // The ticket is still checked inside TLS.
+        let e = fetch_framed_pinned(addr, "x", tls.fingerprint(), &hash)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid token"), "{e}");
     }
 }

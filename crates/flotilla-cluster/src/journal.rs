@@ -20,6 +20,7 @@
 //! | [`Journal::open_recovering`] | the same, but a damaged record is cut off with everything after it (the whole file is copied aside first) |
 //! | [`Journal::append`] | the whole batch in ONE `write` (group commit); with [`SyncMode::Always`] also fsync'd before it returns |
 //! | [`Journal::replay`] | every record, in append order |
+//! | [`Journal::start_compaction`] / [`Journal::finish_compaction`] | rewrites the file without removed jobs' records, ending the kept ones with a checkpoint, on its own thread while appends go on; then copies those appends and renames the new file over the journal |
 //!
 //! # Why a log file and not redb or SQLite
 //! The first version kept the records in redb. Measured here, a redb commit cost about
@@ -34,9 +35,13 @@
 //! [`Coordinator::take_journal_records`](crate::state::Coordinator::take_journal_records) in
 //! one append, and only then replies and sends the matching `Assign` commands.
 
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+use flotilla_core::JobId;
 
 pub use crate::state::JournalRecord;
 
@@ -131,6 +136,42 @@ pub struct Journal {
     bytes: u64,
     sync: SyncMode,
     syncs: u64,
+    /// Bytes of the records of each job not removed (known once replayed or appended).
+    job_bytes: HashMap<JobId, u64>,
+    /// Bytes of records a compaction would drop: removed jobs'.
+    garbage: u64,
+}
+
+/// A compaction running on its own thread (see [`Journal::start_compaction`]).
+#[derive(Debug)]
+pub struct Compaction {
+    /// The file's length and record count when it started: it rewrites what is before.
+    upto: u64,
+    records_upto: u64,
+    garbage_upto: u64,
+    thread: std::thread::JoinHandle<Result<Compacted>>,
+}
+
+/// What the compaction thread wrote.
+#[derive(Debug)]
+struct Compacted {
+    tmp: PathBuf,
+    file: File,
+    records: u64,
+    bytes: u64,
+}
+
+/// What a finished compaction did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompactionReport {
+    /// The file's size before and after, bytes.
+    pub bytes_before: u64,
+    /// The file's size after.
+    pub bytes_after: u64,
+    /// Records before and after.
+    pub records_before: u64,
+    /// Records after.
+    pub records_after: u64,
 }
 
 /// What opening found and did, besides the records.
@@ -263,6 +304,15 @@ impl Journal {
             path: path.clone(),
             source,
         };
+        // A compaction cut short by a crash: the journal itself is whole (the compacted file
+        // replaces it only once complete).
+        let stale = Self::compact_path(&path);
+        if stale.exists() {
+            std::fs::remove_file(&stale).map_err(|source| JournalError::Io {
+                path: stale.clone(),
+                source,
+            })?;
+        }
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
@@ -383,7 +433,28 @@ impl Journal {
             bytes,
             sync: SyncMode::default(),
             syncs: 0,
+            job_bytes: HashMap::new(),
+            garbage: 0,
         }
+    }
+
+    /// Counts a record of `bytes` bytes (framed) towards its job, or towards the garbage.
+    fn count(&mut self, record: &JournalRecord, bytes: u64) {
+        match (record, record.job()) {
+            (JournalRecord::JobRemoved { job }, _) => {
+                // Everything of the job is dead weight from now on, this record included.
+                self.garbage += bytes + self.job_bytes.remove(job).unwrap_or(0);
+            }
+            (_, Some(job)) => *self.job_bytes.entry(job).or_default() += bytes,
+            // A checkpoint: the next compaction replaces it, but one is always left, so it
+            // is not counted (or a compaction would call for the next).
+            (_, None) => {}
+        }
+    }
+
+    /// The path a compaction writes to before it replaces the journal.
+    fn compact_path(path: &Path) -> PathBuf {
+        PathBuf::from(format!("{}.compact", path.display()))
     }
 
     /// Sets how durable appends are when they return.
@@ -427,6 +498,7 @@ impl Journal {
             return Ok(());
         }
         let mut buf = Vec::with_capacity(records.len() * 64);
+        let mut sizes = Vec::with_capacity(records.len());
         for (i, r) in records.iter().enumerate() {
             let payload = postcard::to_stdvec(r).map_err(|source| JournalError::Encode {
                 path: self.path.clone(),
@@ -438,6 +510,7 @@ impl Journal {
                 record: self.len + i as u64,
                 bytes,
             })?;
+            sizes.push((payload.len() + RECORD_HEADER) as u64);
         }
         let io = |source| JournalError::Io {
             path: self.path.clone(),
@@ -450,11 +523,21 @@ impl Journal {
         }
         self.len += records.len() as u64;
         self.bytes += buf.len() as u64;
+        for (r, n) in records.iter().zip(sizes) {
+            self.count(r, n);
+        }
         Ok(())
     }
 
-    /// Every record, in append order.
-    pub fn replay(&self) -> Result<Vec<JournalRecord>> {
+    /// Bytes of records that a compaction would drop: those of removed jobs (counted for
+    /// the records replayed or appended since the journal was opened).
+    pub fn garbage(&self) -> u64 {
+        self.garbage
+    }
+
+    /// Every record, in append order (and counts them towards their jobs, for
+    /// [`Journal::garbage`]).
+    pub fn replay(&mut self) -> Result<Vec<JournalRecord>> {
         let bytes = std::fs::read(&self.path).map_err(|source| JournalError::Io {
             path: self.path.clone(),
             source,
@@ -471,14 +554,188 @@ impl Journal {
             reason,
         };
         let (ranges, _) = scan(&bytes).map_err(|(r, o, why)| corrupt(r, o, why))?;
-        ranges
-            .into_iter()
+        let records = ranges
+            .iter()
             .enumerate()
-            .map(|(i, (a, b))| {
+            .map(|(i, &(a, b))| {
                 postcard::from_bytes(&bytes[a..b])
                     .map_err(|e| corrupt(i as u64, a - RECORD_HEADER, e.to_string()))
             })
-            .collect()
+            .collect::<Result<Vec<JournalRecord>>>()?;
+        self.job_bytes.clear();
+        self.garbage = 0;
+        for (r, &(a, b)) in records.iter().zip(&ranges) {
+            self.count(r, (b - a + RECORD_HEADER) as u64);
+        }
+        Ok(records)
+    }
+
+    /// Starts rewriting the journal without the records of removed jobs (and older
+    /// checkpoints), on its own thread: the records before this point that belong to jobs
+    /// not removed, in order, then `checkpoint` (what replaying the dropped records would
+    /// have left: [`Coordinator::checkpoint`](crate::state::Coordinator::checkpoint), taken
+    /// now). Appends go on meanwhile; [`Journal::finish_compaction`] copies them over and
+    /// replaces the file. Like Redis's AOF rewrite, the compacted log is the snapshot.
+    pub fn start_compaction(&self, checkpoint: JournalRecord) -> Compaction {
+        let path = self.path.clone();
+        let upto = self.bytes;
+        let live: std::collections::HashSet<JobId> = self.job_bytes.keys().copied().collect();
+        let thread = std::thread::Builder::new()
+            .name("journal-compaction".into())
+            .spawn(move || Self::compact(&path, upto, &live, &checkpoint));
+        let thread = match thread {
+            Ok(t) => t,
+            Err(source) => {
+                let path = self.path.clone();
+                // No thread: report the error through a finished one-off.
+                std::thread::spawn(move || Err(JournalError::Io { path, source }))
+            }
+        };
+        Compaction {
+            upto,
+            records_upto: self.len,
+            garbage_upto: self.garbage,
+            thread,
+        }
+    }
+
+    /// The compaction thread: writes `<path>.compact` from the first `upto` bytes of the
+    /// journal.
+    fn compact(
+        path: &Path,
+        upto: u64,
+        live: &std::collections::HashSet<JobId>,
+        checkpoint: &JournalRecord,
+    ) -> Result<Compacted> {
+        let io = |source| JournalError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut bytes = vec![0u8; upto as usize];
+        File::open(path)
+            .and_then(|f| f.read_exact_at(&mut bytes, 0))
+            .map_err(io)?;
+        if bytes.len() < HEADER || &bytes[..HEADER] != MAGIC {
+            return Err(JournalError::NotAJournal {
+                path: path.to_path_buf(),
+            });
+        }
+        let corrupt = |record: u64, offset: usize, reason: String| JournalError::Corrupt {
+            path: path.to_path_buf(),
+            record,
+            offset: offset as u64,
+            reason,
+        };
+        let (ranges, _) = scan(&bytes).map_err(|(r, o, why)| corrupt(r, o, why))?;
+        let mut out = Vec::with_capacity(bytes.len() / 2);
+        out.extend_from_slice(MAGIC);
+        let mut records = 0u64;
+        for (i, &(a, b)) in ranges.iter().enumerate() {
+            let r: JournalRecord = postcard::from_bytes(&bytes[a..b])
+                .map_err(|e| corrupt(i as u64, a - RECORD_HEADER, e.to_string()))?;
+            if r.job().is_some_and(|j| live.contains(&j)) {
+                out.extend_from_slice(&bytes[a - RECORD_HEADER..b]);
+                records += 1;
+            }
+        }
+        let payload = postcard::to_stdvec(checkpoint).map_err(|source| JournalError::Encode {
+            path: path.to_path_buf(),
+            record: records,
+            source,
+        })?;
+        frame(&payload, &mut out).map_err(|n| JournalError::TooLarge {
+            path: path.to_path_buf(),
+            record: records,
+            bytes: n,
+        })?;
+        records += 1;
+        let tmp = Self::compact_path(path);
+        let tmp_io = |source| JournalError::Io {
+            path: tmp.clone(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .truncate(false)
+            .open(&tmp)
+            .map_err(tmp_io)?;
+        file.set_len(0).map_err(tmp_io)?;
+        file.write_all(&out).map_err(tmp_io)?;
+        Ok(Compacted {
+            tmp,
+            file,
+            records,
+            bytes: out.len() as u64,
+        })
+    }
+
+    /// Finishes a compaction whose thread is done (`compaction.is_finished()`; otherwise
+    /// this waits for it): copies the records appended since it started, makes the file
+    /// durable and puts it in the journal's place. `None`: the compaction failed (logged)
+    /// and the journal is unchanged, whole, still appended to.
+    pub fn finish_compaction(&mut self, compaction: Compaction) -> Option<CompactionReport> {
+        let done = match compaction.thread.join() {
+            Ok(Ok(done)) => done,
+            Ok(Err(e)) => {
+                tracing::warn!("journal compaction failed, the journal is unchanged: {e}");
+                let _ = std::fs::remove_file(Self::compact_path(&self.path));
+                return None;
+            }
+            Err(_) => {
+                tracing::warn!("journal compaction panicked, the journal is unchanged");
+                let _ = std::fs::remove_file(Self::compact_path(&self.path));
+                return None;
+            }
+        };
+        let Compacted {
+            tmp,
+            mut file,
+            records,
+            bytes,
+        } = done;
+        let tail_len = self.bytes - compaction.upto;
+        let mut step = || -> std::io::Result<()> {
+            let mut tail = vec![0u8; tail_len as usize];
+            self.file.read_exact_at(&mut tail, compaction.upto)?;
+            file.write_all(&tail)?;
+            file.sync_all()?;
+            std::fs::rename(&tmp, &self.path)
+        };
+        if let Err(e) = step() {
+            tracing::warn!(
+                "journal compaction of {} failed, the journal is unchanged: {e}",
+                self.path.display()
+            );
+            let _ = std::fs::remove_file(&tmp);
+            return None;
+        }
+        if let Some(dir) = self.path.parent() {
+            if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
+                tracing::warn!("journal compaction: cannot sync {}: {e}", dir.display());
+            }
+        }
+        let report = CompactionReport {
+            bytes_before: self.bytes,
+            bytes_after: bytes + tail_len,
+            records_before: self.len,
+            records_after: records + (self.len - compaction.records_upto),
+        };
+        // The handle stays on the compacted file, now the journal.
+        self.file = file;
+        self.bytes = report.bytes_after;
+        self.len = report.records_after;
+        // What was garbage when it started is gone.
+        self.garbage -= compaction.garbage_upto.min(self.garbage);
+        Some(report)
+    }
+}
+
+impl Compaction {
+    /// Whether its thread is done (then [`Journal::finish_compaction`] does not wait).
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
     }
 }
 
@@ -672,7 +929,7 @@ after = ["sim"]
         assert_eq!(j.replay().unwrap(), recs[..2].to_vec());
         j.append(&recs[3..]).unwrap();
         drop(j);
-        let j = Journal::open(&path).unwrap();
+        let mut j = Journal::open(&path).unwrap();
         assert_eq!(
             j.replay().unwrap(),
             vec![recs[0].clone(), recs[1].clone(), recs[3].clone()]
@@ -702,7 +959,7 @@ after = ["sim"]
             assert_eq!(j.replay().unwrap(), recs[..3].to_vec());
             j.append(&recs[3..]).unwrap();
             drop(j);
-            let j = Journal::open(&path).unwrap();
+            let mut j = Journal::open(&path).unwrap();
             assert_eq!(j.replay().unwrap(), recs);
         }
     }
@@ -785,5 +1042,102 @@ after = ["sim"]
             );
             assert_eq!(j.len() as usize, batch * commits);
         }
+    }
+
+    /// `rec` moved to job `job`.
+    fn for_job(rec: &JournalRecord, job: u64) -> JournalRecord {
+        let mut r = rec.clone();
+        match &mut r {
+            JournalRecord::JobSubmitted { job: j, .. }
+            | JournalRecord::JobCancelled { job: j }
+            | JournalRecord::JobRemoved { job: j } => *j = JobId::new(job),
+            JournalRecord::TaskFinished { task, .. } | JournalRecord::TaskAssigned { task, .. } => {
+                task.job = JobId::new(job)
+            }
+            JournalRecord::Checkpoint { .. } => {}
+        }
+        r
+    }
+
+    #[test]
+    fn compaction_drops_removed_jobs_and_keeps_what_was_appended_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.log");
+        let recs = records();
+        let checkpoint = |n: u64| JournalRecord::Checkpoint {
+            next_job: n,
+            next_worker: 3,
+            model: "{}".into(),
+        };
+        let mut j = Journal::open(&path).unwrap();
+        let gone: Vec<JournalRecord> = recs.iter().map(|r| for_job(r, 1)).collect();
+        let kept: Vec<JournalRecord> = recs[..3].iter().map(|r| for_job(r, 2)).collect();
+        j.append(&gone[..2]).unwrap();
+        j.append(&kept[..1]).unwrap();
+        j.append(&gone[2..]).unwrap();
+        assert_eq!(j.garbage(), 0, "nothing removed yet");
+        j.append(&[JournalRecord::JobRemoved { job: JobId::new(1) }])
+            .unwrap();
+        let garbage = j.garbage();
+        assert!(garbage > 0 && garbage < j.bytes());
+        let before = j.bytes();
+        let c = j.start_compaction(checkpoint(3));
+        // Appended while the compaction runs: copied over when it finishes.
+        j.append(&kept[1..]).unwrap();
+        let appended = j.bytes();
+        assert!(appended > before);
+        let r = j.finish_compaction(c).expect("compacted");
+        let ckpt = (postcard::to_stdvec(&checkpoint(3)).unwrap().len() + RECORD_HEADER) as u64;
+        assert_eq!(r.bytes_before, appended);
+        assert_eq!(r.bytes_after, appended - garbage + ckpt);
+        assert_eq!(j.bytes(), r.bytes_after);
+        let want: Vec<JournalRecord> = vec![
+            kept[0].clone(),
+            checkpoint(3),
+            kept[1].clone(),
+            kept[2].clone(),
+        ];
+        assert_eq!(r.records_after, 4);
+        assert!(r.bytes_after < r.bytes_before);
+        assert!(!Journal::compact_path(&path).exists());
+        // Appends go on into the compacted file, and it reopens whole.
+        j.append(&[JournalRecord::JobCancelled { job: JobId::new(2) }])
+            .unwrap();
+        let mut want_all = want.clone();
+        want_all.push(JournalRecord::JobCancelled { job: JobId::new(2) });
+        assert_eq!(j.replay().unwrap(), want_all);
+        drop(j);
+        let mut j = Journal::open(&path).unwrap();
+        assert_eq!(j.len(), 5);
+        assert_eq!(j.replay().unwrap(), want_all);
+        assert_eq!(j.garbage(), 0, "nothing is left to drop");
+    }
+
+    #[test]
+    fn a_compaction_cut_short_by_a_crash_leaves_the_journal_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.log");
+        let recs = records();
+        let mut j = Journal::open(&path).unwrap();
+        j.append(&recs).unwrap();
+        j.append(&[JournalRecord::JobRemoved { job: JobId::new(7) }])
+            .unwrap();
+        drop(j);
+        // A half-written compacted file from a coordinator that died.
+        std::fs::write(Journal::compact_path(&path), b"FLOTJRN2garbage").unwrap();
+        let mut j = Journal::open(&path).unwrap();
+        assert!(!Journal::compact_path(&path).exists());
+        assert_eq!(j.replay().unwrap().len(), recs.len() + 1);
+        // A compaction whose file cannot be written changes nothing.
+        std::fs::create_dir(Journal::compact_path(&path)).unwrap();
+        let c = j.start_compaction(JournalRecord::Checkpoint {
+            next_job: 8,
+            next_worker: 3,
+            model: "{}".into(),
+        });
+        assert!(j.finish_compaction(c).is_none());
+        assert_eq!(j.replay().unwrap().len(), recs.len() + 1);
+        j.append(&recs[..1]).unwrap();
+        assert_eq!(j.replay().unwrap().len(), recs.len() + 2);
     }
 }

@@ -314,6 +314,7 @@ async fn fetch_from(
     from: &Remote,
     (hash, size): (&str, u64),
     coordinator_ticket: Option<&str>,
+    cert: &str,
 ) -> Result<()> {
     let tmp = store
         .dir
@@ -323,7 +324,7 @@ async fn fetch_from(
     } else {
         crate::framed::fetch_framed_to(
             &from.addr,
-            &from.token,
+            (&from.token, cert),
             (hash, size),
             &tmp,
             &store.path(hash),
@@ -417,6 +418,7 @@ pub(crate) fn stage_inputs(
                 &from,
                 (&obj.hash, obj.size),
                 (input.from.is_empty()).then_some(input.ticket.as_str()),
+                &input.from_cert,
             ))?;
         }
         if let Some(k) = &a.task {
@@ -557,6 +559,7 @@ mod tests {
                     }),
                     from: "127.0.0.1:1".into(),
                     ticket: String::new(),
+                    from_cert: String::new(),
                 })
                 .collect(),
             ..Assignment::default()

@@ -47,6 +47,11 @@ impl Remote {
         }
     }
 
+    /// Whether the server is reached over TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.tls_ca.is_some() || self.addr.starts_with("https://")
+    }
+
     /// The host part of `addr` (`127.0.0.1`, `[::1]`, `node7`), for other services of the
     /// same server (the rendezvous of gangs).
     pub fn host(&self) -> String {

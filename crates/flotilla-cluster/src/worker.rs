@@ -436,6 +436,8 @@ struct Shared {
     wasm: Option<WasmRunner>,
     objects: Arc<ObjectStore>,
     data_addr: String,
+    /// The fingerprint of its object server's TLS certificate (`""`: plain TCP).
+    data_cert: String,
     /// The coordinator's rendezvous port for gangs (0 before registering or when none).
     rendezvous_port: std::sync::atomic::AtomicU32,
     /// The agent's clock starts here.
@@ -539,10 +541,22 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
     std::fs::create_dir_all(&config.work_dir).map_err(|e| ClusterError::io(&config.work_dir, e))?;
     let objects = Arc::new(ObjectStore::open(&config.work_dir.join("objects"))?);
     let data_keys = Arc::new(parking_lot::RwLock::new(Vec::new()));
-    let data = crate::framed::serve_framed(
+    // With a coordinator over TLS, the objects travel over TLS too, with a certificate made
+    // now: the coordinator hands its fingerprint to whoever fetches from here.
+    let data_tls = if config.remote.uses_tls() {
+        Some(Arc::new(crate::framed::DataTls::generate()?))
+    } else {
+        None
+    };
+    let data_cert = data_tls
+        .as_ref()
+        .map(|t| t.fingerprint().to_string())
+        .unwrap_or_default();
+    let data = crate::framed::serve_framed_tls(
         config.data_listen,
         objects.clone(),
         crate::framed::Gate::Tickets(data_keys.clone()),
+        data_tls,
     )
     .await?;
     let data_addr = data.to_string();
@@ -580,6 +594,7 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         wasm,
         objects,
         data_addr,
+        data_cert,
         rendezvous_port: std::sync::atomic::AtomicU32::new(0),
         epoch: Instant::now(),
     });
@@ -692,6 +707,7 @@ async fn session(
                 })
                 .collect(),
             data_addr: shared.data_addr.clone(),
+            data_cert: shared.data_cert.clone(),
             running: back.running,
             held,
             previous_worker,

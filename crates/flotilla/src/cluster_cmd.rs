@@ -87,6 +87,10 @@ pub(crate) struct ServerArgs {
     /// removed.
     #[arg(long, default_value = "7d")]
     retain_finished: String,
+    /// Rewrite the journal without the records of removed jobs once these are at least this
+    /// large (e.g. 64MiB) and half the file; `never` lets it grow.
+    #[arg(long, default_value = "64MiB")]
+    compact_journal_after: String,
 }
 
 fn parse_log_size(s: &str) -> std::result::Result<u64, String> {
@@ -249,6 +253,13 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
         d => Some(
             flotilla::core::duration::parse_duration(d)
                 .with_context(|| format!("--retain-finished {d}"))?,
+        ),
+    };
+    cfg.compact_journal_after = match a.compact_journal_after.as_str() {
+        "never" => None,
+        s => Some(
+            flotilla::core::size::parse_size(s)
+                .with_context(|| format!("--compact-journal-after {s}"))?,
         ),
     };
     if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {

@@ -98,3 +98,47 @@ fn finished_jobs_are_removed_after_the_retention() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no job"));
 }
+
+/// Removed jobs' records are dropped from the journal (`--compact-journal-after`), and a
+/// coordinator restarted on the compacted journal goes on: the ids it gave are not given
+/// again.
+#[test]
+fn the_journal_is_compacted_once_jobs_are_removed() {
+    let opts = Opts {
+        server_args: vec![
+            "--retain-finished".into(),
+            "1s".into(),
+            "--compact-journal-after".into(),
+            "1B".into(),
+        ],
+        ..Opts::default()
+    };
+    let mut c = Cluster::start_with(1, 1, opts);
+    let journal = c.state.join("journal.log");
+    let marker = "marker-of-the-removed-job";
+    let first = c.submit_toml(
+        "first.toml",
+        &format!("[[task]]\nid = \"t\"\ncmd = [\"echo\", \"{marker}\"]\n"),
+    );
+    assert_succeeded(&c.wait_job(first, Duration::from_secs(60)));
+    let holds_marker = || {
+        let bytes = std::fs::read(&journal).unwrap();
+        bytes.windows(marker.len()).any(|w| w == marker.as_bytes())
+    };
+    assert!(holds_marker(), "the job is in the journal");
+    wait_until(
+        "the removed job's records to leave the journal",
+        Duration::from_secs(60),
+        || (!holds_marker()).then_some(()),
+    );
+    c.kill_server();
+    c.restart_server();
+    let second = c.submit_toml("second.toml", "[[task]]\nid = \"t\"\ncmd = [\"true\"]\n");
+    assert!(
+        second > first,
+        "job ids are not reused: {second} after {first}"
+    );
+    assert_succeeded(&c.wait_job(second, Duration::from_secs(60)));
+    let out = c.cli(&["status", &first.0.to_string()]);
+    assert!(!out.status.success(), "the removed job stays removed");
+}

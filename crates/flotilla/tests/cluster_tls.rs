@@ -1,6 +1,7 @@
 //! TLS end to end: a coordinator with a self-signed certificate (rcgen, for `localhost` and
 //! 127.0.0.1), a worker and the CLI verifying it with `--tls-ca`; a plain-TCP client and a
-//! client with the right CA but a wrong token are both refused with a clear error.
+//! client with the right CA but a wrong token are both refused with a clear error; the
+//! worker's object server (transfer staging, gathering) is reached over TLS as well.
 
 #![allow(clippy::unwrap_used)]
 
@@ -77,6 +78,27 @@ fn job_runs_over_tls_and_plain_or_wrong_token_clients_are_refused() {
     assert_eq!(
         std::fs::read_to_string(c.job_dir().join("t.txt")).unwrap(),
         "uploaded\nuploaded\n"
+    );
+
+    // The worker's object server (where that output was gathered from) speaks TLS too: a
+    // plain-TCP fetch gets nothing, not even the ticket check.
+    let data_addr: std::net::SocketAddr =
+        c.overview().unwrap().workers[0].data_addr.parse().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plain = rt.block_on(flotilla::cluster::framed::fetch_framed(
+        data_addr,
+        "no-ticket",
+        &"ab".repeat(32),
+    ));
+    let err = plain
+        .expect_err("a plain-TCP fetch was answered")
+        .to_string();
+    assert!(
+        !err.contains("invalid token or ticket") && !err.contains("not held here"),
+        "the object server answered in plain TCP: {err}"
     );
 
     // Plain HTTP against the TLS port: refused, and the error names the connection.

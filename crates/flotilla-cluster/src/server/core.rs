@@ -196,21 +196,57 @@ pub(super) struct Core {
     /// The rendezvous service of gangs (`group`): ranks meet there to build their
     /// communicator. Kept alive with the core.
     rendezvous: Option<flotilla_collective::RendezvousServer>,
-    /// Appended to gang keys so that they cannot be guessed from job and task ids.
-    gang_nonce: String,
+    /// Keys the secret appended to each gang's key (so that no one else can guess it).
+    gang_secret: [u8; 32],
     /// Tokens and keys: tickets for the objects an assignment or a gather fetches.
     access: Arc<Access>,
     /// Which worker serves each data address (tickets are made with the holder's key).
     addr_owner: HashMap<String, WorkerId>,
+    /// The TLS certificate fingerprint of each data address's server (`""`: plain TCP).
+    addr_cert: HashMap<String, String>,
+    /// Whether clients reach this coordinator over TLS (then workers' objects travel so too).
+    tls: bool,
     /// The coordinator's object store (uploads).
     objects_dir: PathBuf,
     /// How long finished jobs are kept before they are removed (`None`: until `rm`).
     retain_finished: Option<Duration>,
     /// When finished jobs were last looked at for the retention.
     retention_checked: Instant,
+    /// Compact the journal once removed jobs' records are this many bytes (and half of it).
+    compact_after: Option<u64>,
+    /// The journal compaction running, if any.
+    compaction: Option<crate::journal::Compaction>,
 }
 
 impl Core {
+    /// Starts a journal compaction when removed jobs' records weigh enough; finishes one
+    /// whose thread is done (or, when `stopping`, waits for it).
+    fn compact(&mut self, stopping: bool) {
+        if let Some(c) = self.compaction.take() {
+            if !stopping && !c.is_finished() {
+                self.compaction = Some(c);
+                return;
+            }
+            if let Some(r) = self.journal.finish_compaction(c) {
+                tracing::info!(
+                    "journal compacted: {} -> {} bytes, {} -> {} records",
+                    r.bytes_before,
+                    r.bytes_after,
+                    r.records_before,
+                    r.records_after
+                );
+            }
+            return;
+        }
+        let Some(min) = self.compact_after else {
+            return;
+        };
+        let garbage = self.journal.garbage();
+        if !stopping && garbage >= min.max(1) && garbage.saturating_mul(2) >= self.journal.bytes() {
+            self.compaction = Some(self.journal.start_compaction(self.coord.checkpoint()));
+        }
+    }
+
     /// Records (in memory and on disk) the files uploaded with `job`.
     fn note_uploads(&mut self, job: JobId, files: Vec<proto::Object>) {
         if files.is_empty() {
@@ -307,6 +343,7 @@ impl Core {
             ticket: self.access.ticket(COORDINATOR_HOLDER, &o.hash),
             object: Some(o.clone()),
             from: String::new(),
+            from_cert: String::new(),
         }));
     }
 
@@ -344,6 +381,11 @@ impl Core {
                     }),
                     from: w.spec.data_addr.clone(),
                     ticket: self.access.ticket(w.id, &o.hash),
+                    from_cert: self
+                        .addr_cert
+                        .get(&w.spec.data_addr)
+                        .cloned()
+                        .unwrap_or_default(),
                 });
             }
         }
@@ -378,17 +420,21 @@ impl Core {
             uploads: HashMap::new(),
             uploads_dir: config.state_dir.join("uploads"),
             rendezvous: None,
-            gang_nonce: {
+            gang_secret: {
                 use rand::RngCore;
-                let mut bytes = [0u8; 8];
+                let mut bytes = [0u8; 32];
                 rand::rngs::OsRng.fill_bytes(&mut bytes);
-                bytes.iter().map(|b| format!("{b:02x}")).collect()
+                bytes
             },
             access,
             addr_owner: HashMap::new(),
+            addr_cert: HashMap::new(),
+            tls: config.tls.is_some(),
             objects_dir: config.state_dir.join("objects"),
             retain_finished: config.retain_finished,
             retention_checked: Instant::now(),
+            compact_after: config.compact_journal_after,
+            compaction: None,
         };
         let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
         core.rendezvous = Some(
@@ -476,6 +522,7 @@ impl Core {
                 f(&mut self);
             }
             self.dispatch(cmds);
+            self.compact(stop);
             if stop {
                 return Ok(());
             }
@@ -826,6 +873,13 @@ impl Core {
             ))));
             return;
         }
+        if self.tls && !req.data_addr.is_empty() && req.data_cert.is_empty() {
+            let _ = reply.send(Err(Status::failed_precondition(
+                "this coordinator uses TLS, so workers' object servers must too: the worker \
+                 offers plain TCP (an older version, or no --tls-ca)",
+            )));
+            return;
+        }
         let worker = self.coord.next_worker_id();
         let (tx, rx) = mpsc::channel(self.worker_queue);
         self.senders.insert(worker, tx);
@@ -833,6 +887,8 @@ impl Core {
         self.last_seen.insert(worker, Instant::now());
         if !req.data_addr.is_empty() {
             self.addr_owner.insert(req.data_addr.clone(), worker);
+            self.addr_cert
+                .insert(req.data_addr.clone(), req.data_cert.clone());
         }
         let finished = std::mem::take(&mut req.finished);
         let ev = crate::convert::worker_joined(worker, req, previous);
@@ -1003,7 +1059,11 @@ impl Core {
                     for t in tasks {
                         let mut a = crate::convert::assignment(t);
                         if let Some(g) = a.gang.as_mut() {
-                            g.key = format!("{}-{}", g.key, self.gang_nonce);
+                            // The key's second half is a secret only the gang's members
+                            // get (the same for all of them, unguessable by others): the
+                            // rendezvous admits only announced keys, so it is the token.
+                            let secret = blake3::keyed_hash(&self.gang_secret, g.key.as_bytes());
+                            g.key = format!("{}-{}", g.key, &secret.to_hex()[..32]);
                             // Only announced keys meet there, for a day at most.
                             if let Some(r) = &self.rendezvous {
                                 r.expect(&g.key, g.size as usize, GANG_KEY_TTL);
@@ -1015,6 +1075,8 @@ impl Core {
                                 (&i.object, self.addr_owner.get(&i.from))
                             {
                                 i.ticket = self.access.ticket(holder, &o.hash);
+                                i.from_cert =
+                                    self.addr_cert.get(&i.from).cloned().unwrap_or_default();
                             }
                         }
                         m.assign.push(a);

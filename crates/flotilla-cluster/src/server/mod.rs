@@ -75,7 +75,14 @@ pub struct ServerConfig {
     /// How long a finished job is kept (its status, logs, uploads, its objects on workers)
     /// before it is removed as by `flotilla rm`; `None`: until removed.
     pub retain_finished: Option<Duration>,
+    /// Rewrite the journal without removed jobs' records once those are at least this many
+    /// bytes and half the file (see [`Journal::start_compaction`](crate::journal::Journal::start_compaction));
+    /// `None`: never.
+    pub compact_journal_after: Option<u64>,
 }
+
+/// The default for [`ServerConfig::compact_journal_after`]: 64 MiB.
+pub const DEFAULT_COMPACT_JOURNAL_AFTER: u64 = 64 << 20;
 
 /// The default for [`ServerConfig::retain_finished`]: 7 days.
 pub const DEFAULT_RETAIN_FINISHED: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -113,6 +120,7 @@ impl ServerConfig {
             core_queue: DEFAULT_CORE_QUEUE,
             max_streams: DEFAULT_MAX_STREAMS,
             retain_finished: Some(DEFAULT_RETAIN_FINISHED),
+            compact_journal_after: Some(DEFAULT_COMPACT_JOURNAL_AFTER),
         }
     }
 }

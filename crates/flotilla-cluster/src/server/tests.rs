@@ -188,3 +188,56 @@ async fn streams_per_token_are_bounded() {
     );
     server.wait().await.expect("stopped");
 }
+
+/// A coordinator over TLS refuses a worker whose object server would send its objects in
+/// the clear; one with a certificate fingerprint registers. (Before, the object path was
+/// plain TCP whatever the coordinator used.)
+#[tokio::test]
+async fn a_tls_coordinator_refuses_workers_whose_objects_travel_in_the_clear() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+        .expect("a certificate");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).expect("written");
+    std::fs::write(&key, ck.signing_key.serialize_pem()).expect("written");
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    let mut config = ServerConfig::new(listen, dir.path().join("state"));
+    config.tls = Some(crate::ServerTls {
+        cert: cert.clone(),
+        key,
+    });
+    let server = Server::start(config).await.expect("starts");
+    let mut remote = crate::Remote::new(
+        format!("localhost:{}", server.addr().port()),
+        server.token(),
+    );
+    remote.tls_ca = Some(cert);
+    let channel = remote.channel().await.expect("connects");
+    let mut workers = crate::proto::workers_client::WorkersClient::with_interceptor(
+        channel,
+        crate::auth::TokenAdd::new(server.token()).expect("ascii"),
+    );
+    let register = |data_cert: &str| proto::RegisterRequest {
+        protocol_version: proto::PROTOCOL_VERSION,
+        name: "w".into(),
+        resources: Some(proto::ResourceSet {
+            cpus: 1.0,
+            ..Default::default()
+        }),
+        data_addr: "127.0.0.1:9".into(),
+        data_cert: data_cert.into(),
+        ..Default::default()
+    };
+    let e = workers
+        .register(register(""))
+        .await
+        .expect_err("a plain object server is refused");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+    assert!(e.message().contains("uses TLS"), "{}", e.message());
+    workers
+        .register(register(&"ab".repeat(32)))
+        .await
+        .expect("a TLS object server registers");
+    server.stop();
+    server.wait().await.expect("a clean stop");
+}

@@ -169,6 +169,9 @@ pub enum StateError {
         /// Why.
         reason: String,
     },
+    /// A journal checkpoint's performance model does not read back.
+    #[error("journal checkpoint: its performance model is unreadable: {0}")]
+    BadCheckpoint(String),
     /// The event contradicts what the coordinator knows of this attempt.
     #[error("task {task} attempt {attempt} on worker {worker}: {reason}")]
     Conflict {
@@ -487,10 +490,24 @@ pub enum JournalRecord {
         /// The worker's hardware class.
         hw_class: String,
     },
-    /// See [`Event::JobRemoved`] (last, so older journals decode unchanged).
+    /// See [`Event::JobRemoved`] (after the others, so older journals decode unchanged).
     JobRemoved {
         /// The job.
         job: JobId,
+    },
+    /// What a compacted journal keeps of the records it dropped (those of removed jobs):
+    /// written by [`Journal::start_compaction`](crate::journal::Journal::start_compaction)
+    /// after the records it kept. Replaying it raises the id counters (ids are never
+    /// reused) and replaces the performance model by the one learned from every record up
+    /// to that point, the dropped ones included.
+    Checkpoint {
+        /// The next job id.
+        next_job: u64,
+        /// The next worker id.
+        next_worker: u32,
+        /// The performance model, as
+        /// [`PerfModel::to_json`](flotilla_sched::PerfModel::to_json) writes it.
+        model: String,
     },
 }
 
@@ -547,9 +564,24 @@ impl JournalRecord {
     }
 }
 
-impl From<JournalRecord> for Event {
-    fn from(r: JournalRecord) -> Event {
-        match r {
+impl JournalRecord {
+    /// The job the record is about; `None` for a [`JournalRecord::Checkpoint`].
+    pub fn job(&self) -> Option<JobId> {
+        match self {
+            JournalRecord::JobSubmitted { job, .. }
+            | JournalRecord::JobCancelled { job }
+            | JournalRecord::JobRemoved { job } => Some(*job),
+            JournalRecord::TaskFinished { task, .. } | JournalRecord::TaskAssigned { task, .. } => {
+                Some(task.job)
+            }
+            JournalRecord::Checkpoint { .. } => None,
+        }
+    }
+
+    /// The event the record replays as; `None` for a [`JournalRecord::Checkpoint`], which is
+    /// no event (see [`Coordinator::replay`]).
+    pub fn into_event(self) -> Option<Event> {
+        Some(match self {
             JournalRecord::JobSubmitted {
                 job,
                 spec,
@@ -589,7 +621,8 @@ impl From<JournalRecord> for Event {
                 gpu_indices,
                 hw_class,
             },
-        }
+            JournalRecord::Checkpoint { .. } => return None,
+        })
     }
 }
 

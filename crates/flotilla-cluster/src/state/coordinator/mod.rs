@@ -152,7 +152,34 @@ impl Coordinator {
                 self.next_worker = self.next_worker.max(worker.0 + 1);
             }
         }
-        self.handle(now, record.into(), out)
+        if let JournalRecord::Checkpoint {
+            next_job,
+            next_worker,
+            model,
+        } = &record
+        {
+            let model = PerfModel::from_json(model)
+                .map_err(|e| StateError::BadCheckpoint(e.to_string()))?;
+            self.next_job = self.next_job.max(*next_job);
+            self.next_worker = self.next_worker.max(*next_worker);
+            // It was learned from every record before it, the dropped ones and those kept.
+            self.model = model;
+            return Ok(());
+        }
+        match record.into_event() {
+            Some(event) => self.handle(now, event, out),
+            None => Ok(()),
+        }
+    }
+
+    /// The record a compacted journal ends its kept records with: the id counters and the
+    /// performance model now (see [`JournalRecord::Checkpoint`]).
+    pub fn checkpoint(&self) -> JournalRecord {
+        JournalRecord::Checkpoint {
+            next_job: self.next_job,
+            next_worker: self.next_worker,
+            model: self.model.to_json(),
+        }
     }
 
     /// Call after replaying the journal: from now on, tasks that were assigned before the

@@ -69,6 +69,24 @@ pub enum ClusterError {
     /// Something unexpected in the state machine.
     #[error("{0}")]
     State(String),
+    /// An object store is at its cap.
+    #[error(
+        "the object store {dir} is full: {used} of its {cap} bytes are used and {wanted} more \
+         are needed ({flag}); a finished job's objects leave it when the job is removed \
+         (`flotilla rm`, or `flotilla server --retain-finished`)"
+    )]
+    StoreFull {
+        /// The store's folder.
+        dir: String,
+        /// Bytes held.
+        used: u64,
+        /// Its cap.
+        cap: u64,
+        /// The object's size.
+        wanted: u64,
+        /// The option that sets the cap.
+        flag: &'static str,
+    },
 }
 
 impl ClusterError {

@@ -34,19 +34,98 @@ pub struct ObjectStore {
     /// The jobs each object here serves (produced or fetched for them): an object is
     /// deleted when the last of them is removed.
     users: Mutex<HashMap<String, std::collections::HashSet<u64>>>,
-    sizes: Mutex<HashMap<String, u64>>,
+    sizes: Mutex<Sizes>,
+    /// The most bytes it may hold, and the option that says so (for the error).
+    cap: Option<(u64, &'static str)>,
+}
+
+/// The size of every object in a store, and their sum.
+#[derive(Default)]
+struct Sizes {
+    of: HashMap<String, u64>,
+    total: u64,
+}
+
+impl Sizes {
+    fn insert(&mut self, hash: String, size: u64) {
+        if let Some(old) = self.of.insert(hash, size) {
+            self.total -= old.min(self.total);
+        }
+        self.total += size;
+    }
+
+    fn remove(&mut self, hash: &str) {
+        if let Some(old) = self.of.remove(hash) {
+            self.total -= old.min(self.total);
+        }
+    }
 }
 
 impl ObjectStore {
     /// Opens (creating) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_capped(dir, None)
+    }
+
+    /// Opens (creating) the store in `dir`, holding at most `cap` bytes (`(bytes, the option
+    /// that set it)`): an object that would go beyond is refused with
+    /// [`ClusterError::StoreFull`]. Objects already in the folder count.
+    pub fn open_capped(dir: &Path, cap: Option<(u64, &'static str)>) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| ClusterError::io(dir, e))?;
+        let mut sizes = Sizes::default();
+        for e in std::fs::read_dir(dir)
+            .map_err(|e| ClusterError::io(dir, e))?
+            .flatten()
+        {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if valid_hash(&name) {
+                if let Ok(md) = e.metadata() {
+                    sizes.insert(name, md.len());
+                }
+            }
+        }
         Ok(Self {
             dir: dir.to_path_buf(),
             produced: Mutex::new(Vec::new()),
             users: Mutex::new(HashMap::new()),
-            sizes: Mutex::new(HashMap::new()),
+            sizes: Mutex::new(sizes),
+            cap,
         })
+    }
+
+    /// Bytes of the objects held.
+    pub fn used(&self) -> u64 {
+        self.sizes.lock().total
+    }
+
+    /// Whether object `hash` of `size` bytes may come in: it is here already, or there is
+    /// room for it under the cap. Counted at once (two objects let in together cannot both
+    /// take the last room); [`ObjectStore::unadmit`] gives the room back if it does not come.
+    fn admit(&self, hash: &str, size: u64) -> Result<()> {
+        let mut sizes = self.sizes.lock();
+        if sizes.of.contains_key(hash) {
+            return Ok(());
+        }
+        if let Some((cap, flag)) = self.cap {
+            if sizes.total.saturating_add(size) > cap {
+                return Err(ClusterError::StoreFull {
+                    dir: self.dir.display().to_string(),
+                    used: sizes.total,
+                    cap,
+                    wanted: size,
+                    flag,
+                });
+            }
+        }
+        sizes.insert(hash.to_string(), size);
+        Ok(())
+    }
+
+    /// Gives back the room of an object admitted that did not arrive.
+    fn unadmit(&self, hash: &str) {
+        if !self.path(hash).is_file() {
+            self.sizes.lock().remove(hash);
+        }
     }
 
     /// The file of an object.
@@ -84,19 +163,27 @@ impl ObjectStore {
         let hash = h.finalize().to_hex().to_string();
         let dst = self.path(&hash);
         if !dst.exists() {
+            self.admit(&hash, size)?;
             let tmp = self
                 .dir
                 .join(format!(".{hash}.tmp{}", rand::random::<u32>()));
-            std::fs::copy(file, &tmp).map_err(|e| ClusterError::io(&tmp, e))?;
-            // The copy must be what was hashed (the file may have changed since).
-            if blake3_file(&tmp)? != hash {
+            let copied = std::fs::copy(file, &tmp)
+                .map_err(|e| ClusterError::io(&tmp, e))
+                .and_then(|_| {
+                    // The copy must be what was hashed (the file may have changed since).
+                    if blake3_file(&tmp)? != hash {
+                        return Err(ClusterError::Rpc(format!(
+                            "{} changed while it was being stored",
+                            file.display()
+                        )));
+                    }
+                    std::fs::rename(&tmp, &dst).map_err(|e| ClusterError::io(&dst, e))
+                });
+            if let Err(e) = copied {
                 let _ = std::fs::remove_file(&tmp);
-                return Err(ClusterError::Rpc(format!(
-                    "{} changed while it was being stored",
-                    file.display()
-                )));
+                self.unadmit(&hash);
+                return Err(e);
             }
-            std::fs::rename(&tmp, &dst).map_err(|e| ClusterError::io(&dst, e))?;
         }
         self.sizes.lock().insert(hash.clone(), size);
         Ok((hash, size))
@@ -107,11 +194,18 @@ impl ObjectStore {
         let hash = blake3::hash(data).to_hex().to_string();
         let dst = self.path(&hash);
         if !dst.exists() {
+            self.admit(&hash, data.len() as u64)?;
             let tmp = self
                 .dir
                 .join(format!(".{hash}.put{}", rand::random::<u32>()));
-            std::fs::write(&tmp, data).map_err(|e| ClusterError::io(&tmp, e))?;
-            std::fs::rename(&tmp, &dst).map_err(|e| ClusterError::io(&dst, e))?;
+            let written = std::fs::write(&tmp, data)
+                .map_err(|e| ClusterError::io(&tmp, e))
+                .and_then(|()| std::fs::rename(&tmp, &dst).map_err(|e| ClusterError::io(&dst, e)));
+            if let Err(e) = written {
+                let _ = std::fs::remove_file(&tmp);
+                self.unadmit(&hash);
+                return Err(e);
+            }
         }
         self.sizes.lock().insert(hash.clone(), data.len() as u64);
         Ok((hash, data.len() as u64))
@@ -319,7 +413,8 @@ async fn fetch_from(
     let tmp = store
         .dir
         .join(format!(".{hash}.fetch{}", rand::random::<u32>()));
-    if let Some(ticket) = coordinator_ticket {
+    store.admit(hash, size)?;
+    let fetched = if let Some(ticket) = coordinator_ticket {
         fetch_to(from, (hash, ticket), &tmp, &store.path(hash)).await
     } else {
         crate::framed::fetch_framed_to(
@@ -330,7 +425,11 @@ async fn fetch_from(
             &store.path(hash),
         )
         .await
+    };
+    if fetched.is_err() {
+        store.unadmit(hash);
     }
+    fetched
 }
 
 /// Fetches object `hash` from `from` (a worker's data server or the coordinator) into `tmp`,
@@ -630,5 +729,57 @@ mod tests {
         assert!(!store
             .path(blake3::hash(b"private key").to_hex().as_ref())
             .exists());
+    }
+
+    #[test]
+    fn a_capped_store_refuses_what_does_not_fit_and_frees_room_when_jobs_go() {
+        // Before, nothing bounded a worker's store or the coordinator's uploads: a job could
+        // fill the disk.
+        let dir = tempfile::tempdir().unwrap();
+        let objects = dir.path().join("objects");
+        let first = ObjectStore::open(&objects).unwrap();
+        let (old, _) = first.put_bytes(&[1u8; 400]).unwrap();
+        drop(first);
+        // What is already there counts.
+        let store = ObjectStore::open_capped(&objects, Some((1000, "--max-test"))).unwrap();
+        assert_eq!(store.used(), 400);
+        let sandbox = dir.path().join("sandbox");
+        std::fs::create_dir_all(&sandbox).unwrap();
+        std::fs::write(sandbox.join("a"), [2u8; 500]).unwrap();
+        std::fs::write(sandbox.join("b"), [3u8; 500]).unwrap();
+        let key = proto::TaskKey {
+            job: 5,
+            task: 0,
+            attempt: 1,
+        };
+        let a = collect_outputs(&store, &sandbox, &["a".into()], true, Some(key)).unwrap();
+        assert_eq!(store.used(), 900);
+        // The same object again takes no more room.
+        assert!(store.put_bytes(&[2u8; 500]).is_ok());
+        let e = collect_outputs(&store, &sandbox, &["b".into()], true, Some(key)).unwrap_err();
+        assert!(matches!(
+            e,
+            ClusterError::StoreFull {
+                used: 900,
+                cap: 1000,
+                wanted: 500,
+                ..
+            }
+        ));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("is full") && msg.contains("--max-test"),
+            "{msg}"
+        );
+        assert_eq!(store.used(), 900, "the refused object holds no room");
+        let leftovers = std::fs::read_dir(&objects).unwrap().count();
+        assert_eq!(leftovers, 2, "nothing half-written is left");
+        // The job is removed: its object goes, and the next one fits.
+        store.note_use(&old, 4);
+        assert_eq!(store.forget_job(5), 1);
+        assert!(!store.has(&a[0].hash));
+        assert_eq!(store.used(), 400);
+        collect_outputs(&store, &sandbox, &["b".into()], true, Some(key)).unwrap();
+        assert_eq!(store.used(), 900);
     }
 }

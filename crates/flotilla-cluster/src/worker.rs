@@ -86,6 +86,9 @@ pub struct WorkerConfig {
     /// The longest a WASM module may run here; a task's `timeout` is capped at it, and a
     /// task without one gets it.
     pub wasm_max_time: Duration,
+    /// The most bytes its object store may hold (outputs made here, inputs fetched); an
+    /// object beyond fails its task, retryable elsewhere. `None`: no cap.
+    pub max_store: Option<u64>,
 }
 
 /// The WASM memory a module gets when its job does not say: 1 GiB.
@@ -119,6 +122,7 @@ impl WorkerConfig {
             allow_network: false,
             task_pids: DEFAULT_TASK_PIDS,
             wasm_max_memory: DEFAULT_WASM_MAX_MEMORY,
+            max_store: None,
             wasm_max_time: DEFAULT_WASM_MAX_TIME,
         }
     }
@@ -539,7 +543,12 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
     let ledger = config.ledger()?;
     let sandboxing = Sandboxing::find(&config)?;
     std::fs::create_dir_all(&config.work_dir).map_err(|e| ClusterError::io(&config.work_dir, e))?;
-    let objects = Arc::new(ObjectStore::open(&config.work_dir.join("objects"))?);
+    let objects = Arc::new(ObjectStore::open_capped(
+        &config.work_dir.join("objects"),
+        config
+            .max_store
+            .map(|cap| (cap, "flotilla worker --max-store")),
+    )?);
     let data_keys = Arc::new(parking_lot::RwLock::new(Vec::new()));
     // With a coordinator over TLS, the objects travel over TLS too, with a certificate made
     // now: the coordinator hands its fingerprint to whoever fetches from here.
@@ -1099,8 +1108,9 @@ fn execute(
             ..end(AttemptOutcome::Succeeded)
         },
         Err(e) => end(AttemptOutcome::Failed {
+            // A full store is this worker's state, not the task's fault: another may run it.
+            retryable: matches!(e, ClusterError::StoreFull { .. }),
             message: e.to_string(),
-            retryable: false,
         }),
     }
 }

@@ -91,8 +91,13 @@ pub(crate) struct ServerArgs {
     /// large (e.g. 64MiB) and half the file; `never` lets it grow.
     #[arg(long, default_value = "64MiB")]
     compact_journal_after: String,
+    /// The most disk the files uploaded with jobs may take here (e.g. 20GiB); a submission
+    /// beyond is refused until finished jobs are removed. Default: no cap.
+    #[arg(long, value_parser = parse_log_size)]
+    max_uploads: Option<u64>,
 }
 
+/// A size such as `64MiB` or `20GiB`.
 fn parse_log_size(s: &str) -> std::result::Result<u64, String> {
     flotilla::core::size::parse_size(s).map_err(|e| e.to_string())
 }
@@ -137,6 +142,11 @@ pub(crate) struct WorkerArgs {
     /// gets it), e.g. 24h.
     #[arg(long, default_value = "24h")]
     wasm_max_time: String,
+    /// The most disk this worker's object store may take (outputs made here, inputs
+    /// fetched), e.g. 50GiB; a task whose objects do not fit fails, retryable elsewhere.
+    /// Default: no cap.
+    #[arg(long, value_parser = parse_log_size)]
+    max_store: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -255,6 +265,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
                 .with_context(|| format!("--retain-finished {d}"))?,
         ),
     };
+    cfg.max_uploads = a.max_uploads;
     cfg.compact_journal_after = match a.compact_journal_after.as_str() {
         "never" => None,
         s => Some(
@@ -305,6 +316,7 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     cfg.task_pids = a.task_pids;
     cfg.wasm_max_memory = flotilla::core::size::parse_size(&a.wasm_max_memory)
         .with_context(|| format!("--wasm-max-memory {}", a.wasm_max_memory))?;
+    cfg.max_store = a.max_store;
     cfg.wasm_max_time = flotilla::core::duration::parse_duration(&a.wasm_max_time)
         .with_context(|| format!("--wasm-max-time {}", a.wasm_max_time))?;
     if let Some(w) = a.work_dir {

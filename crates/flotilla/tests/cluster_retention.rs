@@ -142,3 +142,51 @@ fn the_journal_is_compacted_once_jobs_are_removed() {
     let out = c.cli(&["status", &first.0.to_string()]);
     assert!(!out.status.success(), "the removed job stays removed");
 }
+
+/// Disk caps: the coordinator refuses a submission whose uploads do not fit under
+/// `--max-uploads`, and a worker's object store refuses an output beyond `--max-store`
+/// (the task fails, naming the cap, and the worker goes on). Before, nothing bounded them.
+#[test]
+fn disk_caps_refuse_uploads_and_outputs_that_do_not_fit() {
+    let opts = Opts {
+        server_args: vec!["--max-uploads".into(), "1KiB".into()],
+        ..Opts::default()
+    };
+    let mut c = Cluster::start_with(0, 1, opts);
+    c.add_worker_with(1, &["--max-store", "1KiB"]);
+    c.wait_workers(1);
+    let dir = c.job_dir();
+    std::fs::write(dir.join("big.txt"), vec![b'x'; 4096]).unwrap();
+    let file = dir.join("upload.toml");
+    std::fs::write(
+        &file,
+        "name = \"upload\"\nstaging = \"transfer\"\n[[task]]\nid = \"t\"\n\
+         inputs = [\"big.txt\"]\ncmd = [\"cat\", \"big.txt\"]\n",
+    )
+    .unwrap();
+    let out = c.cli(&["submit", &file.display().to_string()]);
+    assert!(!out.status.success(), "an upload over the cap was taken");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is full") && err.contains("--max-uploads") && err.contains("big.txt"),
+        "{err}"
+    );
+    let id = c.submit_toml(
+        "output.toml",
+        "name = \"output\"\nstaging = \"transfer\"\n[[task]]\nid = \"t\"\nretries = 0\n\
+         cmd = [\"sh\", \"-c\", \"head -c 4096 /dev/zero > out.bin\"]\noutputs = [\"out.bin\"]\n",
+    );
+    let s = c.wait_job(id, Duration::from_secs(60));
+    let message = s.tasks[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("is full") && message.contains("--max-store"),
+        "{message}"
+    );
+    // The worker is unharmed: a job that fits runs.
+    let small = c.submit_toml(
+        "small.toml",
+        "name = \"small\"\nstaging = \"transfer\"\n[[task]]\nid = \"t\"\n\
+         cmd = [\"sh\", \"-c\", \"echo fits > out.txt\"]\noutputs = [\"out.txt\"]\n",
+    );
+    assert_succeeded(&c.wait_job(small, Duration::from_secs(60)));
+}

@@ -79,6 +79,9 @@ pub struct ServerConfig {
     /// bytes and half the file (see [`Journal::start_compaction`](crate::journal::Journal::start_compaction));
     /// `None`: never.
     pub compact_journal_after: Option<u64>,
+    /// The most bytes the files uploaded with jobs may take on the coordinator; a submission
+    /// beyond is refused (`RESOURCE_EXHAUSTED`). `None`: no cap.
+    pub max_uploads: Option<u64>,
 }
 
 /// The default for [`ServerConfig::compact_journal_after`]: 64 MiB.
@@ -121,6 +124,7 @@ impl ServerConfig {
             max_streams: DEFAULT_MAX_STREAMS,
             retain_finished: Some(DEFAULT_RETAIN_FINISHED),
             compact_journal_after: Some(DEFAULT_COMPACT_JOURNAL_AFTER),
+            max_uploads: None,
         }
     }
 }
@@ -197,8 +201,11 @@ impl Server {
             .local_addr()
             .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
         let check = Authn::new(access.clone());
-        let store = Arc::new(crate::objects::ObjectStore::open(
+        let store = Arc::new(crate::objects::ObjectStore::open_capped(
             &config.state_dir.join("objects"),
+            config
+                .max_uploads
+                .map(|cap| (cap, "flotilla server --max-uploads")),
         )?);
         let access_for_objects = access.clone();
         let api = Api {

@@ -16,6 +16,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::access::{Access, Principal, Scope};
 use crate::auth::principal;
+use crate::error::ClusterError;
 use crate::proto::admin_server::Admin as AdminRpc;
 use crate::proto::coordinator_server::Coordinator as CoordinatorRpc;
 use crate::proto::workers_server::Workers;
@@ -348,9 +349,12 @@ impl CoordinatorRpc for Api {
             for f in &r.files {
                 crate::objects::safe_relative(&f.path)
                     .map_err(|e| Status::invalid_argument(e.to_string()))?;
-                let (hash, size) = store
-                    .put_bytes(&f.data)
-                    .map_err(|e| Status::internal(format!("storing {}: {e}", f.path)))?;
+                let (hash, size) = store.put_bytes(&f.data).map_err(|e| match e {
+                    ClusterError::StoreFull { .. } => {
+                        Status::resource_exhausted(format!("uploading {}: {e}", f.path))
+                    }
+                    e => Status::internal(format!("storing {}: {e}", f.path)),
+                })?;
                 files.push(proto::Object {
                     path: f.path.clone(),
                     hash,

@@ -95,6 +95,10 @@ pub(crate) struct ServerArgs {
     /// beyond is refused until finished jobs are removed. Default: no cap.
     #[arg(long, value_parser = parse_log_size)]
     max_uploads: Option<u64>,
+    /// Connections one peer address may hold open at once on the coordinator's port (more
+    /// are closed as soon as they are accepted).
+    #[arg(long, default_value_t = flotilla::cluster::server::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
+    max_connections_per_peer: usize,
 }
 
 /// A size such as `64MiB` or `20GiB`.
@@ -266,6 +270,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
         ),
     };
     cfg.max_uploads = a.max_uploads;
+    cfg.max_connections_per_peer = a.max_connections_per_peer;
     cfg.compact_journal_after = match a.compact_journal_after.as_str() {
         "never" => None,
         s => Some(

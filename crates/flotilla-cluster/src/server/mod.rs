@@ -82,7 +82,12 @@ pub struct ServerConfig {
     /// The most bytes the files uploaded with jobs may take on the coordinator; a submission
     /// beyond is refused (`RESOURCE_EXHAUSTED`). `None`: no cap.
     pub max_uploads: Option<u64>,
+    /// Connections one peer address may hold open at once on the gRPC port.
+    pub max_connections_per_peer: usize,
 }
+
+/// The default for [`ServerConfig::max_connections_per_peer`].
+pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 1024;
 
 /// The default for [`ServerConfig::compact_journal_after`]: 64 MiB.
 pub const DEFAULT_COMPACT_JOURNAL_AFTER: u64 = 64 << 20;
@@ -125,6 +130,7 @@ impl ServerConfig {
             retain_finished: Some(DEFAULT_RETAIN_FINISHED),
             compact_journal_after: Some(DEFAULT_COMPACT_JOURNAL_AFTER),
             max_uploads: None,
+            max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
         }
     }
 }
@@ -247,11 +253,12 @@ impl Server {
                 access_for_objects,
             ));
         let mut stop_wait = stop_rx.clone();
+        let per_peer = config.max_connections_per_peer.max(1);
         #[cfg(test)]
         let core_tx = req_tx.clone();
         let req_for_stop = req_tx;
         tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let incoming = peers::incoming(listener, per_peer);
             let r = router
                 .serve_with_incoming_shutdown(incoming, async move {
                     while !*stop_wait.borrow() {
@@ -324,6 +331,7 @@ impl StopHandle {
 }
 
 mod core;
+mod peers;
 mod rpc;
 #[cfg(test)]
 mod tests;

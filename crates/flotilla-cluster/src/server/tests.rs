@@ -241,3 +241,64 @@ async fn a_tls_coordinator_refuses_workers_whose_objects_travel_in_the_clear() {
     server.stop();
     server.wait().await.expect("a clean stop");
 }
+
+/// One peer address holds at most `max_connections_per_peer` connections on the gRPC port:
+/// one more is closed at once; when one of its connections ends, it may connect again.
+/// (Before, connections were unbounded: a peer could hold any number open without ever
+/// authenticating.)
+#[tokio::test]
+async fn a_peer_holds_at_most_its_share_of_connections() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    let mut config = ServerConfig::new(listen, dir.path().join("state"));
+    config.max_connections_per_peer = 2;
+    let server = Server::start(config).await.expect("starts");
+    let held = [
+        tokio::net::TcpStream::connect(server.addr())
+            .await
+            .expect("first"),
+        tokio::net::TcpStream::connect(server.addr())
+            .await
+            .expect("second"),
+    ];
+    // The third is accepted by the kernel, then closed by the server without a byte.
+    let mut third = tokio::net::TcpStream::connect(server.addr())
+        .await
+        .expect("connects");
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(60), third.read(&mut buf))
+        .await
+        .expect("closed in time")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "a connection over the cap was served");
+    let remote = crate::Remote::new(server.addr().to_string(), server.token());
+    assert!(
+        crate::Client::connect(&remote).await.is_err()
+            || crate::Client::connect(&remote)
+                .await
+                .expect("a client")
+                .cluster_status()
+                .await
+                .is_err(),
+        "a client over the cap was served"
+    );
+    drop(held);
+    // Its connections ended: it is served again (once the server has seen them close).
+    let mut served = false;
+    for _ in 0..600 {
+        if let Ok(mut c) = crate::Client::connect(&remote).await {
+            if c.cluster_status().await.is_ok() {
+                served = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        served,
+        "the peer was not served again after its connections closed"
+    );
+    server.stop();
+    server.wait().await.expect("a clean stop");
+}

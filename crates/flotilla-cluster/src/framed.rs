@@ -26,10 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
@@ -96,16 +93,9 @@ impl Gate {
     }
 }
 
-/// The name a worker's certificate is made for (a fetcher checks the fingerprint, not it).
-const DATA_SERVER_NAME: &str = "flotilla-worker";
-
 /// The fingerprint of a certificate (DER): its blake3 hash, hex.
 pub fn cert_fingerprint(der: &[u8]) -> String {
-    blake3::hash(der).to_hex().to_string()
-}
-
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    flotilla_collective::tls::fingerprint(der)
 }
 
 /// The TLS identity of a worker's object server: a self-signed certificate made at start,
@@ -129,17 +119,20 @@ impl DataTls {
         let tls = |e: &dyn std::fmt::Display| {
             ClusterError::Config(format!("object server certificate: {e}"))
         };
-        let ck = rcgen::generate_simple_self_signed(vec![DATA_SERVER_NAME.to_string()])
-            .map_err(|e| tls(&e))?;
+        let ck = rcgen::generate_simple_self_signed(vec![
+            flotilla_collective::tls::PINNED_NAME.to_string()
+        ])
+        .map_err(|e| tls(&e))?;
         let cert = CertificateDer::from(ck.cert.der().to_vec());
         let fingerprint = cert_fingerprint(&cert);
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der()));
-        let config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| tls(&e))?
-            .with_no_client_auth()
-            .with_single_cert(vec![cert], key)
-            .map_err(|e| tls(&e))?;
+        let config =
+            rustls::ServerConfig::builder_with_provider(flotilla_collective::tls::provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| tls(&e))?
+                .with_no_client_auth()
+                .with_single_cert(vec![cert], key)
+                .map_err(|e| tls(&e))?;
         Ok(DataTls {
             config: Arc::new(config),
             fingerprint,
@@ -152,82 +145,10 @@ impl DataTls {
     }
 }
 
-/// Accepts exactly the certificate with the fingerprint the coordinator announced (and
-/// checks the handshake's signatures with it).
-#[derive(Debug)]
-struct Pinned {
-    fingerprint: String,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for Pinned {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        let got = cert_fingerprint(end_entity);
-        if crate::auth::ct_eq(got.as_bytes(), self.fingerprint.as_bytes()) {
-            Ok(ServerCertVerified::assertion())
-        } else {
-            Err(rustls::Error::General(format!(
-                "the object server's certificate {got} is not the one the coordinator \
-                 announced ({})",
-                self.fingerprint
-            )))
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
 fn pinned_client(fingerprint: &str) -> Result<tokio_rustls::TlsConnector> {
-    let provider = provider();
-    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ClusterError::Config(format!("tls: {e}")))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(Pinned {
-            fingerprint: fingerprint.to_string(),
-            provider,
-        }))
-        .with_no_client_auth();
-    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+    let config = flotilla_collective::tls::pinned_client_config(fingerprint)
+        .map_err(|e| ClusterError::Config(e.to_string()))?;
+    Ok(tokio_rustls::TlsConnector::from(config))
 }
 
 /// Serves `store` over framed TCP on `addr` (port 0 picks one) to whom `gate` admits;
@@ -399,8 +320,8 @@ async fn fetch_framed_into(
     if cert.is_empty() {
         return fetch_over(sock, addr, token, hash, max_bytes, sink).await;
     }
-    let name = ServerName::try_from(DATA_SERVER_NAME)
-        .map_err(|e| ClusterError::Config(format!("tls: {e}")))?;
+    let name =
+        flotilla_collective::tls::pinned_name().map_err(|e| ClusterError::Config(e.to_string()))?;
     let tls = tokio::time::timeout(FRAME_TIMEOUT, pinned_client(cert)?.connect(name, sock))
         .await
         .map_err(|_| ClusterError::Rpc(format!("{addr}: no TLS handshake in {FRAME_TIMEOUT:?}")))?

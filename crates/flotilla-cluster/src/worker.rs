@@ -444,6 +444,8 @@ struct Shared {
     data_cert: String,
     /// The coordinator's rendezvous port for gangs (0 before registering or when none).
     rendezvous_port: std::sync::atomic::AtomicU32,
+    /// The fingerprint of the rendezvous's TLS certificate (`""`: plain TCP).
+    rendezvous_cert: Mutex<String>,
     /// The agent's clock starts here.
     epoch: Instant,
     /// Kills the tasks' process groups if this worker dies.
@@ -605,6 +607,7 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         data_addr,
         data_cert,
         rendezvous_port: std::sync::atomic::AtomicU32::new(0),
+        rendezvous_cert: Mutex::new(String::new()),
         epoch: Instant::now(),
     });
     let mut backoff = Duration::from_millis(100);
@@ -752,6 +755,7 @@ async fn session(
     shared
         .rendezvous_port
         .store(reply.rendezvous_port, std::sync::atomic::Ordering::Relaxed);
+    *shared.rendezvous_cert.lock() = reply.rendezvous_cert.clone();
     let heartbeat = Duration::from_millis(reply.heartbeat_ms.max(50));
     tracing::info!(worker = me, "registered with the coordinator");
 
@@ -945,6 +949,7 @@ fn execute(
             rank: g.rank,
             size: g.size,
             rendezvous: format!("{}:{port}/{}", sh.config.remote.host(), g.key),
+            rendezvous_cert: sh.rendezvous_cert.lock().clone(),
         }
     });
     // A worker that manages GPUs hides them from a task given none.

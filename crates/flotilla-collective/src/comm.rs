@@ -122,7 +122,7 @@ impl Communicator {
         } else {
             rendezvous::resolve(host_port)?
         };
-        let mut rv = rendezvous::connect_retry(target, deadline)?;
+        let rv = rendezvous::connect_retry(target, deadline)?;
         let _ = rv.set_nodelay(true);
         let local_ip = rv
             .local_addr()
@@ -139,6 +139,10 @@ impl Communicator {
             listen: listen.to_string(),
             host_id: rendezvous::host_id(),
             pid: std::process::id(),
+        };
+        let mut rv = match options.rendezvous_cert.as_deref() {
+            Some(print) if !own_server && !print.is_empty() => rendezvous::client_tls(rv, print)?,
+            _ => rendezvous::Conn::Plain(rv),
         };
         let table = rendezvous::join(&mut rv, &key, rank, size, &me, deadline)?;
         drop(rv);
@@ -270,7 +274,8 @@ impl Communicator {
         }
     }
 
-    /// Joins using `FLOTILLA_RANK`, `FLOTILLA_WORLD_SIZE` and `FLOTILLA_RENDEZVOUS`.
+    /// Joins using `FLOTILLA_RANK`, `FLOTILLA_WORLD_SIZE` and `FLOTILLA_RENDEZVOUS` (and
+    /// `FLOTILLA_RENDEZVOUS_CERT`, when set: the rendezvous speaks TLS with that certificate).
     pub fn from_env() -> Result<Communicator> {
         Self::from_env_with(Options::default())
     }
@@ -280,6 +285,12 @@ impl Communicator {
         let rank = env_usize("FLOTILLA_RANK")?;
         let size = env_usize("FLOTILLA_WORLD_SIZE")?;
         let rv = env_var("FLOTILLA_RENDEZVOUS")?;
+        let mut options = options;
+        if let Ok(print) = std::env::var("FLOTILLA_RENDEZVOUS_CERT") {
+            if !print.is_empty() {
+                options.rendezvous_cert = Some(print);
+            }
+        }
         Self::connect_with(&rv, rank, size, options)
     }
 

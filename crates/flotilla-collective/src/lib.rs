@@ -48,6 +48,7 @@ mod options;
 mod rendezvous;
 mod shm;
 mod shm_ops;
+pub mod tls;
 mod wire;
 
 pub use comm::{Communicator, RD_THRESHOLD_BYTES};

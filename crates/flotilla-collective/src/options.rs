@@ -42,6 +42,11 @@ pub struct Options {
     /// Reduce every element in rank order `0..n-1`, so that results are bitwise identical for
     /// every algorithm and transport (at some cost on TCP). False by default.
     pub deterministic: bool,
+    /// The fingerprint (blake3 of the DER, hex) of the rendezvous server's TLS certificate:
+    /// set, a `HOST:PORT/KEY` rendezvous is reached over TLS and trusted only with that
+    /// certificate (`FLOTILLA_RENDEZVOUS_CERT`, given to gang members by a worker whose
+    /// coordinator uses TLS). `None`: plain TCP.
+    pub rendezvous_cert: Option<String>,
 }
 
 impl Default for Options {
@@ -51,6 +56,7 @@ impl Default for Options {
             algorithm: Algorithm::Auto,
             timeout: Duration::from_secs(60),
             deterministic: false,
+            rendezvous_cert: None,
         }
     }
 }

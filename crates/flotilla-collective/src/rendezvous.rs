@@ -14,9 +14,15 @@
 //! refused, so the service is not open to whoever reaches its port, and a key does not live
 //! forever. Every server holds at most [`MAX_CONNECTIONS`] connections at once (one thread
 //! each); more are closed at once.
+//!
+//! With [`RendezvousServer::bind_restricted_tls`] the connections are TLS (the coordinator's
+//! certificate); a rank reaches it with [`crate::Options::rendezvous_cert`] (the
+//! certificate's fingerprint, `FLOTILLA_RENDEZVOUS_CERT`) and trusts that certificate only.
 
 use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::ops::{Deref, DerefMut};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -31,6 +37,60 @@ pub const MAX_CONNECTIONS: usize = 1024;
 
 /// Keys a restricted server accepts: group size and expiry.
 type Expected = Arc<Mutex<HashMap<String, (usize, Instant)>>>;
+
+/// A rendezvous connection: plain TCP, or TLS over it (server or client side).
+pub(crate) enum Conn<C> {
+    /// Plain TCP.
+    Plain(TcpStream),
+    /// TLS.
+    Tls(Box<rustls::StreamOwned<C, TcpStream>>),
+}
+
+/// The server side.
+type ServerConn = Conn<rustls::ServerConnection>;
+
+impl<C> Conn<C> {
+    /// The TCP connection underneath.
+    pub(crate) fn tcp(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(t) => &t.sock,
+        }
+    }
+}
+
+impl<C, S> Read for Conn<C>
+where
+    C: DerefMut + Deref<Target = rustls::ConnectionCommon<S>>,
+    S: rustls::SideData,
+{
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl<C, S> Write for Conn<C>
+where
+    C: DerefMut + Deref<Target = rustls::ConnectionCommon<S>>,
+    S: rustls::SideData,
+{
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(t) => t.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(t) => t.flush(),
+        }
+    }
+}
 
 /// What every rank tells the others about itself.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,7 +114,7 @@ pub struct RendezvousServer {
 
 struct Member {
     info: RankInfo,
-    stream: TcpStream,
+    stream: ServerConn,
 }
 
 struct Group {
@@ -67,13 +127,23 @@ type Groups = Arc<Mutex<HashMap<String, Group>>>;
 impl RendezvousServer {
     /// Binds `addr` (`"HOST:PORT"`, port 0 for an ephemeral one) and starts serving any key.
     pub fn bind(addr: &str) -> Result<RendezvousServer> {
-        Self::start(addr, None)
+        Self::start(addr, None, None)
     }
 
     /// Like [`RendezvousServer::bind`], but serving only the keys given to
     /// [`RendezvousServer::expect`].
     pub fn bind_restricted(addr: &str) -> Result<RendezvousServer> {
-        Self::start(addr, Some(Arc::new(Mutex::new(HashMap::new()))))
+        Self::start(addr, Some(Arc::new(Mutex::new(HashMap::new()))), None)
+    }
+
+    /// Like [`RendezvousServer::bind_restricted`], over TLS with `tls` (ranks connect with
+    /// the fingerprint of its certificate, [`crate::Options::rendezvous_cert`]). The
+    /// handshake counts in the time a connection has to send its request.
+    pub fn bind_restricted_tls(
+        addr: &str,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> Result<RendezvousServer> {
+        Self::start(addr, Some(Arc::new(Mutex::new(HashMap::new()))), Some(tls))
     }
 
     /// A restricted server will accept the group `key` of `size` ranks for `ttl` from now
@@ -88,7 +158,11 @@ impl RendezvousServer {
         map.insert(key.to_string(), (size, now + ttl));
     }
 
-    fn start(addr: &str, expected: Option<Expected>) -> Result<RendezvousServer> {
+    fn start(
+        addr: &str,
+        expected: Option<Expected>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Result<RendezvousServer> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| CommError::Rendezvous(format!("cannot bind rendezvous at {addr}: {e}")))?;
         let local = listener
@@ -103,7 +177,7 @@ impl RendezvousServer {
         let exp2 = expected.clone();
         let thread = std::thread::Builder::new()
             .name(format!("flotilla-rendezvous-{}", local.port()))
-            .spawn(move || accept_loop(listener, stop2, groups, exp2))
+            .spawn(move || accept_loop(listener, stop2, groups, exp2, tls))
             .map_err(|e| CommError::io("spawning the rendezvous thread", e))?;
         Ok(RendezvousServer {
             addr: local,
@@ -141,6 +215,7 @@ fn accept_loop(
     stop: Arc<AtomicBool>,
     groups: Groups,
     expected: Option<Expected>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) {
     let fd = listener.as_raw_fd();
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -160,12 +235,25 @@ fn accept_loop(
                         continue;
                     }
                     open.fetch_add(1, Ordering::SeqCst);
-                    let (groups, stop, expected, held) =
-                        (groups.clone(), stop.clone(), expected.clone(), open.clone());
+                    let (groups, stop, expected, held, tls) = (
+                        groups.clone(),
+                        stop.clone(),
+                        expected.clone(),
+                        open.clone(),
+                        tls.clone(),
+                    );
                     let spawned = std::thread::Builder::new()
                         .name("flotilla-rendezvous-conn".into())
                         .spawn(move || {
-                            handle_conn(stream, groups, stop, expected.as_ref());
+                            let conn = match tls {
+                                None => Some(Conn::Plain(stream)),
+                                Some(cfg) => rustls::ServerConnection::new(cfg).ok().map(|c| {
+                                    Conn::Tls(Box::new(rustls::StreamOwned::new(c, stream)))
+                                }),
+                            };
+                            if let Some(conn) = conn {
+                                handle_conn(conn, groups, stop, expected.as_ref());
+                            }
                             held.fetch_sub(1, Ordering::SeqCst);
                         });
                     if spawned.is_err() {
@@ -183,22 +271,24 @@ fn accept_loop(
     }
 }
 
-fn reply_error(stream: &mut TcpStream, msg: &str) {
+fn reply_error(stream: &mut impl Write, msg: &str) {
     let p = Writer::default().u64(1).str(msg).finish();
     let _ = wire::write_frame(stream, &p);
 }
 
 fn handle_conn(
-    mut stream: TcpStream,
+    mut stream: ServerConn,
     groups: Groups,
     stop: Arc<AtomicBool>,
     expected: Option<&Expected>,
 ) {
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_nodelay(true);
-    // A rank sends its request right after connecting; poll so that a silent client does not
-    // keep this thread past the server's lifetime.
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let _ = stream.tcp().set_nonblocking(false);
+    let _ = stream.tcp().set_nodelay(true);
+    // A rank sends its request right after connecting (a TLS one its handshake first); poll
+    // so that a silent client does not keep this thread past the server's lifetime.
+    let _ = stream
+        .tcp()
+        .set_read_timeout(Some(Duration::from_millis(200)));
     let started = Instant::now();
     let frame = loop {
         match wire::read_frame(&mut stream) {
@@ -215,7 +305,7 @@ fn handle_conn(
             Err(_) => return,
         }
     };
-    let _ = stream.set_read_timeout(None);
+    let _ = stream.tcp().set_read_timeout(None);
     let mut r = Reader::new(&frame);
     let parsed = (|| {
         if r.u64()? != MAGIC {
@@ -274,7 +364,7 @@ fn handle_conn(
     let complete = {
         let Ok(mut map) = groups.lock() else { return };
         if let Some(g) = map.get_mut(&key) {
-            g.members.retain(|_, m| stream_alive(&m.stream));
+            g.members.retain(|_, m| stream_alive(m.stream.tcp()));
             if g.members.is_empty() {
                 map.remove(&key);
             }
@@ -375,15 +465,31 @@ pub(crate) fn connect_retry(addr: SocketAddr, deadline: Instant) -> Result<TcpSt
     }
 }
 
+/// Opens TLS to the rendezvous over `stream`, trusting only the certificate with
+/// `fingerprint` (the handshake happens with the first write).
+pub(crate) fn client_tls(
+    stream: TcpStream,
+    fingerprint: &str,
+) -> Result<Conn<rustls::ClientConnection>> {
+    let config = crate::tls::pinned_client_config(fingerprint)?;
+    let conn = rustls::ClientConnection::new(config, crate::tls::pinned_name()?)
+        .map_err(|e| CommError::Rendezvous(format!("TLS to the rendezvous: {e}")))?;
+    Ok(Conn::Tls(Box::new(rustls::StreamOwned::new(conn, stream))))
+}
+
 /// Sends this rank's entry on an open rendezvous connection and waits for the table.
-pub(crate) fn join(
-    stream: &mut TcpStream,
+pub(crate) fn join<C, S>(
+    stream: &mut Conn<C>,
     key: &str,
     rank: usize,
     size: usize,
     me: &RankInfo,
     deadline: Instant,
-) -> Result<Vec<RankInfo>> {
+) -> Result<Vec<RankInfo>>
+where
+    C: DerefMut + Deref<Target = rustls::ConnectionCommon<S>>,
+    S: rustls::SideData,
+{
     let req = Writer::default()
         .u64(MAGIC)
         .str(key)
@@ -394,6 +500,7 @@ pub(crate) fn join(
         .u64(u64::from(me.pid))
         .finish();
     let peer = stream
+        .tcp()
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
@@ -402,6 +509,7 @@ pub(crate) fn join(
     })?;
     let left = deadline.saturating_duration_since(Instant::now());
     stream
+        .tcp()
         .set_read_timeout(Some(left.max(Duration::from_millis(1))))
         .map_err(|e| CommError::io("setting rendezvous read timeout", e))?;
     let frame = wire::read_frame(stream).map_err(|e| {

@@ -175,3 +175,60 @@ fn a_restricted_rendezvous_serves_only_announced_keys_of_the_announced_size() {
     let r = Communicator::connect_with(&format!("{at}/gang-2"), 0, 1, opts(2000));
     assert!(rendezvous_msg(&r).unwrap().contains("unknown or expired"));
 }
+
+/// A self-signed certificate and key (PEM) in `dir`; the server's TLS configuration and its
+/// fingerprint.
+fn tls_server(
+    dir: &std::path::Path,
+) -> (
+    std::sync::Arc<flotilla_collective::tls::ServerConfig>,
+    String,
+) {
+    let ck = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, ck.cert.pem()).unwrap();
+    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
+    flotilla_collective::tls::server_config_from_pem(&cert, &key).unwrap()
+}
+
+/// Over TLS (a coordinator with TLS): ranks that have the certificate's fingerprint meet
+/// and reduce; a rank given another fingerprint, or none (plain TCP), is refused. Before,
+/// the rendezvous was plain TCP whatever the coordinator used, so the gang's key travelled
+/// in the clear.
+#[test]
+fn over_tls_only_ranks_that_trust_the_certificate_meet() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, print) = tls_server(dir.path());
+    let server = RendezvousServer::bind_restricted_tls("127.0.0.1:0", cfg).unwrap();
+    server.expect("gang-secret", 2, Duration::from_secs(60));
+    let rv = format!("{}/gang-secret", server.local_addr());
+    let tls = |fingerprint: &str| Options {
+        timeout: Duration::from_secs(20),
+        rendezvous_cert: Some(fingerprint.to_string()),
+        ..Options::default()
+    };
+    let (rv2, o2) = (rv.clone(), tls(&print));
+    let t = std::thread::spawn(move || {
+        let mut c = Communicator::connect_with(&rv2, 1, 2, o2).unwrap();
+        let mut v = vec![2.0f32; 8];
+        c.allreduce(&mut v, ReduceOp::Sum).unwrap();
+        v
+    });
+    let mut c = Communicator::connect_with(&rv, 0, 2, tls(&print)).unwrap();
+    let mut v = vec![1.0f32; 8];
+    c.allreduce(&mut v, ReduceOp::Sum).unwrap();
+    assert_eq!(v, vec![3.0f32; 8]);
+    assert_eq!(t.join().unwrap(), vec![3.0f32; 8]);
+    // Another certificate's fingerprint: the handshake fails, naming the certificate.
+    let other = tempfile::tempdir().unwrap();
+    let (_, other_print) = tls_server(other.path());
+    let msg =
+        rendezvous_msg(&Communicator::connect_with(&rv, 0, 2, tls(&other_print))).expect("refused");
+    assert!(
+        msg.contains("not the one the coordinator announced"),
+        "{msg}"
+    );
+    // Plain TCP to the TLS rendezvous: no table comes back.
+    let r = Communicator::connect_with(&rv, 0, 2, opts(2000));
+    assert!(r.is_err(), "a plain-TCP rank joined a TLS rendezvous");
+}

@@ -176,6 +176,9 @@ pub struct GangEnv {
     pub size: u32,
     /// Where the members meet: `HOST:PORT/KEY`.
     pub rendezvous: String,
+    /// The fingerprint of the rendezvous's TLS certificate (`FLOTILLA_RENDEZVOUS_CERT`);
+    /// empty when it is plain TCP.
+    pub rendezvous_cert: String,
 }
 
 impl TaskEnv<'_> {
@@ -194,6 +197,12 @@ impl TaskEnv<'_> {
             env.push(("FLOTILLA_RANK".to_owned(), g.rank.to_string()));
             env.push(("FLOTILLA_WORLD_SIZE".to_owned(), g.size.to_string()));
             env.push(("FLOTILLA_RENDEZVOUS".to_owned(), g.rendezvous.clone()));
+            if !g.rendezvous_cert.is_empty() {
+                env.push((
+                    "FLOTILLA_RENDEZVOUS_CERT".to_owned(),
+                    g.rendezvous_cert.clone(),
+                ));
+            }
         }
         if let Some(gpus) = self.gpus {
             let list: Vec<String> = gpus.iter().map(u32::to_string).collect();
@@ -585,6 +594,7 @@ mod tests {
                 rank: 1,
                 size: 2,
                 rendezvous: "h:1/k".into(),
+                rendezvous_cert: String::new(),
             }),
             ..plain
         };

@@ -1,7 +1,8 @@
 //! TLS end to end: a coordinator with a self-signed certificate (rcgen, for `localhost` and
 //! 127.0.0.1), a worker and the CLI verifying it with `--tls-ca`; a plain-TCP client and a
 //! client with the right CA but a wrong token are both refused with a clear error; the
-//! worker's object server (transfer staging, gathering) is reached over TLS as well.
+//! worker's object server (transfer staging, gathering) and the gang rendezvous are reached
+//! over TLS as well.
 
 #![allow(clippy::unwrap_used)]
 
@@ -100,6 +101,19 @@ fn job_runs_over_tls_and_plain_or_wrong_token_clients_are_refused() {
         !err.contains("invalid token or ticket") && !err.contains("not held here"),
         "the object server answered in plain TCP: {err}"
     );
+
+    // A gang meets at the coordinator's rendezvous over TLS: the members are given the
+    // certificate's fingerprint (FLOTILLA_RENDEZVOUS_CERT) and trust only it.
+    let toml = format!(
+        "name = \"tls-gang\"\n[[task]]\nid = \"rank\"\ngroup = {{ size = 2 }}\n\
+         resources = {{ cpus = 1 }}\n\
+         cmd = [\"sh\", \"-c\", \"test -n \\\"$FLOTILLA_RENDEZVOUS_CERT\\\" && exec '{}' bench \
+         allreduce-rank --bytes 4KiB --rounds 1 --transport tcp > gang-$FLOTILLA_RANK.json\"]\n",
+        kit::BIN
+    );
+    let gang = c.submit_toml("tls-gang.toml", &toml);
+    assert_succeeded(&c.wait_job(gang, Duration::from_secs(60)));
+    assert!(c.job_dir().join("gang-1.json").is_file());
 
     // Plain HTTP against the TLS port: refused, and the error names the connection.
     let out = c.cli_raw(&["status"], &[], &c.token);

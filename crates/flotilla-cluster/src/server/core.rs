@@ -196,6 +196,8 @@ pub(super) struct Core {
     /// The rendezvous service of gangs (`group`): ranks meet there to build their
     /// communicator. Kept alive with the core.
     rendezvous: Option<flotilla_collective::RendezvousServer>,
+    /// The fingerprint of the rendezvous's TLS certificate (`""`: plain TCP).
+    rendezvous_cert: String,
     /// Keys the secret appended to each gang's key (so that no one else can guess it).
     gang_secret: [u8; 32],
     /// Tokens and keys: tickets for the objects an assignment or a gather fetches.
@@ -420,6 +422,7 @@ impl Core {
             uploads: HashMap::new(),
             uploads_dir: config.state_dir.join("uploads"),
             rendezvous: None,
+            rendezvous_cert: String::new(),
             gang_secret: {
                 use rand::RngCore;
                 let mut bytes = [0u8; 32];
@@ -437,13 +440,25 @@ impl Core {
             compaction: None,
         };
         let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
-        core.rendezvous = Some(
-            flotilla_collective::RendezvousServer::bind_restricted(&rdv_addr).map_err(|e| {
-                ClusterError::Config(format!(
-                    "cannot start the gang rendezvous on {rdv_addr}: {e}"
-                ))
-            })?,
-        );
+        let rdv_err = |e| {
+            ClusterError::Config(format!(
+                "cannot start the gang rendezvous on {rdv_addr}: {e}"
+            ))
+        };
+        // With TLS, the rendezvous uses the coordinator's certificate too; members get its
+        // fingerprint and trust only it.
+        core.rendezvous = Some(match &config.tls {
+            None => flotilla_collective::RendezvousServer::bind_restricted(&rdv_addr)
+                .map_err(rdv_err)?,
+            Some(tls) => {
+                let (cfg, print) =
+                    flotilla_collective::tls::server_config_from_pem(&tls.cert, &tls.key)
+                        .map_err(rdv_err)?;
+                core.rendezvous_cert = print;
+                flotilla_collective::RendezvousServer::bind_restricted_tls(&rdv_addr, cfg)
+                    .map_err(rdv_err)?
+            }
+        });
         core.load_uploads();
         let records = core.journal.replay()?;
         let n = records.len();
@@ -906,12 +921,14 @@ impl Core {
             .rendezvous
             .as_ref()
             .map_or(0, |r| u32::from(r.local_addr().port()));
+        let rdv_cert = self.rendezvous_cert.clone();
         after.push(Box::new(move |_| {
             let _ = reply.send(Ok(proto::RegisterReply {
                 worker: worker.0,
                 heartbeat_ms: hb,
                 protocol_version: PROTOCOL_VERSION,
                 rendezvous_port: rdv_port,
+                rendezvous_cert: rdv_cert,
                 // Set by the handler, which knows the token it enrolled with.
                 credential: String::new(),
                 data_key: String::new(),

@@ -41,6 +41,7 @@ pub(crate) fn options(
         algorithm,
         timeout: Duration::from_secs(20),
         deterministic: false,
+        rendezvous_cert: None,
     }
 }
 

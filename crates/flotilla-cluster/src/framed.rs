@@ -419,9 +419,10 @@ pub async fn fetch_grpc(from: &Remote, hash: &str) -> Result<u64> {
     Ok(total)
 }
 
-/// One side-by-side measurement: GB/s (1e9 B/s) of gRPC and of framed TCP moving the same
+/// One side-by-side measurement: GB/s (1e9 B/s) of gRPC, of framed TCP and of framed TCP
+/// over TLS (a pinned certificate, as workers use with a TLS coordinator) moving the same
 /// object of `bytes` bytes over loopback, the median of `reps` fetches each, alternated.
-pub async fn compare(bytes: usize, reps: usize) -> Result<(f64, f64)> {
+pub async fn compare(bytes: usize, reps: usize) -> Result<(f64, f64, f64)> {
     let dir = std::env::temp_dir().join(format!("flotilla-transfer-{}", std::process::id()));
     let store = Arc::new(ObjectStore::open(&dir)?);
     let data: Vec<u8> = (0..bytes)
@@ -433,11 +434,17 @@ pub async fn compare(bytes: usize, reps: usize) -> Result<(f64, f64)> {
     let any = SocketAddr::from(([127, 0, 0, 1], 0));
     let grpc = crate::objects::serve_objects(any, store.clone(), token.clone()).await?;
     let framed = serve_framed(any, store.clone(), Gate::token(token.clone())).await?;
+    let tls = Arc::new(DataTls::generate()?);
+    let print = tls.fingerprint().to_string();
+    let framed_tls =
+        serve_framed_tls(any, store.clone(), Gate::token(token.clone()), Some(tls)).await?;
     let remote = Remote::new(grpc.to_string(), token.clone());
-    let (mut g, mut f): (Vec<Duration>, Vec<Duration>) = (Vec::new(), Vec::new());
+    let (mut g, mut f, mut s): (Vec<Duration>, Vec<Duration>, Vec<Duration>) =
+        (Vec::new(), Vec::new(), Vec::new());
     // One warm-up each: connections, page cache.
     fetch_grpc(&remote, &hash).await?;
     fetch_framed(framed, &token, &hash).await?;
+    fetch_framed_pinned(framed_tls, &token, &print, &hash).await?;
     for _ in 0..reps.max(1) {
         let t = Instant::now();
         fetch_grpc(&remote, &hash).await?;
@@ -445,6 +452,9 @@ pub async fn compare(bytes: usize, reps: usize) -> Result<(f64, f64)> {
         let t = Instant::now();
         fetch_framed(framed, &token, &hash).await?;
         f.push(t.elapsed());
+        let t = Instant::now();
+        fetch_framed_pinned(framed_tls, &token, &print, &hash).await?;
+        s.push(t.elapsed());
     }
     let _ = std::fs::remove_dir_all(&dir);
     let med = |v: &mut Vec<Duration>| {
@@ -454,6 +464,7 @@ pub async fn compare(bytes: usize, reps: usize) -> Result<(f64, f64)> {
     Ok((
         bytes as f64 / med(&mut g) / 1e9,
         bytes as f64 / med(&mut f) / 1e9,
+        bytes as f64 / med(&mut s) / 1e9,
     ))
 }
 

@@ -95,6 +95,10 @@ struct RestartArgs {
     /// Starts per size; the median is reported.
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// Remove the job and leave a small one live; time restarts before and after the
+    /// journal's compaction, and the compaction.
+    #[arg(long)]
+    compaction: bool,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -484,7 +488,7 @@ fn run(cli: Cli) -> Result<bool> {
             .map(|()| true)
         }
         Command::Bench(Bench::Transfer(a)) => {
-            let (grpc, framed) = tokio_runtime()?
+            let (grpc, framed, framed_tls) = tokio_runtime()?
                 .block_on(flotilla::cluster::framed::compare(a.mib << 20, a.reps))
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let r = serde_json::json!({
@@ -493,14 +497,17 @@ fn run(cli: Cli) -> Result<bool> {
                 "grpc_gbs": grpc,
                 "framed_gbs": framed,
                 "framed_over_grpc": framed / grpc,
+                "framed_tls_gbs": framed_tls,
+                "tls_over_plain": framed_tls / framed,
             });
             if a.json {
                 println!("{r}");
             } else {
                 println!(
-                    "transfer {} MiB over loopback: gRPC {grpc:.2} GB/s, framed TCP {framed:.2} GB/s (framed/gRPC {:.2})",
+                    "transfer {} MiB over loopback: gRPC {grpc:.2} GB/s, framed TCP {framed:.2} GB/s (framed/gRPC {:.2}), framed over TLS {framed_tls:.2} GB/s (TLS/plain {:.2})",
                     a.mib,
-                    framed / grpc
+                    framed / grpc,
+                    framed_tls / framed
                 );
             }
             Ok(true)
@@ -580,15 +587,26 @@ fn run_local(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Bench(Bench::Restart(a)) => {
-            let points =
-                tokio_runtime()?.block_on(flotilla::bench::restart::run(&a.tasks, a.reps))?;
+            let points = tokio_runtime()?.block_on(flotilla::bench::restart::run(
+                &a.tasks,
+                a.reps,
+                a.compaction,
+            ))?;
             for p in points {
                 print(a.json, &p, |p| {
+                    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+                    let compacted = match (p.compacted_bytes, p.compact_s, p.restart_compacted_s) {
+                        (Some(b), Some(c), Some(r)) => format!(
+                            "; compacted to {:.3} MiB in {c:.3} s, then restart {r:.3} s",
+                            mib(b)
+                        ),
+                        _ => String::new(),
+                    };
                     format!(
-                        "restart: {} tasks, {} records, {:.1} MiB journal: {:.3} s (median of {})",
+                        "restart: {} tasks, {} records, {:.1} MiB journal: {:.3} s (median of {}){compacted}",
                         p.tasks,
                         p.records,
-                        p.journal_bytes as f64 / (1u64 << 20) as f64,
+                        mib(p.journal_bytes),
                         p.restart_s,
                         p.runs_s.len()
                     )

@@ -3,6 +3,11 @@
 //! `/bin/true` tasks to the end (the submission, then one assignment and one success per task,
 //! in batches as the core writes them), then starts a real server on it and times until it
 //! answers a status request (journal read, checked, replayed), the median of `reps` starts.
+//!
+//! With `--compaction` the job is then removed (`flotilla rm`) and a small job is left live:
+//! it times a restart on that journal, the compaction that drops the removed job's records
+//! (`Journal::start_compaction`, as the coordinator runs it), and a restart on the
+//! compacted journal.
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -29,6 +34,41 @@ pub struct RestartPoint {
     pub restart_s: f64,
     /// Every start, seconds, sorted.
     pub runs_s: Vec<f64>,
+    /// With `--compaction`: the compacted journal's size, bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compacted_bytes: Option<u64>,
+    /// With `--compaction`: seconds the compaction took (its thread, then the swap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compact_s: Option<f64>,
+    /// With `--compaction`: median seconds of a restart on the compacted journal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_compacted_s: Option<f64>,
+}
+
+/// Starts a server on `state` `reps` times; the sorted seconds to its first status answer,
+/// each answer checked by `check`.
+async fn restarts(
+    state: &std::path::Path,
+    reps: usize,
+    check: impl Fn(&flotilla_cluster::state::ClusterStatus) -> bool,
+) -> Result<Vec<f64>> {
+    let listen: SocketAddr = "127.0.0.1:0".parse()?;
+    let mut runs = Vec::new();
+    for _ in 0..reps.max(1) {
+        let start = Instant::now();
+        let mut config = ServerConfig::new(listen, state);
+        // Timed separately: no compaction during a timed start.
+        config.compact_journal_after = None;
+        let server = Server::start(config).await?;
+        let remote = Remote::new(server.addr().to_string(), server.token().to_string());
+        let status = Client::connect(&remote).await?.cluster_status().await?;
+        runs.push(start.elapsed().as_secs_f64());
+        anyhow::ensure!(check(&status), "the restarted coordinator lost jobs");
+        server.stop();
+        let _ = server.wait().await;
+    }
+    runs.sort_by(f64::total_cmp);
+    Ok(runs)
 }
 
 /// Writes the journal of a finished `tasks`-task job into `state/journal.log`.
@@ -85,8 +125,9 @@ fn write_journal(state: &std::path::Path, tasks: u64) -> Result<Journal> {
     Ok(j)
 }
 
-/// Restart time for each size in `sizes`, `reps` starts each.
-pub async fn run(sizes: &[u64], reps: usize) -> Result<Vec<RestartPoint>> {
+/// Restart time for each size in `sizes`, `reps` starts each; with `compaction`, of a
+/// journal whose big job was removed, before and after compacting it.
+pub async fn run(sizes: &[u64], reps: usize, compaction: bool) -> Result<Vec<RestartPoint>> {
     let mut out = Vec::new();
     for &tasks in sizes {
         let dir = std::env::temp_dir().join(format!(
@@ -95,34 +136,68 @@ pub async fn run(sizes: &[u64], reps: usize) -> Result<Vec<RestartPoint>> {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         let state = dir.join("state");
-        let j = write_journal(&state, tasks)?;
+        let mut j = write_journal(&state, tasks)?;
+        if compaction {
+            // The big job is removed; a small one stays live.
+            let spec = parse_job(
+                "name = \"live\"\n[[task]]\nid = \"t\"\narray = \"0..10\"\ncmd = [\"true\"]\n",
+                "live.toml",
+            )?;
+            j.append(&[
+                JournalRecord::JobRemoved { job: JobId::new(1) },
+                JournalRecord::JobSubmitted {
+                    job: JobId::new(2),
+                    spec: Box::new(spec),
+                    dir: "/bench/live".into(),
+                    tenant: String::new(),
+                },
+            ])?;
+        }
         let (records, journal_bytes) = (j.len(), j.bytes());
         drop(j);
-        let listen: SocketAddr = "127.0.0.1:0".parse()?;
-        let mut runs = Vec::new();
-        for _ in 0..reps.max(1) {
-            let start = Instant::now();
-            let server = Server::start(ServerConfig::new(listen, &state)).await?;
-            let remote = Remote::new(server.addr().to_string(), server.token().to_string());
-            let status = Client::connect(&remote).await?.cluster_status().await?;
-            runs.push(start.elapsed().as_secs_f64());
-            anyhow::ensure!(
-                status.jobs.first().is_some_and(|j| j.done == tasks),
-                "the restarted coordinator does not have the {tasks} finished tasks"
-            );
-            server.stop();
-            let _ = server.wait().await;
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        runs.sort_by(f64::total_cmp);
-        out.push(RestartPoint {
+        let runs = restarts(&state, reps, |s| {
+            if compaction {
+                s.jobs.len() == 1 && s.jobs[0].id == JobId::new(2)
+            } else {
+                s.jobs.first().is_some_and(|j| j.done == tasks)
+            }
+        })
+        .await?;
+        let mut point = RestartPoint {
             bench: "restart",
             tasks,
             records,
             journal_bytes,
             restart_s: runs[runs.len() / 2],
             runs_s: runs,
-        });
+            compacted_bytes: None,
+            compact_s: None,
+            restart_compacted_s: None,
+        };
+        if compaction {
+            let mut j = Journal::open(state.join("journal.log"))?;
+            j.replay()?;
+            let checkpoint = JournalRecord::Checkpoint {
+                next_job: 3,
+                next_worker: 2,
+                model: flotilla_sched::PerfModel::new().to_json(),
+            };
+            let start = Instant::now();
+            let c = j.start_compaction(checkpoint);
+            let report = j
+                .finish_compaction(c)
+                .context("the compaction failed (see the log)")?;
+            point.compact_s = Some(start.elapsed().as_secs_f64());
+            point.compacted_bytes = Some(report.bytes_after);
+            drop(j);
+            let runs = restarts(&state, reps, |s| {
+                s.jobs.len() == 1 && s.jobs[0].id == JobId::new(2)
+            })
+            .await?;
+            point.restart_compacted_s = Some(runs[runs.len() / 2]);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        out.push(point);
     }
     Ok(out)
 }

@@ -79,12 +79,42 @@ enum Bench {
     Allreduce(AllreduceArgs),
     /// One object over loopback through gRPC (Objects.Fetch) and through framed TCP.
     Transfer(TransferArgs),
+    /// The pool's verification of untrusted results in a simulated pool: the compute each
+    /// mode costs with cheating providers, and how soon a provider turning to cheating is
+    /// caught.
+    Verify(VerifyArgs),
     /// Host <-> device copies from pageable and pinned memory, and device -> device.
     Copy(CopyArgs),
     /// One rank of `bench allreduce` (FLOTILLA_RANK, FLOTILLA_WORLD_SIZE, FLOTILLA_RENDEZVOUS
     /// from the environment, as a gang member gets them); rank 0 prints JSON lines.
     #[command(hide = true)]
     AllreduceRank(AllreduceRankArgs),
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    /// Modes: 1, 2, 3 (replicas that must agree) or adaptive.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,adaptive")]
+    modes: Vec<String>,
+    /// Providers in the pool.
+    #[arg(long, default_value_t = 100)]
+    providers: usize,
+    /// The share of providers that always cheat.
+    #[arg(long, default_value_t = 0.1)]
+    cheaters: f64,
+    /// Tasks per run.
+    #[arg(long, default_value_t = 10_000)]
+    tasks: u64,
+    /// Seeds, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    seeds: Vec<u64>,
+    /// Trials of the turncoat scenario (a provider honest for 500 results, then cheating,
+    /// among 4 honest ones); 0 skips it.
+    #[arg(long, default_value_t = 1000)]
+    turncoat_trials: u64,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -569,6 +599,39 @@ fn run_local(command: Command) -> Result<()> {
                 for p in points {
                     println!("{}", serde_json::to_string(&p)?);
                 }
+            }
+            Ok(())
+        }
+        Command::Bench(Bench::Verify(a)) => {
+            for p in flotilla::bench::verify::modes(
+                &a.modes,
+                a.providers,
+                a.cheaters,
+                a.tasks,
+                &a.seeds,
+            )? {
+                print(a.json, &p, |p| {
+                    format!(
+                        "verify {:<8} {} providers, {:.0}% cheating, {} tasks: {:.3} runs/task, {} wrong accepted, {} failed (over {} seeds)",
+                        p.mode,
+                        p.providers,
+                        p.cheaters * 100.0,
+                        p.tasks,
+                        p.cost,
+                        p.wrong_accepted,
+                        p.failed,
+                        p.runs.len()
+                    )
+                })?;
+            }
+            if a.turncoat_trials > 0 {
+                let t = flotilla::bench::verify::turncoat(4, 500, a.turncoat_trials);
+                print(a.json, &t, |t| {
+                    format!(
+                        "verify turncoat after {} honest results: caught within 20 cheats in {:.3} of {} trials (mean {:.1}, worst {}), {} wrong results left",
+                        t.after, t.caught_within_20, t.trials, t.mean, t.worst, t.wrong_at_end
+                    )
+                })?;
             }
             Ok(())
         }

@@ -9,6 +9,7 @@ pub mod isolation;
 pub mod linalg;
 pub mod overhead;
 pub mod restart;
+pub mod verify;
 pub mod wfcommons;
 
 use std::time::{Duration, Instant};

@@ -72,6 +72,8 @@ pub enum Role {
     Tenant,
     /// Enrols workers.
     Worker,
+    /// Enrols a provider's workers (the pool): like `Worker`, and they are that provider's.
+    Provider,
 }
 
 impl std::fmt::Display for Role {
@@ -80,6 +82,7 @@ impl std::fmt::Display for Role {
             Role::Admin => "admin",
             Role::Tenant => "tenant",
             Role::Worker => "worker",
+            Role::Provider => "provider",
         })
     }
 }
@@ -129,6 +132,29 @@ struct Registry {
     next_token: u64,
     tokens: Vec<TokenEntry>,
     tenants: Vec<Tenant>,
+    /// The pool's providers (registries written before the pool have none).
+    #[serde(default)]
+    providers: Vec<Provider>,
+}
+
+/// A provider of machines (the pool).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Provider {
+    /// Its name.
+    pub name: String,
+    /// When it was added (Unix milliseconds).
+    pub created_ms: u64,
+}
+
+/// A provider as `flotilla provider list` starts from: its name and its token's state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProviderInfo {
+    /// Its name.
+    pub name: String,
+    /// Its token's id.
+    pub token: String,
+    /// Whether that token was revoked (its workers were refused from then on).
+    pub revoked: bool,
 }
 
 /// Who sent a request, as its token says.
@@ -369,6 +395,7 @@ impl Access {
                 next_token: 1,
                 tokens: Vec::new(),
                 tenants: Vec::new(),
+                providers: Vec::new(),
             },
             Err(e) => return Err(io(e)),
         };
@@ -485,7 +512,7 @@ impl Access {
                 token: t.id.clone(),
                 tenant: t.name.clone(),
             },
-            Role::Worker => Principal::Enrolment {
+            Role::Worker | Role::Provider => Principal::Enrolment {
                 token: t.id.clone(),
             },
         })
@@ -545,6 +572,62 @@ impl Access {
             });
             Ok(Self::new_token(reg, Role::Tenant, name))
         })
+    }
+
+    /// Adds a provider of machines and its token (shown once): workers that enrol with it
+    /// are that provider's.
+    pub fn add_provider(&self, name: &str) -> Result<(TokenInfo, String)> {
+        check_tenant_name(name).map_err(|_| {
+            AccessError::Refused(format!(
+                "provider name {name:?}: 1 to 64 of a-z, 0-9, '_' and '-', starting with a \
+                 letter or a digit"
+            ))
+        })?;
+        self.change(|reg| {
+            if reg.providers.iter().any(|p| p.name == name) {
+                return Err(AccessError::Refused(format!(
+                    "provider {name:?} exists already"
+                )));
+            }
+            reg.providers.push(Provider {
+                name: name.to_string(),
+                created_ms: now_ms(),
+            });
+            Ok(Self::new_token(reg, Role::Provider, name))
+        })
+    }
+
+    /// The provider whose token has id `token` (`None`: not a provider's token).
+    pub fn provider_of(&self, token: &str) -> Option<String> {
+        let inner = self.inner.read();
+        inner
+            .reg
+            .tokens
+            .iter()
+            .find(|t| t.info.id == token && t.info.role == Role::Provider)
+            .map(|t| t.info.name.clone())
+    }
+
+    /// Every provider, with its token's id and state.
+    pub fn providers(&self) -> Vec<ProviderInfo> {
+        let inner = self.inner.read();
+        inner
+            .reg
+            .providers
+            .iter()
+            .map(|p| {
+                let token = inner
+                    .reg
+                    .tokens
+                    .iter()
+                    .find(|t| t.info.role == Role::Provider && t.info.name == p.name);
+                ProviderInfo {
+                    name: p.name.clone(),
+                    token: token.map(|t| t.info.id.clone()).unwrap_or_default(),
+                    revoked: token.is_none_or(|t| t.info.revoked),
+                }
+            })
+            .collect()
     }
 
     /// Adds a worker enrolment token; the token (shown once).
@@ -647,7 +730,7 @@ impl Inner {
             return None;
         }
         let t = self.reg.tokens.iter().find(|t| t.info.id == enrolment)?;
-        if t.info.revoked || !matches!(t.info.role, Role::Worker | Role::Admin) {
+        if t.info.revoked || !matches!(t.info.role, Role::Worker | Role::Provider | Role::Admin) {
             return None;
         }
         Some((WorkerId::new(worker), enrolment.to_string()))

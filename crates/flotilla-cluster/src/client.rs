@@ -46,6 +46,15 @@ pub struct NewToken {
     pub token: String,
 }
 
+impl From<proto::NewToken> for NewToken {
+    fn from(r: proto::NewToken) -> Self {
+        NewToken {
+            id: r.id,
+            token: r.token,
+        }
+    }
+}
+
 /// A job the coordinator accepted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Submitted {
@@ -72,6 +81,25 @@ pub struct GatheredOutput {
     pub ticket: String,
     /// The fingerprint of that worker's TLS certificate (`""`: plain TCP).
     pub cert: String,
+}
+
+/// A provider as `flotilla provider list` shows it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ProviderSummary {
+    /// Its name.
+    pub name: String,
+    /// The id of its token.
+    pub token: String,
+    /// Whether its token was revoked.
+    pub revoked: bool,
+    /// Its live workers' names.
+    pub workers: Vec<String>,
+    /// CPUs its live workers offer.
+    pub cpus: f64,
+    /// GPUs its live workers offer.
+    pub gpus: f64,
+    /// Its workers' prices (credits per unit-hour), each once.
+    pub prices: Vec<String>,
 }
 
 /// How a job ended.
@@ -361,10 +389,7 @@ impl Client {
             .await
             .map_err(|e| self.rpc_err(e))?
             .into_inner();
-        Ok(NewToken {
-            id: r.id,
-            token: r.token,
-        })
+        Ok(r.into())
     }
 
     /// Admin: every tenant.
@@ -388,10 +413,31 @@ impl Client {
             .await
             .map_err(|e| self.rpc_err(e))?
             .into_inner();
-        Ok(NewToken {
-            id: r.id,
-            token: r.token,
-        })
+        Ok(r.into())
+    }
+
+    /// Admin: a new provider of machines (the pool) and its token.
+    pub async fn provider_add(&mut self, name: &str) -> Result<NewToken> {
+        let r = self
+            .admin
+            .provider_add(proto::ProviderAddRequest {
+                name: name.to_string(),
+            })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        Ok(r.into())
+    }
+
+    /// The providers with their live workers and prices (admin and tenants).
+    pub async fn provider_list(&mut self) -> Result<Vec<ProviderSummary>> {
+        let r = self
+            .inner
+            .provider_list(proto::ProviderListRequest {})
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("provider list: {e}")))
     }
 
     /// Admin: every token (ids, roles, names; never a token).

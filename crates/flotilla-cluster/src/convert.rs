@@ -99,6 +99,8 @@ pub(crate) fn worker_joined(
             })
             .collect(),
         data_addr: req.data_addr,
+        provider: None,
+        price: flotilla_pool::Price::default(),
     };
     let running = req.running.iter().map(task_key).collect();
     let held = req

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod client;
 mod convert;
 pub mod error;
+pub mod fault;
 pub mod framed;
 pub mod journal;
 pub mod objects;
@@ -23,7 +24,7 @@ pub mod state;
 pub mod transport;
 pub mod worker;
 
-pub use client::{Client, Finished, GatheredOutput, Submitted};
+pub use client::{Client, Finished, GatheredOutput, ProviderSummary, Submitted};
 pub use error::{ClusterError, Result};
 pub use server::{Server, ServerConfig};
 pub use transport::{Remote, ServerTls};

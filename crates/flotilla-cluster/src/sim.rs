@@ -438,6 +438,8 @@ pub fn simulate_dag(dag: &Dag, cfg: &ClusterSimConfig) -> Result<Schedule, SimEr
             },
             gpus: Vec::new(),
             data_addr: String::new(),
+            provider: None,
+            price: Default::default(),
         })?;
         proc_of.insert(id, p);
     }
@@ -586,6 +588,8 @@ mod tests {
             },
             gpus: vec![gpu],
             data_addr: String::new(),
+            provider: None,
+            price: Default::default(),
         })
         .expect("joins");
         let job = sim

@@ -89,6 +89,10 @@ pub struct WorkerConfig {
     /// The most bytes its object store may hold (outputs made here, inputs fetched); an
     /// object beyond fails its task, retryable elsewhere. `None`: no cap.
     pub max_store: Option<u64>,
+    /// Its price, when it is a provider's worker (enrolled with a provider token).
+    pub price: flotilla_pool::Price,
+    /// A deliberate fault for tests (`FLOTILLA_FAULT`, see [`crate::fault`]).
+    pub fault: crate::fault::Fault,
 }
 
 /// The WASM memory a module gets when its job does not say: 1 GiB.
@@ -123,6 +127,8 @@ impl WorkerConfig {
             task_pids: DEFAULT_TASK_PIDS,
             wasm_max_memory: DEFAULT_WASM_MAX_MEMORY,
             max_store: None,
+            price: flotilla_pool::Price::default(),
+            fault: crate::fault::Fault::None,
             wasm_max_time: DEFAULT_WASM_MAX_TIME,
         }
     }
@@ -720,6 +726,11 @@ async fn session(
                 .collect(),
             data_addr: shared.data_addr.clone(),
             data_cert: shared.data_cert.clone(),
+            price: if cfg.price == flotilla_pool::Price::default() {
+                String::new()
+            } else {
+                cfg.price.to_string()
+            },
             running: back.running,
             held,
             previous_worker,
@@ -1088,7 +1099,7 @@ fn execute(
     let usage = crate::state::Usage {
         cpu_seconds: outcome.usage.cpu_seconds,
         peak_rss_bytes: outcome.usage.peak_rss_bytes,
-        wall_seconds: outcome.usage.wall_seconds,
+        wall_seconds: sh.config.fault.after_task(outcome.usage.wall_seconds),
     };
     let end = |outcome: AttemptOutcome| AttemptResult {
         outcome,
@@ -1105,6 +1116,7 @@ fn execute(
             retryable: true,
         });
     }
+    sh.config.fault.before_outputs(&root, &a.outputs);
     // Declared outputs must exist; in transfer staging they are hashed and kept here.
     match crate::objects::collect_outputs(&sh.objects, &root, &a.outputs, a.transfer, Some(*key)) {
         Ok(outputs) => AttemptResult {

@@ -141,6 +141,7 @@ async fn every_rpc_for_every_role() {
         .expect("added");
     root.token_revoke(&carol.id).await.expect("revoked");
     let enrol = root.worker_token_add("rack").await.expect("added").token;
+    let provider = root.provider_add("acme").await.expect("added").token;
     let reg = s
         .workers(&enrol)
         .register(register_request())
@@ -168,23 +169,25 @@ async fn every_rpc_for_every_role() {
         .job;
     let missing = job + 1000;
 
-    let roles: [(&str, String); 7] = [
+    let roles: [(&str, String); 8] = [
         ("admin", admin.clone()),
         ("owner", alice.clone()),
         ("other tenant", bob.clone()),
         ("enrolment", enrol.clone()),
+        ("provider", provider.clone()),
         ("worker", credential.clone()),
         ("revoked", carol.token.clone()),
         ("no token", "flt_not-a-token".into()),
     ];
     // Expected outcome per RPC, in the order of `roles`.
-    let table: Vec<(&str, [&str; 7])> = vec![
+    let table: Vec<(&str, [&str; 8])> = vec![
         (
             "Submit",
             [
                 "ok",
                 "ok",
                 "ok",
+                "denied",
                 "denied",
                 "denied",
                 "unauthenticated",
@@ -199,6 +202,7 @@ async fn every_rpc_for_every_role() {
                 "ok",
                 "denied",
                 "denied",
+                "denied",
                 "unauthenticated",
                 "unauthenticated",
             ],
@@ -209,6 +213,7 @@ async fn every_rpc_for_every_role() {
                 "ok",
                 "ok",
                 "not found",
+                "denied",
                 "denied",
                 "denied",
                 "unauthenticated",
@@ -223,6 +228,7 @@ async fn every_rpc_for_every_role() {
                 "not found",
                 "denied",
                 "denied",
+                "denied",
                 "unauthenticated",
                 "unauthenticated",
             ],
@@ -235,6 +241,7 @@ async fn every_rpc_for_every_role() {
                 "not found",
                 "denied",
                 "denied",
+                "denied",
                 "unauthenticated",
                 "unauthenticated",
             ],
@@ -245,6 +252,7 @@ async fn every_rpc_for_every_role() {
                 "ok",
                 "ok",
                 "not found",
+                "denied",
                 "denied",
                 "denied",
                 "unauthenticated",
@@ -260,6 +268,7 @@ async fn every_rpc_for_every_role() {
                 "not found",
                 "denied",
                 "denied",
+                "denied",
                 "unauthenticated",
                 "unauthenticated",
             ],
@@ -268,6 +277,7 @@ async fn every_rpc_for_every_role() {
             "TenantAdd",
             [
                 "ok",
+                "denied",
                 "denied",
                 "denied",
                 "denied",
@@ -284,6 +294,7 @@ async fn every_rpc_for_every_role() {
                 "denied",
                 "denied",
                 "denied",
+                "denied",
                 "unauthenticated",
                 "unauthenticated",
             ],
@@ -292,6 +303,7 @@ async fn every_rpc_for_every_role() {
             "WorkerTokenAdd",
             [
                 "ok",
+                "denied",
                 "denied",
                 "denied",
                 "denied",
@@ -308,6 +320,7 @@ async fn every_rpc_for_every_role() {
                 "denied",
                 "denied",
                 "denied",
+                "denied",
                 "unauthenticated",
                 "unauthenticated",
             ],
@@ -316,6 +329,7 @@ async fn every_rpc_for_every_role() {
             "TokenRevoke",
             [
                 "ok",
+                "denied",
                 "denied",
                 "denied",
                 "denied",
@@ -331,6 +345,7 @@ async fn every_rpc_for_every_role() {
                 "denied",
                 "denied",
                 "ok",
+                "ok",
                 "denied",
                 "unauthenticated",
                 "unauthenticated",
@@ -339,6 +354,7 @@ async fn every_rpc_for_every_role() {
         (
             "Session",
             [
+                "denied",
                 "denied",
                 "denied",
                 "denied",
@@ -357,6 +373,7 @@ async fn every_rpc_for_every_role() {
                 "denied",
                 "denied",
                 "denied",
+                "denied",
                 "unauthenticated",
                 "unauthenticated",
             ],
@@ -369,15 +386,43 @@ async fn every_rpc_for_every_role() {
                 "not found",
                 "denied",
                 "denied",
+                "denied",
                 "unauthenticated",
                 "unauthenticated",
             ],
         ),
         // Asked by the admin last: it stops the server.
         (
+            "ProviderAdd",
+            [
+                "ok",
+                "denied",
+                "denied",
+                "denied",
+                "denied",
+                "denied",
+                "unauthenticated",
+                "unauthenticated",
+            ],
+        ),
+        (
+            "ProviderList",
+            [
+                "ok",
+                "ok",
+                "ok",
+                "denied",
+                "denied",
+                "denied",
+                "unauthenticated",
+                "unauthenticated",
+            ],
+        ),
+        (
             "Shutdown",
             [
                 "ok",
+                "denied",
                 "denied",
                 "denied",
                 "denied",
@@ -515,6 +560,21 @@ async fn every_rpc_for_every_role() {
                     )
                 }
                 "Register" => outcome(s.workers(token).register(register_request()).await),
+                "ProviderAdd" => {
+                    spare += 1;
+                    outcome(
+                        s.admin(token)
+                            .provider_add(proto::ProviderAddRequest {
+                                name: format!("prov{spare}"),
+                            })
+                            .await,
+                    )
+                }
+                "ProviderList" => outcome(
+                    s.coordinator(token)
+                        .provider_list(proto::ProviderListRequest {})
+                        .await,
+                ),
                 "Session" => {
                     let first = proto::WorkerMessage {
                         worker,

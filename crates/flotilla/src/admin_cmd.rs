@@ -1,4 +1,5 @@
-//! `flotilla admin`: tenants, worker enrolment tokens, token listing and revocation. Each
+//! `flotilla admin`: tenants, worker enrolment tokens, providers, token listing and
+//! revocation; and `flotilla provider list`. Each
 //! takes the admin token (`--token-file` or `FLOTILLA_TOKEN`, as every command does). A new
 //! token is printed alone on the last line of stdout: the coordinator keeps only its hash.
 
@@ -20,6 +21,24 @@ pub(crate) enum AdminCmd {
     /// Every token: list, revoke.
     #[command(subcommand)]
     Token(TokenCmd),
+    /// Providers of machines (the pool).
+    #[command(subcommand)]
+    Provider(ProviderCmd),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum ProviderCmd {
+    /// Add a provider; prints its token alone on the last line (its workers enrol with
+    /// `flotilla worker --provider-token FILE`).
+    Add(ProviderAddArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct ProviderAddArgs {
+    /// The provider's name: 1 to 64 of a-z, 0-9, '_' and '-'.
+    name: String,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 #[derive(Subcommand)]
@@ -151,9 +170,50 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
                 }
             }
         }
+        AdminCmd::Provider(ProviderCmd::Add(a)) => {
+            let t = a.remote.client().await?.provider_add(&a.name).await?;
+            eprintln!("provider {} added (token {}); its token:", a.name, t.id);
+            println!("{}", t.token);
+        }
         AdminCmd::Token(TokenCmd::Revoke(a)) => {
             let t = a.remote.client().await?.token_revoke(&a.id).await?;
             println!("{} ({} {}) revoked", t.id, t.role, t.name);
+        }
+    }
+    Ok(())
+}
+
+/// `flotilla provider list`.
+#[derive(Subcommand)]
+pub(crate) enum ProviderTopCmd {
+    /// The providers: their live workers, what those offer, their prices.
+    List(ListArgs),
+}
+
+/// Runs `flotilla provider ...`.
+pub(crate) async fn provider(cmd: ProviderTopCmd) -> Result<()> {
+    match cmd {
+        ProviderTopCmd::List(a) => {
+            let list = a.remote.client().await?.provider_list().await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!(
+                    "{:<20} {:>8} {:>8} {:>8}  {:<10} PRICES (credits per unit-hour)",
+                    "PROVIDER", "WORKERS", "CPUS", "GPUS", "TOKEN"
+                );
+                for p in list {
+                    println!(
+                        "{:<20} {:>8} {:>8} {:>8}  {:<10} {}",
+                        p.name,
+                        p.workers.len(),
+                        p.cpus,
+                        p.gpus,
+                        if p.revoked { "revoked" } else { "active" },
+                        p.prices.join("; ")
+                    );
+                }
+            }
         }
     }
     Ok(())

@@ -22,13 +22,13 @@ use tokio::sync::watch;
 pub(crate) struct RemoteArgs {
     /// The coordinator's address (host:port).
     #[arg(long, env = "FLOTILLA_SERVER", default_value = "127.0.0.1:7070")]
-    server: String,
+    pub(crate) server: String,
     /// A file holding the access token (default: FLOTILLA_TOKEN, then ./.flotilla/token).
     #[arg(long)]
     token_file: Option<PathBuf>,
     /// A CA certificate (PEM) to verify the coordinator's TLS certificate; enables TLS.
     #[arg(long)]
-    tls_ca: Option<PathBuf>,
+    pub(crate) tls_ca: Option<PathBuf>,
 }
 
 impl RemoteArgs {
@@ -151,6 +151,14 @@ pub(crate) struct WorkerArgs {
     /// Default: no cap.
     #[arg(long, value_parser = parse_log_size)]
     max_store: Option<u64>,
+    /// Join the pool as a provider's machine: enrol with the provider token in this file
+    /// (`flotilla admin provider add NAME` prints it) instead of --token-file.
+    #[arg(long)]
+    provider_token: Option<PathBuf>,
+    /// A provider's price, credits per unit-hour: `cpu=0.02,gpu=0.5,mem_gb=0.001` (what is
+    /// not named is free). Needs --provider-token.
+    #[arg(long, requires = "provider_token")]
+    price: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -302,8 +310,19 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
 }
 
 pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
-    let remote = a.remote.remote()?;
+    let remote = match &a.provider_token {
+        Some(file) => Remote {
+            addr: a.remote.server.clone(),
+            token: flotilla::cluster::auth::read_token_file(file)
+                .with_context(|| format!("--provider-token {}", file.display()))?,
+            tls_ca: a.remote.tls_ca.clone(),
+        },
+        None => a.remote.remote()?,
+    };
     let mut cfg = WorkerConfig::local(remote);
+    if let Some(p) = &a.price {
+        cfg.price = flotilla_pool::Price::parse(p).with_context(|| format!("--price {p}"))?;
+    }
     // The guard that kills this worker's tasks if it dies: this same binary.
     cfg.guard = flotilla::guard_command();
     if let Some(c) = a.cpus {
@@ -322,6 +341,8 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     cfg.wasm_max_memory = flotilla::core::size::parse_size(&a.wasm_max_memory)
         .with_context(|| format!("--wasm-max-memory {}", a.wasm_max_memory))?;
     cfg.max_store = a.max_store;
+    // Test hooks only (see flotilla_cluster::fault): an unknown value stops the worker.
+    cfg.fault = flotilla::cluster::fault::Fault::from_env()?;
     cfg.wasm_max_time = flotilla::core::duration::parse_duration(&a.wasm_max_time)
         .with_context(|| format!("--wasm-max-time {}", a.wasm_max_time))?;
     if let Some(w) = a.work_dir {

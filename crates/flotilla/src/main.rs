@@ -50,6 +50,9 @@ enum Command {
     /// Tenants, worker enrolment tokens and revocation (takes the admin token).
     #[command(subcommand)]
     Admin(admin_cmd::AdminCmd),
+    /// The pool's providers: `flotilla provider list [--json]`.
+    #[command(subcommand)]
+    Provider(admin_cmd::ProviderTopCmd),
     /// Run a benchmark (one line per result; --json for one JSON object per line).
     #[command(subcommand)]
     Bench(Bench),
@@ -477,6 +480,7 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Rm(a) => ok(tokio_runtime()?.block_on(cluster_cmd::remove(a))),
         Command::Logs(a) => ok(tokio_runtime()?.block_on(cluster_cmd::logs(a))),
         Command::Admin(a) => ok(tokio_runtime()?.block_on(admin_cmd::admin(a))),
+        Command::Provider(a) => ok(tokio_runtime()?.block_on(admin_cmd::provider(a))),
         Command::Bench(Bench::Cluster(a)) => {
             let cfg = flotilla::bench::cluster::ClusterBenchConfig {
                 workload: name(&a.workload),

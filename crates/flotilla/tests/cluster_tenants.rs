@@ -10,21 +10,7 @@ mod kit;
 
 use std::time::Duration;
 
-use kit::{assert_succeeded, job_id_of, Cluster};
-
-fn last_line(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
+use kit::{assert_succeeded, job_id_of, last_line, Cluster};
 
 const JOB: &str = r#"name = "owned"
 staging = "transfer"

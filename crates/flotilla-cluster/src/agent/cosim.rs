@@ -31,6 +31,8 @@ fn worker_spec(i: usize, cpus: f64, gpus: usize) -> WorkerSpec {
             })
             .collect(),
         data_addr: format!("w{i}"),
+        provider: None,
+        price: Default::default(),
     }
 }
 

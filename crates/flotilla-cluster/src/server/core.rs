@@ -74,7 +74,14 @@ pub(super) enum Req {
         req: proto::RegisterRequest,
         /// Its id before a reconnect, when its credential proved it.
         previous: Option<WorkerId>,
+        /// The provider it enrolled as (its token's) and its price, checked by the handler.
+        offer: (Option<String>, flotilla_pool::Price),
         reply: Reply<proto::RegisterReply>,
+    },
+    /// `flotilla provider list`: the providers with their live workers.
+    Providers {
+        providers: Vec<crate::access::ProviderInfo>,
+        reply: Reply<String>,
     },
     /// The tenants' quotas changed (a tenant was added).
     Quotas(BTreeMap<String, crate::access::Quota>),
@@ -220,6 +227,22 @@ pub(super) struct Core {
     compaction: Option<crate::journal::Compaction>,
 }
 
+/// A provider as `flotilla provider list` shows it.
+#[derive(serde::Serialize)]
+struct ProviderView {
+    name: String,
+    /// The id of its token (`flotilla admin token revoke`).
+    token: String,
+    revoked: bool,
+    /// Its live workers' names.
+    workers: Vec<String>,
+    /// CPUs and GPUs they offer.
+    cpus: f64,
+    gpus: f64,
+    /// Its workers' prices (credits per unit-hour), each once.
+    prices: Vec<String>,
+}
+
 impl Core {
     /// Starts a journal compaction when removed jobs' records weigh enough; finishes one
     /// whose thread is done (or, when `stopping`, waits for it).
@@ -247,6 +270,36 @@ impl Core {
         if !stopping && garbage >= min.max(1) && garbage.saturating_mul(2) >= self.journal.bytes() {
             self.compaction = Some(self.journal.start_compaction(self.coord.checkpoint()));
         }
+    }
+
+    /// The providers (from the registry) with their live workers and prices, as JSON.
+    fn on_providers(
+        &self,
+        providers: Vec<crate::access::ProviderInfo>,
+    ) -> std::result::Result<String, Status> {
+        let workers = self.coord.workers();
+        let list: Vec<ProviderView> = providers
+            .into_iter()
+            .map(|p| {
+                let mine: Vec<&state::WorkerStatus> = workers
+                    .iter()
+                    .filter(|w| w.provider.as_deref() == Some(p.name.as_str()))
+                    .collect();
+                let mut prices: Vec<String> = mine.iter().map(|w| w.price.to_string()).collect();
+                prices.sort();
+                prices.dedup();
+                ProviderView {
+                    name: p.name,
+                    token: p.token,
+                    revoked: p.revoked,
+                    workers: mine.iter().map(|w| w.name.clone()).collect(),
+                    cpus: mine.iter().map(|w| w.resources.cpus).sum(),
+                    gpus: mine.iter().map(|w| w.resources.gpus).sum(),
+                    prices,
+                }
+            })
+            .collect();
+        serde_json::to_string(&list).map_err(|e| Status::internal(e.to_string()))
     }
 
     /// Records (in memory and on disk) the files uploaded with `job`.
@@ -624,8 +677,12 @@ impl Core {
             Req::Register {
                 req,
                 previous,
+                offer,
                 reply,
-            } => self.on_register(req, previous, reply, cmds, records, after),
+            } => self.on_register(req, (previous, offer), reply, cmds, records, after),
+            Req::Providers { providers, reply } => {
+                let _ = reply.send(self.on_providers(providers));
+            }
             Req::Quotas(q) => {
                 self.coord.set_quotas(q);
                 self.handle(Event::Tick, cmds, records);
@@ -875,7 +932,7 @@ impl Core {
     fn on_register(
         &mut self,
         mut req: proto::RegisterRequest,
-        previous: Option<WorkerId>,
+        (previous, (provider, price)): (Option<WorkerId>, (Option<String>, flotilla_pool::Price)),
         reply: Reply<proto::RegisterReply>,
         cmds: &mut Vec<Command>,
         records: &mut Vec<JournalRecord>,
@@ -906,7 +963,11 @@ impl Core {
                 .insert(req.data_addr.clone(), req.data_cert.clone());
         }
         let finished = std::mem::take(&mut req.finished);
-        let ev = crate::convert::worker_joined(worker, req, previous);
+        let mut ev = crate::convert::worker_joined(worker, req, previous);
+        if let Event::WorkerJoined { spec, .. } = &mut ev {
+            spec.provider = provider;
+            spec.price = price;
+        }
         self.handle(ev, cmds, records);
         for r in finished {
             if let Some(ev) = crate::convert::task_finished(worker, r) {

@@ -523,6 +523,19 @@ impl CoordinatorRpc for Api {
         Ok(Response::new(proto::OutputsReply { outputs }))
     }
 
+    async fn provider_list(
+        &self,
+        req: Request<proto::ProviderListRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        // The admin and tenants (who choose where their work goes) see the providers.
+        job_scope(&req, "list providers")?;
+        let providers = self.access.providers();
+        let json = self
+            .ask(|reply| Req::Providers { providers, reply })
+            .await?;
+        Ok(Response::new(proto::JsonReply { json }))
+    }
+
     async fn shutdown(
         &self,
         req: Request<proto::ShutdownRequest>,
@@ -565,6 +578,21 @@ impl AdminRpc for Api {
         let json = serde_json::to_string(&self.access.tenants())
             .map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(proto::JsonReply { json }))
+    }
+
+    async fn provider_add(
+        &self,
+        req: Request<proto::ProviderAddRequest>,
+    ) -> std::result::Result<Response<proto::NewToken>, Status> {
+        admin_only(&req, "add providers")?;
+        let name = req.into_inner().name;
+        let access = self.access.clone();
+        let (info, token) = tokio::task::spawn_blocking(move || access.add_provider(&name))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(access_status)?;
+        tracing::info!(provider = %info.name, id = %info.id, "provider added");
+        Ok(Response::new(proto::NewToken { id: info.id, token }))
     }
 
     async fn worker_token_add(
@@ -661,6 +689,18 @@ impl Workers for Api {
             _ => return Err(deny(&who, "register workers")),
         };
         let req = req.into_inner();
+        // A provider's worker is that provider's (its token says so), at its price; the
+        // operator's own workers are free.
+        let provider = self.access.provider_of(&enrolment);
+        let price = flotilla_pool::Price::parse(&req.price)
+            .map_err(|e| Status::invalid_argument(format!("the worker's --price: {e}")))?;
+        if provider.is_none() && price != flotilla_pool::Price::default() {
+            return Err(Status::invalid_argument(
+                "the worker has a --price but enrolled with a token that is not a provider's \
+                 (`flotilla admin provider add NAME` makes one; `flotilla worker \
+                 --provider-token FILE`)",
+            ));
+        }
         // A worker speaks for its id before a reconnect only with that id's credential.
         let previous = req.previous_worker.and_then(|p| {
             let proved = matches!(
@@ -679,6 +719,7 @@ impl Workers for Api {
             .ask(|reply| Req::Register {
                 req,
                 previous,
+                offer: (provider, price),
                 reply,
             })
             .await?;

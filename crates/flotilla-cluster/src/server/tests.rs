@@ -302,3 +302,70 @@ async fn a_peer_holds_at_most_its_share_of_connections() {
     server.stop();
     server.wait().await.expect("a clean stop");
 }
+
+/// A price belongs to a provider's worker: one enrolled with another token is refused, as is
+/// a price that does not read; a provider's worker registers at its price.
+#[tokio::test]
+async fn only_a_providers_worker_has_a_price() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    let server = Server::start(ServerConfig::new(listen, dir.path().join("state")))
+        .await
+        .expect("starts");
+    let remote = crate::Remote::new(server.addr().to_string(), server.token());
+    let provider = crate::Client::connect(&remote)
+        .await
+        .expect("a client")
+        .provider_add("acme")
+        .await
+        .expect("added")
+        .token;
+    let register = |price: &str| proto::RegisterRequest {
+        protocol_version: proto::PROTOCOL_VERSION,
+        name: "w".into(),
+        resources: Some(proto::ResourceSet {
+            cpus: 1.0,
+            ..Default::default()
+        }),
+        price: price.into(),
+        ..Default::default()
+    };
+    let workers = |token: &str| {
+        let remote = remote.clone();
+        let token = token.to_string();
+        async move {
+            crate::proto::workers_client::WorkersClient::with_interceptor(
+                remote.channel().await.expect("connects"),
+                crate::auth::TokenAdd::new(&token).expect("ascii"),
+            )
+        }
+    };
+    let e = workers(server.token())
+        .await
+        .register(register("cpu=0.02"))
+        .await
+        .expect_err("a priced worker without a provider token");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("provider"), "{}", e.message());
+    let e = workers(&provider)
+        .await
+        .register(register("cpu=cheap"))
+        .await
+        .expect_err("a price that does not read");
+    assert!(e.message().contains("--price"), "{}", e.message());
+    workers(&provider)
+        .await
+        .register(register("cpu=0.02"))
+        .await
+        .expect("a provider's worker at its price");
+    let list = crate::Client::connect(&remote)
+        .await
+        .expect("a client")
+        .provider_list()
+        .await
+        .expect("listed");
+    assert_eq!(list[0].name, "acme");
+    assert_eq!(list[0].prices, vec!["cpu=0.02,gpu=0,mem_gb=0".to_string()]);
+    server.stop();
+    server.wait().await.expect("a clean stop");
+}

@@ -218,6 +218,13 @@ pub struct WorkerSpec {
     pub gpus: Vec<GpuInfo>,
     /// `host:port` of its object server, for transfer staging.
     pub data_addr: String,
+    /// The provider whose machine it is (it enrolled with that provider's token); `None`:
+    /// the operator's own.
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// Its provider's price (zero for the operator's own workers).
+    #[serde(default)]
+    pub price: flotilla_pool::Price,
 }
 
 impl WorkerSpec {

@@ -200,6 +200,12 @@ pub struct WorkerStatus {
     pub hw_class: String,
     /// Its object server.
     pub data_addr: String,
+    /// The provider whose machine it is (`None`: the operator's own).
+    #[serde(default)]
+    pub provider: Option<String>,
+    /// Its provider's price, credits per unit-hour.
+    #[serde(default)]
+    pub price: flotilla_pool::Price,
     /// What it offers.
     pub resources: Resources,
     /// What its reserved (started or about to start) attempts use.
@@ -309,6 +315,8 @@ impl Coordinator {
                 hostname: w.spec.hostname.clone(),
                 hw_class: w.spec.hw_class.clone(),
                 data_addr: w.spec.data_addr.clone(),
+                provider: w.spec.provider.clone(),
+                price: w.spec.price,
                 resources: w.cap().clone(),
                 used: w.used().clone(),
                 tasks: w.slots.keys().copied().collect(),

@@ -195,6 +195,28 @@ impl Cluster {
 
     /// [`Cluster::add_worker_with`] enrolling with `token` (e.g. a worker enrolment token).
     pub(crate) fn add_worker_as(&mut self, cpus: u32, extra: &[&str], token: &str) -> usize {
+        self.add_worker_full(cpus, extra, token, &[])
+    }
+
+    /// [`Cluster::add_worker_with`] with more environment variables (e.g. `FLOTILLA_FAULT`).
+    #[allow(dead_code)]
+    pub(crate) fn add_worker_env(
+        &mut self,
+        cpus: u32,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> usize {
+        let token = self.token.clone();
+        self.add_worker_full(cpus, extra, &token, env)
+    }
+
+    fn add_worker_full(
+        &mut self,
+        cpus: u32,
+        extra: &[&str],
+        token: &str,
+        env: &[(&str, &str)],
+    ) -> usize {
         let i = self.workers.len();
         let work = self.root.path().join(format!("w{i}"));
         let mut cmd = Command::new(BIN);
@@ -214,6 +236,7 @@ impl Cluster {
                 &["--isolation", "none"][..]
             })
             .env("FLOTILLA_TOKEN", token)
+            .envs(env.iter().copied())
             .env_remove("FLOTILLA_SERVER");
         let (p, _lines) = spawn_logged(cmd, &format!("w{i}"));
         self.workers.push(Some(p));
@@ -604,4 +627,21 @@ impl HashDag {
             })
             .collect()
     }
+}
+
+/// The last line of a successful command's stdout (where `flotilla admin ... add` prints a
+/// token).
+#[allow(dead_code)]
+pub(crate) fn last_line(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .trim()
+        .to_string()
 }

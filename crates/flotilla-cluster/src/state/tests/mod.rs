@@ -39,6 +39,8 @@ pub(super) fn wspec(cpus: f64, gpus: &[u64]) -> WorkerSpec {
             })
             .collect(),
         data_addr: format!("addr-{cpus}"),
+        provider: None,
+        price: Default::default(),
     }
 }
 

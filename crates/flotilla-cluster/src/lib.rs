@@ -18,6 +18,7 @@ pub mod framed;
 pub mod journal;
 pub mod objects;
 pub mod proto;
+mod sandbox_watch;
 pub mod server;
 pub mod sim;
 pub mod state;

@@ -93,6 +93,9 @@ pub struct WorkerConfig {
     pub price: flotilla_pool::Price,
     /// A deliberate fault for tests (`FLOTILLA_FAULT`, see [`crate::fault`]).
     pub fault: crate::fault::Fault,
+    /// The most disk one attempt's folder may use (transfer staging): a task whose folder
+    /// grows past it is stopped and fails, and no file of it may be larger. `None`: no cap.
+    pub max_sandbox: Option<u64>,
 }
 
 /// The WASM memory a module gets when its job does not say: 1 GiB.
@@ -129,6 +132,7 @@ impl WorkerConfig {
             max_store: None,
             price: flotilla_pool::Price::default(),
             fault: crate::fault::Fault::None,
+            max_sandbox: None,
             wasm_max_time: DEFAULT_WASM_MAX_TIME,
         }
     }
@@ -445,6 +449,8 @@ struct Shared {
     out: mpsc::UnboundedSender<Out>,
     wasm: Option<WasmRunner>,
     objects: Arc<ObjectStore>,
+    /// Watches the size of transfer sandboxes (`--max-sandbox`).
+    sandbox_watch: Option<Arc<crate::sandbox_watch::SandboxWatch>>,
     data_addr: String,
     /// The fingerprint of its object server's TLS certificate (`""`: plain TCP).
     data_cert: String,
@@ -577,6 +583,12 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
     )
     .await?;
     let data_addr = data.to_string();
+    let sandbox_watch = match config.max_sandbox {
+        Some(cap) => Some(crate::sandbox_watch::SandboxWatch::start(cap).map_err(|e| {
+            ClusterError::Config(format!("cannot start the sandbox size watcher: {e}"))
+        })?),
+        None => None,
+    };
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Out>();
     let wasm = match WasmRunner::new() {
         Ok(w) => Some(w),
@@ -610,6 +622,7 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         out: out_tx,
         wasm,
         objects,
+        sandbox_watch,
         data_addr,
         data_cert,
         rendezvous_port: std::sync::atomic::AtomicU32::new(0),
@@ -978,6 +991,11 @@ fn execute(
     .vars();
     env.extend(a.env.iter().map(|e| (e.name.clone(), e.value.clone())));
     let timeout = a.timeout_ms.map(Duration::from_millis);
+    // A transfer sandbox is this attempt's alone: its size is watched (`--max-sandbox`).
+    let watch = match (&sh.sandbox_watch, a.transfer) {
+        (Some(w), true) => Some(w.watch(&root, cancel)),
+        _ => None,
+    };
     let outcome = if !a.wasm_module.is_empty() {
         let Some(runner) = &sh.wasm else {
             return failed("this worker cannot run wasm tasks".into(), false);
@@ -1085,6 +1103,12 @@ fn execute(
                 // A cgroup's memory limit covers the whole tree; RLIMIT_AS otherwise.
                 mem_bytes: (mem > 0 && cgroup.is_none()).then_some(mem),
                 processes: nproc,
+                // No one file past the sandbox's cap (the watcher sees the sum).
+                file_bytes: sh
+                    .sandbox_watch
+                    .as_ref()
+                    .filter(|_| a.transfer)
+                    .map(|w| w.cap()),
                 ..Limits::default()
             },
             cgroup,
@@ -1096,6 +1120,36 @@ fn execute(
         Ok(o) => o,
         Err(e) => return failed(e.to_string(), false),
     };
+    if let (Some(size), Some(w)) = (watch.as_ref().and_then(|w| w.over()), &sh.sandbox_watch) {
+        return failed(
+            format!(
+                "the task's folder grew to {size} bytes, past this worker's --max-sandbox \
+                 ({} bytes)",
+                w.cap()
+            ),
+            false,
+        );
+    }
+    // A file that reached the cap: SIGXFSZ kills the writer (a shell reports 128 + 25).
+    if let (Some(w), Some(_)) = (&sh.sandbox_watch, &watch) {
+        let how = match outcome.termination {
+            Termination::Signaled(libc::SIGXFSZ) => Some("killed by SIGXFSZ"),
+            Termination::Exited(c) if c == 128 + libc::SIGXFSZ => {
+                Some("exited with code 153, 128 + SIGXFSZ")
+            }
+            _ => None,
+        };
+        if let Some(how) = how {
+            return failed(
+                format!(
+                    "{how}: a file of the task reached this worker's --max-sandbox ({} bytes)",
+                    w.cap()
+                ),
+                false,
+            );
+        }
+    }
+    drop(watch);
     let usage = crate::state::Usage {
         cpu_seconds: outcome.usage.cpu_seconds,
         peak_rss_bytes: outcome.usage.peak_rss_bytes,

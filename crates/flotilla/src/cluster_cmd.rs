@@ -151,6 +151,11 @@ pub(crate) struct WorkerArgs {
     /// Default: no cap.
     #[arg(long, value_parser = parse_log_size)]
     max_store: Option<u64>,
+    /// The most disk one task's folder may use in transfer staging (e.g. 10GiB): a task
+    /// whose folder grows past it is stopped and fails, and no file of it may be larger.
+    /// Default: no cap.
+    #[arg(long, value_parser = parse_log_size)]
+    max_sandbox: Option<u64>,
     /// Join the pool as a provider's machine: enrol with the provider token in this file
     /// (`flotilla admin provider add NAME` prints it) instead of --token-file.
     #[arg(long)]
@@ -341,6 +346,7 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     cfg.wasm_max_memory = flotilla::core::size::parse_size(&a.wasm_max_memory)
         .with_context(|| format!("--wasm-max-memory {}", a.wasm_max_memory))?;
     cfg.max_store = a.max_store;
+    cfg.max_sandbox = a.max_sandbox;
     // Test hooks only (see flotilla_cluster::fault): an unknown value stops the worker.
     cfg.fault = flotilla::cluster::fault::Fault::from_env()?;
     cfg.wasm_max_time = flotilla::core::duration::parse_duration(&a.wasm_max_time)

@@ -190,3 +190,36 @@ fn disk_caps_refuse_uploads_and_outputs_that_do_not_fit() {
     );
     assert_succeeded(&c.wait_job(small, Duration::from_secs(60)));
 }
+
+/// `--max-sandbox`: a transfer task whose folder grows past the cap (many small files) is
+/// stopped and fails saying so; one file past it is stopped by the kernel (SIGXFSZ), also
+/// named; the worker goes on. Before, a task could fill the worker's disk.
+#[test]
+fn a_task_folder_past_the_sandbox_cap_is_stopped() {
+    let mut c = Cluster::start(0, 1);
+    c.add_worker_with(1, &["--max-sandbox", "1MiB"]);
+    c.wait_workers(1);
+    let many = c.submit_toml(
+        "many.toml",
+        "name = \"many\"\nstaging = \"transfer\"\n[[task]]\nid = \"t\"\nretries = 0\n\
+         cmd = [\"sh\", \"-c\", \"for i in $(seq 40); do head -c 100000 /dev/zero > f$i; done; \
+         sleep 60\"]\n",
+    );
+    let s = c.wait_job(many, Duration::from_secs(60));
+    let message = s.tasks[0].message.clone().unwrap_or_default();
+    assert!(message.contains("--max-sandbox"), "{message}");
+    let one = c.submit_toml(
+        "one.toml",
+        "name = \"one\"\nstaging = \"transfer\"\n[[task]]\nid = \"t\"\nretries = 0\n\
+         cmd = [\"sh\", \"-c\", \"head -c 4000000 /dev/zero > big\"]\n",
+    );
+    let s = c.wait_job(one, Duration::from_secs(60));
+    let message = s.tasks[0].message.clone().unwrap_or_default();
+    assert!(message.contains("--max-sandbox"), "{message}");
+    let small = c.submit_toml(
+        "small.toml",
+        "name = \"small\"\nstaging = \"transfer\"\n[[task]]\nid = \"t\"\n\
+         cmd = [\"sh\", \"-c\", \"echo fits > out.txt\"]\noutputs = [\"out.txt\"]\n",
+    );
+    assert_succeeded(&c.wait_job(small, Duration::from_secs(60)));
+}

@@ -164,11 +164,11 @@ struct Compacted {
 /// What a finished compaction did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CompactionReport {
-    /// The file's size before and after, bytes.
+    /// The file's size before, bytes.
     pub bytes_before: u64,
-    /// The file's size after.
+    /// The file's size after, bytes.
     pub bytes_after: u64,
-    /// Records before and after.
+    /// Records before.
     pub records_before: u64,
     /// Records after.
     pub records_after: u64,

@@ -96,6 +96,10 @@ pub struct WorkerConfig {
     /// The most disk one attempt's folder may use (transfer staging): a task whose folder
     /// grows past it is stopped and fails, and no file of it may be larger. `None`: no cap.
     pub max_sandbox: Option<u64>,
+    /// The `flotilla-enter` program: with it, sandboxed tasks enter one sandbox holder built
+    /// at start instead of building their own (see `flotilla_exec::Holder`). `None`: each
+    /// task gets its own bubblewrap sandbox.
+    pub enter: Option<PathBuf>,
 }
 
 /// The WASM memory a module gets when its job does not say: 1 GiB.
@@ -133,6 +137,7 @@ impl WorkerConfig {
             price: flotilla_pool::Price::default(),
             fault: crate::fault::Fault::None,
             max_sandbox: None,
+            enter: None,
             wasm_max_time: DEFAULT_WASM_MAX_TIME,
         }
     }
@@ -266,6 +271,8 @@ struct Sandboxing {
     netns: Option<flotilla_exec::EmptyNetns>,
     /// The cgroup parent of its attempts (relative), when cgroups can be used.
     cgroups: Option<PathBuf>,
+    /// The sandbox holder tasks enter (without network or devices), when one could be made.
+    holder: Option<(flotilla_exec::Holder, flotilla_exec::HolderRef)>,
 }
 
 impl Sandboxing {
@@ -345,13 +352,52 @@ impl Sandboxing {
                 None
             }
         };
+        let holder = config.enter.as_ref().and_then(|enter| {
+            match start_holder(&bwrap, etc.as_deref(), enter, &config.work_dir) {
+                Ok(h) => Some(h),
+                Err(e) => {
+                    tracing::info!("each sandbox is built for its task (no holder: {e})");
+                    None
+                }
+            }
+        });
+        tracing::info!(holder = holder.is_some(), "sandbox holder");
         Ok(Some(Sandboxing {
             bwrap,
             etc,
             netns,
             cgroups,
+            holder,
         }))
     }
+}
+
+/// Starts a sandbox holder and checks that a task can enter it (`open_tree` and
+/// `move_mount` need Linux 5.2 and the capabilities of a worker run as root).
+fn start_holder(
+    bwrap: &Path,
+    etc: Option<&Path>,
+    enter: &Path,
+    work_dir: &Path,
+) -> std::result::Result<(flotilla_exec::Holder, flotilla_exec::HolderRef), String> {
+    let holder = flotilla_exec::Holder::start(bwrap, etc).map_err(|e| e.to_string())?;
+    let r = holder.reference(enter);
+    let out = std::process::Command::new(enter)
+        .args(["--holder", &r.pid.to_string(), "--own"])
+        .arg(work_dir)
+        .arg("--cwd")
+        .arg(work_dir)
+        .args(["--", "true"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("{}: {e}", enter.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "a task cannot enter it: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok((holder, r))
 }
 
 /// A running attempt's I/O: its cancel handle and log files (path, bytes sent so far).
@@ -1065,6 +1111,7 @@ fn execute(
                     },
                     devices: gpu_devices(&a.gpu_indices),
                     etc: sb.etc.clone(),
+                    holder: sb.holder.as_ref().map(|(_, r)| r.clone()),
                 };
                 let cgroup = sb.cgroups.as_ref().map(|parent| flotilla_exec::CgroupSpec {
                     mem_max: (mem > 0).then_some(mem),

@@ -385,6 +385,15 @@ impl Cgroup {
         Ok(())
     }
 
+    /// The `cgroup.procs` files a process writes `0` to, to join the cgroup (what
+    /// `flotilla-enter` does for a task started in a sandbox holder).
+    pub(crate) fn procs_paths(&self) -> Vec<std::path::PathBuf> {
+        self.dirs
+            .iter()
+            .map(|(_, d)| d.join("cgroup.procs"))
+            .collect()
+    }
+
     /// The descriptors the child writes `0` to (from `pre_exec`) to join the cgroup.
     pub(crate) fn procs_fds(&self) -> Vec<RawFd> {
         self.procs.iter().map(AsRawFd::as_raw_fd).collect()

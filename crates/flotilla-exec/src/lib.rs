@@ -55,6 +55,6 @@ pub use process::{
     host_vars, run_process, run_process_guarded, GangEnv, Limits, ProcessSpec, TaskEnv,
     DEFAULT_KILL_GRACE, HOST_VARS,
 };
-pub use sandbox::{EmptyNetns, SandboxSpec};
+pub use sandbox::{EmptyNetns, Holder, HolderRef, SandboxSpec};
 #[cfg(feature = "wasm")]
 pub use wasm::{WasmRunner, WasmSpec, EPOCH_TICK, MAX_TABLE_ELEMENTS};

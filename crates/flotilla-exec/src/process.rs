@@ -248,13 +248,27 @@ pub fn run_process_guarded(
         return Ok(spec.outcome(Termination::Cancelled, Usage::default()));
     }
     let (out, err) = output::open_pair(&spec.stdout, &spec.stderr)?;
-    let mut command = match &spec.sandbox {
-        Some(sb) => {
+    let cgroup = spec.cgroup.as_ref().map(Cgroup::create).transpose()?;
+    // In a sandbox holder, `flotilla-enter` joins the cgroup and sets the limits itself: the
+    // spawn needs no `pre_exec` hook.
+    let holder = spec
+        .sandbox
+        .as_ref()
+        .and_then(|sb| sb.holder_for_task().map(|h| (sb, h)));
+    let mut command = match (&spec.sandbox, holder) {
+        (_, Some((sb, h))) => {
+            let procs = cgroup.as_ref().map(Cgroup::procs_paths).unwrap_or_default();
+            let (enter, args) = sb.enter_line(h, &spec.cmd, &spec.cwd, &procs, &spec.limits);
+            let mut c = Command::new(enter);
+            c.args(args);
+            c
+        }
+        (Some(sb), None) => {
             let mut c = Command::new(&sb.bwrap);
             c.args(sb.command_line(&spec.cmd, &spec.cwd));
             c
         }
-        None => {
+        (None, None) => {
             let mut c = Command::new(program);
             c.args(&spec.cmd[1..]);
             c
@@ -271,9 +285,8 @@ pub fn run_process_guarded(
     }
     command.envs(spec.env.iter().map(|(k, v)| (k, v)));
 
-    let cgroup = spec.cgroup.as_ref().map(Cgroup::create).transpose()?;
     let netns = spec.sandbox.as_ref().and_then(|s| s.netns);
-    if spec.limits.any() || cgroup.is_some() || netns.is_some() {
+    if holder.is_none() && (spec.limits.any() || cgroup.is_some() || netns.is_some()) {
         let limits = spec.limits;
         let procs_fds = cgroup.as_ref().map(Cgroup::procs_fds).unwrap_or_default();
         // SAFETY: getpid has no preconditions.

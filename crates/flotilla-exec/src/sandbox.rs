@@ -11,9 +11,18 @@
 //! A fresh network namespace per task is the expensive part of a sandbox (a kernel-wide
 //! lock); a worker that may (root) makes one empty namespace at start ([`EmptyNetns`]) and
 //! each sandbox joins it instead.
+//!
+//! Faster still, a [`Holder`]: one bubblewrap sandbox a worker builds at start (user, mount,
+//! network, IPC and UTS namespaces; the system read-only; `/proc`, `/dev`; nothing of the
+//! worker's) that each task *enters* through `flotilla-enter` (spawned, not forked from the
+//! worker) instead of building a sandbox of its own: the task gets a mount namespace of its
+//! own in which only its folder (taken from the worker's namespace with `open_tree` and
+//! attached with `move_mount`) is writable and `/tmp` is fresh, its own PID and IPC
+//! namespaces, and no capabilities. Used for tasks without network and devices.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -33,6 +42,175 @@ pub struct SandboxSpec {
     /// A folder made by [`prepare_etc`] to show as `/etc` (one mount instead of one per
     /// file: each mount costs the sandbox time); `None`: the files are bound one by one.
     pub etc: Option<PathBuf>,
+    /// Enter this holder instead of building a sandbox (ignored for a task with network or
+    /// devices, which get one of their own).
+    pub holder: Option<HolderRef>,
+}
+
+/// How to enter a [`Holder`]: the `flotilla-enter` program and the holder's process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderRef {
+    /// The `flotilla-enter` program.
+    pub enter: PathBuf,
+    /// A process inside the holder (its namespaces are joined through `/proc/PID/ns`).
+    pub pid: u32,
+}
+
+impl SandboxSpec {
+    /// The holder this task enters, if it may: no network, no devices, and the holder is
+    /// still there.
+    pub fn holder_for_task(&self) -> Option<&HolderRef> {
+        self.holder.as_ref().filter(|h| {
+            !self.network
+                && self.devices.is_empty()
+                && Path::new(&format!("/proc/{}/ns/user", h.pid)).exists()
+        })
+    }
+
+    /// The program and arguments that start `cmd` in `cwd` inside `holder`, joining the
+    /// cgroup whose `cgroup.procs` files are `cgroup_procs` and with `limits` as rlimits
+    /// (`flotilla-enter` applies them: no `pre_exec` hook, so the worker spawns, never forks).
+    pub fn enter_line(
+        &self,
+        holder: &HolderRef,
+        cmd: &[String],
+        cwd: &Path,
+        cgroup_procs: &[PathBuf],
+        limits: &crate::Limits,
+    ) -> (PathBuf, Vec<String>) {
+        let mut a = vec![
+            "--holder".to_string(),
+            holder.pid.to_string(),
+            "--own".to_string(),
+            self.writable.display().to_string(),
+            "--cwd".to_string(),
+            cwd.display().to_string(),
+        ];
+        for p in cgroup_procs {
+            a.push("--cgroup-procs".into());
+            a.push(p.display().to_string());
+        }
+        for (name, v) in [
+            ("as", limits.mem_bytes),
+            ("cpu", limits.cpu_seconds),
+            ("nofile", limits.open_files),
+            ("nproc", limits.processes),
+            ("fsize", limits.file_bytes),
+        ] {
+            if let Some(v) = v {
+                a.push("--rlimit".into());
+                a.push(format!("{name}={v}"));
+            }
+        }
+        a.push("--".into());
+        a.extend(cmd.iter().cloned());
+        (holder.enter.clone(), a)
+    }
+}
+
+/// A worker's sandbox holder: a bubblewrap sandbox with nothing running in it but a
+/// `sleep`, whose namespaces tasks enter (see the module's documentation). Killed when
+/// dropped, and with its worker (`--die-with-parent`).
+#[derive(Debug)]
+pub struct Holder {
+    bwrap: std::process::Child,
+    inner: u32,
+}
+
+impl Holder {
+    /// Starts one with `bwrap`, `/etc` shown from `etc` (see [`prepare_etc`]); waits until
+    /// it is set up.
+    pub fn start(bwrap: &Path, etc: Option<&Path>) -> io::Result<Holder> {
+        let spec = SandboxSpec {
+            bwrap: bwrap.to_path_buf(),
+            writable: PathBuf::new(),
+            network: false,
+            netns: None,
+            devices: Vec::new(),
+            etc: etc.map(Path::to_path_buf),
+            holder: None,
+        };
+        let mut args = spec.system_args();
+        args.splice(
+            0..0,
+            [
+                "--unshare-user",
+                "--unshare-ipc",
+                "--unshare-uts",
+                "--unshare-net",
+                "--hostname",
+                "flotilla-task",
+                "--die-with-parent",
+            ]
+            .map(String::from),
+        );
+        args.extend(["--".to_string(), "sleep".into(), "infinity".into()]);
+        let mut bwrap = Command::new(bwrap)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()?;
+        let outer = bwrap.id();
+        // bwrap's child is the process in the namespaces; set up once it runs `sleep`.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Some(inner) =
+                std::fs::read_to_string(format!("/proc/{outer}/task/{outer}/children"))
+                    .ok()
+                    .and_then(|s| {
+                        s.split_whitespace()
+                            .next()
+                            .and_then(|p| p.parse::<u32>().ok())
+                    })
+            {
+                let comm =
+                    std::fs::read_to_string(format!("/proc/{inner}/comm")).unwrap_or_default();
+                if comm.trim() == "sleep" {
+                    return Ok(Holder { bwrap, inner });
+                }
+            }
+            if let Some(status) = bwrap.try_wait()? {
+                let mut err = String::new();
+                if let Some(mut e) = bwrap.stderr.take() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut err);
+                }
+                return Err(io::Error::other(format!(
+                    "the sandbox holder ended at once ({status}): {}",
+                    err.trim()
+                )));
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = bwrap.kill();
+                let _ = bwrap.wait();
+                return Err(io::Error::other("the sandbox holder did not start in 20 s"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// How tasks enter it, with the `flotilla-enter` program `enter`.
+    pub fn reference(&self, enter: &Path) -> HolderRef {
+        HolderRef {
+            enter: enter.to_path_buf(),
+            pid: self.inner,
+        }
+    }
+
+    /// Its bubblewrap process (its process group's id), for a task guard.
+    pub fn pid(&self) -> u32 {
+        self.bwrap.id()
+    }
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        // SAFETY: killpg of the holder's own process group.
+        unsafe { libc::killpg(self.bwrap.id() as libc::pid_t, libc::SIGKILL) };
+        let _ = self.bwrap.wait();
+    }
 }
 
 /// The host folders a sandbox sees, read-only (those that exist; a link such as `/bin ->
@@ -80,6 +258,25 @@ impl SandboxSpec {
         if !self.network && self.netns.is_none() {
             push(&["--unshare-net"]);
         }
+        a.extend(self.system_args());
+        let mut push = |xs: &[&str]| a.extend(xs.iter().map(|s| s.to_string()));
+        for d in &self.devices {
+            let d = d.display().to_string();
+            push(&["--dev-bind-try", &d, &d]);
+        }
+        let w = self.writable.display().to_string();
+        push(&["--bind", &w, &w]);
+        let cwd = cwd.display().to_string();
+        push(&["--chdir", &cwd, "--"]);
+        a.extend(cmd.iter().cloned());
+        a
+    }
+
+    /// The system as every sandbox sees it: its folders read-only, `/etc`, `/proc`, `/dev`,
+    /// a private `/tmp`.
+    fn system_args(&self) -> Vec<String> {
+        let mut a: Vec<String> = Vec::with_capacity(48);
+        let mut push = |xs: &[&str]| a.extend(xs.iter().map(|s| s.to_string()));
         for dir in SYSTEM {
             let p = Path::new(dir);
             match std::fs::read_link(p) {
@@ -103,15 +300,6 @@ impl SandboxSpec {
             }
         }
         push(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
-        for d in &self.devices {
-            let d = d.display().to_string();
-            push(&["--dev-bind-try", &d, &d]);
-        }
-        let w = self.writable.display().to_string();
-        push(&["--bind", &w, &w]);
-        let cwd = cwd.display().to_string();
-        push(&["--chdir", &cwd, "--"]);
-        a.extend(cmd.iter().cloned());
         a
     }
 }
@@ -174,6 +362,7 @@ pub fn probe(bwrap: &Path) -> Result<(), String> {
         netns: None,
         devices: Vec::new(),
         etc: None,
+        holder: None,
     };
     let out = Command::new(bwrap)
         .args(spec.command_line(&["true".into()], &dir))

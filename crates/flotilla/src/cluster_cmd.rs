@@ -330,6 +330,8 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     }
     // The guard that kills this worker's tasks if it dies: this same binary.
     cfg.guard = flotilla::guard_command();
+    // Sandboxed tasks enter one holder through the program installed beside this one.
+    cfg.enter = flotilla::enter_program();
     if let Some(c) = a.cpus {
         cfg.cpus = c;
     }

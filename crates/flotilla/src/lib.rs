@@ -54,3 +54,15 @@ pub fn guard_command() -> Option<Vec<String>> {
     let exe = std::env::current_exe().ok()?;
     (exe.file_name()? == "flotilla").then(|| vec![exe.display().to_string(), "worker-guard".into()])
 }
+
+/// The `flotilla-enter` program installed beside this binary (`FLOTILLA_ENTER` overrides),
+/// with which a worker's sandboxed tasks enter its sandbox holder.
+pub fn enter_program() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("FLOTILLA_ENTER") {
+        return Some(p.into());
+    }
+    let p = std::env::current_exe()
+        .ok()?
+        .with_file_name("flotilla-enter");
+    p.is_file().then_some(p)
+}

@@ -67,7 +67,7 @@ cmd = ["python3", "-c", "import socket, sys; s = socket.socket(); s.settimeout(3
 
 [[task]]
 id = "honest"
-cmd = ["sh", "-c", "echo fine > honest.txt"]
+cmd = ["sh", "-c", "echo fine > honest.txt; tr '\\0' ' ' < /proc/1/cmdline > pid1.txt"]
 "#
     )
 }
@@ -104,6 +104,10 @@ fn sandboxed_tasks_fail_at_their_attacks_and_harm_nothing() {
         std::fs::read_to_string(dir.join("honest.txt")).unwrap(),
         "fine\n"
     );
+    // The task entered the worker's sandbox holder (the init of its PID namespace is
+    // `flotilla-enter`), not a sandbox of its own.
+    let init = std::fs::read_to_string(dir.join("pid1.txt")).unwrap();
+    assert!(init.contains("flotilla-enter"), "the task's PID 1: {init}");
     assert!(
         !c.root().join("outside").exists(),
         "wrote outside its folder"
@@ -274,4 +278,32 @@ fn a_sandboxed_task_dies_with_its_killed_worker_and_a_memory_hog_with_its_cgroup
         "failed for another reason: {why}"
     );
     assert_eq!(c.live_workers().len(), 1);
+}
+
+/// Transfer staging in the sandbox holder: a task sees its own folder (its inputs, where it
+/// writes its outputs) and none of the other attempts' folders beside it; its output comes
+/// back whole.
+#[test]
+fn a_transfer_task_sees_only_its_own_folder() {
+    if !sandbox_or_skip() {
+        return;
+    }
+    let mut c = Cluster::start(0, 2);
+    c.add_worker_with(2, &["--isolation", "required"]);
+    c.wait_workers(1);
+    std::fs::write(c.job_dir().join("in.txt"), "input\n").unwrap();
+    let id = c.submit_toml(
+        "own.toml",
+        "name = \"own\"\nstaging = \"transfer\"\n\
+         [[task]]\nid = \"t\"\narray = \"0..2\"\ninputs = [\"in.txt\"]\n\
+         cmd = [\"sh\", \"-c\", \"sleep 1; ls .. | wc -l > seen-$FLOTILLA_INDEX.txt; cat in.txt >> seen-$FLOTILLA_INDEX.txt\"]\n\
+         outputs = [\"seen-{i}.txt\"]\n",
+    );
+    kit::assert_succeeded(&c.wait_job(id, Duration::from_secs(60)));
+    let out = c.cli(&["wait", &id.0.to_string()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for i in 0..2 {
+        let seen = std::fs::read_to_string(c.job_dir().join(format!("seen-{i}.txt"))).unwrap();
+        assert_eq!(seen, "1\ninput\n", "task {i} saw beside its folder: {seen}");
+    }
 }

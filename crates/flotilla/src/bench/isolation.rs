@@ -65,6 +65,7 @@ pub fn run(tasks: usize, rounds: usize) -> Result<Vec<IsolationPoint>> {
         netns,
         devices: Vec::new(),
         etc: Some(etc.clone()),
+        holder: None,
     };
     match &netns {
         Some(n) => {
@@ -77,16 +78,51 @@ pub fn run(tasks: usize, rounds: usize) -> Result<Vec<IsolationPoint>> {
     let mut s = base();
     s.sandbox = Some(sandbox(None));
     settings.push(("sandbox+netns".into(), s));
+    // The worker's way when it can: one holder, each task entering it.
+    let holder = match crate::enter_program() {
+        Some(enter) => match flotilla_exec::Holder::start(&bwrap, Some(&etc)) {
+            Ok(h) => {
+                let r = h.reference(&enter);
+                Some((h, r))
+            }
+            Err(e) => {
+                eprintln!("no sandbox holder ({e}): the holder settings are left out");
+                None
+            }
+        },
+        None => {
+            eprintln!(
+                "flotilla-enter not found beside this binary: the holder settings are left out"
+            );
+            None
+        }
+    };
+    if let Some((_, r)) = &holder {
+        let mut s = base();
+        let mut sb = sandbox(None);
+        sb.holder = Some(r.clone());
+        s.sandbox = Some(sb);
+        settings.push(("holder".into(), s));
+    }
+    let cgroup = || CgroupSpec {
+        mem_max: Some(1 << 30),
+        cpu_max: Some(1.0),
+        pids_max: Some(1024),
+        ..CgroupSpec::new(format!("flotilla-bench-{}", std::process::id()), "attempt")
+    };
     if flotilla_exec::cgroup_available() {
         let mut s = base();
         s.sandbox = Some(sandbox(netns.as_ref().map(EmptyNetns::fd)));
-        s.cgroup = Some(CgroupSpec {
-            mem_max: Some(1 << 30),
-            cpu_max: Some(1.0),
-            pids_max: Some(1024),
-            ..CgroupSpec::new(format!("flotilla-bench-{}", std::process::id()), "attempt")
-        });
+        s.cgroup = Some(cgroup());
         settings.push(("sandbox+cgroup".into(), s));
+        if let Some((_, r)) = &holder {
+            let mut s = base();
+            let mut sb = sandbox(None);
+            sb.holder = Some(r.clone());
+            s.sandbox = Some(sb);
+            s.cgroup = Some(cgroup());
+            settings.push(("holder+cgroup".into(), s));
+        }
     } else {
         eprintln!("no writable cgroup hierarchy: sandbox+cgroup is left out");
     }

@@ -301,7 +301,11 @@ fn a_transfer_task_sees_only_its_own_folder() {
     );
     kit::assert_succeeded(&c.wait_job(id, Duration::from_secs(60)));
     let out = c.cli(&["wait", &id.0.to_string()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for i in 0..2 {
         let seen = std::fs::read_to_string(c.job_dir().join(format!("seen-{i}.txt"))).unwrap();
         assert_eq!(seen, "1\ninput\n", "task {i} saw beside its folder: {seen}");

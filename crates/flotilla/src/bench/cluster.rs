@@ -162,6 +162,7 @@ pub async fn run(
         let mut wc = WorkerConfig::local(remote.clone());
         // As `flotilla worker` runs: with its task guard.
         wc.guard = crate::guard_command();
+        wc.enter = crate::enter_program();
         wc.name = format!("bench-{w}");
         wc.cpus = cfg.cpus_per_worker;
         wc.work_dir = dir.join(format!("worker{w}"));

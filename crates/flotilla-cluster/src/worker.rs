@@ -383,7 +383,13 @@ fn start_holder(
     let holder = flotilla_exec::Holder::start(bwrap, etc).map_err(|e| e.to_string())?;
     let r = holder.reference(enter);
     let out = std::process::Command::new(enter)
-        .args(["--holder", &r.pid.to_string(), "--own"])
+        .args([
+            "--holder",
+            &r.pid.to_string(),
+            "--holder-mnt",
+            &r.mnt.to_string(),
+            "--own",
+        ])
         .arg(work_dir)
         .arg("--cwd")
         .arg(work_dir)

@@ -54,17 +54,26 @@ pub struct HolderRef {
     pub enter: PathBuf,
     /// A process inside the holder (its namespaces are joined through `/proc/PID/ns`).
     pub pid: u32,
+    /// The inode of the holder's mount namespace: a process with that pid but another
+    /// namespace (the holder died and its pid was reused) is never entered.
+    pub mnt: u64,
+}
+
+/// The inode of `pid`'s mount namespace.
+fn mnt_ino(pid: u32) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}/ns/mnt"))
+        .ok()
+        .map(|m| m.ino())
 }
 
 impl SandboxSpec {
     /// The holder this task enters, if it may: no network, no devices, and the holder is
     /// still there.
     pub fn holder_for_task(&self) -> Option<&HolderRef> {
-        self.holder.as_ref().filter(|h| {
-            !self.network
-                && self.devices.is_empty()
-                && Path::new(&format!("/proc/{}/ns/user", h.pid)).exists()
-        })
+        self.holder
+            .as_ref()
+            .filter(|h| !self.network && self.devices.is_empty() && mnt_ino(h.pid) == Some(h.mnt))
     }
 
     /// The program and arguments that start `cmd` in `cwd` inside `holder`, joining the
@@ -81,6 +90,8 @@ impl SandboxSpec {
         let mut a = vec![
             "--holder".to_string(),
             holder.pid.to_string(),
+            "--holder-mnt".to_string(),
+            holder.mnt.to_string(),
             "--own".to_string(),
             self.writable.display().to_string(),
             "--cwd".to_string(),
@@ -115,6 +126,7 @@ impl SandboxSpec {
 pub struct Holder {
     bwrap: std::process::Child,
     inner: u32,
+    mnt: u64,
 }
 
 impl Holder {
@@ -168,7 +180,9 @@ impl Holder {
                 let comm =
                     std::fs::read_to_string(format!("/proc/{inner}/comm")).unwrap_or_default();
                 if comm.trim() == "sleep" {
-                    return Ok(Holder { bwrap, inner });
+                    if let Some(mnt) = mnt_ino(inner) {
+                        return Ok(Holder { bwrap, inner, mnt });
+                    }
                 }
             }
             if let Some(status) = bwrap.try_wait()? {
@@ -196,6 +210,7 @@ impl Holder {
         HolderRef {
             enter: enter.to_path_buf(),
             pid: self.inner,
+            mnt: self.mnt,
         }
     }
 

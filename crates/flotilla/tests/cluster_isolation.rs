@@ -311,3 +311,71 @@ fn a_transfer_task_sees_only_its_own_folder() {
         assert_eq!(seen, "1\ninput\n", "task {i} saw beside its folder: {seen}");
     }
 }
+
+/// `flotilla-enter` on its own: a task in the holder has no capabilities, its own PID
+/// namespace and only its folder of the folders beside it; a holder whose pid now names
+/// another process (its mount namespace differs) is refused.
+#[test]
+fn flotilla_enter_drops_capabilities_and_checks_its_holder() {
+    if !sandbox_or_skip() {
+        return;
+    }
+    let Some(bwrap) = flotilla::exec::sandbox::find_bwrap() else {
+        return;
+    };
+    let holder = match flotilla::exec::Holder::start(&bwrap, None) {
+        Ok(h) => h,
+        Err(e) => {
+            assert!(
+                std::env::var_os("FLOTILLA_REQUIRE_SANDBOX").is_none(),
+                "no sandbox holder: {e}"
+            );
+            eprintln!("no sandbox holder here ({e}): skipped");
+            return;
+        }
+    };
+    let enter = std::path::PathBuf::from(env!("CARGO_BIN_EXE_flotilla-enter"));
+    let r = holder.reference(&enter);
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("own");
+    std::fs::create_dir_all(&own).unwrap();
+    std::fs::create_dir_all(dir.path().join("other")).unwrap();
+    let run = |mnt: u64, script: &str| {
+        std::process::Command::new(&enter)
+            .args([
+                "--holder",
+                &r.pid.to_string(),
+                "--holder-mnt",
+                &mnt.to_string(),
+            ])
+            .arg("--own")
+            .arg(&own)
+            .arg("--cwd")
+            .arg(&own)
+            .args(["--", "sh", "-c", script])
+            .output()
+            .unwrap()
+    };
+    let out = run(
+        r.mnt,
+        "grep CapEff /proc/self/status; echo pid=$$; ls ..; echo done > mark",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
+    assert!(text.contains("pid=2"), "{text}");
+    assert!(text.contains("own") && !text.contains("other"), "{text}");
+    assert!(own.join("mark").is_file());
+    let out = run(r.mnt + 1, "true");
+    assert_eq!(out.status.code(), Some(126));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no longer the sandbox holder"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(holder);
+}

@@ -7,7 +7,7 @@
 //! by the worker (no fork of the worker), so a task costs about a third of a bubblewrap run.
 //!
 //! ```text
-//! flotilla-enter --holder PID --own DIR --cwd DIR
+//! flotilla-enter --holder PID --holder-mnt INODE --own DIR --cwd DIR
 //!                [--cgroup-procs FILE]... [--rlimit NAME=VALUE]... -- CMD [ARG]...
 //! ```
 //!
@@ -27,6 +27,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 
 struct Args {
     holder: u32,
+    holder_mnt: u64,
     own: String,
     cwd: String,
     cgroups: Vec<String>,
@@ -38,6 +39,7 @@ fn parse() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let mut a = Args {
         holder: 0,
+        holder_mnt: 0,
         own: String::new(),
         cwd: String::new(),
         cgroups: Vec::new(),
@@ -52,6 +54,9 @@ fn parse() -> Result<Args, String> {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
             "--holder" => a.holder = value.parse().map_err(|_| format!("--holder {value}"))?,
+            "--holder-mnt" => {
+                a.holder_mnt = value.parse().map_err(|_| format!("--holder-mnt {value}"))?
+            }
             "--own" => a.own = value,
             "--cwd" => a.cwd = value,
             "--cgroup-procs" => a.cgroups.push(value),
@@ -73,8 +78,8 @@ fn parse() -> Result<Args, String> {
             _ => return Err(format!("unknown option {flag}")),
         }
     }
-    if a.holder == 0 || a.own.is_empty() || a.cwd.is_empty() {
-        return Err("--holder, --own and --cwd are required".into());
+    if a.holder == 0 || a.holder_mnt == 0 || a.own.is_empty() || a.cwd.is_empty() {
+        return Err("--holder, --holder-mnt, --own and --cwd are required".into());
     }
     if a.cmd.is_empty() {
         return Err("no command after --".into());
@@ -186,6 +191,16 @@ fn enter(a: &Args) -> Result<(libc::pid_t, std::fs::File), String> {
     }
     // The task's folder as a detached copy of its mount, made in the worker's namespace.
     let tree = open_tree(&a.own)?;
+    // The holder is the one the worker made (not a process that took its pid since).
+    let mnt = std::fs::metadata(format!("/proc/{}/ns/mnt", a.holder))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .map_err(|e| format!("the sandbox holder (pid {}): {e}", a.holder))?;
+    if mnt != a.holder_mnt {
+        return Err(format!(
+            "pid {} is no longer the sandbox holder (its mount namespace changed)",
+            a.holder
+        ));
+    }
     // The user namespace first: its capabilities let us join the others.
     join(a.holder, "user", libc::CLONE_NEWUSER)?;
     join(a.holder, "mnt", libc::CLONE_NEWNS)?;

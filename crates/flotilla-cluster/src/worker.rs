@@ -714,6 +714,9 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
     for c in running {
         c.cancel();
     }
+    // The emptied cgroups kept for reuse (what is left, e.g. of attempts still stopping, is
+    // removed at the worker's next start).
+    flotilla_exec::drain_cgroup_pool();
     Ok(())
 }
 

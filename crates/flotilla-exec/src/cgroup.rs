@@ -205,12 +205,65 @@ pub(crate) struct CgroupStats {
 }
 
 /// A live cgroup for one attempt (one folder in v2, one per controller in v1); removed on
-/// drop.
+/// drop, or (v1) kept empty for the next attempt under the same parent.
 #[derive(Debug)]
 pub(crate) struct Cgroup {
     /// The folders, by controller (`None`: the v2 folder).
     dirs: Vec<(Option<Controller>, PathBuf)>,
     procs: Vec<File>,
+    /// v1: the parent it goes back to the pool under when it is emptied.
+    pool: Option<PathBuf>,
+    /// v1: the OOM kills counted before this attempt (a reused cgroup's counter goes on).
+    oom_base: u64,
+}
+
+/// v1 cgroups emptied by attempts that ended, by parent, for the next attempts: making and
+/// removing the four folders of a v1 cgroup costs an attempt about 1.5 ms (memory cgroups
+/// are freed after an RCU grace period), resetting a used one a few writes. v2 cgroups are
+/// not kept (their peak memory cannot be reset on every kernel).
+type Pool = Vec<(PathBuf, Vec<Vec<(Option<Controller>, PathBuf)>>)>;
+static POOL: Mutex<Pool> = parking_lot::const_mutex(Vec::new());
+
+/// The most emptied cgroups kept per parent.
+const POOL_MAX: usize = 64;
+
+/// Removes the emptied cgroups kept for reuse (a worker that stops calls it).
+pub fn drain_cgroup_pool() {
+    let pool = std::mem::take(&mut *POOL.lock());
+    for (_, sets) in pool {
+        for dirs in sets {
+            for (_, d) in dirs {
+                let _ = fs::remove_dir(d);
+            }
+        }
+    }
+}
+
+fn pool_take(parent: &Path) -> Option<Vec<(Option<Controller>, PathBuf)>> {
+    let mut pool = POOL.lock();
+    pool.iter_mut()
+        .find(|(p, _)| p == parent)
+        .and_then(|(_, sets)| sets.pop())
+}
+
+fn pool_put(
+    parent: &Path,
+    dirs: Vec<(Option<Controller>, PathBuf)>,
+) -> std::result::Result<(), Vec<(Option<Controller>, PathBuf)>> {
+    let mut pool = POOL.lock();
+    let i = match pool.iter().position(|(p, _)| p == parent) {
+        Some(i) => i,
+        None => {
+            pool.push((parent.to_path_buf(), Vec::new()));
+            pool.len() - 1
+        }
+    };
+    let sets = &mut pool[i].1;
+    if sets.len() >= POOL_MAX {
+        return Err(dirs);
+    }
+    sets.push(dirs);
+    Ok(())
 }
 
 fn setup_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Error + 'a {
@@ -289,10 +342,14 @@ impl Cgroup {
                     }
                     v2_dir(&parent)
                 }
-                Some(Hierarchy::V1(ctls)) => ctls
-                    .iter()
-                    .map(|(c, root)| (Some(*c), root.join(&spec.parent).join(&spec.name)))
-                    .collect(),
+                Some(Hierarchy::V1(ctls)) => {
+                    if let Some(dirs) = pool_take(&spec.parent) {
+                        return Cgroup::reuse(spec, dirs);
+                    }
+                    ctls.iter()
+                        .map(|(c, root)| (Some(*c), root.join(&spec.parent).join(&spec.name)))
+                        .collect()
+                }
                 None => {
                     return Err(Error::Cgroup {
                         what: "find a writable cgroup hierarchy",
@@ -303,9 +360,12 @@ impl Cgroup {
             }
         };
         // From here on, dropping `cgroup` removes the folders made on every error path.
+        let v1 = dirs.iter().all(|(c, _)| c.is_some());
         let mut cgroup = Cgroup {
             dirs: Vec::new(),
             procs: Vec::new(),
+            pool: None,
+            oom_base: 0,
         };
         for (c, dir) in dirs {
             make_dir(&dir)?;
@@ -317,7 +377,61 @@ impl Cgroup {
             cgroup.procs.push(procs);
         }
         cgroup.apply(spec)?;
+        // Set up whole: it may go back to the pool when emptied.
+        cgroup.pool = (v1 && !spec.parent.is_absolute()).then(|| spec.parent.clone());
         Ok(cgroup)
+    }
+
+    /// A v1 cgroup from the pool, its counters reset and `spec`'s limits applied (the ones
+    /// `spec` does not set back to none).
+    fn reuse(spec: &CgroupSpec, dirs: Vec<(Option<Controller>, PathBuf)>) -> Result<Cgroup> {
+        let mut cgroup = Cgroup {
+            dirs: Vec::new(),
+            procs: Vec::new(),
+            pool: None,
+            oom_base: 0,
+        };
+        for (c, dir) in dirs {
+            cgroup.dirs.push((c, dir.clone()));
+            let procs = OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.procs"))
+                .map_err(setup_err("open cgroup.procs", &dir))?;
+            cgroup.procs.push(procs);
+        }
+        let at = |c: Controller, file: &str| cgroup.dir(Some(c)).map(|d| d.join(file));
+        for (c, file, value) in [
+            (Controller::Memory, "memory.max_usage_in_bytes", "0"),
+            (Controller::Cpuacct, "cpuacct.usage", "0"),
+            (Controller::Memory, "memory.limit_in_bytes", "-1"),
+            (Controller::Memory, "memory.memsw.limit_in_bytes", "-1"),
+            (Controller::Cpu, "cpu.cfs_quota_us", "-1"),
+            (Controller::Pids, "pids.max", "max"),
+        ] {
+            if let Some(path) = at(c, file) {
+                let _ = write_file(&path, value);
+            }
+        }
+        cgroup.oom_base = cgroup
+            .dir(Some(Controller::Memory))
+            .and_then(|d| fs::read_to_string(d.join("memory.oom_control")).ok())
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+            })
+            .unwrap_or(0);
+        cgroup.apply(spec)?;
+        // Only a cgroup that was set up whole goes back to the pool.
+        cgroup.pool = Some(spec.parent.clone());
+        Ok(cgroup)
+    }
+
+    /// Whether no process is left in it (every process is in all of its controllers' folders
+    /// or none: the first one tells).
+    fn is_empty(&self) -> bool {
+        self.dirs.first().is_none_or(|(_, d)| {
+            fs::read_to_string(d.join("cgroup.procs")).is_ok_and(|s| s.trim().is_empty())
+        })
     }
 
     fn dir(&self, c: Option<Controller>) -> Option<&Path> {
@@ -448,7 +562,8 @@ impl Cgroup {
         CgroupStats {
             oom_kills: read(mem, "memory.oom_control")
                 .and_then(|t| field(&t, "oom_kill"))
-                .unwrap_or(0),
+                .unwrap_or(0)
+                .saturating_sub(self.oom_base),
             memory_peak: read(mem, "memory.max_usage_in_bytes").and_then(|t| t.trim().parse().ok()),
             cpu_usec: read(Some(Controller::Cpuacct), "cpuacct.usage")
                 .and_then(|t| t.trim().parse::<u64>().ok())
@@ -459,6 +574,26 @@ impl Cgroup {
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
+        // v1: an emptied cgroup goes back to the pool (stragglers were killed; they leave
+        // the cgroup a moment after: short waits, bounded).
+        if let Some(parent) = self.pool.take() {
+            let mut wait = Duration::from_micros(20);
+            for _ in 0..60 {
+                if self.is_empty() {
+                    self.procs.clear();
+                    match pool_put(&parent, std::mem::take(&mut self.dirs)) {
+                        Ok(()) => return,
+                        Err(dirs) => {
+                            self.dirs = dirs;
+                            break;
+                        }
+                    }
+                }
+                self.kill_all();
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_millis(2));
+            }
+        }
         // Killed stragglers leave the cgroup asynchronously: retry briefly (bounded, ~200 ms).
         for (_, dir) in &self.dirs {
             let mut wait = Duration::from_micros(20);

@@ -930,6 +930,8 @@ mod tests {
             outcome.success() && outcome.usage.cpu_seconds > 0.0,
             "{outcome:?}"
         );
+        // Emptied v1 cgroups are kept for reuse until drained (a worker drains at its end).
+        crate::drain_cgroup_pool();
         let roots: Vec<PathBuf> = match crate::hierarchy() {
             Some(crate::Hierarchy::V2(root)) => vec![root],
             Some(crate::Hierarchy::V1(ctls)) => ctls.into_iter().map(|(_, p)| p).collect(),

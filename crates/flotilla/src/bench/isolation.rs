@@ -148,6 +148,7 @@ pub fn run(tasks: usize, rounds: usize) -> Result<Vec<IsolationPoint>> {
         }
     }
     if let Some(Some(cg)) = settings.last().map(|s| s.1.cgroup.as_ref()) {
+        flotilla_exec::drain_cgroup_pool();
         flotilla_exec::cleanup_cgroups(&cg.parent);
         for root in ["memory", "pids", "cpu", "cpuacct", ""] {
             let _ = std::fs::remove_dir(

@@ -377,6 +377,17 @@ impl Client {
 
     /// Admin: adds tenant `name` with `quota`; its token.
     pub async fn tenant_add(&mut self, name: &str, quota: &Quota) -> Result<NewToken> {
+        self.tenant_add_with_credits(name, quota, "").await
+    }
+
+    /// Admin: adds tenant `name` with `quota` and hands it `credits` (a decimal amount; ""
+    /// for none); its token.
+    pub async fn tenant_add_with_credits(
+        &mut self,
+        name: &str,
+        quota: &Quota,
+        credits: &str,
+    ) -> Result<NewToken> {
         let r = self
             .admin
             .tenant_add(proto::TenantAddRequest {
@@ -385,6 +396,7 @@ impl Client {
                 gpus: quota.gpus,
                 running_jobs: quota.running_jobs,
                 tasks: quota.tasks,
+                credits: credits.to_string(),
             })
             .await
             .map_err(|e| self.rpc_err(e))?
@@ -427,6 +439,20 @@ impl Client {
             .map_err(|e| self.rpc_err(e))?
             .into_inner();
         Ok(r.into())
+    }
+
+    /// The ledger as the caller may see it (`tenant`: the admin's filter), as JSON:
+    /// `accounts` (name, kind, balance), and for the admin `platform`, `issued` and `total`.
+    pub async fn ledger(&mut self, tenant: Option<&str>) -> Result<serde_json::Value> {
+        let r = self
+            .inner
+            .ledger(proto::LedgerRequest {
+                tenant: tenant.unwrap_or_default().to_string(),
+            })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("ledger: {e}")))
     }
 
     /// The providers with their live workers and prices (admin and tenants).

@@ -633,7 +633,7 @@ impl Journal {
         for (i, &(a, b)) in ranges.iter().enumerate() {
             let r: JournalRecord = postcard::from_bytes(&bytes[a..b])
                 .map_err(|e| corrupt(i as u64, a - RECORD_HEADER, e.to_string()))?;
-            if r.job().is_some_and(|j| live.contains(&j)) {
+            if r.always_kept() || r.job().is_some_and(|j| live.contains(&j)) {
                 out.extend_from_slice(&bytes[a - RECORD_HEADER..b]);
                 records += 1;
             }
@@ -1054,7 +1054,7 @@ after = ["sim"]
             JournalRecord::TaskFinished { task, .. } | JournalRecord::TaskAssigned { task, .. } => {
                 task.job = JobId::new(job)
             }
-            JournalRecord::Checkpoint { .. } => {}
+            JournalRecord::Checkpoint { .. } | JournalRecord::CreditsGranted { .. } => {}
         }
         r
     }
@@ -1070,6 +1070,12 @@ after = ["sim"]
             model: "{}".into(),
         };
         let mut j = Journal::open(&path).unwrap();
+        // The ledger's records stay whatever the jobs.
+        let grant = JournalRecord::CreditsGranted {
+            tenant: "alice".into(),
+            amount: flotilla_pool::Credits::whole(5),
+        };
+        j.append(std::slice::from_ref(&grant)).unwrap();
         let gone: Vec<JournalRecord> = recs.iter().map(|r| for_job(r, 1)).collect();
         let kept: Vec<JournalRecord> = recs[..3].iter().map(|r| for_job(r, 2)).collect();
         j.append(&gone[..2]).unwrap();
@@ -1092,12 +1098,13 @@ after = ["sim"]
         assert_eq!(r.bytes_after, appended - garbage + ckpt);
         assert_eq!(j.bytes(), r.bytes_after);
         let want: Vec<JournalRecord> = vec![
+            grant.clone(),
             kept[0].clone(),
             checkpoint(3),
             kept[1].clone(),
             kept[2].clone(),
         ];
-        assert_eq!(r.records_after, 4);
+        assert_eq!(r.records_after, 5);
         assert!(r.bytes_after < r.bytes_before);
         assert!(!Journal::compact_path(&path).exists());
         // Appends go on into the compacted file, and it reopens whole.
@@ -1108,7 +1115,7 @@ after = ["sim"]
         assert_eq!(j.replay().unwrap(), want_all);
         drop(j);
         let mut j = Journal::open(&path).unwrap();
-        assert_eq!(j.len(), 5);
+        assert_eq!(j.len(), 6);
         assert_eq!(j.replay().unwrap(), want_all);
         assert_eq!(j.garbage(), 0, "nothing is left to drop");
     }

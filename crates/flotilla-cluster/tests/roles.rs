@@ -419,6 +419,19 @@ async fn every_rpc_for_every_role() {
             ],
         ),
         (
+            "Ledger",
+            [
+                "ok",
+                "ok",
+                "ok",
+                "denied",
+                "denied",
+                "denied",
+                "unauthenticated",
+                "unauthenticated",
+            ],
+        ),
+        (
             "Shutdown",
             [
                 "ok",
@@ -570,6 +583,11 @@ async fn every_rpc_for_every_role() {
                             .await,
                     )
                 }
+                "Ledger" => outcome(
+                    s.coordinator(token)
+                        .ledger(proto::LedgerRequest::default())
+                        .await,
+                ),
                 "ProviderList" => outcome(
                     s.coordinator(token)
                         .provider_list(proto::ProviderListRequest {})

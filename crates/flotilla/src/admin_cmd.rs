@@ -79,6 +79,9 @@ pub(crate) struct TenantAddArgs {
     /// The most tasks one of its jobs may have (larger jobs are refused).
     #[arg(long)]
     tasks: Option<u64>,
+    /// Credits handed to it (the pool's currency; exact to a millionth), e.g. 100.
+    #[arg(long)]
+    credits: Option<String>,
     #[command(flatten)]
     remote: RemoteArgs,
 }
@@ -123,7 +126,12 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
                 running_jobs: a.running_jobs,
                 tasks: a.tasks,
             };
-            let t = a.remote.client().await?.tenant_add(&a.name, &quota).await?;
+            let t = a
+                .remote
+                .client()
+                .await?
+                .tenant_add_with_credits(&a.name, &quota, a.credits.as_deref().unwrap_or(""))
+                .await?;
             eprintln!("tenant {} added (token {}); its token:", a.name, t.id);
             println!("{}", t.token);
         }
@@ -215,6 +223,46 @@ pub(crate) async fn provider(cmd: ProviderTopCmd) -> Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// `flotilla ledger`.
+#[derive(Args)]
+pub(crate) struct LedgerArgs {
+    /// Only this tenant's accounts (the admin; a tenant always sees its own only).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// One JSON document: `accounts` (name, kind, balance) and, for the admin, `platform`,
+    /// `issued` and `total`.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+/// Runs `flotilla ledger`.
+pub(crate) async fn ledger(a: LedgerArgs) -> Result<()> {
+    let doc = a.remote.client().await?.ledger(a.tenant.as_deref()).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
+    println!("{:<10} {:<24} {:>18}", "KIND", "ACCOUNT", "BALANCE");
+    for acc in doc["accounts"].as_array().into_iter().flatten() {
+        println!(
+            "{:<10} {:<24} {:>18}",
+            acc["kind"].as_str().unwrap_or("?"),
+            acc["name"].as_str().unwrap_or("?"),
+            flotilla::pool::Credits::micro(acc["balance_micro"].as_i64().unwrap_or(0))
+        );
+    }
+    if let Some(total) = doc["total_micro"].as_i64() {
+        println!(
+            "total {} (credits handed out: {})",
+            flotilla::pool::Credits::micro(total),
+            doc["issued"]
+        );
     }
     Ok(())
 }

@@ -37,6 +37,8 @@ pub use flotilla_core as core;
 pub use flotilla_devices as devices;
 /// Running a task: processes (sandboxes, cgroups, limits) and WASM modules.
 pub use flotilla_exec as exec;
+/// Compute sharing, pure parts: credits, prices, the ledger, verification.
+pub use flotilla_pool as pool;
 /// The in-process runtime.
 pub use flotilla_runtime as runtime;
 /// Placement policies, performance models and the simulator.

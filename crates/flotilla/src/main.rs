@@ -53,6 +53,8 @@ enum Command {
     /// The pool's providers: `flotilla provider list [--json]`.
     #[command(subcommand)]
     Provider(admin_cmd::ProviderTopCmd),
+    /// The ledger of credits: balances (a tenant sees its own).
+    Ledger(admin_cmd::LedgerArgs),
     /// Run a benchmark (one line per result; --json for one JSON object per line).
     #[command(subcommand)]
     Bench(Bench),
@@ -481,6 +483,7 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Logs(a) => ok(tokio_runtime()?.block_on(cluster_cmd::logs(a))),
         Command::Admin(a) => ok(tokio_runtime()?.block_on(admin_cmd::admin(a))),
         Command::Provider(a) => ok(tokio_runtime()?.block_on(admin_cmd::provider(a))),
+        Command::Ledger(a) => ok(tokio_runtime()?.block_on(admin_cmd::ledger(a))),
         Command::Bench(Bench::Cluster(a)) => {
             let cfg = flotilla::bench::cluster::ClusterBenchConfig {
                 workload: name(&a.workload),

@@ -113,3 +113,43 @@ fn fault_hooks_corrupt_outputs_and_slow_tasks() {
         "a slow:4 worker reported {wall} s for a 0.3 s task"
     );
 }
+
+/// Credits: `flotilla admin tenant add NAME --credits C` hands them out through the ledger,
+/// journaled (a restarted coordinator has them); `flotilla ledger` shows the admin every
+/// account with the total (the credits handed out) and a tenant its own accounts only.
+#[test]
+fn credits_handed_to_tenants_are_in_the_ledger_and_survive_a_restart() {
+    let mut c = Cluster::start(0, 1);
+    let alice = last_line(&c.cli(&["admin", "tenant", "add", "alice", "--credits", "100.5"]));
+    last_line(&c.cli(&["admin", "tenant", "add", "bob", "--credits", "20"]));
+    let bad = c.cli(&["admin", "tenant", "add", "carol", "--credits", "lots"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--credits"));
+    let ledger = |c: &Cluster, token: &str| -> serde_json::Value {
+        let out = c.cli_with_token(&["ledger", "--json"], token);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let all = ledger(&c, &c.token);
+    assert_eq!(all["total_micro"], 120_500_000);
+    assert_eq!(all["issued"], 120.5);
+    let mine = ledger(&c, &alice);
+    let accounts = mine["accounts"].as_array().unwrap();
+    assert_eq!(accounts.len(), 1, "{mine}");
+    assert_eq!(accounts[0]["name"], "alice");
+    assert_eq!(accounts[0]["balance_micro"], 100_500_000);
+    assert!(
+        mine.get("total").is_none(),
+        "a tenant sees no total: {mine}"
+    );
+    c.kill_server();
+    c.restart_server();
+    let all = ledger(&c, &c.token);
+    assert_eq!(all["total_micro"], 120_500_000, "the grants are journaled");
+    let table = c.cli(&["ledger"]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("100.5"));
+}

@@ -85,6 +85,18 @@ pub(super) enum Req {
     },
     /// The tenants' quotas changed (a tenant was added).
     Quotas(BTreeMap<String, crate::access::Quota>),
+    /// Credits handed to a tenant (journaled before the reply).
+    Grant {
+        tenant: String,
+        amount: flotilla_pool::Credits,
+        reply: Reply<()>,
+    },
+    /// `flotilla ledger`: the accounts `scope` sees (`tenant`: only that tenant's).
+    Ledger {
+        scope: Scope,
+        tenant: Option<String>,
+        reply: Reply<String>,
+    },
     FromWorker(proto::WorkerMessage),
     SessionClosed(WorkerId),
     Stop,
@@ -270,6 +282,44 @@ impl Core {
         if !stopping && garbage >= min.max(1) && garbage.saturating_mul(2) >= self.journal.bytes() {
             self.compaction = Some(self.journal.start_compaction(self.coord.checkpoint()));
         }
+    }
+
+    /// The ledger as `flotilla ledger --json` prints it: the accounts `scope` sees (a
+    /// tenant: its own; the admin: all, or `tenant`'s), and for the admin the platform's
+    /// fees, the credits handed out and the total (always equal).
+    fn on_ledger(
+        &self,
+        scope: &Scope,
+        tenant: Option<&str>,
+    ) -> std::result::Result<String, Status> {
+        use flotilla_pool::Account;
+        let l = self.coord.ledger();
+        let accounts: Vec<serde_json::Value> = l
+            .balances()
+            .filter(|(a, _)| **a != Account::Issuer)
+            .filter(|(a, _)| match a {
+                Account::Tenant(t) | Account::Escrow(t) => {
+                    scope.sees(t) && tenant.is_none_or(|x| x == t)
+                }
+                _ => *scope == Scope::All && tenant.is_none(),
+            })
+            .map(|(a, b)| {
+                serde_json::json!({
+                    "name": a.name(),
+                    "kind": a.kind(),
+                    "balance": b.as_f64(),
+                    "balance_micro": b.as_micro(),
+                })
+            })
+            .collect();
+        let mut doc = serde_json::json!({ "accounts": accounts });
+        if *scope == Scope::All {
+            doc["platform"] = serde_json::json!(l.balance(&Account::Platform).as_f64());
+            doc["issued"] = serde_json::json!(l.issued().as_f64());
+            doc["total"] = serde_json::json!(l.total().as_f64());
+            doc["total_micro"] = serde_json::json!(l.total().as_micro());
+        }
+        serde_json::to_string(&doc).map_err(|e| Status::internal(e.to_string()))
     }
 
     /// The providers (from the registry) with their live workers and prices, as JSON.
@@ -686,6 +736,33 @@ impl Core {
             Req::Quotas(q) => {
                 self.coord.set_quotas(q);
                 self.handle(Event::Tick, cmds, records);
+            }
+            Req::Grant {
+                tenant,
+                amount,
+                reply,
+            } => {
+                let now = self.now();
+                let ev = Event::CreditsGranted { tenant, amount };
+                let rec = JournalRecord::from_event(&ev);
+                match self.coord.handle(now, ev, cmds) {
+                    Ok(()) => {
+                        records.extend(rec);
+                        after.push(Box::new(move |_| {
+                            let _ = reply.send(Ok(()));
+                        }));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(Status::invalid_argument(e.to_string())));
+                    }
+                }
+            }
+            Req::Ledger {
+                scope,
+                tenant,
+                reply,
+            } => {
+                let _ = reply.send(self.on_ledger(&scope, tenant.as_deref()));
             }
             Req::FromWorker(m) => self.on_worker_message(m, cmds, records),
             Req::SessionClosed(worker) => self.on_session_closed(worker, cmds, records),

@@ -523,6 +523,23 @@ impl CoordinatorRpc for Api {
         Ok(Response::new(proto::OutputsReply { outputs }))
     }
 
+    async fn ledger(
+        &self,
+        req: Request<proto::LedgerRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        let scope = job_scope(&req, "read the ledger")?;
+        let t = req.into_inner().tenant;
+        let tenant = (!t.is_empty()).then_some(t);
+        let json = self
+            .ask(|reply| Req::Ledger {
+                scope,
+                tenant,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(proto::JsonReply { json }))
+    }
+
     async fn provider_list(
         &self,
         req: Request<proto::ProviderListRequest>,
@@ -554,6 +571,17 @@ impl AdminRpc for Api {
     ) -> std::result::Result<Response<proto::NewToken>, Status> {
         admin_only(&req, "add tenants")?;
         let r = req.into_inner();
+        let credits = if r.credits.trim().is_empty() {
+            flotilla_pool::Credits::ZERO
+        } else {
+            flotilla_pool::Credits::parse(&r.credits, "--credits")
+                .map_err(|e| Status::invalid_argument(e.to_string()))?
+        };
+        if credits.is_negative() {
+            return Err(Status::invalid_argument(format!(
+                "--credits {credits}: a tenant is handed a positive amount"
+            )));
+        }
         let quota = crate::access::Quota {
             cpus: r.cpus,
             gpus: r.gpus,
@@ -566,7 +594,16 @@ impl AdminRpc for Api {
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(access_status)?;
         self.send_quotas();
-        tracing::info!(tenant = %info.name, id = %info.id, "tenant added");
+        if credits > flotilla_pool::Credits::ZERO {
+            let tenant = info.name.clone();
+            self.ask(|reply| Req::Grant {
+                tenant,
+                amount: credits,
+                reply,
+            })
+            .await?;
+        }
+        tracing::info!(tenant = %info.name, id = %info.id, %credits, "tenant added");
         Ok(Response::new(proto::NewToken { id: info.id, token }))
     }
 

@@ -169,6 +169,9 @@ pub enum StateError {
         /// Why.
         reason: String,
     },
+    /// A ledger operation refused.
+    #[error("ledger: {0}")]
+    Ledger(String),
     /// A journal checkpoint's performance model does not read back.
     #[error("journal checkpoint: its performance model is unreadable: {0}")]
     BadCheckpoint(String),
@@ -433,6 +436,13 @@ pub enum Event {
         /// The worker's hardware class (to record its time in the model when it finishes).
         hw_class: String,
     },
+    /// Credits handed to a tenant (J): `flotilla admin tenant add NAME --credits C`.
+    CreditsGranted {
+        /// The tenant.
+        tenant: String,
+        /// How much.
+        amount: flotilla_pool::Credits,
+    },
     /// Time passed: backoffs, grace periods.
     Tick,
 }
@@ -448,6 +458,7 @@ impl Event {
                 | Event::JobRemoved { .. }
                 | Event::TaskFinished { .. }
                 | Event::TaskAssigned { .. }
+                | Event::CreditsGranted { .. }
         )
     }
 }
@@ -516,6 +527,13 @@ pub enum JournalRecord {
         /// [`PerfModel::to_json`](flotilla_sched::PerfModel::to_json) writes it.
         model: String,
     },
+    /// See [`Event::CreditsGranted`] (kept by compaction: the ledger is rebuilt from it).
+    CreditsGranted {
+        /// The tenant.
+        tenant: String,
+        /// How much.
+        amount: flotilla_pool::Credits,
+    },
 }
 
 impl JournalRecord {
@@ -561,6 +579,10 @@ impl JournalRecord {
                 gpu_indices: gpu_indices.clone(),
                 hw_class: hw_class.clone(),
             },
+            Event::CreditsGranted { tenant, amount } => JournalRecord::CreditsGranted {
+                tenant: tenant.clone(),
+                amount: *amount,
+            },
             Event::WorkerJoined { .. }
             | Event::WorkerReconciled { .. }
             | Event::WorkerLost { .. }
@@ -581,8 +603,13 @@ impl JournalRecord {
             JournalRecord::TaskFinished { task, .. } | JournalRecord::TaskAssigned { task, .. } => {
                 Some(task.job)
             }
-            JournalRecord::Checkpoint { .. } => None,
+            JournalRecord::Checkpoint { .. } | JournalRecord::CreditsGranted { .. } => None,
         }
+    }
+
+    /// Whether a compaction keeps it whatever its job (the ledger's records).
+    pub fn always_kept(&self) -> bool {
+        matches!(self, JournalRecord::CreditsGranted { .. })
     }
 
     /// The event the record replays as; `None` for a [`JournalRecord::Checkpoint`], which is
@@ -628,6 +655,9 @@ impl JournalRecord {
                 gpu_indices,
                 hw_class,
             },
+            JournalRecord::CreditsGranted { tenant, amount } => {
+                Event::CreditsGranted { tenant, amount }
+            }
             JournalRecord::Checkpoint { .. } => return None,
         })
     }

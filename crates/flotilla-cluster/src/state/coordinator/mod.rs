@@ -61,6 +61,8 @@ pub struct Coordinator {
     retired: BTreeSet<WorkerId>,
     next_worker: u32,
     model: PerfModel,
+    /// The credits: tenants' balances, holds, providers' earnings (`flotilla ledger`).
+    ledger: flotilla_pool::Ledger,
     /// (due, task, attempt) of tasks in `Backoff`.
     backoff: BinaryHeap<Reverse<(Millis, TaskRef, u32)>>,
     /// (due, task, attempt) of ghost assignments.
@@ -87,6 +89,7 @@ impl Coordinator {
             retired: BTreeSet::new(),
             next_worker: 1,
             model: PerfModel::new(),
+            ledger: flotilla_pool::Ledger::new(),
             backoff: BinaryHeap::new(),
             grace: BinaryHeap::new(),
             ghosts: BTreeMap::new(),
@@ -113,6 +116,11 @@ impl Coordinator {
         let id = WorkerId::new(self.next_worker);
         self.next_worker += 1;
         id
+    }
+
+    /// The ledger of credits.
+    pub fn ledger(&self) -> &flotilla_pool::Ledger {
+        &self.ledger
     }
 
     /// The performance model learned from finished attempts.
@@ -398,6 +406,14 @@ impl Coordinator {
                 self.now = now;
             }
             Event::Tick => self.now = now,
+            Event::CreditsGranted { tenant, amount } => {
+                // Keys in grant order: a replay gives each grant the key it had.
+                let key = format!("grant-{}", self.ledger.transactions().len());
+                self.ledger
+                    .grant(&key, &tenant, amount)
+                    .map_err(|e| StateError::Ledger(e.to_string()))?;
+                self.now = now;
+            }
         }
         self.run_timers(out);
         self.schedule(out);

@@ -361,30 +361,16 @@ impl Cgroup {
         };
         // From here on, dropping `cgroup` removes the folders made on every error path.
         let v1 = dirs.iter().all(|(c, _)| c.is_some());
-        let mut cgroup = Cgroup {
-            dirs: Vec::new(),
-            procs: Vec::new(),
-            pool: None,
-            oom_base: 0,
-        };
-        for (c, dir) in dirs {
-            make_dir(&dir)?;
-            cgroup.dirs.push((c, dir.clone()));
-            let procs = OpenOptions::new()
-                .write(true)
-                .open(dir.join("cgroup.procs"))
-                .map_err(setup_err("open cgroup.procs", &dir))?;
-            cgroup.procs.push(procs);
-        }
+        let mut cgroup = Cgroup::adopt(dirs, true)?;
         cgroup.apply(spec)?;
         // Set up whole: it may go back to the pool when emptied.
         cgroup.pool = (v1 && !spec.parent.is_absolute()).then(|| spec.parent.clone());
         Ok(cgroup)
     }
 
-    /// A v1 cgroup from the pool, its counters reset and `spec`'s limits applied (the ones
-    /// `spec` does not set back to none).
-    fn reuse(spec: &CgroupSpec, dirs: Vec<(Option<Controller>, PathBuf)>) -> Result<Cgroup> {
+    /// A cgroup of `dirs` (made first when `make`) with their `cgroup.procs` open; dropping
+    /// it on an error path removes what was taken.
+    fn adopt(dirs: Vec<(Option<Controller>, PathBuf)>, make: bool) -> Result<Cgroup> {
         let mut cgroup = Cgroup {
             dirs: Vec::new(),
             procs: Vec::new(),
@@ -392,6 +378,9 @@ impl Cgroup {
             oom_base: 0,
         };
         for (c, dir) in dirs {
+            if make {
+                make_dir(&dir)?;
+            }
             cgroup.dirs.push((c, dir.clone()));
             let procs = OpenOptions::new()
                 .write(true)
@@ -399,6 +388,13 @@ impl Cgroup {
                 .map_err(setup_err("open cgroup.procs", &dir))?;
             cgroup.procs.push(procs);
         }
+        Ok(cgroup)
+    }
+
+    /// A v1 cgroup from the pool, its counters reset and `spec`'s limits applied (the ones
+    /// `spec` does not set back to none).
+    fn reuse(spec: &CgroupSpec, dirs: Vec<(Option<Controller>, PathBuf)>) -> Result<Cgroup> {
+        let mut cgroup = Cgroup::adopt(dirs, false)?;
         let at = |c: Controller, file: &str| cgroup.dir(Some(c)).map(|d| d.join(file));
         for (c, file, value) in [
             (Controller::Memory, "memory.max_usage_in_bytes", "0"),

@@ -93,10 +93,7 @@ impl Gate {
     }
 }
 
-/// The fingerprint of a certificate (DER): its blake3 hash, hex.
-pub fn cert_fingerprint(der: &[u8]) -> String {
-    flotilla_collective::tls::fingerprint(der)
-}
+pub use flotilla_collective::tls::fingerprint as cert_fingerprint;
 
 /// The TLS identity of a worker's object server: a self-signed certificate made at start,
 /// known to others by its fingerprint.

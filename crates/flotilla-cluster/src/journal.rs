@@ -576,27 +576,23 @@ impl Journal {
     /// have left: [`Coordinator::checkpoint`](crate::state::Coordinator::checkpoint), taken
     /// now). Appends go on meanwhile; [`Journal::finish_compaction`] copies them over and
     /// replaces the file. Like Redis's AOF rewrite, the compacted log is the snapshot.
-    pub fn start_compaction(&self, checkpoint: JournalRecord) -> Compaction {
+    pub fn start_compaction(&self, checkpoint: JournalRecord) -> Result<Compaction> {
         let path = self.path.clone();
         let upto = self.bytes;
         let live: std::collections::HashSet<JobId> = self.job_bytes.keys().copied().collect();
         let thread = std::thread::Builder::new()
             .name("journal-compaction".into())
-            .spawn(move || Self::compact(&path, upto, &live, &checkpoint));
-        let thread = match thread {
-            Ok(t) => t,
-            Err(source) => {
-                let path = self.path.clone();
-                // No thread: report the error through a finished one-off.
-                std::thread::spawn(move || Err(JournalError::Io { path, source }))
-            }
-        };
-        Compaction {
+            .spawn(move || Self::compact(&path, upto, &live, &checkpoint))
+            .map_err(|source| JournalError::Io {
+                path: self.path.clone(),
+                source,
+            })?;
+        Ok(Compaction {
             upto,
             records_upto: self.len,
             garbage_upto: self.garbage,
             thread,
-        }
+        })
     }
 
     /// The compaction thread: writes `<path>.compact` from the first `upto` bytes of the
@@ -1087,7 +1083,7 @@ after = ["sim"]
         let garbage = j.garbage();
         assert!(garbage > 0 && garbage < j.bytes());
         let before = j.bytes();
-        let c = j.start_compaction(checkpoint(3));
+        let c = j.start_compaction(checkpoint(3)).unwrap();
         // Appended while the compaction runs: copied over when it finishes.
         j.append(&kept[1..]).unwrap();
         let appended = j.bytes();
@@ -1137,11 +1133,13 @@ after = ["sim"]
         assert_eq!(j.replay().unwrap().len(), recs.len() + 1);
         // A compaction whose file cannot be written changes nothing.
         std::fs::create_dir(Journal::compact_path(&path)).unwrap();
-        let c = j.start_compaction(JournalRecord::Checkpoint {
-            next_job: 8,
-            next_worker: 3,
-            model: "{}".into(),
-        });
+        let c = j
+            .start_compaction(JournalRecord::Checkpoint {
+                next_job: 8,
+                next_worker: 3,
+                model: "{}".into(),
+            })
+            .unwrap();
         assert!(j.finish_compaction(c).is_none());
         assert_eq!(j.replay().unwrap().len(), recs.len() + 1);
         j.append(&recs[..1]).unwrap();

@@ -607,8 +607,9 @@ impl Shared {
 /// unreachable), registers, runs tasks, reconnects after a broken session.
 pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) -> Result<()> {
     let ledger = config.ledger()?;
-    let sandboxing = Sandboxing::find(&config)?;
+    // The work folder first: the sandbox holder is checked with a task entering it.
     std::fs::create_dir_all(&config.work_dir).map_err(|e| ClusterError::io(&config.work_dir, e))?;
+    let sandboxing = Sandboxing::find(&config)?;
     let objects = Arc::new(ObjectStore::open_capped(
         &config.work_dir.join("objects"),
         config
@@ -794,11 +795,7 @@ async fn session(
                 .collect(),
             data_addr: shared.data_addr.clone(),
             data_cert: shared.data_cert.clone(),
-            price: if cfg.price == flotilla_pool::Price::default() {
-                String::new()
-            } else {
-                cfg.price.to_string()
-            },
+            price: cfg.price.to_string(),
             running: back.running,
             held,
             previous_worker,
@@ -1177,10 +1174,14 @@ fn execute(
         Err(e) => return failed(e.to_string(), false),
     };
     if let (Some(size), Some(w)) = (watch.as_ref().and_then(|w| w.over()), &sh.sandbox_watch) {
+        let grew = if size == u64::MAX {
+            "holds too many files to measure".to_string()
+        } else {
+            format!("grew to {size} bytes")
+        };
         return failed(
             format!(
-                "the task's folder grew to {size} bytes, past this worker's --max-sandbox \
-                 ({} bytes)",
+                "the task's folder {grew}, past this worker's --max-sandbox ({} bytes)",
                 w.cap()
             ),
             false,

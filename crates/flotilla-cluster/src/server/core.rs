@@ -237,22 +237,9 @@ pub(super) struct Core {
     compact_after: Option<u64>,
     /// The journal compaction running, if any.
     compaction: Option<crate::journal::Compaction>,
-}
-
-/// A provider as `flotilla provider list` shows it.
-#[derive(serde::Serialize)]
-struct ProviderView {
-    name: String,
-    /// The id of its token (`flotilla admin token revoke`).
-    token: String,
-    revoked: bool,
-    /// Its live workers' names.
-    workers: Vec<String>,
-    /// CPUs and GPUs they offer.
-    cpus: f64,
-    gpus: f64,
-    /// Its workers' prices (credits per unit-hour), each once.
-    prices: Vec<String>,
+    /// When a compaction last failed: the next waits a minute (a full disk must not make the
+    /// core rewrite the journal at every turn).
+    compaction_failed: Option<Instant>,
 }
 
 impl Core {
@@ -264,15 +251,22 @@ impl Core {
                 self.compaction = Some(c);
                 return;
             }
-            if let Some(r) = self.journal.finish_compaction(c) {
-                tracing::info!(
+            match self.journal.finish_compaction(c) {
+                Some(r) => tracing::info!(
                     "journal compacted: {} -> {} bytes, {} -> {} records",
                     r.bytes_before,
                     r.bytes_after,
                     r.records_before,
                     r.records_after
-                );
+                ),
+                None => self.compaction_failed = Some(Instant::now()),
             }
+            return;
+        }
+        if self
+            .compaction_failed
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
+        {
             return;
         }
         let Some(min) = self.compact_after else {
@@ -280,7 +274,13 @@ impl Core {
         };
         let garbage = self.journal.garbage();
         if !stopping && garbage >= min.max(1) && garbage.saturating_mul(2) >= self.journal.bytes() {
-            self.compaction = Some(self.journal.start_compaction(self.coord.checkpoint()));
+            match self.journal.start_compaction(self.coord.checkpoint()) {
+                Ok(c) => self.compaction = Some(c),
+                Err(e) => {
+                    tracing::warn!("cannot start a journal compaction: {e}");
+                    self.compaction_failed = Some(Instant::now());
+                }
+            }
         }
     }
 
@@ -328,7 +328,7 @@ impl Core {
         providers: Vec<crate::access::ProviderInfo>,
     ) -> std::result::Result<String, Status> {
         let workers = self.coord.workers();
-        let list: Vec<ProviderView> = providers
+        let list: Vec<crate::client::ProviderSummary> = providers
             .into_iter()
             .map(|p| {
                 let mine: Vec<&state::WorkerStatus> = workers
@@ -338,7 +338,7 @@ impl Core {
                 let mut prices: Vec<String> = mine.iter().map(|w| w.price.to_string()).collect();
                 prices.sort();
                 prices.dedup();
-                ProviderView {
+                crate::client::ProviderSummary {
                     name: p.name,
                     token: p.token,
                     revoked: p.revoked,
@@ -541,6 +541,7 @@ impl Core {
             retention_checked: Instant::now(),
             compact_after: config.compact_journal_after,
             compaction: None,
+            compaction_failed: None,
         };
         let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
         let rdv_err = |e| {

@@ -588,11 +588,9 @@ impl AdminRpc for Api {
             running_jobs: r.running_jobs,
             tasks: r.tasks,
         };
-        let access = self.access.clone();
-        let (info, token) = tokio::task::spawn_blocking(move || access.add_tenant(&r.name, quota))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(access_status)?;
+        let (info, token) = self
+            .change_access(move |a| a.add_tenant(&r.name, quota))
+            .await?;
         self.send_quotas();
         if credits > flotilla_pool::Credits::ZERO {
             let tenant = info.name.clone();
@@ -623,11 +621,7 @@ impl AdminRpc for Api {
     ) -> std::result::Result<Response<proto::NewToken>, Status> {
         admin_only(&req, "add providers")?;
         let name = req.into_inner().name;
-        let access = self.access.clone();
-        let (info, token) = tokio::task::spawn_blocking(move || access.add_provider(&name))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(access_status)?;
+        let (info, token) = self.change_access(move |a| a.add_provider(&name)).await?;
         tracing::info!(provider = %info.name, id = %info.id, "provider added");
         Ok(Response::new(proto::NewToken { id: info.id, token }))
     }
@@ -638,11 +632,9 @@ impl AdminRpc for Api {
     ) -> std::result::Result<Response<proto::NewToken>, Status> {
         admin_only(&req, "add worker tokens")?;
         let name = req.into_inner().name;
-        let access = self.access.clone();
-        let (info, token) = tokio::task::spawn_blocking(move || access.add_worker_token(&name))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(access_status)?;
+        let (info, token) = self
+            .change_access(move |a| a.add_worker_token(&name))
+            .await?;
         tracing::info!(id = %info.id, "worker enrolment token added");
         Ok(Response::new(proto::NewToken { id: info.id, token }))
     }
@@ -663,11 +655,7 @@ impl AdminRpc for Api {
     ) -> std::result::Result<Response<proto::JsonReply>, Status> {
         admin_only(&req, "revoke tokens")?;
         let id = req.into_inner().id;
-        let access = self.access.clone();
-        let info = tokio::task::spawn_blocking(move || access.revoke(&id))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(access_status)?;
+        let info = self.change_access(move |a| a.revoke(&id)).await?;
         tracing::info!(id = %info.id, role = %info.role, "token revoked");
         let json = serde_json::to_string(&info).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(proto::JsonReply { json }))
@@ -691,6 +679,22 @@ impl Api {
                 offer_patiently(&core, req).await;
             });
         }
+    }
+}
+
+impl Api {
+    /// Changes the access registry (a file write: off the async threads).
+    async fn change_access<T: Send + 'static>(
+        &self,
+        change: impl FnOnce(&Access) -> std::result::Result<T, crate::access::AccessError>
+            + Send
+            + 'static,
+    ) -> std::result::Result<T, Status> {
+        let access = self.access.clone();
+        tokio::task::spawn_blocking(move || change(&access))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(access_status)
     }
 }
 

@@ -183,7 +183,7 @@ pub async fn run(sizes: &[u64], reps: usize, compaction: bool) -> Result<Vec<Res
                 model: flotilla_sched::PerfModel::new().to_json(),
             };
             let start = Instant::now();
-            let c = j.start_compaction(checkpoint);
+            let c = j.start_compaction(checkpoint)?;
             let report = j
                 .finish_compaction(c)
                 .context("the compaction failed (see the log)")?;

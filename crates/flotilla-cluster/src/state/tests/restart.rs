@@ -2,6 +2,24 @@
 
 use super::*;
 
+/// Attempt 1 of `task` succeeded on `worker` in `wall` seconds (with `variant`).
+fn succeeded_in(worker: WorkerId, task: TaskRef, wall: f64, variant: Option<&str>) -> Event {
+    Event::TaskFinished {
+        worker,
+        task,
+        attempt: 1,
+        result: AttemptResult {
+            outcome: AttemptOutcome::Succeeded,
+            usage: Usage {
+                wall_seconds: wall,
+                ..Usage::default()
+            },
+            outputs: vec![],
+            variant: variant.map(str::to_string),
+        },
+    }
+}
+
 /// Runs a replay of `records` into a fresh coordinator and calls `recovered`.
 fn replayed(records: &[JournalRecord], now: Millis) -> Coordinator {
     let mut c = Coordinator::new(config(0));
@@ -158,20 +176,7 @@ fn replay_rebuilds_backoff_cancel_and_the_perf_model() {
     let (w, out) = sim.join(wspec(1.0, &[]));
     journal.extend(sim.c.take_journal_records());
     let a = assigns(&out);
-    let ev = Event::TaskFinished {
-        worker: w,
-        task: a[0].1.task,
-        attempt: 1,
-        result: AttemptResult {
-            outcome: AttemptOutcome::Succeeded,
-            usage: Usage {
-                wall_seconds: 2.0,
-                ..Usage::default()
-            },
-            outputs: vec![],
-            variant: Some("cpu".into()),
-        },
-    };
+    let ev = succeeded_in(w, a[0].1.task, 2.0, Some("cpu"));
     journal.extend(JournalRecord::from_event(&ev));
     sim.ev(ev);
     journal.extend(sim.c.take_journal_records());
@@ -809,20 +814,7 @@ fn a_compacted_journal_replays_to_the_same_state() {
     let (w, out) = sim.join(wspec(1.0, &[]));
     journal.extend(sim.c.take_journal_records());
     let a = assigns(&out);
-    let ev = Event::TaskFinished {
-        worker: w,
-        task: a[0].1.task,
-        attempt: 1,
-        result: AttemptResult {
-            outcome: AttemptOutcome::Succeeded,
-            usage: Usage {
-                wall_seconds: 2.0,
-                ..Usage::default()
-            },
-            outputs: vec![],
-            variant: None,
-        },
-    };
+    let ev = succeeded_in(w, a[0].1.task, 2.0, None);
     journal.extend(JournalRecord::from_event(&ev));
     sim.ev(ev);
     journal.extend(sim.c.take_journal_records());

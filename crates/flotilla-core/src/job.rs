@@ -262,6 +262,11 @@ pub struct JobSpec {
     pub defaults: Defaults,
     /// The tasks, in file order.
     pub tasks: Vec<TaskSpec>,
+    /// `[pool]`: what the job pays and trusts on a shared pool (`None`: the operator's own
+    /// workers only). Not serialized: the coordinator's journal keeps it in a record of its
+    /// own, so journals written before it existed read unchanged.
+    #[serde(skip)]
+    pub pool: Option<crate::pool::PoolSpec>,
     /// Where the parts were in the file, when parsed from one; it makes later errors name
     /// the line. Neither serialized nor compared.
     #[serde(skip)]
@@ -275,6 +280,7 @@ impl PartialEq for JobSpec {
             && self.staging == other.staging
             && self.defaults == other.defaults
             && self.tasks == other.tasks
+            && self.pool == other.pool
     }
 }
 
@@ -373,6 +379,9 @@ impl JobSpec {
         }
         if !d.env.is_empty() {
             line(&mut out, "env", env_lit(&d.env));
+        }
+        if let Some(p) = &self.pool {
+            out.push_str(&p.to_toml());
         }
         for task in &self.tasks {
             write_task(&mut out, task);

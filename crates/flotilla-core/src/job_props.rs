@@ -234,6 +234,7 @@ fn job() -> impl Strategy<Value = JobSpec> {
                 staging,
                 defaults,
                 tasks,
+                pool: None,
                 source: None,
             }
         })

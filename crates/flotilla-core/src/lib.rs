@@ -50,6 +50,7 @@ pub mod ids;
 pub mod job;
 pub mod ledger;
 mod parse;
+pub mod pool;
 pub mod resources;
 pub mod size;
 pub mod source;
@@ -63,5 +64,6 @@ pub use job::{
 };
 pub use ledger::Ledger;
 pub use parse::parse_job;
+pub use pool::{MaxPrice, Objective, PoolSpec, Trust, Verify};
 pub use resources::{ResourceRequest, Resources, NETWORK};
 pub use source::SourceMap;

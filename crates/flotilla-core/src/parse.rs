@@ -19,6 +19,7 @@ use crate::error::{CoreError, JobError, Problem, Result};
 use crate::job::{
     Defaults, Dependency, Group, JobSpec, Staging, TaskBody, TaskSpec, VariantSpec, WasmSpec,
 };
+use crate::pool::{Objective, PoolSpec, Trust, Verify};
 use crate::resources::ResourceRequest;
 use crate::resources::NETWORK;
 use crate::size::parse_size;
@@ -33,7 +34,19 @@ struct RawJob {
     name: V,
     staging: V,
     defaults: Option<Spanned<RawDefaults>>,
+    pool: Option<Spanned<RawPool>>,
     task: Option<Vec<Spanned<RawTask>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPool {
+    budget: V,
+    max_price: Option<SpannedMap>,
+    deadline: V,
+    verify: V,
+    trust: V,
+    objective: V,
 }
 
 #[derive(Deserialize)]
@@ -275,6 +288,10 @@ impl Cx<'_> {
                 defaults.env = self.env(e, "defaults.env")?;
             }
         }
+        let pool = match raw.pool {
+            Some(p) => Some(self.pool(p.into_inner(), &mut top)?),
+            None => None,
+        };
         self.source.top = top;
         let mut tasks = Vec::new();
         for raw_task in raw.task.unwrap_or_default() {
@@ -285,8 +302,87 @@ impl Cx<'_> {
             staging,
             defaults,
             tasks,
+            pool,
             source: Some(std::mem::take(&mut self.source)),
         })
+    }
+
+    fn pool(&mut self, raw: RawPool, top: &mut FieldPositions) -> Result<PoolSpec> {
+        let mut mark = |f: &'static str, v: Option<Range<usize>>| {
+            if let Some(s) = v {
+                top.fields.insert(f, self.lines.pos(s.start));
+            }
+        };
+        mark("pool.budget", raw.budget.as_ref().map(Spanned::span));
+        mark("pool.max_price", raw.max_price.as_ref().map(Spanned::span));
+        mark("pool.deadline", raw.deadline.as_ref().map(Spanned::span));
+        mark("pool.verify", raw.verify.as_ref().map(Spanned::span));
+        mark("pool.trust", raw.trust.as_ref().map(Spanned::span));
+        mark("pool.objective", raw.objective.as_ref().map(Spanned::span));
+        let mut p = PoolSpec {
+            budget: self.opt(&raw.budget, "pool.budget", |v| {
+                non_negative_number(v, "a number of credits, 0 or more")
+            })?,
+            deadline: self.opt(&raw.deadline, "pool.deadline", duration)?,
+            ..PoolSpec::default()
+        };
+        if let Some(m) = &raw.max_price {
+            for (k, v) in m.get_ref() {
+                let field = format!("pool.max_price.{k}");
+                let price = Some(self.conv(v, &field, |v| {
+                    non_negative_number(v, "credits per unit-hour, 0 or more")
+                })?);
+                match k.as_str() {
+                    "cpu" => p.max_price.cpu = price,
+                    "gpu" => p.max_price.gpu = price,
+                    "mem_gb" => p.max_price.mem_gb = price,
+                    _ => {
+                        return Err(self.err(
+                            v.span(),
+                            &field,
+                            Problem::UnknownKey {
+                                expected: "`cpu`, `gpu`, `mem_gb`".into(),
+                            },
+                        ))
+                    }
+                }
+            }
+        }
+        if let Some(v) = self.opt(&raw.verify, "pool.verify", |v| match v {
+            Value::Integer(k) if (1..=9).contains(k) => Ok(Verify::Quorum(*k as u32)),
+            Value::String(s) if s == "adaptive" => Ok(Verify::Adaptive),
+            Value::Integer(_) | Value::String(_) => Err(Problem::BadValue {
+                value: v.to_string(),
+                reason: "use a number of agreeing results from 1 to 9, or \"adaptive\"".into(),
+            }),
+            _ => Err(type_error("1, 2, 3 … or \"adaptive\"", v)),
+        })? {
+            p.verify = v;
+        }
+        if let Some(t) = self.opt(&raw.trust, "pool.trust", |v| match string(v)?.as_str() {
+            "any" => Ok(Trust::Any),
+            "trusted-only" => Ok(Trust::TrustedOnly),
+            other => Err(Problem::BadValue {
+                value: format!("{other:?}"),
+                reason: "use \"any\" or \"trusted-only\"".into(),
+            }),
+        })? {
+            p.trust = t;
+        }
+        if let Some(o) = self.opt(&raw.objective, "pool.objective", |v| {
+            match string(v)?.as_str() {
+                "cost" => Ok(Objective::Cost),
+                "time" => Ok(Objective::Time),
+                "energy" => Ok(Objective::Energy),
+                other => Err(Problem::BadValue {
+                    value: format!("{other:?}"),
+                    reason: "use \"cost\", \"time\" or \"energy\"".into(),
+                }),
+            }
+        })? {
+            p.objective = o;
+        }
+        Ok(p)
     }
 
     fn task(&mut self, raw: Spanned<RawTask>) -> Result<TaskSpec> {
@@ -563,6 +659,18 @@ fn number(v: &Value) -> PResult<f64> {
         Value::Integer(i) => Ok(*i as f64),
         Value::Float(f) => Ok(*f),
         _ => Err(type_error("a number", v)),
+    }
+}
+
+fn non_negative_number(v: &Value, expected: &'static str) -> PResult<f64> {
+    let x = number(v).map_err(|_| type_error(expected, v))?;
+    if x.is_finite() && x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(Problem::BadValue {
+            value: v.to_string(),
+            reason: format!("expected {expected}"),
+        })
     }
 }
 

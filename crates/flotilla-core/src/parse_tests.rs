@@ -886,3 +886,130 @@ fn network_true_asks_for_the_network_resource() {
     let m = e.to_string();
     assert!(m.contains("network") && m.contains("true or false"), "{m}");
 }
+
+const POOL_JOB: &str = r#"staging = "transfer"
+
+[pool]
+budget = 100.0
+max_price = { cpu = 0.05, gpu = 1 }
+deadline = "2h"
+verify = 2
+trust = "any"
+objective = "cost"
+
+[[task]]
+id = "a"
+cmd = ["true"]
+"#;
+
+#[test]
+fn the_pool_section_parses_and_round_trips() {
+    use crate::pool::{MaxPrice, Objective, PoolSpec, Trust, Verify};
+    let job = parse_job(POOL_JOB, "job.toml").unwrap();
+    let want = PoolSpec {
+        budget: Some(100.0),
+        max_price: MaxPrice {
+            cpu: Some(0.05),
+            gpu: Some(1.0),
+            mem_gb: None,
+        },
+        deadline: Some(std::time::Duration::from_secs(7200)),
+        verify: Verify::Quorum(2),
+        trust: Trust::Any,
+        objective: Objective::Cost,
+    };
+    assert_eq!(job.pool.as_ref(), Some(&want));
+    let again = parse_job(&job.to_toml(), "job.toml").unwrap();
+    assert_eq!(again, job);
+    let adaptive = parse_job(
+        "[pool]\nverify = \"adaptive\"\ntrust = \"trusted-only\"\nobjective = \"energy\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
+        "job.toml",
+    )
+    .unwrap();
+    let p = adaptive.pool.unwrap();
+    assert_eq!(
+        (p.verify, p.trust, p.objective, p.budget),
+        (
+            Verify::Adaptive,
+            Trust::TrustedOnly,
+            Objective::Energy,
+            None
+        )
+    );
+    assert!(
+        parse_job("[[task]]\nid = \"a\"\ncmd = [\"true\"]\n", "j.toml")
+            .unwrap()
+            .pool
+            .is_none()
+    );
+}
+
+#[test]
+fn bad_pool_values_name_their_field_and_line() {
+    let job = |pool: &str| format!("[pool]\n{pool}\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n");
+    check(
+        &job("verify = 0"),
+        2,
+        None,
+        Some("pool.verify"),
+        "from 1 to 9",
+    );
+    check(
+        &job("verify = \"often\""),
+        2,
+        None,
+        Some("pool.verify"),
+        "adaptive",
+    );
+    check(
+        &job("budget = -1"),
+        2,
+        None,
+        Some("pool.budget"),
+        "0 or more",
+    );
+    check(
+        &job("budget = \"lots\""),
+        2,
+        None,
+        Some("pool.budget"),
+        "credits",
+    );
+    check(
+        &job("trust = \"some\""),
+        2,
+        None,
+        Some("pool.trust"),
+        "trusted-only",
+    );
+    check(
+        &job("objective = \"speed\""),
+        2,
+        None,
+        Some("pool.objective"),
+        "energy",
+    );
+    check(
+        &job("deadline = \"soon\""),
+        2,
+        None,
+        Some("pool.deadline"),
+        "soon",
+    );
+    check(
+        &job("max_price = { tpu = 1.0 }"),
+        2,
+        None,
+        Some("pool.max_price.tpu"),
+        "mem_gb",
+    );
+    check(
+        &job("max_price = { cpu = -0.1 }"),
+        2,
+        None,
+        Some("pool.max_price.cpu"),
+        "0 or more",
+    );
+    let e = job_error(&job("cheap = true"));
+    assert!(e.to_string().contains("cheap"), "{e}");
+}

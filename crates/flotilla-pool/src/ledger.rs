@@ -84,7 +84,7 @@ pub enum Op {
         hold: String,
         /// The provider paid.
         provider: String,
-        /// What the accepted work cost (at most the hold; more is capped to it).
+        /// What the accepted work cost (beyond the hold, at most what the tenant has left).
         cost: Credits,
         /// The platform's fee, parts per million of `cost`.
         fee_ppm: u32,
@@ -245,7 +245,7 @@ impl Ledger {
         Ok(applied)
     }
 
-    /// Settles the hold `hold` under `key`: `cost` (capped at the hold) to `provider` less
+    /// Settles the hold `hold` under `key`: `cost` to `provider` less
     /// `fee_ppm` parts per million to the platform, the rest back to the tenant.
     pub fn settle(
         &mut self,
@@ -259,7 +259,10 @@ impl Ledger {
             return Ok(Applied::Duplicate);
         }
         let h = self.open_hold(hold, "settle")?;
-        let cost = cost.max(Credits::ZERO).min(h.amount);
+        // Beyond the hold (the attempt ran longer than estimated), the rest of the tenant's
+        // balance pays, never more: no balance goes negative.
+        let have = self.balance(&Account::Tenant(h.tenant.clone()));
+        let cost = cost.max(Credits::ZERO).min(h.amount + have);
         let fee = cost.ppm(fee_ppm.min(1_000_000));
         let applied = self.post(
             key,
@@ -381,6 +384,21 @@ mod tests {
         assert_eq!(l.total(), c(100));
         assert_eq!(l.issued(), c(100));
         assert_eq!(l.statement(&Account::Provider("bob".into())).count(), 1);
+    }
+
+    #[test]
+    fn work_beyond_its_hold_is_paid_from_the_balance_left_never_below_zero() {
+        let mut l = Ledger::new();
+        l.grant("g1", "alice", c(10)).unwrap();
+        l.hold("h1", "alice", c(2)).unwrap();
+        l.settle("s1", "h1", "bob", c(5), 0).unwrap();
+        assert_eq!(l.balance(&Account::Tenant("alice".into())), c(5));
+        assert_eq!(l.balance(&Account::Provider("bob".into())), c(5));
+        l.hold("h2", "alice", c(1)).unwrap();
+        l.settle("s2", "h2", "bob", c(100), 0).unwrap();
+        assert_eq!(l.balance(&Account::Tenant("alice".into())), c(0));
+        assert_eq!(l.balance(&Account::Provider("bob".into())), c(10));
+        assert_eq!(l.total(), c(10));
     }
 
     #[test]

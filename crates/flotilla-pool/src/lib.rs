@@ -16,4 +16,4 @@ pub use error::PoolError;
 pub use ledger::{Account, Applied, Ledger, Op, Transaction};
 pub use price::{Metered, Price};
 pub use sim::{simulate_verification, VerifyReport, VerifySim};
-pub use verify::{Reputation, Verdict, Verifier, VerifyConfig, VerifyMode};
+pub use verify::{Accepted, Reputation, Verdict, Verifier, VerifyConfig, VerifyMode};

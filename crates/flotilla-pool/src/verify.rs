@@ -93,6 +93,8 @@ pub enum Verdict {
         rejected: Vec<String>,
         /// Tasks to verify again: those a rejected provider had been trusted with alone.
         reverify: Vec<u64>,
+        /// Accepted from one trusted provider alone (adaptive), unchecked.
+        alone: bool,
     },
     /// Run `more` replicas on providers other than those that ran it.
     NeedMore {
@@ -106,6 +108,17 @@ pub enum Verdict {
     },
     /// The report was for a task already decided (a late replica): nothing to do.
     Late,
+}
+
+/// The parts of an accepted verdict that [`Verifier::record`] applies.
+#[derive(Clone, Copy, Debug)]
+pub struct Accepted<'a> {
+    /// Providers whose result agreed.
+    pub agreed: &'a [String],
+    /// Providers whose result disagreed.
+    pub rejected: &'a [String],
+    /// Accepted alone, unchecked.
+    pub alone: bool,
 }
 
 /// One task being verified.
@@ -204,11 +217,6 @@ impl Verifier {
 
     /// `provider` reports `hash` as task `task`'s output.
     pub fn report(&mut self, task: u64, provider: &str, hash: &str) -> Verdict {
-        let trusted = self
-            .providers
-            .get(provider)
-            .is_some_and(|r| r.streak >= self.config.streak_to_trust);
-        let spot = self.spot(task, provider);
         let Some(p) = self.tasks.get_mut(&task) else {
             return Verdict::Late;
         };
@@ -220,34 +228,75 @@ impl Verifier {
             return Verdict::NeedMore { more: 0 };
         }
         p.results.push((provider.to_string(), hash.to_string()));
-        if p.adaptive && p.results.len() == 1 {
-            // Alone if its provider is trusted and not drawn for a check; otherwise a second,
-            // agreeing result is needed.
-            if trusted && !spot {
-                p.decided = true;
-                let r = self.providers.entry(provider.to_string()).or_default();
-                r.accepted += 1;
-                r.unchecked.push(task);
-                return Verdict::Accepted {
-                    hash: hash.to_string(),
-                    agreed: vec![provider.to_string()],
-                    rejected: Vec::new(),
-                    reverify: Vec::new(),
-                };
-            }
-            p.quorum = 2;
-            return Verdict::NeedMore { more: 1 };
+        let (adaptive, quorum) = (p.adaptive, p.quorum);
+        let results = p.results.clone();
+        let mut verdict = self.judge(task, adaptive, quorum, &results);
+        if let Verdict::Accepted {
+            agreed,
+            rejected,
+            reverify,
+            alone,
+            ..
+        } = &mut verdict
+        {
+            *reverify = self.record(
+                task,
+                &Accepted {
+                    agreed,
+                    rejected,
+                    alone: *alone,
+                },
+            );
         }
-        self.tally(task)
+        match &verdict {
+            Verdict::Accepted { .. } | Verdict::Failed { .. } => {
+                if let Some(p) = self.tasks.get_mut(&task) {
+                    p.decided = true;
+                }
+            }
+            Verdict::NeedMore { .. } | Verdict::Late => {}
+        }
+        verdict
     }
 
-    /// Counts the votes of a task.
-    fn tally(&mut self, task: u64) -> Verdict {
-        let Some(p) = self.tasks.get(&task) else {
-            return Verdict::Late;
+    /// What task `task`'s `results` so far (provider, output hash; one per provider, in the
+    /// order they came) decide under `verify = quorum` or, with `adaptive`, adaptive
+    /// replication: nothing changes. [`Verifier::record`] then applies an accepted
+    /// verdict's effects on reputations. The coordinator keeps the results of its tasks
+    /// itself and journals the verdicts, so a replay applies the same ones.
+    pub fn judge(
+        &self,
+        task: u64,
+        adaptive: bool,
+        quorum: u32,
+        results: &[(String, String)],
+    ) -> Verdict {
+        let Some((first, first_hash)) = results.first() else {
+            return Verdict::NeedMore {
+                more: if adaptive { 1 } else { quorum.max(1) },
+            };
         };
+        if adaptive && results.len() == 1 {
+            // Alone if its provider is trusted and not drawn for a check; otherwise a second,
+            // agreeing result is needed.
+            let trusted = self
+                .providers
+                .get(first)
+                .is_some_and(|r| r.streak >= self.config.streak_to_trust);
+            if trusted && !self.spot(task, first) {
+                return Verdict::Accepted {
+                    hash: first_hash.clone(),
+                    agreed: vec![first.clone()],
+                    rejected: Vec::new(),
+                    reverify: Vec::new(),
+                    alone: true,
+                };
+            }
+            return Verdict::NeedMore { more: 1 };
+        }
+        let quorum = if adaptive { 2 } else { quorum.max(1) };
         let mut votes: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for (who, h) in &p.results {
+        for (who, h) in results {
             votes.entry(h.as_str()).or_default().push(who.as_str());
         }
         let best = votes
@@ -255,60 +304,68 @@ impl Verifier {
             .max_by_key(|(_, v)| v.len())
             .map(|(h, v)| (h.to_string(), v.len()));
         let Some((hash, n)) = best else {
-            return Verdict::NeedMore { more: p.quorum };
+            return Verdict::NeedMore { more: quorum };
         };
-        if (n as u32) < p.quorum {
-            if p.results.len() as u32 >= self.config.max_replicas {
-                let why = format!(
-                    "no {} agreeing results after {} runs ({} different outputs)",
-                    p.quorum,
-                    p.results.len(),
-                    votes.len()
-                );
-                if let Some(p) = self.tasks.get_mut(&task) {
-                    p.decided = true;
-                }
-                return Verdict::Failed { why };
+        if (n as u32) < quorum {
+            if results.len() as u32 >= self.config.max_replicas {
+                return Verdict::Failed {
+                    why: format!(
+                        "no {quorum} agreeing results after {} runs ({} different outputs)",
+                        results.len(),
+                        votes.len()
+                    ),
+                };
             }
             return Verdict::NeedMore {
-                more: p.quorum - n as u32,
+                more: quorum - n as u32,
             };
         }
-        let (agreed, rejected): (Vec<String>, Vec<String>) = {
-            let mut a = Vec::new();
-            let mut r = Vec::new();
-            for (who, h) in &p.results {
-                if *h == hash {
-                    a.push(who.clone());
-                } else {
-                    r.push(who.clone());
-                }
+        let mut agreed = Vec::new();
+        let mut rejected = Vec::new();
+        for (who, h) in results {
+            if *h == hash {
+                agreed.push(who.clone());
+            } else {
+                rejected.push(who.clone());
             }
-            (a, r)
-        };
-        if let Some(p) = self.tasks.get_mut(&task) {
-            p.decided = true;
-        }
-        for who in &agreed {
-            let r = self.providers.entry(who.clone()).or_default();
-            r.accepted += 1;
-            r.streak = r.streak.saturating_add(1);
-            // A check it passed: what it did alone before stands.
-            r.unchecked.clear();
-        }
-        let mut reverify = Vec::new();
-        for who in &rejected {
-            let r = self.providers.entry(who.clone()).or_default();
-            r.rejected += 1;
-            r.streak = 0;
-            reverify.append(&mut r.unchecked);
         }
         Verdict::Accepted {
             hash,
             agreed,
             rejected,
-            reverify,
+            reverify: Vec::new(),
+            alone: false,
         }
+    }
+
+    /// Applies an accepted verdict on task `task` to the providers' reputations and returns
+    /// the tasks to verify again (those a rejected provider had been trusted with alone).
+    /// Agreeing providers gain an acceptance (and, when checked, a step of their streak,
+    /// which also clears what they did alone: it stands); rejected ones lose their streak.
+    pub fn record(&mut self, task: u64, verdict: &Accepted<'_>) -> Vec<u64> {
+        for who in verdict.agreed {
+            let r = self.providers.entry(who.clone()).or_default();
+            r.accepted += 1;
+            if verdict.alone {
+                r.unchecked.push(task);
+            } else {
+                r.streak = r.streak.saturating_add(1);
+                r.unchecked.clear();
+            }
+        }
+        let mut reverify = Vec::new();
+        for who in verdict.rejected {
+            let r = self.providers.entry(who.clone()).or_default();
+            r.rejected += 1;
+            r.streak = 0;
+            reverify.append(&mut r.unchecked);
+        }
+        reverify
+    }
+
+    /// Replaces every provider's record (a journal checkpoint read back).
+    pub fn restore(&mut self, providers: impl IntoIterator<Item = (String, Reputation)>) {
+        self.providers = providers.into_iter().collect();
     }
 
     /// Forgets a decided task (its reputation effects stay).

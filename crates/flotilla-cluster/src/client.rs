@@ -100,6 +100,24 @@ pub struct ProviderSummary {
     pub gpus: f64,
     /// Its workers' prices (credits per unit-hour), each once.
     pub prices: Vec<String>,
+    /// When its workers run: availability windows, `--idle-only` (each once; empty: always).
+    #[serde(default)]
+    pub availability: Vec<String>,
+    /// Its reputation: `(accepted + 1) / (accepted + rejected + 2)`.
+    #[serde(default)]
+    pub reputation: f64,
+    /// Its results accepted by verification.
+    #[serde(default)]
+    pub accepted: u64,
+    /// Its results rejected (outvoted).
+    #[serde(default)]
+    pub rejected: u64,
+    /// Whether it still gets work (a low reputation excludes it).
+    #[serde(default)]
+    pub eligible: bool,
+    /// Credits it earned (its ledger account).
+    #[serde(default)]
+    pub earned: f64,
 }
 
 /// How a job ended.
@@ -439,6 +457,21 @@ impl Client {
             .map_err(|e| self.rpc_err(e))?
             .into_inner();
         Ok(r.into())
+    }
+
+    /// Lets job `job` spend `amount` more credits (`"50"`, `"+12.5"`); its pool accounts
+    /// after, as JSON.
+    pub async fn budget(&mut self, job: JobId, amount: &str) -> Result<serde_json::Value> {
+        let r = self
+            .inner
+            .budget(proto::BudgetRequest {
+                job: job.0,
+                amount: amount.to_string(),
+            })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("budget: {e}")))
     }
 
     /// The ledger as the caller may see it (`tenant`: the admin's filter), as JSON:

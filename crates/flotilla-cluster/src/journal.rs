@@ -1046,11 +1046,16 @@ after = ["sim"]
         match &mut r {
             JournalRecord::JobSubmitted { job: j, .. }
             | JournalRecord::JobCancelled { job: j }
-            | JournalRecord::JobRemoved { job: j } => *j = JobId::new(job),
-            JournalRecord::TaskFinished { task, .. } | JournalRecord::TaskAssigned { task, .. } => {
-                task.job = JobId::new(job)
-            }
-            JournalRecord::Checkpoint { .. } | JournalRecord::CreditsGranted { .. } => {}
+            | JournalRecord::JobRemoved { job: j }
+            | JournalRecord::JobPool { job: j, .. }
+            | JournalRecord::BudgetRaised { job: j, .. } => *j = JobId::new(job),
+            JournalRecord::TaskFinished { task, .. }
+            | JournalRecord::TaskAssigned { task, .. }
+            | JournalRecord::Verdict { task, .. } => task.job = JobId::new(job),
+            JournalRecord::Checkpoint { .. }
+            | JournalRecord::CreditsGranted { .. }
+            | JournalRecord::PoolWorker { .. }
+            | JournalRecord::Ledger { .. } => {}
         }
         r
     }

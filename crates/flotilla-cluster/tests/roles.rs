@@ -379,6 +379,19 @@ async fn every_rpc_for_every_role() {
             ],
         ),
         (
+            "Budget",
+            [
+                "precondition",
+                "precondition",
+                "not found",
+                "denied",
+                "denied",
+                "denied",
+                "unauthenticated",
+                "unauthenticated",
+            ],
+        ),
+        (
             "Cancel",
             [
                 "ok",
@@ -535,6 +548,14 @@ async fn every_rpc_for_every_role() {
                 "Remove" => outcome(
                     s.coordinator(token)
                         .remove(proto::RemoveRequest { job })
+                        .await,
+                ),
+                "Budget" => outcome(
+                    s.coordinator(token)
+                        .budget(proto::BudgetRequest {
+                            job,
+                            amount: "+5".into(),
+                        })
                         .await,
                 ),
                 "Cancel" => outcome(

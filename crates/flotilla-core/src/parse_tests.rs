@@ -922,7 +922,7 @@ fn the_pool_section_parses_and_round_trips() {
     let again = parse_job(&job.to_toml(), "job.toml").unwrap();
     assert_eq!(again, job);
     let adaptive = parse_job(
-        "[pool]\nverify = \"adaptive\"\ntrust = \"trusted-only\"\nobjective = \"energy\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
+        "staging = \"transfer\"\n[pool]\nverify = \"adaptive\"\ntrust = \"trusted-only\"\nobjective = \"energy\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
         "job.toml",
     )
     .unwrap();
@@ -946,70 +946,74 @@ fn the_pool_section_parses_and_round_trips() {
 
 #[test]
 fn bad_pool_values_name_their_field_and_line() {
-    let job = |pool: &str| format!("[pool]\n{pool}\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n");
+    let job = |pool: &str| {
+        format!("staging = \"transfer\"\n[pool]\n{pool}\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n")
+    };
     check(
         &job("verify = 0"),
-        2,
+        3,
         None,
         Some("pool.verify"),
         "from 1 to 9",
     );
     check(
         &job("verify = \"often\""),
-        2,
+        3,
         None,
         Some("pool.verify"),
         "adaptive",
     );
     check(
         &job("budget = -1"),
-        2,
+        3,
         None,
         Some("pool.budget"),
         "0 or more",
     );
     check(
         &job("budget = \"lots\""),
-        2,
+        3,
         None,
         Some("pool.budget"),
         "credits",
     );
     check(
         &job("trust = \"some\""),
-        2,
+        3,
         None,
         Some("pool.trust"),
         "trusted-only",
     );
     check(
         &job("objective = \"speed\""),
-        2,
+        3,
         None,
         Some("pool.objective"),
         "energy",
     );
     check(
         &job("deadline = \"soon\""),
-        2,
+        3,
         None,
         Some("pool.deadline"),
         "soon",
     );
     check(
         &job("max_price = { tpu = 1.0 }"),
-        2,
+        3,
         None,
         Some("pool.max_price.tpu"),
         "mem_gb",
     );
     check(
         &job("max_price = { cpu = -0.1 }"),
-        2,
+        3,
         None,
         Some("pool.max_price.cpu"),
         "0 or more",
     );
+    let e = job_error("[pool]\nverify = 2\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n");
+    assert!(e.to_string().contains("staging = \"transfer\""), "{e}");
     let e = job_error(&job("cheap = true"));
     assert!(e.to_string().contains("cheap"), "{e}");
 }

@@ -142,6 +142,20 @@ pub(crate) fn validate(spec: &JobSpec) -> Result<()> {
         let f = "defaults.env";
         return Err(loc.top(JobError::new(p).field(f), f).into());
     }
+    if let Some(pool) = &spec.pool {
+        use crate::pool::{Trust, Verify};
+        let compares = pool.trust == Trust::Any && pool.verify != Verify::Quorum(1);
+        if compares && spec.staging != crate::job::Staging::Transfer {
+            let p = Problem::BadValue {
+                value: pool.verify.to_toml(),
+                reason: "verifying results compares each replica's outputs, which needs \
+                         staging = \"transfer\" (or verify = 1, or trust = \"trusted-only\")"
+                    .into(),
+            };
+            let f = "pool.verify";
+            return Err(loc.top(JobError::new(p).field(f), f).into());
+        }
+    }
 
     let mut ids: HashMap<&str, usize> = HashMap::with_capacity(spec.tasks.len());
     let mut total: u128 = 0;

@@ -32,6 +32,18 @@ impl Credits {
         Credits(n * MICRO)
     }
 
+    /// The nearest amount to `x` credits (a job file's number); NaN is zero, and the
+    /// infinities saturate.
+    pub fn from_f64(x: f64) -> Credits {
+        let m = (x * MICRO as f64).round();
+        if m.is_nan() {
+            Credits::ZERO
+        } else {
+            // `as` saturates at the bounds.
+            Credits(m as i64)
+        }
+    }
+
     /// Micro-credits.
     pub fn as_micro(self) -> i64 {
         self.0

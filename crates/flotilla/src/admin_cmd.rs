@@ -207,17 +207,32 @@ pub(crate) async fn provider(cmd: ProviderTopCmd) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
                 println!(
-                    "{:<20} {:>8} {:>8} {:>8}  {:<10} PRICES (credits per unit-hour)",
-                    "PROVIDER", "WORKERS", "CPUS", "GPUS", "TOKEN"
+                    "{:<20} {:>7} {:>6} {:>5}  {:<8} {:>10} {:>8} {:>8} {:>12}  {:<16} PRICES (credits per unit-hour)",
+                    "PROVIDER", "WORKERS", "CPUS", "GPUS", "TOKEN", "REPUTATION", "ACCEPTED",
+                    "REJECTED", "EARNED", "AVAILABLE"
                 );
                 for p in list {
+                    let available = if p.availability.is_empty() {
+                        "always".to_string()
+                    } else {
+                        p.availability.join("; ")
+                    };
                     println!(
-                        "{:<20} {:>8} {:>8} {:>8}  {:<10} {}",
+                        "{:<20} {:>7} {:>6} {:>5}  {:<8} {:>10} {:>8} {:>8} {:>12.6}  {:<16} {}",
                         p.name,
                         p.workers.len(),
                         p.cpus,
                         p.gpus,
                         if p.revoked { "revoked" } else { "active" },
+                        if p.eligible {
+                            format!("{:.2}", p.reputation)
+                        } else {
+                            format!("{:.2} (out)", p.reputation)
+                        },
+                        p.accepted,
+                        p.rejected,
+                        p.earned,
+                        available,
                         p.prices.join("; ")
                     );
                 }
@@ -239,6 +254,28 @@ pub(crate) struct LedgerArgs {
     json: bool,
     #[command(flatten)]
     remote: RemoteArgs,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct BudgetArgs {
+    /// The job id.
+    job: u64,
+    /// Credits more it may spend: `+50`, `12.5`.
+    #[arg(allow_hyphen_values = true)]
+    amount: String,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+/// Runs `flotilla budget JOB +N`: a job paused for want of budget resumes.
+pub(crate) async fn budget(a: BudgetArgs) -> Result<()> {
+    let job = flotilla::core::JobId::new(a.job);
+    let doc = a.remote.client().await?.budget(job, &a.amount).await?;
+    println!(
+        "{job}: budget {} credits (spent {}, held {})",
+        doc["budget"], doc["spent"], doc["held"]
+    );
+    Ok(())
 }
 
 /// Runs `flotilla ledger`.

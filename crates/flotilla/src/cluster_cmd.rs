@@ -99,6 +99,20 @@ pub(crate) struct ServerArgs {
     /// are closed as soon as they are accepted).
     #[arg(long, default_value_t = flotilla::cluster::server::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     max_connections_per_peer: usize,
+    /// The platform's share of every settled cost in the pool (0.05: 5 % of what a
+    /// consumer pays goes to the platform, the rest to the provider).
+    #[arg(long, default_value_t = 0.05, value_parser = parse_fee)]
+    fee: f64,
+}
+
+/// A fee between 0 and 1.
+fn parse_fee(s: &str) -> std::result::Result<f64, String> {
+    let f: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if (0.0..=1.0).contains(&f) {
+        Ok(f)
+    } else {
+        Err(format!("{s}: a fee is a share between 0 and 1"))
+    }
 }
 
 /// A size such as `64MiB` or `20GiB`.
@@ -284,6 +298,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     };
     cfg.max_uploads = a.max_uploads;
     cfg.max_connections_per_peer = a.max_connections_per_peer;
+    cfg.coordinator.fee_ppm = (a.fee * 1e6).round() as u32;
     cfg.compact_journal_after = match a.compact_journal_after.as_str() {
         "never" => None,
         s => Some(

@@ -55,6 +55,9 @@ enum Command {
     Provider(admin_cmd::ProviderTopCmd),
     /// The ledger of credits: balances (a tenant sees its own).
     Ledger(admin_cmd::LedgerArgs),
+    /// Let a job of a pool spend more credits: `flotilla budget JOB +50` (a job paused for
+    /// want of budget resumes).
+    Budget(admin_cmd::BudgetArgs),
     /// Run a benchmark (one line per result; --json for one JSON object per line).
     #[command(subcommand)]
     Bench(Bench),
@@ -484,6 +487,7 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Admin(a) => ok(tokio_runtime()?.block_on(admin_cmd::admin(a))),
         Command::Provider(a) => ok(tokio_runtime()?.block_on(admin_cmd::provider(a))),
         Command::Ledger(a) => ok(tokio_runtime()?.block_on(admin_cmd::ledger(a))),
+        Command::Budget(a) => ok(tokio_runtime()?.block_on(admin_cmd::budget(a))),
         Command::Bench(Bench::Cluster(a)) => {
             let cfg = flotilla::bench::cluster::ClusterBenchConfig {
                 workload: name(&a.workload),

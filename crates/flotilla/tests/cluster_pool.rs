@@ -153,3 +153,150 @@ fn credits_handed_to_tenants_are_in_the_ledger_and_survive_a_restart() {
     let table = c.cli(&["ledger"]);
     assert!(String::from_utf8_lossy(&table.stdout).contains("100.5"));
 }
+
+/// Enrols a provider named `name` and starts one worker of its at `price`, with `env`.
+fn add_provider(c: &mut Cluster, name: &str, price: &str, env: &[(&str, &str)]) {
+    let token = last_line(&c.cli(&["admin", "provider", "add", name]));
+    assert!(token.starts_with("flt_"), "{token}");
+    let file = c.root().join(format!("{name}.token"));
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let file_arg = file.display().to_string();
+    c.add_worker_env(1, &["--provider-token", &file_arg, "--price", price], env);
+}
+
+/// The pool end to end: three providers at different prices, the cheapest corrupting every
+/// output it returns; two tenants with credits. Alice's job with `verify = 2` gets every
+/// result right (the corrupted replicas outvoted), the corrupting provider's reputation
+/// falls until it gets no work and it earns nothing; Bob's job with a budget too small for
+/// its first task waits, paused with the reason, until `flotilla budget` raises it; the
+/// ledger's total stays the credits handed out; neither tenant reaches the other's job.
+#[test]
+fn a_pool_verifies_pays_only_for_right_results_and_pauses_on_budget() {
+    let mut c = Cluster::start(0, 1);
+    let alice = last_line(&c.cli(&["admin", "tenant", "add", "alice", "--credits", "100"]));
+    let bob = last_line(&c.cli(&["admin", "tenant", "add", "bob", "--credits", "5"]));
+    add_provider(
+        &mut c,
+        "bad",
+        "cpu=0.5",
+        &[("FLOTILLA_FAULT", "corrupt-outputs")],
+    );
+    add_provider(&mut c, "cheap", "cpu=1", &[]);
+    add_provider(&mut c, "dear", "cpu=2", &[]);
+    c.wait_workers(3);
+
+    let n = 6;
+    let job = format!(
+        "name = \"verified\"\nstaging = \"transfer\"\n[pool]\nverify = 2\nbudget = 50\n\
+         [[task]]\nid = \"t\"\narray = \"0..{n}\"\ntimeout = \"1h\"\n\
+         cmd = [\"sh\", \"-c\", \"i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; \
+         mkdir -p out; echo result-{{i}} > out/{{i}}.txt\"]\noutputs = [\"out/{{i}}.txt\"]\n"
+    );
+    let file = c.job_dir().join("verified.toml");
+    std::fs::write(&file, job).unwrap();
+    let out = c.cli_with_token(&["submit", "--wait", &file.display().to_string()], &alice);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for i in 0..n {
+        let got = std::fs::read_to_string(c.job_dir().join(format!("out/{i}.txt"))).unwrap();
+        assert_eq!(got, format!("result-{i}\n"), "task {i}'s accepted result");
+    }
+    let id = kit::job_id_of(&out);
+    let s = c.status(id).unwrap();
+    let pool = s.pool.as_ref().expect("a pool job");
+    assert!(
+        pool.rejected >= 1,
+        "the corrupted results were rejected: {pool:?}"
+    );
+    assert!(pool.spent > 0.0 && pool.held == 0.0, "{pool:?}");
+    for t in &s.tasks {
+        assert!(t.cost.unwrap_or(0.0) > 0.0, "{} cost something", t.name);
+        assert_ne!(
+            t.provider.as_deref(),
+            Some("bad"),
+            "{} taken from bad",
+            t.name
+        );
+    }
+
+    let providers: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["provider", "list", "--json"]).stdout).unwrap();
+    let by = |name: &str| {
+        providers
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    let bad = by("bad");
+    assert_eq!(bad["accepted"], 0, "{bad}");
+    assert!(bad["rejected"].as_u64().unwrap() >= 1, "{bad}");
+    assert_eq!(bad["earned"], 0.0, "{bad}");
+    assert!(bad["reputation"].as_f64().unwrap() < 0.5, "{bad}");
+    let paid = by("cheap")["earned"].as_f64().unwrap() + by("dear")["earned"].as_f64().unwrap();
+    assert!(paid > 0.0, "{providers}");
+    let table = String::from_utf8_lossy(&c.cli(&["provider", "list"]).stdout).to_string();
+    assert!(
+        table.contains("REPUTATION") && table.contains("EARNED"),
+        "{table}"
+    );
+
+    // Bob's job: each attempt holds 0.5 credits (an hour at the cheapest price), its budget
+    // is 0.2: it waits, paused, saying why.
+    let small = c.job_dir().join("small.toml");
+    std::fs::write(
+        &small,
+        "name = \"small\"\n[pool]\nverify = 1\nbudget = 0.2\n[[task]]\nid = \"a\"\n\
+         timeout = \"1h\"\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
+    let out = c.cli_with_token(&["submit", &small.display().to_string()], &bob);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let small_id = kit::job_id_of(&out);
+    let s = c.wait_status(
+        small_id,
+        "bob's job to pause",
+        Duration::from_secs(30),
+        |s| s.pool.as_ref().is_some_and(|p| p.paused.is_some()),
+    );
+    let why = s.pool.unwrap().paused.unwrap();
+    assert!(why.contains("flotilla budget"), "{why}");
+    // Alice cannot raise Bob's budget: to her his job does not exist.
+    let out = c.cli_with_token(&["budget", &small_id.0.to_string(), "+5"], &alice);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no job"));
+    let out = c.cli_with_token(&["budget", &small_id.0.to_string(), "+5"], &bob);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = c.wait_job(small_id, Duration::from_secs(60));
+    kit::assert_succeeded(&s);
+
+    // Credits are only moved: the total is what was handed out.
+    let ledger: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["ledger", "--json"]).stdout).unwrap();
+    assert_eq!(ledger["total_micro"], 105_000_000, "{ledger}");
+    assert!(ledger["platform"].as_f64().unwrap() > 0.0, "{ledger}");
+    // ... and a restarted coordinator rebuilds the same ledger from its journal.
+    c.kill_server();
+    c.restart_server();
+    let again = wait_until("the coordinator back", Duration::from_secs(30), || {
+        let out = c.cli(&["ledger", "--json"]);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap())
+    });
+    assert_eq!(again["accounts"], ledger["accounts"]);
+}

@@ -64,6 +64,7 @@ fn run(workers: &[(u8, u8)], tasks: &[(Option<usize>, u8, u8)], fates: &[u8]) {
         reconcile_grace_ms: 0,
         queue_depth: 2,
         chain_depth: 4,
+        ..Config::default()
     });
     for (i, &(cpus, gpus)) in workers.iter().enumerate() {
         sim.add_worker(worker_spec(i, f64::from(cpus), usize::from(gpus)))

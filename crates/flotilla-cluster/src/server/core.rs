@@ -91,6 +91,13 @@ pub(super) enum Req {
         amount: flotilla_pool::Credits,
         reply: Reply<()>,
     },
+    /// `flotilla budget JOB +N` (journaled before the reply).
+    Budget {
+        job: JobId,
+        scope: Scope,
+        amount: flotilla_pool::Credits,
+        reply: Reply<String>,
+    },
     /// `flotilla ledger`: the accounts `scope` sees (`tenant`: only that tenant's).
     Ledger {
         scope: Scope,
@@ -116,6 +123,7 @@ impl Req {
             | Req::Remove { job, scope, .. }
             | Req::Outputs { job, scope, .. }
             | Req::Watch { job, scope, .. }
+            | Req::Budget { job, scope, .. }
             | Req::LogInfo { job, scope, .. } => Some((*job, scope)),
             Req::Status {
                 job: Some(job),
@@ -133,6 +141,9 @@ impl Req {
                 let _ = reply.send(Err(no_job(job)));
             }
             Req::Outputs { reply, .. } => {
+                let _ = reply.send(Err(no_job(job)));
+            }
+            Req::Budget { reply, .. } => {
                 let _ = reply.send(Err(no_job(job)));
             }
             Req::Status { reply, .. } => {
@@ -338,7 +349,19 @@ impl Core {
                 let mut prices: Vec<String> = mine.iter().map(|w| w.price.to_string()).collect();
                 prices.sort();
                 prices.dedup();
+                let rep = self.coord.reputation(&p.name);
+                let earned = self
+                    .coord
+                    .ledger()
+                    .balance(&flotilla_pool::Account::Provider(p.name.clone()))
+                    .as_f64();
                 crate::client::ProviderSummary {
+                    reputation: rep.score(),
+                    accepted: rep.accepted,
+                    rejected: rep.rejected,
+                    eligible: self.coord.provider_eligible(&p.name),
+                    earned,
+                    availability: Vec::new(),
                     name: p.name,
                     token: p.token,
                     revoked: p.revoked,
@@ -749,6 +772,8 @@ impl Core {
                 match self.coord.handle(now, ev, cmds) {
                     Ok(()) => {
                         records.extend(rec);
+                        // Credits may unpause jobs: what they placed is journaled too.
+                        records.extend(self.coord.take_journal_records());
                         after.push(Box::new(move |_| {
                             let _ = reply.send(Ok(()));
                         }));
@@ -764,6 +789,27 @@ impl Core {
                 reply,
             } => {
                 let _ = reply.send(self.on_ledger(&scope, tenant.as_deref()));
+            }
+            Req::Budget {
+                job, amount, reply, ..
+            } => {
+                let now = self.now();
+                let ev = Event::BudgetRaised { job, amount };
+                let rec = JournalRecord::from_event(&ev);
+                match self.coord.handle(now, ev, cmds) {
+                    Ok(()) => {
+                        records.extend(rec);
+                        records.extend(self.coord.take_journal_records());
+                        let pool = self.coord.job_summary(job).and_then(|s| s.pool);
+                        let json = serde_json::to_string(&pool).unwrap_or_default();
+                        after.push(Box::new(move |_| {
+                            let _ = reply.send(Ok(json));
+                        }));
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(Status::failed_precondition(e.to_string())));
+                    }
+                }
             }
             Req::FromWorker(m) => self.on_worker_message(m, cmds, records),
             Req::SessionClosed(worker) => self.on_session_closed(worker, cmds, records),
@@ -802,6 +848,7 @@ impl Core {
             return;
         }
         self.note_uploads(job, files);
+        let pool = spec.pool.clone();
         // The journal keeps the spec; a replay expands it again.
         records.push(JournalRecord::JobSubmitted {
             job,
@@ -809,6 +856,12 @@ impl Core {
             dir,
             tenant,
         });
+        if let Some(pool) = pool {
+            // Right after its `JobSubmitted`, before anything of the job is placed.
+            if let Err(e) = self.coord.set_job_pool(job, pool) {
+                tracing::warn!("{job}: {e}");
+            }
+        }
         records.extend(self.coord.take_journal_records());
         let tasks = self
             .coord

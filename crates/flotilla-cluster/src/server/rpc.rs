@@ -540,6 +540,28 @@ impl CoordinatorRpc for Api {
         Ok(Response::new(proto::JsonReply { json }))
     }
 
+    async fn budget(
+        &self,
+        req: Request<proto::BudgetRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        let scope = job_scope(&req, "raise budgets")?;
+        let r = req.into_inner();
+        let job = JobId::new(r.job);
+        let text = r.amount.trim();
+        let amount =
+            flotilla_pool::Credits::parse(text.strip_prefix('+').unwrap_or(text), "amount")
+                .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let json = self
+            .ask(|reply| Req::Budget {
+                job,
+                scope,
+                amount,
+                reply,
+            })
+            .await?;
+        Ok(Response::new(proto::JsonReply { json }))
+    }
+
     async fn provider_list(
         &self,
         req: Request<proto::ProviderListRequest>,

@@ -101,6 +101,8 @@ pub(crate) struct Job {
     pub(crate) held: Held,
     /// Why its ready tasks wait although workers may have room (its tenant's quota).
     pub(crate) quota_wait: Option<String>,
+    /// Its `[pool]` section and what it spent (`None`: the operator's own workers only).
+    pub(crate) pool: Option<Box<super::coordinator::JobPool>>,
 }
 
 /// What a job's tasks in flight are charged, for fair share and quotas.
@@ -209,6 +211,7 @@ impl Job {
             broken: HashSet::new(),
             held: Held::default(),
             quota_wait: None,
+            pool: None,
         }
     }
 

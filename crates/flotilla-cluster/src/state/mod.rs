@@ -118,9 +118,10 @@ use std::fmt;
 use flotilla_core::{JobId, JobSpec, Resources, Staging, TaskId, WorkerId};
 use serde::{Deserialize, Serialize};
 
-pub use coordinator::Coordinator;
+pub use coordinator::{Coordinator, VerdictRecord};
 pub use status::{
-    ClusterStatus, JobStatus, JobSummary, JournalStatus, TaskCounts, TaskStatus, WorkerStatus,
+    ClusterStatus, JobPoolStatus, JobStatus, JobSummary, JournalStatus, TaskCounts, TaskStatus,
+    WorkerStatus,
 };
 
 /// Monotonic milliseconds, injected by the caller.
@@ -443,6 +444,13 @@ pub enum Event {
         /// How much.
         amount: flotilla_pool::Credits,
     },
+    /// A job may spend more (J): `flotilla budget JOB +N`.
+    BudgetRaised {
+        /// The job.
+        job: JobId,
+        /// How much more.
+        amount: flotilla_pool::Credits,
+    },
     /// Time passed: backoffs, grace periods.
     Tick,
 }
@@ -459,6 +467,7 @@ impl Event {
                 | Event::TaskFinished { .. }
                 | Event::TaskAssigned { .. }
                 | Event::CreditsGranted { .. }
+                | Event::BudgetRaised { .. }
         )
     }
 }
@@ -534,6 +543,48 @@ pub enum JournalRecord {
         /// How much.
         amount: flotilla_pool::Credits,
     },
+    /// A provider's worker joined (kept by compaction): whose machine it is and its price,
+    /// to settle its results after a restart.
+    PoolWorker {
+        /// The worker.
+        worker: WorkerId,
+        /// Its provider.
+        provider: String,
+        /// Its price.
+        price: flotilla_pool::Price,
+    },
+    /// A job's `[pool]` section (kept apart from its spec, so journals written before it
+    /// existed read unchanged); written after its `JobSubmitted`.
+    JobPool {
+        /// The job.
+        job: JobId,
+        /// The section.
+        pool: flotilla_core::PoolSpec,
+    },
+    /// A ledger transaction made for an attempt (kept by compaction).
+    Ledger {
+        /// The attempt it is for.
+        attempt: Option<(TaskRef, u32)>,
+        /// The transaction.
+        tx: flotilla_pool::Transaction,
+    },
+    /// A verified task's result judged (kept by compaction: reputations are rebuilt from
+    /// it). Written after the `TaskFinished` it judged.
+    Verdict {
+        /// The task.
+        task: TaskRef,
+        /// The attempt whose report it judged.
+        attempt: u32,
+        /// The verdict.
+        verdict: VerdictRecord,
+    },
+    /// See [`Event::BudgetRaised`].
+    BudgetRaised {
+        /// The job.
+        job: JobId,
+        /// How much more.
+        amount: flotilla_pool::Credits,
+    },
 }
 
 impl JournalRecord {
@@ -583,6 +634,10 @@ impl JournalRecord {
                 tenant: tenant.clone(),
                 amount: *amount,
             },
+            Event::BudgetRaised { job, amount } => JournalRecord::BudgetRaised {
+                job: *job,
+                amount: *amount,
+            },
             Event::WorkerJoined { .. }
             | Event::WorkerReconciled { .. }
             | Event::WorkerLost { .. }
@@ -599,17 +654,41 @@ impl JournalRecord {
         match self {
             JournalRecord::JobSubmitted { job, .. }
             | JournalRecord::JobCancelled { job }
-            | JournalRecord::JobRemoved { job } => Some(*job),
+            | JournalRecord::JobRemoved { job }
+            | JournalRecord::JobPool { job, .. }
+            | JournalRecord::BudgetRaised { job, .. } => Some(*job),
             JournalRecord::TaskFinished { task, .. } | JournalRecord::TaskAssigned { task, .. } => {
                 Some(task.job)
             }
-            JournalRecord::Checkpoint { .. } | JournalRecord::CreditsGranted { .. } => None,
+            JournalRecord::Checkpoint { .. }
+            | JournalRecord::CreditsGranted { .. }
+            | JournalRecord::PoolWorker { .. }
+            | JournalRecord::Ledger { .. }
+            | JournalRecord::Verdict { .. } => None,
         }
     }
 
-    /// Whether a compaction keeps it whatever its job (the ledger's records).
+    /// Whether a compaction keeps it whatever its job (the ledger's and the pool's records).
     pub fn always_kept(&self) -> bool {
-        matches!(self, JournalRecord::CreditsGranted { .. })
+        matches!(
+            self,
+            JournalRecord::CreditsGranted { .. }
+                | JournalRecord::PoolWorker { .. }
+                | JournalRecord::Ledger { .. }
+                | JournalRecord::Verdict { .. }
+        )
+    }
+
+    /// Whether it is one of the pool's own records (replayed by the coordinator, not as an
+    /// event).
+    pub fn is_pool_record(&self) -> bool {
+        matches!(
+            self,
+            JournalRecord::PoolWorker { .. }
+                | JournalRecord::JobPool { .. }
+                | JournalRecord::Ledger { .. }
+                | JournalRecord::Verdict { .. }
+        )
     }
 
     /// The event the record replays as; `None` for a [`JournalRecord::Checkpoint`], which is
@@ -658,7 +737,12 @@ impl JournalRecord {
             JournalRecord::CreditsGranted { tenant, amount } => {
                 Event::CreditsGranted { tenant, amount }
             }
-            JournalRecord::Checkpoint { .. } => return None,
+            JournalRecord::BudgetRaised { job, amount } => Event::BudgetRaised { job, amount },
+            JournalRecord::Checkpoint { .. }
+            | JournalRecord::PoolWorker { .. }
+            | JournalRecord::JobPool { .. }
+            | JournalRecord::Ledger { .. }
+            | JournalRecord::Verdict { .. } => return None,
         })
     }
 }
@@ -928,10 +1012,19 @@ pub struct Config {
     /// round trip to the coordinator. 0 turns chaining off.
     #[serde(default)]
     pub chain_depth: usize,
+    /// The platform's fee on every settled cost in the pool, parts per million
+    /// (`flotilla server --fee 0.05` is 50,000).
+    #[serde(default = "default_fee_ppm")]
+    pub fee_ppm: u32,
+}
+
+fn default_fee_ppm() -> u32 {
+    50_000
 }
 
 impl Default for Config {
-    /// 1 s backoff doubling up to 1 min, 30 s grace, 2 queued tasks per worker, 8 chained.
+    /// 1 s backoff doubling up to 1 min, 30 s grace, 2 queued tasks per worker, 8 chained,
+    /// a 5 % fee.
     fn default() -> Self {
         Config {
             retry_backoff_ms: 1_000,
@@ -939,6 +1032,7 @@ impl Default for Config {
             reconcile_grace_ms: 30_000,
             queue_depth: 2,
             chain_depth: 8,
+            fee_ppm: default_fee_ppm(),
         }
     }
 }

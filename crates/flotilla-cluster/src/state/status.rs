@@ -81,6 +81,36 @@ pub struct TaskStatus {
     pub usage: Option<Usage>,
     /// The last thing said about it (an error, a lost worker).
     pub message: Option<String>,
+    /// What it cost so far, credits (a job with a `[pool]` section).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// The provider of its latest attempt's worker (`None`: the operator's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+}
+
+/// A job's pool accounts and deadline, as `flotilla status` shows them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobPoolStatus {
+    /// Its budget, credits (`None`: its tenant's balance).
+    pub budget: Option<f64>,
+    /// Settled so far.
+    pub spent: f64,
+    /// Held for attempts in flight or waiting for a verdict.
+    pub held: f64,
+    /// Why it places nothing now (out of budget or credits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
+    /// Its deadline, milliseconds after submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// `"met"`, `"missed"`, `"on track"`, `"at risk"`; absent without a deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
+    /// How its results are verified: `"1"`, `"2"`, … or `"adaptive"`.
+    pub verify: String,
+    /// Providers' results rejected by verification.
+    pub rejected: u64,
 }
 
 /// One job, with every task.
@@ -115,6 +145,9 @@ pub struct JobStatus {
     /// Why its ready tasks wait: its tenant's quota.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// Its pool accounts (a job with a `[pool]` section).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<JobPoolStatus>,
     /// Every task, by id.
     pub tasks: Vec<TaskStatus>,
 }
@@ -158,6 +191,9 @@ pub struct JobSummary {
     /// Why its ready tasks wait: its tenant's quota.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// Its pool accounts (a job with a `[pool]` section).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<JobPoolStatus>,
 }
 
 /// Every job and live worker, as `flotilla status` shows them.
@@ -251,7 +287,8 @@ impl Coordinator {
             finished_ms: j.finished,
             makespan_s: makespan(j, self.now()),
             critical_path_s,
-            waiting: j.quota_wait.clone().filter(|_| j.is_active()),
+            waiting: self.waiting(j),
+            pool: self.pool_status(j),
             tasks,
         })
     }
@@ -284,8 +321,19 @@ impl Coordinator {
             total: j.len() as u64,
             retries: j.retries,
             makespan_s: makespan(j, self.now()),
-            waiting: j.quota_wait.clone().filter(|_| j.is_active()),
+            waiting: self.waiting(j),
+            pool: self.pool_status(j),
         }
+    }
+
+    /// Why a running job's ready tasks wait: its tenant's quota, or its budget.
+    fn waiting(&self, j: &Job) -> Option<String> {
+        if !j.is_active() {
+            return None;
+        }
+        j.quota_wait
+            .clone()
+            .or_else(|| j.pool.as_deref().and_then(|p| p.paused.clone()))
     }
 
     fn task_view(&self, j: &Job, id: TaskId) -> TaskStatus {
@@ -301,6 +349,11 @@ impl Coordinator {
             placement: self.reason_of(j, id),
             usage: rt.ext.as_ref().and_then(|e| e.usage),
             message: rt.ext.as_ref().and_then(|e| e.message.clone()),
+            cost: j
+                .pool
+                .as_deref()
+                .map(|p| p.cost.get(&id).copied().unwrap_or_default().as_f64()),
+            provider: rt.worker.and_then(|w| self.provider_of(w)),
         }
     }
 

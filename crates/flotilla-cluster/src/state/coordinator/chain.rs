@@ -18,8 +18,9 @@ impl Coordinator {
         out: &mut Vec<Command>,
     ) {
         let depth = self.config.chain_depth;
-        if depth == 0 || self.jobs[&job].staging != Staging::Shared || !self.jobs[&job].is_active()
-        {
+        let j = &self.jobs[&job];
+        // A pool job's successors are placed (and held for) one by one.
+        if depth == 0 || j.staging != Staging::Shared || !j.is_active() || j.pool.is_some() {
             return;
         }
         let pred = (self.jobs[&job].tref(t), attempt);

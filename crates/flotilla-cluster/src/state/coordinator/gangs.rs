@@ -125,7 +125,16 @@ impl Coordinator {
             let predict = |k: usize, v: Option<usize>, hw: &str| {
                 Job::predict(model, &j.classes[classes[k]].codelet, &options[k], v, hw)
             };
-            sched::place_gang(&problems, self.workers.values().map(Worker::node), &predict)
+            // Gangs run on the operator's own workers only (a gang's members cannot be
+            // verified one by one).
+            sched::place_gang(
+                &problems,
+                self.workers
+                    .values()
+                    .filter(|w| w.spec.provider.is_none())
+                    .map(Worker::node),
+                &predict,
+            )
         };
         let Some(decisions) = decisions else {
             return Placed::Blocked;

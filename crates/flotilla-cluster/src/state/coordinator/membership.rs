@@ -52,6 +52,10 @@ impl Coordinator {
             }
             w.holds.insert(tref);
         }
+        if w.spec.provider.is_some() {
+            self.provider_workers += 1;
+        }
+        self.pool_worker_joined(id, &w.spec.clone());
         self.workers.insert(id, w);
     }
 
@@ -121,6 +125,9 @@ impl Coordinator {
             .remove(&id)
             .expect("callers checked the worker");
         self.retired.insert(id);
+        if w.spec.provider.is_some() {
+            self.provider_workers = self.provider_workers.saturating_sub(1);
+        }
         for ((_, _), slot) in &w.slots {
             if let Some(thief) = slot.thief.and_then(|t| self.workers.get_mut(&t)) {
                 thief.incoming = thief.incoming.saturating_sub(1);

@@ -25,7 +25,11 @@ mod chain;
 mod gangs;
 mod membership;
 mod placement;
+mod pool;
 mod reports;
+
+pub(crate) use pool::JobPool;
+pub use pool::VerdictRecord;
 mod timers;
 
 /// A task journaled as assigned before a restart, to a worker that has not rejoined yet.
@@ -74,13 +78,16 @@ pub struct Coordinator {
     pending: BTreeMap<WorkerId, Vec<Assignment>>,
     /// Tenants' quotas (a tenant not here has none).
     quotas: BTreeMap<String, Quota>,
+    /// The shared pool: providers' workers, holds, verification.
+    pool: pool::Pool,
+    /// Providers' workers live now.
+    provider_workers: usize,
 }
 
 impl Coordinator {
     /// An empty coordinator.
     pub fn new(config: Config) -> Self {
         Coordinator {
-            config,
             now: 0,
             jobs: BTreeMap::new(),
             active: BTreeSet::new(),
@@ -97,6 +104,9 @@ impl Coordinator {
             journal: Vec::new(),
             pending: BTreeMap::new(),
             quotas: BTreeMap::new(),
+            pool: pool::Pool::new(config.fee_ppm),
+            provider_workers: 0,
+            config,
         }
     }
 
@@ -152,6 +162,10 @@ impl Coordinator {
         record: JournalRecord,
         out: &mut Vec<Command>,
     ) -> Result<()> {
+        self.pool.replaying = true;
+        if record.is_pool_record() {
+            return self.replay_pool(record, out);
+        }
         if let JournalRecord::TaskFinished { worker, .. } = &record {
             // Every worker named in the journal existed before the restart: its reports
             // are stale, never unknown, and its id is not reused.
@@ -194,6 +208,7 @@ impl Coordinator {
     /// restart wait `reconcile_grace_ms` for their worker to rejoin and report them; then
     /// they are placed again.
     pub fn recovered(&mut self, now: Millis) {
+        self.pool.replaying = false;
         let now = now.max(self.now);
         self.now = now;
         let due = now.saturating_add(self.config.reconcile_grace_ms);
@@ -277,6 +292,9 @@ impl Coordinator {
                     spec.staging,
                     out,
                 )?;
+                if let Some(pool) = spec.pool {
+                    self.set_job_pool(job, pool)?;
+                }
             }
             Event::JobCancelled { job } => {
                 let j = self.jobs.get(&job).ok_or(StateError::UnknownJob(job))?;
@@ -406,6 +424,10 @@ impl Coordinator {
                 self.now = now;
             }
             Event::Tick => self.now = now,
+            Event::BudgetRaised { job, amount } => {
+                self.raise_budget(job, amount)?;
+                self.now = now;
+            }
             Event::CreditsGranted { tenant, amount } => {
                 // Keys in grant order: a replay gives each grant the key it had.
                 let key = format!("grant-{}", self.ledger.transactions().len());
@@ -416,6 +438,7 @@ impl Coordinator {
             }
         }
         self.run_timers(out);
+        self.sweep_holds();
         self.schedule(out);
         self.steal(out);
         for (worker, tasks) in std::mem::take(&mut self.pending) {

@@ -261,6 +261,9 @@ impl Coordinator {
             Err(p) => return p,
         };
         let j = &self.jobs[&job];
+        if j.pool.is_some() || self.provider_workers > 0 {
+            return self.place_pooled(job, t, &local_bytes, inputs, out);
+        }
         let c = j.class_of(t);
         let options = j.options(t);
         let codelet = &j.classes[c].codelet;
@@ -401,8 +404,10 @@ impl Coordinator {
             gpu_indices,
             hw_class: w.spec.hw_class.clone(),
         });
-        self.pending.entry(w.id).or_default().push(a);
+        let wid = w.id;
+        self.pending.entry(wid).or_default().push(a);
         j.set_state(t, TaskState::Assigned, None, out);
+        self.hold_for(job, t, attempt, wid);
     }
 
     /// An idle worker (nothing assigned or running, no retraction pending for it) takes

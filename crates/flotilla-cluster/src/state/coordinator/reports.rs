@@ -4,15 +4,15 @@
 use super::*;
 
 /// A success to apply (see [`Coordinator::attempt_succeeded`]).
-struct Succeeded {
-    task: TaskRef,
+pub(super) struct Succeeded {
+    pub(super) task: TaskRef,
     /// The worker that really ran it.
-    ran_on: WorkerId,
+    pub(super) ran_on: WorkerId,
     /// Its hardware class, to record the time under.
-    hw_class: Option<String>,
-    variant: Option<String>,
-    usage: super::super::Usage,
-    outputs: Vec<ObjectRef>,
+    pub(super) hw_class: Option<String>,
+    pub(super) variant: Option<String>,
+    pub(super) usage: super::super::Usage,
+    pub(super) outputs: Vec<ObjectRef>,
 }
 
 impl Coordinator {
@@ -198,6 +198,18 @@ impl Coordinator {
         }
         match result.outcome {
             AttemptOutcome::Succeeded => {
+                if self.pool_succeeded(
+                    task,
+                    attempt,
+                    ran_on,
+                    hw_class.clone(),
+                    result.variant.clone(),
+                    result.usage,
+                    result.outputs.clone(),
+                    out,
+                ) {
+                    return;
+                }
                 let outcome = Succeeded {
                     task,
                     ran_on,
@@ -216,7 +228,7 @@ impl Coordinator {
     }
 
     /// The current attempt succeeded: record its time, the outputs it holds, and mark it done.
-    fn attempt_succeeded(&mut self, s: Succeeded, out: &mut Vec<Command>) {
+    pub(super) fn attempt_succeeded(&mut self, s: Succeeded, out: &mut Vec<Command>) {
         let Succeeded {
             task,
             ran_on,

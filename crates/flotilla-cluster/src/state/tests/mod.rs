@@ -16,6 +16,7 @@ pub(super) fn config(queue_depth: usize) -> Config {
         reconcile_grace_ms: 5_000,
         queue_depth,
         chain_depth: 0,
+        ..Config::default()
     }
 }
 
@@ -291,5 +292,6 @@ outputs = ["c.out"]
 
 mod failures;
 mod placement;
+mod pool;
 mod restart;
 mod tenants;

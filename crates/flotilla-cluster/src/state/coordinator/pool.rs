@@ -1,0 +1,1070 @@
+//! The shared pool in the state machine: which workers a job may use (its `[pool]`
+//! section, providers' prices and reputations, its budget), placement by cost or energy
+//! within a deadline, holds on the consumer's credits when an attempt is placed on a
+//! provider's machine, verification of results by replicas on distinct providers, and
+//! settlement of accepted results (the pure policies are `flotilla_pool`'s).
+//!
+//! # What is journaled
+//!
+//! | record | when | replay |
+//! | --- | --- | --- |
+//! | `PoolWorker` | a provider's worker joins | its provider and price, for settling its results |
+//! | `JobPool` | a job with a `[pool]` section is accepted | the section |
+//! | `Ledger` | a hold, settlement or release | the same transaction (idempotent by key) and the job's accounts |
+//! | `Verdict` | a verified task's result is judged | the same verdict: task state and reputations |
+//! | `BudgetRaised` | `flotilla budget JOB +N` | the job's budget |
+//!
+//! A replay never decides again: the ledger and the verdicts come from their records (so a
+//! journal compaction, which drops removed jobs' records but keeps `Ledger`, `Verdict` and
+//! `PoolWorker` ones, cannot change a decision), and the sweep of holds does nothing while
+//! replaying.
+//!
+//! # Holds and settlement
+//!
+//! An attempt placed on a provider's worker (price not zero) holds its estimated cost
+//! (price × its resources × its timeout, or twice its predicted time, or an hour) from the
+//! tenant's balance. When its result is accepted the hold is settled at the metered cost
+//! (measured CPU seconds, GPUs × wall time, peak memory GB × wall time, × price), less the
+//! platform's fee; a rejected result, a failure, a cancellation, a lost worker or a
+//! retraction release it whole (the sweep at the end of every event releases the holds of
+//! attempts that are no longer in flight nor waiting for a verdict). Keys are
+//! `hold/<task>/<attempt>`, `settle/…`, `release/…`: an attempt is charged at most once.
+
+use std::collections::{HashMap, HashSet};
+
+use flotilla_core::{Objective, PoolSpec, Trust, Verify};
+use flotilla_pool::{Accepted, Applied, Credits, Metered, Price, Transaction, Verdict, Verifier};
+use serde::{Deserialize, Serialize};
+
+use super::super::Usage;
+use super::*;
+
+/// A provider's worker, as the pool remembers it (also after it left: its late results
+/// are settled with it).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PoolWorker {
+    pub(crate) provider: String,
+    pub(crate) price: Price,
+}
+
+/// An open hold of an attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct OpenHold {
+    pub(crate) key: String,
+    pub(crate) amount: Credits,
+}
+
+/// The pool's part of the coordinator.
+#[derive(Debug)]
+pub(crate) struct Pool {
+    /// The platform's fee, parts per million of each settled cost.
+    pub(crate) fee_ppm: u32,
+    pub(crate) verifier: Verifier,
+    /// Providers' workers, live or gone.
+    pub(crate) workers: BTreeMap<WorkerId, PoolWorker>,
+    /// Open holds by attempt.
+    pub(crate) holds: BTreeMap<(TaskRef, u32), OpenHold>,
+    /// Replaying the journal: decisions come from their records.
+    pub(crate) replaying: bool,
+}
+
+impl Pool {
+    pub(crate) fn new(fee_ppm: u32) -> Pool {
+        Pool {
+            fee_ppm,
+            verifier: Verifier::new(flotilla_pool::VerifyConfig::default()),
+            workers: BTreeMap::new(),
+            holds: BTreeMap::new(),
+            replaying: false,
+        }
+    }
+}
+
+/// A result waiting for its verdict.
+#[derive(Clone, Debug)]
+pub(crate) struct Replica {
+    pub(crate) attempt: u32,
+    pub(crate) worker: WorkerId,
+    /// `None`: the operator's own worker (trusted).
+    pub(crate) provider: Option<String>,
+    pub(crate) hash: String,
+    pub(crate) outputs: Vec<ObjectRef>,
+    pub(crate) usage: Usage,
+    pub(crate) variant: Option<String>,
+    pub(crate) hw_class: Option<String>,
+}
+
+/// A job's pool state.
+#[derive(Debug)]
+pub(crate) struct JobPool {
+    pub(crate) spec: PoolSpec,
+    /// The most it may spend (`None`: its tenant's balance).
+    pub(crate) budget: Option<Credits>,
+    /// Settled.
+    pub(crate) spent: Credits,
+    /// Held for attempts in flight or waiting for a verdict.
+    pub(crate) held: Credits,
+    /// Why it places nothing now (out of budget or credits).
+    pub(crate) paused: Option<String>,
+    /// Results waiting for a verdict, per task.
+    pub(crate) replicas: HashMap<TaskId, Vec<Replica>>,
+    /// Tasks verified again with a quorum of two (their provider was caught cheating).
+    pub(crate) requorum: HashSet<TaskId>,
+    /// Providers that may not run a task again (they disagreed with its accepted result).
+    pub(crate) excluded: HashMap<TaskId, Vec<String>>,
+    /// What each task cost so far.
+    pub(crate) cost: HashMap<TaskId, Credits>,
+    /// Results rejected.
+    pub(crate) rejected: u64,
+}
+
+impl JobPool {
+    pub(crate) fn new(spec: PoolSpec) -> JobPool {
+        JobPool {
+            budget: spec.budget.map(Credits::from_f64),
+            spec,
+            spent: Credits::ZERO,
+            held: Credits::ZERO,
+            paused: None,
+            replicas: HashMap::new(),
+            requorum: HashSet::new(),
+            excluded: HashMap::new(),
+            cost: HashMap::new(),
+            rejected: 0,
+        }
+    }
+
+    /// Whether task `t`'s results are verified by more than one run (or judged at all).
+    fn verifies(&self, t: TaskId) -> bool {
+        self.spec.trust == Trust::Any
+            && (self.requorum.contains(&t) || self.spec.verify != Verify::Quorum(1))
+    }
+
+    /// Credits it may still hold (`None`: no budget of its own).
+    fn budget_room(&self) -> Option<Credits> {
+        self.budget.map(|b| b - self.spent - self.held)
+    }
+}
+
+/// A verdict as the journal keeps it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum VerdictRecord {
+    /// The task's result is decided.
+    Accepted {
+        /// The accepted output hash.
+        hash: String,
+        /// Providers whose result agreed.
+        agreed: Vec<String>,
+        /// Providers whose result disagreed.
+        rejected: Vec<String>,
+        /// Accepted from one trusted provider alone.
+        alone: bool,
+        /// Tasks verified again (encoded as [`task_key`]).
+        reverify: Vec<u64>,
+    },
+    /// More results are needed.
+    NeedMore {
+        /// How many.
+        more: u32,
+    },
+    /// No quorum: the task fails.
+    Failed {
+        /// Why.
+        why: String,
+    },
+}
+
+/// A task as the verifier names it: the job id in the high half, the task in the low.
+pub(crate) fn task_key(t: TaskRef) -> u64 {
+    (t.job.0 << 32) | u64::from(t.task.0)
+}
+
+fn task_of_key(k: u64) -> TaskRef {
+    TaskRef {
+        job: JobId::new(k >> 32),
+        task: TaskId::new((k & 0xffff_ffff) as u32),
+    }
+}
+
+/// One hash of a result: blake3 over its outputs' paths and hashes, in path order.
+pub(crate) fn result_hash(outputs: &[ObjectRef]) -> String {
+    let mut sorted: Vec<&ObjectRef> = outputs.iter().collect();
+    sorted.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut h = blake3::Hasher::new();
+    for o in sorted {
+        h.update(o.path.as_bytes());
+        h.update(&[0]);
+        h.update(o.hash.as_bytes());
+        h.update(&[0]);
+    }
+    h.finalize().to_hex().to_string()
+}
+
+/// What an attempt used, as it is charged: measured CPU seconds, the GPUs it held × its
+/// wall time, its peak memory × its wall time.
+pub(crate) fn metered(usage: &Usage, gpus: f64) -> Metered {
+    let wall = if usage.wall_seconds.is_finite() {
+        usage.wall_seconds.max(0.0)
+    } else {
+        0.0
+    };
+    Metered {
+        cpu_seconds: if usage.cpu_seconds.is_finite() {
+            usage.cpu_seconds.max(0.0)
+        } else {
+            0.0
+        },
+        gpu_seconds: gpus * wall,
+        mem_gb_seconds: usage.peak_rss_bytes as f64 / 1e9 * wall,
+        ..Metered::default()
+    }
+}
+
+/// A job's highest prices as a [`Price`] (no limit: the largest credits).
+fn max_price(spec: &PoolSpec) -> Price {
+    let c = |x: Option<f64>| x.map_or(Credits::micro(i64::MAX), Credits::from_f64);
+    Price {
+        cpu: c(spec.max_price.cpu),
+        gpu: c(spec.max_price.gpu),
+        mem_gb: c(spec.max_price.mem_gb),
+    }
+}
+
+/// An estimated power draw (watts) of a task's resources, for `objective = "energy"` where
+/// nothing is measured: 12 W per CPU, 300 W per GPU.
+fn estimated_watts(r: &flotilla_core::Resources) -> f64 {
+    12.0 * r.cpus + 300.0 * r.gpus
+}
+
+/// Why a worker may not run a task, for the pause message.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    None,
+    Budget,
+    Credits,
+    Other,
+}
+
+impl Coordinator {
+    /// The job's pool section (replayed or from its spec): it may use providers' workers
+    /// from now on. Journals it (before any assignment of the job).
+    pub fn set_job_pool(&mut self, job: JobId, pool: PoolSpec) -> Result<()> {
+        let j = self.jobs.get_mut(&job).ok_or(StateError::UnknownJob(job))?;
+        j.pool = Some(Box::new(JobPool::new(pool.clone())));
+        if !self.pool.replaying {
+            self.journal.push(JournalRecord::JobPool { job, pool });
+        }
+        Ok(())
+    }
+
+    /// The platform's fee, parts per million of every settled cost (`flotilla server --fee`).
+    pub fn set_fee_ppm(&mut self, fee_ppm: u32) {
+        self.pool.fee_ppm = fee_ppm.min(1_000_000);
+    }
+
+    /// A provider's record: results accepted and rejected, score, streak.
+    pub fn reputation(&self, provider: &str) -> flotilla_pool::Reputation {
+        self.pool.verifier.reputation(provider)
+    }
+
+    /// Whether the verifier still gives `provider` work.
+    pub fn provider_eligible(&self, provider: &str) -> bool {
+        self.pool.verifier.eligible(provider)
+    }
+
+    /// A provider's worker joined: remembered (journaled) for settling its results.
+    pub(super) fn pool_worker_joined(&mut self, worker: WorkerId, spec: &super::super::WorkerSpec) {
+        let Some(provider) = spec.provider.clone() else {
+            return;
+        };
+        let pw = PoolWorker {
+            provider: provider.clone(),
+            price: spec.price,
+        };
+        if self.pool.workers.get(&worker) != Some(&pw) {
+            self.pool.workers.insert(worker, pw);
+            if !self.pool.replaying {
+                self.journal.push(JournalRecord::PoolWorker {
+                    worker,
+                    provider,
+                    price: spec.price,
+                });
+            }
+        }
+    }
+
+    /// Applies a pool record read back from the journal.
+    pub(super) fn replay_pool(
+        &mut self,
+        record: JournalRecord,
+        out: &mut Vec<Command>,
+    ) -> Result<()> {
+        match record {
+            JournalRecord::PoolWorker {
+                worker,
+                provider,
+                price,
+            } => {
+                if !self.workers.contains_key(&worker) {
+                    self.retired.insert(worker);
+                    self.next_worker = self.next_worker.max(worker.0 + 1);
+                }
+                self.pool
+                    .workers
+                    .insert(worker, PoolWorker { provider, price });
+            }
+            JournalRecord::JobPool { job, pool } => self.set_job_pool(job, pool)?,
+            JournalRecord::Ledger { attempt, tx } => match self.ledger.replay(&tx) {
+                Ok(Applied::Done(_)) => self.account(attempt, &tx),
+                Ok(Applied::Duplicate) => {}
+                Err(e) => return Err(StateError::Ledger(e.to_string())),
+            },
+            JournalRecord::Verdict {
+                task,
+                attempt,
+                verdict,
+            } => self.apply_verdict(task, attempt, &verdict, out),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `flotilla budget JOB +N`: the job may spend `amount` more.
+    pub(super) fn raise_budget(&mut self, job: JobId, amount: Credits) -> Result<()> {
+        let j = self.jobs.get_mut(&job).ok_or(StateError::UnknownJob(job))?;
+        let Some(p) = j.pool.as_mut() else {
+            return Err(StateError::Ledger(format!(
+                "{job} has no [pool] section: it runs on the operator's own workers and \
+                 spends nothing"
+            )));
+        };
+        if amount.is_negative() {
+            return Err(StateError::Ledger(format!(
+                "a budget raise of {amount} is negative"
+            )));
+        }
+        p.budget = Some(p.budget.unwrap_or(p.spent + p.held) + amount);
+        p.paused = None;
+        Ok(())
+    }
+
+    /// The provider of a worker, live or gone (`None`: the operator's own).
+    pub(crate) fn provider_of(&self, w: WorkerId) -> Option<String> {
+        self.pool.workers.get(&w).map(|p| p.provider.clone())
+    }
+
+    /// A job's pool accounts and deadline for `status`.
+    pub(crate) fn pool_status(&self, j: &Job) -> Option<super::super::status::JobPoolStatus> {
+        let p = j.pool.as_deref()?;
+        let deadline_ms = p.spec.deadline.map(|d| d.as_millis() as u64);
+        let deadline = deadline_ms.map(|d| {
+            let due = j.submitted.saturating_add(d);
+            match j.finished {
+                Some(end) if end <= due && j.state == JobState::Succeeded => "met",
+                Some(_) => "missed",
+                None if self.now > due => "missed",
+                None if self.deadline_at_risk(j, p) => "at risk",
+                None => "on track",
+            }
+            .to_string()
+        });
+        Some(super::super::status::JobPoolStatus {
+            budget: p.budget.map(Credits::as_f64),
+            spent: p.spent.as_f64(),
+            held: p.held.as_f64(),
+            paused: p.paused.clone().filter(|_| j.is_active()),
+            deadline_ms,
+            deadline,
+            verify: match p.spec.verify {
+                Verify::Quorum(k) => k.to_string(),
+                Verify::Adaptive => "adaptive".into(),
+            },
+            rejected: p.rejected,
+        })
+    }
+
+    // ---- placement ----
+
+    /// Whether worker `w` may run task `t` of job `j`, and if not, why.
+    fn refusal(&self, j: &Job, t: TaskId, w: &Worker, room: Option<Credits>) -> Refusal {
+        let Some(provider) = w.spec.provider.as_deref() else {
+            return Refusal::None; // the operator's own: trusted and free
+        };
+        let Some(p) = j.pool.as_deref() else {
+            return Refusal::Other;
+        };
+        if p.spec.trust == Trust::TrustedOnly
+            || j.graph.task(t).gang.is_some()
+            || !w.spec.price.within(&max_price(&p.spec))
+            || !self.pool.verifier.eligible(provider)
+        {
+            return Refusal::Other;
+        }
+        let ran =
+            |list: Option<&Vec<String>>| list.is_some_and(|l| l.iter().any(|x| x == provider));
+        if p.replicas
+            .get(&t)
+            .is_some_and(|rs| rs.iter().any(|r| r.provider.as_deref() == Some(provider)))
+            || ran(p.excluded.get(&t))
+        {
+            return Refusal::Other;
+        }
+        let need = self.hold_estimate(j, t, w);
+        if room.is_some_and(|r| need > r) {
+            return Refusal::Budget;
+        }
+        if need
+            > self
+                .ledger
+                .balance(&flotilla_pool::Account::Tenant(j.tenant.clone()))
+        {
+            return Refusal::Credits;
+        }
+        Refusal::None
+    }
+
+    /// What an attempt of task `t` of job `j` holds on worker `w`: its price × its resources
+    /// × its timeout, else twice its predicted time (at least a minute), else an hour.
+    fn hold_estimate(&self, j: &Job, t: TaskId, w: &Worker) -> Credits {
+        if w.spec.provider.is_none() || w.spec.price == Price::default() {
+            return Credits::ZERO;
+        }
+        let inst = j.graph.task(t);
+        let r = &inst.resources;
+        let secs = match inst.timeout {
+            Some(d) => d.as_secs_f64(),
+            None => self
+                .predicted(j, t, &w.spec.hw_class)
+                .map_or(3600.0, |s| (2.0 * s).max(60.0)),
+        };
+        w.spec
+            .price
+            .cost(&Metered::held(r.cpus, r.gpus, r.mem, secs))
+    }
+
+    /// The model's time of task `t` on `hw`, if it has one.
+    fn predicted(&self, j: &Job, t: TaskId, hw: &str) -> Option<f64> {
+        let c = j.class_of(t);
+        let options = j.options(t);
+        Job::predict(&self.model, &j.classes[c].codelet, &options, None, hw).seconds()
+    }
+
+    /// Places task `t` of a job with a `[pool]` section, or of any job while providers'
+    /// workers are connected (a job without one never goes to them).
+    pub(super) fn place_pooled(
+        &mut self,
+        job: JobId,
+        t: TaskId,
+        local_bytes: &HashMap<WorkerId, u64>,
+        inputs: Vec<(ObjectRef, String)>,
+        out: &mut Vec<Command>,
+    ) -> Placed {
+        let j = &self.jobs[&job];
+        let room = j.pool.as_deref().and_then(JobPool::budget_room);
+        let mut allowed: Vec<&Worker> = Vec::new();
+        let mut short = Refusal::None;
+        for w in self.workers.values() {
+            match self.refusal(j, t, w, room) {
+                Refusal::None => allowed.push(w),
+                r @ (Refusal::Budget | Refusal::Credits) => {
+                    if w.fits_total(resources_of(j, t, None)) {
+                        short = r;
+                    }
+                }
+                Refusal::Other => {}
+            }
+        }
+        let c = j.class_of(t);
+        let options = j.options(t);
+        let codelet = &j.classes[c].codelet;
+        let model = &self.model;
+        let predict = |v: Option<usize>, hw: &str| Job::predict(model, codelet, &options, v, hw);
+        let problem = Problem {
+            options: options.clone(),
+            local_bytes,
+            queue_depth: self.config.queue_depth,
+            explore: j.classes[c].explore,
+        };
+        // Tiers of equal estimated cost (or energy), cheapest first; `time`: one tier.
+        let objective = j
+            .pool
+            .as_deref()
+            .map_or(Objective::Time, |p| p.spec.objective);
+        let need = resources_of(j, t, None);
+        let unit = |w: &Worker| -> f64 {
+            let secs = self.predicted(j, t, &w.spec.hw_class).unwrap_or(1.0);
+            match objective {
+                Objective::Cost => w
+                    .spec
+                    .price
+                    .cost(&Metered::held(need.cpus, need.gpus, need.mem, secs))
+                    .as_f64(),
+                Objective::Energy => estimated_watts(need) * secs,
+                Objective::Time => 0.0,
+            }
+        };
+        let mut tiers: Vec<(f64, Vec<&Worker>)> = Vec::new();
+        let mut ranked: Vec<(f64, &Worker)> = allowed.iter().map(|w| (unit(w), *w)).collect();
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.id.cmp(&b.1.id)));
+        for (u, w) in ranked {
+            match tiers.last_mut() {
+                Some((tu, ws)) if (*tu - u).abs() <= 1e-12 * tu.abs().max(1.0) => ws.push(w),
+                _ => tiers.push((u, vec![w])),
+            }
+        }
+        // A deadline at risk: every tier at once (the fastest wins).
+        let rush = j
+            .pool
+            .as_deref()
+            .is_some_and(|p| self.deadline_at_risk(j, p));
+        if rush && tiers.len() > 1 {
+            let all: Vec<&Worker> = tiers.drain(..).flat_map(|(_, ws)| ws).collect();
+            tiers.push((0.0, all));
+        }
+        let n_tiers = tiers.len();
+        let mut decision = None;
+        for (i, (u, ws)) in tiers.iter().enumerate() {
+            if let Some(mut d) = sched::place(&problem, ws.iter().map(|w| w.node()), &predict) {
+                if j.pool.is_some() {
+                    let w = &self.workers[&d.worker];
+                    let what = match (&w.spec.provider, objective, rush) {
+                        (_, _, true) => "deadline at risk: the fastest worker within max_price".to_string(),
+                        (None, _, _) => "the operator's own worker (trusted, free)".to_string(),
+                        (Some(p), Objective::Energy, _) => format!("provider {p}: least estimated energy ({u:.0} J)"),
+                        (Some(p), Objective::Time, _) => format!("provider {p}: objective time"),
+                        (Some(p), Objective::Cost, _) => format!(
+                            "provider {p} at {}: cheapest with room (tier {} of {n_tiers}, {u:.6} credits est.)",
+                            w.spec.price,
+                            i + 1
+                        ),
+                    };
+                    d.reason.why = format!("{}; {what}", d.reason.why);
+                }
+                decision = Some(d);
+                break;
+            }
+        }
+        let Some(d) = decision else {
+            let tenant = j.tenant.clone();
+            if let Some(p) = self.jobs.get_mut(&job).and_then(|j| j.pool.as_deref_mut()) {
+                p.paused = match short {
+                    Refusal::Budget => Some(format!(
+                        "paused: out of budget (spent {}, held {} of {}): `flotilla budget \
+                         {job} +N` resumes it",
+                        p.spent,
+                        p.held,
+                        p.budget.unwrap_or_default()
+                    )),
+                    Refusal::Credits => Some(format!(
+                        "paused: tenant {:?} has too few credits for its next task; an admin \
+                         grants more (`flotilla admin tenant add NAME --credits C`)",
+                        tenant
+                    )),
+                    _ => None,
+                };
+            }
+            return Placed::Blocked;
+        };
+        if let Some(p) = self.jobs.get_mut(&job).and_then(|j| j.pool.as_deref_mut()) {
+            p.paused = None;
+        }
+        self.assign(job, t, d, inputs, out);
+        Placed::Yes
+    }
+
+    /// Whether the job's remaining tasks, at the pace the model predicts on the workers it
+    /// may use, would end after its deadline.
+    fn deadline_at_risk(&self, j: &Job, p: &JobPool) -> bool {
+        let Some(deadline) = p.spec.deadline else {
+            return false;
+        };
+        let due = j.submitted.saturating_add(deadline.as_millis() as u64);
+        if self.now >= due {
+            return true;
+        }
+        let left_s = (due - self.now) as f64 / 1000.0;
+        let remaining = j.len() as u64 - j.counts[TaskState::Done.index()];
+        // Seconds of work left (the model's mean over the workers, an unknown task 1 s) over
+        // the CPUs of the workers it may use.
+        let mut work = 0.0;
+        let mut cpus = 0.0;
+        let sample = TaskId::new(0);
+        for w in self.workers.values() {
+            if w.spec.provider.is_some() && j.pool.is_none() {
+                continue;
+            }
+            cpus += w.cap().cpus;
+            work += self.predicted(j, sample, &w.spec.hw_class).unwrap_or(1.0);
+        }
+        let n = self.workers.len().max(1) as f64;
+        let per_task = work / n;
+        let need_cpus = resources_of(j, sample, None).cpus.max(1e-3);
+        let slots = (cpus / need_cpus).max(1.0);
+        remaining as f64 * per_task / slots > left_s
+    }
+
+    /// An attempt was placed on `w`: holds its estimated cost when `w` is a priced
+    /// provider's worker.
+    pub(super) fn hold_for(&mut self, job: JobId, t: TaskId, attempt: u32, worker: WorkerId) {
+        if self.pool.replaying {
+            return;
+        }
+        let j = &self.jobs[&job];
+        if j.pool.is_none() {
+            return;
+        }
+        let Some(w) = self.workers.get(&worker) else {
+            return;
+        };
+        let amount = self.hold_estimate(j, t, w);
+        if amount == Credits::ZERO {
+            return;
+        }
+        let tref = j.tref(t);
+        let key = format!("hold/{tref}/{attempt}");
+        let tenant = j.tenant.clone();
+        match self.ledger.hold(&key, &tenant, amount) {
+            Ok(Applied::Done(tx)) => self.post((tref, attempt), tx),
+            Ok(Applied::Duplicate) => {}
+            Err(e) => {
+                // Checked before placing; a refusal here leaves the attempt unheld (it is
+                // still settled only from what the tenant has).
+                tracing::warn!("{tref} attempt {attempt}: {e}");
+            }
+        }
+    }
+
+    /// Journals a transaction just made and applies it to the job's accounts.
+    fn post(&mut self, attempt: (TaskRef, u32), tx: Transaction) {
+        self.account(Some(attempt), &tx);
+        self.journal.push(JournalRecord::Ledger {
+            attempt: Some(attempt),
+            tx,
+        });
+    }
+
+    /// A transaction's effect on the job's accounts and the open holds.
+    fn account(&mut self, attempt: Option<(TaskRef, u32)>, tx: &Transaction) {
+        let Some(a) = attempt else {
+            return;
+        };
+        let job = self
+            .jobs
+            .get_mut(&a.0.job)
+            .and_then(|j| j.pool.as_deref_mut());
+        match &tx.op {
+            flotilla_pool::Op::Hold { amount, .. } => {
+                self.pool.holds.insert(
+                    a,
+                    OpenHold {
+                        key: tx.key.clone(),
+                        amount: *amount,
+                    },
+                );
+                if let Some(p) = job {
+                    p.held += *amount;
+                }
+            }
+            flotilla_pool::Op::Settle { cost, .. } => {
+                let h = self.pool.holds.remove(&a);
+                if let Some(p) = job {
+                    p.held -= h.map_or(Credits::ZERO, |h| h.amount);
+                    p.spent += *cost;
+                    *p.cost.entry(a.0.task).or_default() += *cost;
+                }
+            }
+            flotilla_pool::Op::Release { .. } => {
+                let h = self.pool.holds.remove(&a);
+                if let Some(p) = job {
+                    p.held -= h.map_or(Credits::ZERO, |h| h.amount);
+                }
+            }
+            flotilla_pool::Op::Grant { .. } => {}
+        }
+    }
+
+    /// Settles attempt `a`'s hold at its metered cost, paying `provider`.
+    fn settle_attempt(&mut self, a: (TaskRef, u32), worker: WorkerId, usage: &Usage) {
+        if self.pool.replaying {
+            return;
+        }
+        let Some(h) = self.pool.holds.get(&a).cloned() else {
+            return;
+        };
+        let Some(pw) = self.pool.workers.get(&worker).cloned() else {
+            return self.release_attempt(a);
+        };
+        let gpus = self
+            .jobs
+            .get(&a.0.job)
+            .map_or(0.0, |j| j.graph.task(a.0.task).resources.gpus);
+        let cost = pw.price.cost(&metered(usage, gpus));
+        let key = format!("settle/{}/{}", a.0, a.1);
+        match self
+            .ledger
+            .settle(&key, &h.key, &pw.provider, cost, self.pool.fee_ppm)
+        {
+            Ok(Applied::Done(tx)) => self.post(a, tx),
+            Ok(Applied::Duplicate) => {}
+            Err(e) => tracing::warn!("settling {}: {e}", h.key),
+        }
+    }
+
+    /// Gives attempt `a`'s hold back whole.
+    fn release_attempt(&mut self, a: (TaskRef, u32)) {
+        if self.pool.replaying {
+            return;
+        }
+        let Some(h) = self.pool.holds.get(&a).cloned() else {
+            return;
+        };
+        let key = format!("release/{}/{}", a.0, a.1);
+        match self.ledger.release(&key, &h.key) {
+            Ok(Applied::Done(tx)) => self.post(a, tx),
+            Ok(Applied::Duplicate) => {}
+            Err(e) => tracing::warn!("releasing {}: {e}", h.key),
+        }
+    }
+
+    /// Releases the holds of attempts that are neither in flight nor waiting for a verdict
+    /// (failed, cancelled, lost, returned, superseded).
+    pub(super) fn sweep_holds(&mut self) {
+        if self.pool.replaying || self.pool.holds.is_empty() {
+            return;
+        }
+        let stale: Vec<(TaskRef, u32)> = self
+            .pool
+            .holds
+            .keys()
+            .filter(|(t, attempt)| {
+                let Some(j) = self.jobs.get(&t.job) else {
+                    return true;
+                };
+                let rt = &j.tasks[t.task.index()];
+                let in_flight = rt.attempt == *attempt
+                    && matches!(rt.state, TaskState::Assigned | TaskState::Running);
+                let waiting = j.pool.as_deref().is_some_and(|p| {
+                    p.replicas
+                        .get(&t.task)
+                        .is_some_and(|rs| rs.iter().any(|r| r.attempt == *attempt))
+                });
+                !in_flight && !waiting
+            })
+            .copied()
+            .collect();
+        for a in stale {
+            self.release_attempt(a);
+        }
+    }
+
+    // ---- results ----
+
+    /// A successful attempt of a job with a `[pool]` section: verified when the job asks,
+    /// settled when accepted. `false`: not the pool's (the caller marks it done).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn pool_succeeded(
+        &mut self,
+        task: TaskRef,
+        attempt: u32,
+        ran_on: WorkerId,
+        hw_class: Option<String>,
+        variant: Option<String>,
+        usage: Usage,
+        outputs: Vec<ObjectRef>,
+        out: &mut Vec<Command>,
+    ) -> bool {
+        let j = &self.jobs[&task.job];
+        let Some(p) = j.pool.as_deref() else {
+            return false;
+        };
+        let t = task.task;
+        if !p.verifies(t) {
+            self.settle_attempt((task, attempt), ran_on, &usage);
+            return false;
+        }
+        let provider = self.pool.workers.get(&ran_on).map(|w| w.provider.clone());
+        let replica = Replica {
+            attempt,
+            worker: ran_on,
+            provider,
+            hash: result_hash(&outputs),
+            outputs,
+            usage,
+            variant,
+            hw_class,
+        };
+        let p = self
+            .jobs
+            .get_mut(&task.job)
+            .and_then(|j| j.pool.as_deref_mut())
+            .expect("checked above");
+        let rs = p.replicas.entry(t).or_default();
+        if !rs.iter().any(|r| r.attempt == attempt) {
+            rs.push(replica);
+        }
+        if self.pool.replaying {
+            // The verdict is the next record.
+            return true;
+        }
+        let verdict = self.judge(task);
+        self.journal.push(JournalRecord::Verdict {
+            task,
+            attempt,
+            verdict: verdict.clone(),
+        });
+        self.apply_verdict(task, attempt, &verdict, out);
+        true
+    }
+
+    /// The verdict on task `task`'s results so far.
+    fn judge(&self, task: TaskRef) -> VerdictRecord {
+        let p = self.jobs[&task.job]
+            .pool
+            .as_deref()
+            .expect("a pool job's task");
+        let rs = p.replicas.get(&task.task).map_or(&[][..], Vec::as_slice);
+        // A result from the operator's own worker decides alone; the providers' results are
+        // judged against it.
+        if let Some(trusted) = rs.iter().find(|r| r.provider.is_none()) {
+            let (mut agreed, mut rejected) = (Vec::new(), Vec::new());
+            for r in rs {
+                if let Some(p) = &r.provider {
+                    if r.hash == trusted.hash {
+                        agreed.push(p.clone());
+                    } else {
+                        rejected.push(p.clone());
+                    }
+                }
+            }
+            return VerdictRecord::Accepted {
+                hash: trusted.hash.clone(),
+                agreed,
+                rejected,
+                alone: false,
+                reverify: Vec::new(),
+            };
+        }
+        let results: Vec<(String, String)> = rs
+            .iter()
+            .filter_map(|r| r.provider.clone().map(|p| (p, r.hash.clone())))
+            .collect();
+        let (adaptive, quorum) = if p.requorum.contains(&task.task) {
+            (false, 2)
+        } else {
+            match p.spec.verify {
+                Verify::Adaptive => (true, 1),
+                Verify::Quorum(k) => (false, k),
+            }
+        };
+        match self
+            .pool
+            .verifier
+            .judge(task_key(task), adaptive, quorum, &results)
+        {
+            Verdict::Accepted {
+                hash,
+                agreed,
+                rejected,
+                alone,
+                ..
+            } => VerdictRecord::Accepted {
+                hash,
+                agreed,
+                rejected,
+                alone,
+                reverify: Vec::new(),
+            },
+            Verdict::NeedMore { more } => VerdictRecord::NeedMore { more },
+            Verdict::Failed { why } => VerdictRecord::Failed { why },
+            Verdict::Late => VerdictRecord::NeedMore { more: 0 },
+        }
+    }
+
+    /// Applies a verdict (just judged, or replayed): reputations, payment, and the task's
+    /// state.
+    pub(super) fn apply_verdict(
+        &mut self,
+        task: TaskRef,
+        attempt: u32,
+        verdict: &VerdictRecord,
+        out: &mut Vec<Command>,
+    ) {
+        match verdict {
+            VerdictRecord::Accepted {
+                hash,
+                agreed,
+                rejected,
+                alone,
+                reverify,
+            } => {
+                let caught = self.pool.verifier.record(
+                    task_key(task),
+                    &Accepted {
+                        agreed,
+                        rejected,
+                        alone: *alone,
+                    },
+                );
+                // Live, the reverify list is what `record` returned (journaled with the
+                // verdict: the record written above is updated here).
+                let reverify: Vec<u64> = if self.pool.replaying {
+                    reverify.clone()
+                } else {
+                    if let Some(JournalRecord::Verdict {
+                        verdict: VerdictRecord::Accepted { reverify: r, .. },
+                        ..
+                    }) = self.journal.last_mut()
+                    {
+                        r.clone_from(&caught);
+                    }
+                    caught
+                };
+                let Some(j) = self.jobs.get_mut(&task.job) else {
+                    return;
+                };
+                let Some(p) = j.pool.as_deref_mut() else {
+                    return;
+                };
+                let rs = p.replicas.remove(&task.task).unwrap_or_default();
+                p.requorum.remove(&task.task);
+                p.rejected += rejected.len() as u64;
+                p.excluded
+                    .entry(task.task)
+                    .or_default()
+                    .extend(rejected.iter().cloned());
+                let mut winner: Option<Replica> = None;
+                let mut holders = Vec::new();
+                for r in rs {
+                    if r.hash == *hash {
+                        self.settle_attempt((task, r.attempt), r.worker, &r.usage);
+                        holders.push(r.worker);
+                        if winner.is_none() {
+                            winner = Some(r);
+                        }
+                    } else {
+                        self.release_attempt((task, r.attempt));
+                    }
+                }
+                if let Some(r) = winner {
+                    let j = &self.jobs[&task.job];
+                    let current = j.tasks[task.task.index()].state != TaskState::Done;
+                    if current {
+                        self.accept_result(task, r, &holders, out);
+                    }
+                }
+                for k in reverify {
+                    self.reverify(task_of_key(k), rejected, out);
+                }
+            }
+            VerdictRecord::NeedMore { more } => {
+                let Some(j) = self.jobs.get_mut(&task.job) else {
+                    return;
+                };
+                let have = j
+                    .pool
+                    .as_deref()
+                    .and_then(|p| p.replicas.get(&task.task))
+                    .map_or(0, Vec::len);
+                let rt = &mut j.tasks[task.task.index()];
+                if rt.attempt == attempt
+                    && matches!(rt.state, TaskState::Assigned | TaskState::Running)
+                {
+                    rt.worker = None;
+                    if j.is_active() {
+                        j.runnable(
+                            task.task,
+                            Some(format!(
+                                "verifying: {have} result(s) so far, {more} more from other \
+                                 providers"
+                            )),
+                            out,
+                        );
+                    } else {
+                        j.set_state(task.task, TaskState::Cancelled, None, out);
+                    }
+                }
+            }
+            VerdictRecord::Failed { why } => {
+                let Some(j) = self.jobs.get_mut(&task.job) else {
+                    return;
+                };
+                let rs = j
+                    .pool
+                    .as_deref_mut()
+                    .and_then(|p| p.replicas.remove(&task.task))
+                    .unwrap_or_default();
+                for r in &rs {
+                    self.release_attempt((task, r.attempt));
+                }
+                let j = self.jobs.get_mut(&task.job).expect("present above");
+                if j.is_active() {
+                    j.set_state(task.task, TaskState::Failed, Some(why.clone()), out);
+                    self.end_job(task.job, JobState::Failed, out);
+                }
+            }
+        }
+    }
+
+    /// Marks a verified task done with its accepted result; every worker whose result
+    /// agreed holds its outputs.
+    fn accept_result(
+        &mut self,
+        task: TaskRef,
+        r: Replica,
+        holders: &[WorkerId],
+        out: &mut Vec<Command>,
+    ) {
+        let first = r.worker;
+        self.attempt_succeeded(
+            super::reports::Succeeded {
+                task,
+                ran_on: r.worker,
+                hw_class: r.hw_class,
+                variant: r.variant,
+                usage: r.usage,
+                outputs: r.outputs,
+            },
+            out,
+        );
+        let Some(j) = self.jobs.get_mut(&task.job) else {
+            return;
+        };
+        if j.staging != Staging::Transfer {
+            return;
+        }
+        for &h in holders.iter().filter(|&&h| h != first) {
+            if let Some(w) = self.workers.get_mut(&h) {
+                let hs = j.holders.entry(task.task).or_default();
+                if !hs.contains(&h) {
+                    hs.push(h);
+                }
+                w.holds.insert(task);
+            }
+        }
+    }
+
+    /// A task whose result was accepted alone from a provider since caught cheating: run it
+    /// again on two other providers (while its job runs).
+    fn reverify(&mut self, task: TaskRef, caught: &[String], out: &mut Vec<Command>) {
+        let Some(j) = self.jobs.get_mut(&task.job) else {
+            return;
+        };
+        if !j.is_active() || task.task.index() >= j.len() {
+            return;
+        }
+        if let Some(p) = j.pool.as_deref_mut() {
+            p.requorum.insert(task.task);
+            p.excluded
+                .entry(task.task)
+                .or_default()
+                .extend(caught.iter().cloned());
+        }
+        if j.tasks[task.task.index()].state == TaskState::Done {
+            j.undo_done(
+                &[task.task],
+                "verified again: its provider was caught returning wrong results",
+                out,
+            );
+        }
+    }
+}

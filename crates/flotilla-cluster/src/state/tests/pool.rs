@@ -1,0 +1,349 @@
+//! The shared pool in the state machine: where pool jobs may run, holds and settlement,
+//! verification by replicas, budgets, and the same ledger and verdicts after a replay.
+
+use flotilla_pool::{Account, Credits, Price};
+
+use super::*;
+
+/// A coordinator whose journal is kept as the server keeps it (each journaled event's
+/// record, then the records the coordinator made while applying it).
+struct Pooled {
+    sim: Sim,
+    journal: Vec<JournalRecord>,
+}
+
+impl Pooled {
+    fn new() -> Pooled {
+        Pooled {
+            sim: Sim::new(0),
+            journal: Vec::new(),
+        }
+    }
+
+    fn ev(&mut self, e: Event) -> Vec<Command> {
+        let rec = JournalRecord::from_event(&e);
+        let out = self.sim.ev(e);
+        self.journal.extend(rec);
+        self.journal.extend(self.sim.c.take_journal_records());
+        out
+    }
+
+    fn join(&mut self, spec: WorkerSpec) -> (WorkerId, Vec<Command>) {
+        let id = self.sim.c.next_worker_id();
+        let out = self.ev(Event::WorkerJoined {
+            worker: id,
+            spec,
+            running: Vec::new(),
+            held: Vec::new(),
+            previous: None,
+        });
+        (id, out)
+    }
+
+    fn submit(&mut self, tenant: &str, text: &str) -> (JobId, Vec<Command>) {
+        let spec = parse_job(text, "job.toml").expect("a valid job");
+        let job = self.sim.c.next_job_id();
+        let out = self.ev(Event::JobSubmitted {
+            job,
+            spec,
+            dir: "/jobs".into(),
+            tenant: tenant.into(),
+        });
+        (job, out)
+    }
+
+    /// Attempt `attempt` of `t` succeeded on `w` with one output of hash `hash`, using
+    /// `cpu_s` CPU seconds.
+    fn done(
+        &mut self,
+        w: WorkerId,
+        t: TaskRef,
+        attempt: u32,
+        hash: &str,
+        cpu_s: f64,
+    ) -> Vec<Command> {
+        self.ev(Event::TaskFinished {
+            worker: w,
+            task: t,
+            attempt,
+            result: AttemptResult {
+                outcome: AttemptOutcome::Succeeded,
+                usage: Usage {
+                    cpu_seconds: cpu_s,
+                    peak_rss_bytes: 0,
+                    wall_seconds: cpu_s,
+                },
+                outputs: vec![ObjectRef {
+                    path: "out.txt".into(),
+                    hash: hash.into(),
+                    size: 1,
+                }],
+                variant: None,
+            },
+        })
+    }
+
+    /// Grants `t` `n` credits.
+    fn grant(&mut self, n: i64) {
+        self.ev(Event::CreditsGranted {
+            tenant: "t".into(),
+            amount: Credits::whole(n),
+        });
+    }
+
+    /// Three providers, the first (`mallory`, cheapest) returning wrong results; its id.
+    fn three_providers(&mut self) -> WorkerId {
+        let (bad, _) = self.join(provider("mallory", 1.0, "1"));
+        self.join(provider("alice", 1.0, "2"));
+        self.join(provider("bob", 1.0, "3"));
+        bad
+    }
+
+    /// Runs every assignment in `out` (wrong on `bad`, right elsewhere, 1 s each): the
+    /// commands that follows.
+    fn round(&mut self, out: &[Command], bad: WorkerId) -> Vec<Command> {
+        let mut next = Vec::new();
+        for (w, a) in assigns(out) {
+            let hash = if w == bad { "wrong" } else { "right" };
+            next.extend(self.done(w, a.task, a.attempt, hash, 1.0));
+        }
+        next
+    }
+
+    fn balance(&self, a: Account) -> Credits {
+        self.sim.c.ledger().balance(&a)
+    }
+}
+
+/// A provider's worker: `cpus` CPUs at `cpu_price` credits per CPU-hour.
+fn provider(name: &str, cpus: f64, cpu_price: &str) -> WorkerSpec {
+    WorkerSpec {
+        name: format!("{name}-w"),
+        data_addr: format!("addr-{name}"),
+        provider: Some(name.into()),
+        price: Price::parse(&format!("cpu={cpu_price}")).expect("a price"),
+        ..wspec(cpus, &[])
+    }
+}
+
+fn pool_job(n: usize, pool: &str) -> String {
+    format!(
+        "name = \"p\"\nstaging = \"transfer\"\n[pool]\n{pool}\n[[task]]\nid = \"t\"\narray = \
+         \"0..{n}\"\ncmd = [\"work\", \"{{i}}\"]\noutputs = [\"out.txt\"]\ntimeout = \"10s\"\n"
+    )
+}
+
+fn tenant(name: &str) -> Account {
+    Account::Tenant(name.into())
+}
+
+/// Credits per CPU-second when the price is 3600 per CPU-hour.
+const SECOND: &str = "3600";
+
+#[test]
+fn a_job_without_a_pool_section_never_lands_on_a_provider_s_machine() {
+    let mut p = Pooled::new();
+    let (pw, _) = p.join(provider("alice", 4.0, SECOND));
+    let (job, out) = p.submit("t", "[[task]]\nid = \"a\"\ncmd = [\"a\"]\n");
+    assert!(assigns(&out).is_empty(), "not on {pw}");
+    let (own, out) = p.join(wspec(1.0, &[]));
+    assert_eq!(assigns(&out)[0].0, own);
+    assert_eq!(p.sim.state(job, "a"), TaskState::Assigned);
+    // trusted-only: the same.
+    let (job2, out) = p.submit(
+        "t",
+        "[pool]\ntrust = \"trusted-only\"\n[[task]]\nid = \"b\"\ncmd = [\"b\"]\n",
+    );
+    assert!(assigns(&out).is_empty());
+    assert_eq!(p.sim.state(job2, "b"), TaskState::Ready);
+}
+
+#[test]
+fn quorum_two_runs_on_two_providers_pays_both_and_charges_the_consumer_once_each() {
+    let mut p = Pooled::new();
+    p.grant(1000);
+    let (a, _) = p.join(provider("alice", 1.0, SECOND));
+    let (b, _) = p.join(provider("bob", 1.0, SECOND));
+    let (job, out) = p.submit("t", &pool_job(1, "verify = 2"));
+    let first = assigns(&out);
+    assert_eq!(first.len(), 1, "one replica at a time");
+    let (w1, a1) = &first[0];
+    let t = a1.task;
+    // Held: 10 s × 1 CPU × 1 credit/s.
+    assert_eq!(p.balance(Account::Escrow("t".into())), Credits::whole(10));
+    let out = p.done(*w1, t, 1, "good", 2.0);
+    assert_eq!(
+        p.sim.state(job, "t[0]"),
+        TaskState::Assigned,
+        "a second replica"
+    );
+    let (w2, a2) = &assigns(&out)[0];
+    assert_ne!(w1, w2, "on another provider");
+    assert!([a, b].contains(w2));
+    assert_eq!(a2.attempt, 2);
+    let out = p.done(*w2, t, 2, "good", 3.0);
+    assert_eq!(p.sim.state(job, "t[0]"), TaskState::Done);
+    assert_eq!(job_finished(&out), vec![(job, JobState::Succeeded)]);
+    // 2 + 3 credits, 5 % to the platform.
+    assert_eq!(p.balance(tenant("t")), Credits::whole(995));
+    assert_eq!(p.balance(Account::Escrow("t".into())), Credits::ZERO);
+    assert_eq!(p.balance(Account::Platform), Credits::micro(250_000));
+    let paid =
+        p.balance(Account::Provider("alice".into())) + p.balance(Account::Provider("bob".into()));
+    assert_eq!(paid, Credits::micro(4_750_000));
+    assert_eq!(p.sim.c.ledger().total(), Credits::whole(1000));
+    let s = p.sim.c.job_status(job).unwrap();
+    assert_eq!(s.tasks[0].cost, Some(5.0));
+    assert_eq!(s.pool.as_ref().unwrap().spent, 5.0);
+    // A duplicate report changes nothing.
+    p.done(*w2, t, 2, "good", 3.0);
+    assert_eq!(p.balance(tenant("t")), Credits::whole(995));
+}
+
+#[test]
+fn a_corrupting_provider_is_outvoted_unpaid_and_then_gets_no_work() {
+    let mut p = Pooled::new();
+    p.grant(1000);
+    let bad = p.three_providers();
+    let (job, mut out) = p.submit("t", &pool_job(6, "verify = 2"));
+    let mut guard = 0;
+    while p.sim.c.job_summary(job).unwrap().state == JobState::Running {
+        guard += 1;
+        assert!(guard < 100, "the job ends");
+        assert!(
+            !assigns(&out).is_empty(),
+            "something runs: {:?}",
+            p.sim.c.job_status(job)
+        );
+        out = p.round(&out, bad);
+    }
+    assert_eq!(p.sim.c.job_summary(job).unwrap().state, JobState::Succeeded);
+    let rep = p.sim.c.reputation("mallory");
+    assert!(rep.rejected >= 2 && rep.accepted == 0, "{rep:?}");
+    assert!(!p.sim.c.provider_eligible("mallory"));
+    assert_eq!(
+        p.balance(Account::Provider("mallory".into())),
+        Credits::ZERO
+    );
+    assert!(p.sim.c.job_status(job).unwrap().pool.unwrap().rejected >= 2);
+    // Every accepted result is the right one, and nothing stays held.
+    assert_eq!(p.balance(Account::Escrow("t".into())), Credits::ZERO);
+    assert_eq!(p.sim.c.ledger().total(), Credits::whole(1000));
+    // Excluded: a new job's tasks never go to mallory.
+    let (_, out) = p.submit("t", &pool_job(3, "verify = 2"));
+    assert!(assigns(&out).iter().all(|(w, _)| *w != bad));
+}
+
+#[test]
+fn the_cheapest_provider_with_room_is_chosen_and_max_price_is_kept() {
+    let mut p = Pooled::new();
+    p.grant(1000);
+    let (dear, _) = p.join(provider("dear", 1.0, "5"));
+    let (cheap, _) = p.join(provider("cheap", 1.0, "1"));
+    let (_, out) = p.submit("t", &pool_job(3, "verify = 1\nmax_price = { cpu = 4 }"));
+    let placed = assigns(&out);
+    assert_eq!(
+        placed.len(),
+        1,
+        "one fits on the cheap one; dear is above max_price"
+    );
+    assert_eq!(placed[0].0, cheap);
+    assert!(
+        placed[0].1.reason.why.contains("cheapest"),
+        "{}",
+        placed[0].1.reason.why
+    );
+    let (_, out) = p.submit("t", &pool_job(1, "verify = 1"));
+    assert_eq!(
+        assigns(&out)[0].0,
+        dear,
+        "the cheap one is full: the next tier"
+    );
+}
+
+#[test]
+fn a_job_out_of_budget_pauses_and_a_raise_resumes_it() {
+    let mut p = Pooled::new();
+    p.grant(1000);
+    let (w, _) = p.join(provider("alice", 1.0, SECOND));
+    // Each attempt holds 10 credits; the budget is 15.
+    let (job, out) = p.submit("t", &pool_job(3, "verify = 1\nbudget = 15"));
+    let (_, a) = assigns(&out).pop().expect("the first fits");
+    let out = p.done(w, a.task, a.attempt, "x", 4.0);
+    // Spent 4: 11 left, enough for one more hold.
+    let (_, a) = assigns(&out).pop().expect("the second fits");
+    let out = p.done(w, a.task, a.attempt, "x", 4.0);
+    // Spent 8: 7 left < 10.
+    assert!(assigns(&out).is_empty());
+    let s = p.sim.c.job_summary(job).unwrap();
+    let why = s.waiting.expect("says why");
+    assert!(
+        why.contains("out of budget") && why.contains("flotilla budget"),
+        "{why}"
+    );
+    assert_eq!(s.pool.unwrap().spent, 8.0);
+    let out = p.ev(Event::BudgetRaised {
+        job,
+        amount: Credits::whole(50),
+    });
+    let (_, a) = assigns(&out).pop().expect("resumed");
+    p.done(w, a.task, a.attempt, "x", 1.0);
+    let s = p.sim.c.job_summary(job).unwrap();
+    assert_eq!(s.state, JobState::Succeeded);
+    assert_eq!(s.pool.unwrap().budget, Some(65.0));
+    // A tenant with no credits: paused, saying so.
+    let (job2, _) = p.submit("poor", &pool_job(1, "verify = 1"));
+    let why = p.sim.c.job_summary(job2).unwrap().waiting.unwrap();
+    assert!(why.contains("too few credits"), "{why}");
+}
+
+#[test]
+fn a_lost_or_failed_attempt_releases_its_hold_whole() {
+    let mut p = Pooled::new();
+    p.grant(100);
+    let (w, _) = p.join(provider("alice", 1.0, SECOND));
+    let (_, out) = p.submit("t", &pool_job(1, "verify = 1"));
+    assert_eq!(assigns(&out).len(), 1);
+    assert_eq!(p.balance(tenant("t")), Credits::whole(90));
+    p.ev(Event::WorkerLost {
+        worker: w,
+        reason: "gone".into(),
+    });
+    assert_eq!(p.balance(tenant("t")), Credits::whole(100));
+    assert_eq!(p.balance(Account::Provider("alice".into())), Credits::ZERO);
+}
+
+#[test]
+fn a_replay_rebuilds_the_same_ledger_verdicts_and_reputations() {
+    let mut p = Pooled::new();
+    p.grant(1000);
+    let bad = p.three_providers();
+    let (job, mut out) = p.submit("t", &pool_job(4, "verify = 2\nbudget = 500"));
+    // Run two rounds, then "crash".
+    for _ in 0..2 {
+        out = p.round(&out, bad);
+    }
+    let mut c = Coordinator::new(config(0));
+    let mut sink = Vec::new();
+    for r in &p.journal {
+        c.replay(p.sim.now, r.clone(), &mut sink).expect("replays");
+    }
+    c.recovered(p.sim.now);
+    let live = p.sim.c.ledger();
+    let again = c.ledger();
+    assert_eq!(
+        live.balances().collect::<Vec<_>>(),
+        again.balances().collect::<Vec<_>>()
+    );
+    assert_eq!(live.transactions(), again.transactions());
+    for who in ["mallory", "alice", "bob"] {
+        assert_eq!(c.reputation(who), p.sim.c.reputation(who), "{who}");
+    }
+    let (a, b) = (p.sim.c.job_status(job).unwrap(), c.job_status(job).unwrap());
+    let states = |s: &JobStatus| s.tasks.iter().map(|t| t.state).collect::<Vec<_>>();
+    assert_eq!(states(&a), states(&b));
+    assert_eq!(
+        a.pool.as_ref().map(|p| (p.spent, p.held)),
+        b.pool.as_ref().map(|p| (p.spent, p.held))
+    );
+}

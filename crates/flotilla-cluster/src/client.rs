@@ -459,6 +459,19 @@ impl Client {
         Ok(r.into())
     }
 
+    /// Drains the live workers named `name` (or with id `name`); their ids.
+    pub async fn worker_drain(&mut self, name: &str) -> Result<Vec<String>> {
+        let r = self
+            .admin
+            .worker_drain(proto::WorkerDrainRequest {
+                name: name.to_string(),
+            })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("drain: {e}")))
+    }
+
     /// Lets job `job` spend `amount` more credits (`"50"`, `"+12.5"`); its pool accounts
     /// after, as JSON.
     pub async fn budget(&mut self, job: JobId, amount: &str) -> Result<serde_json::Value> {

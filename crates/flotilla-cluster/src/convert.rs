@@ -101,6 +101,9 @@ pub(crate) fn worker_joined(
         data_addr: req.data_addr,
         provider: None,
         price: flotilla_pool::Price::default(),
+        availability: req.availability,
+        preemptible: req.preemptible,
+        unavailable: req.unavailable,
     };
     let running = req.running.iter().map(task_key).collect();
     let held = req
@@ -125,6 +128,17 @@ pub(crate) fn task_finished(worker: WorkerId, r: proto::TaskResult) -> Option<Ev
     let outcome = match proto::task_result::Outcome::try_from(r.outcome) {
         Ok(proto::task_result::Outcome::Succeeded) => state::AttemptOutcome::Succeeded,
         Ok(proto::task_result::Outcome::Cancelled) => state::AttemptOutcome::Cancelled,
+        Ok(proto::task_result::Outcome::Preempted) => state::AttemptOutcome::Preempted {
+            checkpoint: r
+                .checkpoint
+                .iter()
+                .map(|c| state::ObjectRef {
+                    path: c.path.clone(),
+                    hash: c.hash.clone(),
+                    size: c.size,
+                })
+                .collect(),
+        },
         _ => state::AttemptOutcome::Failed {
             message: r.message.clone(),
             retryable: r.retryable,
@@ -163,18 +177,22 @@ pub(crate) fn assignment(a: state::Assignment) -> proto::Assignment {
         gpu_indices: a.gpu_indices,
         timeout_ms: a.timeout_ms,
         index: a.index,
+        // The checkpoint to resume from comes from the coordinator (`from` empty).
         inputs: a
             .inputs
             .iter()
+            .map(|(o, from)| (o, from.as_str()))
+            .chain(a.resume.iter().map(|o| (o, "")))
             .map(|(o, from)| proto::Input {
                 object: Some(object_to(o)),
-                from: from.clone(),
+                from: from.to_string(),
                 ticket: String::new(),
                 from_cert: String::new(),
             })
             .collect(),
         outputs: a.outputs,
         after: a.after.map(|(t, attempt)| key(t, attempt)),
+        checkpoint: a.checkpoint,
         gang: a.gang.map(|g| proto::GangInfo {
             rank: g.rank,
             size: g.size,
@@ -232,10 +250,24 @@ pub(crate) fn work(a: proto::Assignment) -> Option<Work<Box<proto::Assignment>>>
 /// An attempt's end as the worker reports it.
 pub(crate) fn task_result(k: Attempt, r: AttemptResult) -> proto::TaskResult {
     use proto::task_result::Outcome;
+    let mut checkpoint = Vec::new();
     let (outcome, message, retryable) = match r.outcome {
         AttemptOutcome::Succeeded => (Outcome::Succeeded, String::new(), false),
         AttemptOutcome::Cancelled => (Outcome::Cancelled, "cancelled".to_string(), false),
         AttemptOutcome::Failed { message, retryable } => (Outcome::Failed, message, retryable),
+        AttemptOutcome::Preempted { checkpoint: files } => {
+            // The bytes are added by the worker's shell (they are not the state's).
+            checkpoint = files
+                .iter()
+                .map(|o| proto::CheckpointFile {
+                    path: o.path.clone(),
+                    hash: o.hash.clone(),
+                    size: o.size,
+                    data: Vec::new(),
+                })
+                .collect();
+            (Outcome::Preempted, "preempted".to_string(), false)
+        }
     };
     proto::TaskResult {
         task: Some(key(k.0, k.1)),
@@ -249,5 +281,6 @@ pub(crate) fn task_result(k: Attempt, r: AttemptResult) -> proto::TaskResult {
         }),
         outputs: r.outputs.iter().map(object_to).collect(),
         variant: r.variant.unwrap_or_default(),
+        checkpoint,
     }
 }

@@ -1047,7 +1047,7 @@ after = ["sim"]
             JournalRecord::JobSubmitted { job: j, .. }
             | JournalRecord::JobCancelled { job: j }
             | JournalRecord::JobRemoved { job: j }
-            | JournalRecord::JobPool { job: j, .. }
+            | JournalRecord::JobSubmittedText { job: j, .. }
             | JournalRecord::BudgetRaised { job: j, .. } => *j = JobId::new(job),
             JournalRecord::TaskFinished { task, .. }
             | JournalRecord::TaskAssigned { task, .. }

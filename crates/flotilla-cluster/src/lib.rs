@@ -15,6 +15,7 @@ mod convert;
 pub mod error;
 pub mod fault;
 pub mod framed;
+mod idle;
 pub mod journal;
 pub mod objects;
 pub mod proto;

@@ -440,6 +440,9 @@ pub fn simulate_dag(dag: &Dag, cfg: &ClusterSimConfig) -> Result<Schedule, SimEr
             data_addr: String::new(),
             provider: None,
             price: Default::default(),
+            availability: String::new(),
+            preemptible: false,
+            unavailable: false,
         })?;
         proc_of.insert(id, p);
     }
@@ -590,6 +593,9 @@ mod tests {
             data_addr: String::new(),
             provider: None,
             price: Default::default(),
+            availability: String::new(),
+            preemptible: false,
+            unavailable: false,
         })
         .expect("joins");
         let job = sim

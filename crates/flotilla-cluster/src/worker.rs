@@ -96,6 +96,15 @@ pub struct WorkerConfig {
     /// The most disk one attempt's folder may use (transfer staging): a task whose folder
     /// grows past it is stopped and fails, and no file of it may be larger. `None`: no cap.
     pub max_sandbox: Option<u64>,
+    /// How long a preempted task has, after SIGTERM, to write its checkpoint before it is
+    /// killed (`--grace`).
+    pub grace: Duration,
+    /// Its owner may reclaim it at any moment (`--preemptible`), as its provider says.
+    pub preemptible: bool,
+    /// When it may work (`--available`), local time; `None`: always.
+    pub available: Option<flotilla_pool::Windows>,
+    /// Work only while the machine's owner is idle (`--idle-only`).
+    pub idle: Option<IdleConfig>,
     /// The `flotilla-enter` program: with it, sandboxed tasks enter one sandbox holder built
     /// at start instead of building their own (see `flotilla_exec::Holder`). `None`: each
     /// task gets its own bubblewrap sandbox.
@@ -139,8 +148,44 @@ impl WorkerConfig {
             max_sandbox: None,
             enter: None,
             wasm_max_time: DEFAULT_WASM_MAX_TIME,
+            grace: DEFAULT_GRACE,
+            preemptible: false,
+            available: None,
+            idle: None,
         }
     }
+
+    /// When it works, as `flotilla provider list` shows it ("" for always).
+    pub fn availability(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(w) = &self.available {
+            parts.push(w.to_string());
+        }
+        if self.idle.is_some() {
+            parts.push("idle-only".to_string());
+        }
+        parts.join(", ")
+    }
+}
+
+/// The default for [`WorkerConfig::grace`]: 30 seconds.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+/// The most bytes of checkpoint files one preempted attempt ships to the coordinator
+/// (transfer staging); a larger checkpoint is not kept and the task restarts from nothing.
+pub const MAX_CHECKPOINT_BYTES: u64 = 256 << 20;
+
+/// `--idle-only`: when the machine's owner counts as active.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IdleConfig {
+    /// The load (1-minute average) of the machine's other processes above which the owner
+    /// is busy (this worker's running tasks' CPUs are subtracted).
+    pub load: f64,
+    /// How long the owner must have been idle before work starts again.
+    pub after: Duration,
+    /// The owner is active while this file exists (a screen locker's or session manager's
+    /// hook can make and remove it).
+    pub active_file: Option<PathBuf>,
 }
 
 /// This machine's memory in bytes (from /proc/meminfo; 0 if unknown).
@@ -410,6 +455,8 @@ fn start_holder(
 struct Running {
     cancel: CancelHandle,
     logs: [(PathBuf, u64); 2],
+    /// Stopped because the worker is reclaimed: it ends preempted, its checkpoint kept.
+    preempt: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The agent's state and the I/O of what runs, under one lock (task threads and the session
@@ -424,6 +471,10 @@ enum Out {
     Finished(proto::TaskResult),
     Returned(TaskKey),
     Log(proto::TaskLog),
+    /// Reclaimed (`false`) or back (`true`).
+    Available(bool),
+    /// The last message: the worker stops.
+    Leaving,
 }
 
 /// Threads that run task attempts: an idle one takes the next attempt, a new one is
@@ -516,6 +567,9 @@ struct Shared {
     guard: Option<flotilla_exec::Guard>,
     /// How process tasks are sandboxed (`None`: they are not).
     sandboxing: Option<Sandboxing>,
+    /// The checkpoint files of preempted attempts (transfer staging), sent with their
+    /// finish.
+    checkpoints: Mutex<HashMap<Attempt, Vec<proto::CheckpointFile>>>,
 }
 
 impl Shared {
@@ -537,7 +591,11 @@ impl Shared {
                     let _ = self.out.send(Out::Started(convert::key(k.0, k.1)));
                 }
                 Command::Report(Report::Finished(k, r)) => {
-                    let _ = self.out.send(Out::Finished(convert::task_result(k, r)));
+                    let mut r = convert::task_result(k, r);
+                    if let Some(files) = self.checkpoints.lock().remove(&k) {
+                        r.checkpoint = files;
+                    }
+                    let _ = self.out.send(Out::Finished(r));
                 }
                 Command::Report(Report::Returned(k)) => {
                     let _ = self.out.send(Out::Returned(convert::key(k.0, k.1)));
@@ -562,16 +620,36 @@ impl Shared {
         let cancel = CancelHandle::new();
         let pkey = convert::key(key.0, key.1);
         let logs = log_paths(&self.config.work_dir, &pkey);
+        let preempt = Arc::new(std::sync::atomic::AtomicBool::new(false));
         runs.insert(
             key,
             Running {
                 cancel: cancel.clone(),
                 logs: [(logs.0.clone(), 0), (logs.1.clone(), 0)],
+                preempt: preempt.clone(),
             },
         );
         let sh = self.clone();
         self.pool.spawn(move || {
-            let result = execute(&sh, &a, &pkey, &cancel, &logs);
+            let mut result = execute(&sh, &a, &pkey, &cancel, &logs);
+            if matches!(result.outcome, AttemptOutcome::Cancelled)
+                && preempt.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                let files = keep_checkpoint(&sh, &a, &pkey);
+                result.outcome = AttemptOutcome::Preempted {
+                    checkpoint: files
+                        .iter()
+                        .map(|f| crate::state::ObjectRef {
+                            path: f.path.clone(),
+                            hash: f.hash.clone(),
+                            size: f.size,
+                        })
+                        .collect(),
+                };
+                if !files.is_empty() {
+                    sh.checkpoints.lock().insert(key, files);
+                }
+            }
             if a.transfer {
                 // Its outputs are copies in the store now: the sandbox goes, whatever the
                 // outcome, so a worker's disk does not fill with finished attempts.
@@ -600,6 +678,108 @@ impl Shared {
             let cmds = agent.finished(key, result, sh.now());
             sh.apply(runs, cmds);
         });
+    }
+}
+
+/// Reads the checkpoint files a preempted attempt left (its declared patterns, in its
+/// folder) to ship them off the machine (transfer staging: the sandbox goes with the
+/// attempt). Shared staging keeps them where they are, in the job folder: nothing is sent.
+fn keep_checkpoint(sh: &Shared, a: &Assignment, key: &TaskKey) -> Vec<proto::CheckpointFile> {
+    if !a.transfer || a.checkpoint.is_empty() {
+        return Vec::new();
+    }
+    let root = crate::objects::sandbox_dir(&sh.config.work_dir, key);
+    let opts = glob::MatchOptions {
+        require_literal_separator: true,
+        ..glob::MatchOptions::new()
+    };
+    let mut files = Vec::new();
+    let mut total = 0u64;
+    for pattern in &a.checkpoint {
+        if crate::objects::safe_relative(pattern).is_err() {
+            continue;
+        }
+        let full = root.join(pattern).display().to_string();
+        let Ok(paths) = glob::glob_with(&full, opts) else {
+            continue;
+        };
+        for p in paths.flatten().filter(|p| p.is_file()) {
+            let Ok(rel) = p.strip_prefix(&root) else {
+                continue;
+            };
+            let Ok(data) = std::fs::read(&p) else {
+                continue;
+            };
+            total += data.len() as u64;
+            if total > MAX_CHECKPOINT_BYTES {
+                tracing::warn!(
+                    task = %a.name,
+                    "its checkpoint is larger than {MAX_CHECKPOINT_BYTES} bytes: not kept"
+                );
+                return Vec::new();
+            }
+            files.push(proto::CheckpointFile {
+                path: rel.display().to_string(),
+                hash: blake3::hash(&data).to_hex().to_string(),
+                size: data.len() as u64,
+                data,
+            });
+        }
+    }
+    files
+}
+
+/// The worker is reclaimed (`why`): the coordinator is told to place nothing more here,
+/// queued attempts are given back and running ones stopped with SIGTERM and the grace
+/// period, ending preempted with their checkpoints.
+fn reclaim(sh: &Arc<Shared>, why: &str) {
+    tracing::info!("reclaimed: {why}");
+    let mut l = sh.local.lock();
+    let Local { agent, runs } = &mut *l;
+    let _ = sh.out.send(Out::Available(false));
+    let cmds = agent.reclaim();
+    sh.apply(runs, cmds);
+    for r in runs.values() {
+        r.preempt.store(true, std::sync::atomic::Ordering::SeqCst);
+        r.cancel.cancel_with_grace(sh.config.grace);
+    }
+}
+
+/// The worker takes work again.
+fn give_work(sh: &Arc<Shared>) {
+    tracing::info!("available again");
+    sh.local.lock().agent.resume();
+    let _ = sh.out.send(Out::Available(true));
+}
+
+/// Whether the machine may work now, by its availability windows and its owner's activity;
+/// `Err(why)` when it may not.
+struct Owner {
+    probe: Option<crate::idle::IdleProbe>,
+}
+
+impl Owner {
+    fn new(config: &WorkerConfig) -> Owner {
+        Owner {
+            probe: config.idle.clone().map(crate::idle::IdleProbe::new),
+        }
+    }
+
+    fn may_work(&mut self, sh: &Shared) -> std::result::Result<(), String> {
+        if let Some(w) = &sh.config.available {
+            let (weekday, minute) = crate::idle::local_time();
+            if !w.contains(weekday, minute) {
+                return Err(format!("outside its availability ({w})"));
+            }
+        }
+        if let Some(p) = &mut self.probe {
+            let own_cpus = {
+                let l = sh.local.lock();
+                l.agent.ledger().used().cpus
+            };
+            p.check(own_cpus)?;
+        }
+        Ok(())
     }
 }
 
@@ -681,13 +861,19 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         rendezvous_port: std::sync::atomic::AtomicU32::new(0),
         rendezvous_cert: Mutex::new(String::new()),
         epoch: Instant::now(),
+        checkpoints: Mutex::new(HashMap::new()),
     });
     let mut backoff = Duration::from_millis(100);
+    let mut owner = Owner::new(&shared.config);
+    // Registered outside its availability: it says so at once.
+    if let Err(why) = owner.may_work(&shared) {
+        reclaim(&shared, &why);
+    }
     loop {
         if *shutdown.borrow() {
             break;
         }
-        match session(&shared, &mut out_rx, &mut shutdown).await {
+        match session(&shared, &mut out_rx, &mut shutdown, &mut owner).await {
             Ok(SessionEnd::Shutdown) => break,
             Ok(SessionEnd::Broken(why)) => {
                 tracing::warn!("session with the coordinator ended: {why}; reconnecting");
@@ -767,6 +953,7 @@ async fn session(
     shared: &Arc<Shared>,
     out_rx: &mut mpsc::UnboundedReceiver<Out>,
     shutdown: &mut watch::Receiver<bool>,
+    owner: &mut Owner,
 ) -> Result<SessionEnd> {
     let cfg = &shared.config;
     let channel = cfg.remote.channel().await?;
@@ -777,6 +964,7 @@ async fn session(
     let held = shared.objects.held();
     let previous_worker = *shared.previous.lock();
     let previous_credential = shared.credential.lock().clone();
+    let paused = shared.local.lock().agent.is_paused();
     let reply = client
         .register(proto::RegisterRequest {
             protocol_version: proto::PROTOCOL_VERSION,
@@ -796,6 +984,9 @@ async fn session(
             data_addr: shared.data_addr.clone(),
             data_cert: shared.data_cert.clone(),
             price: cfg.price.to_string(),
+            availability: cfg.availability(),
+            preemptible: cfg.preemptible,
+            unavailable: paused,
             running: back.running,
             held,
             previous_worker,
@@ -848,23 +1039,60 @@ async fn session(
         .into_inner();
     let mut beat = tokio::time::interval(heartbeat);
     let mut tail = tokio::time::interval(Duration::from_millis(500));
+    let mut look = tokio::time::interval(Duration::from_millis(500));
+    // Leaving (drained, SIGTERM): until when it waits for its tasks and the coordinator.
+    let mut leaving: Option<tokio::time::Instant> = None;
+    let mut said_leaving = false;
     loop {
+        if let Some(deadline) = leaving {
+            let idle = shared.local.lock().runs.is_empty() && shared.checkpoints.lock().is_empty();
+            if idle && !said_leaving {
+                // Everything it had to say is queued before this.
+                let _ = shared.out.send(Out::Leaving);
+                said_leaving = true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(SessionEnd::Shutdown);
+            }
+        }
         tokio::select! {
-            _ = shutdown.changed() => {
+            _ = shutdown.changed(), if leaving.is_none() => {
                 if *shutdown.borrow() {
-                    return Ok(SessionEnd::Shutdown);
+                    reclaim(shared, "the worker got SIGTERM");
+                    leaving = Some(tokio::time::Instant::now() + cfg.grace + Duration::from_secs(15));
                 }
             }
             msg = inbound.message() => {
                 match msg {
-                    Ok(Some(m)) => on_message(shared, m),
+                    Ok(Some(m)) => {
+                        let drain = m.drain;
+                        on_message(shared, m);
+                        if drain && leaving.is_none() {
+                            reclaim(shared, "drained by the coordinator's admin");
+                            leaving = Some(tokio::time::Instant::now() + cfg.grace + Duration::from_secs(15));
+                        }
+                    }
+                    // Leaving, a session that ends is the end (its tasks are stopping).
+                    Ok(None) if leaving.is_some() => return Ok(SessionEnd::Shutdown),
                     Ok(None) => return Ok(SessionEnd::Broken("the coordinator closed the session".into())),
+                    Err(e) if leaving.is_some() => {
+                        tracing::debug!("session ended as it left: {}", e.message());
+                        return Ok(SessionEnd::Shutdown);
+                    }
                     Err(e) => return Ok(SessionEnd::Broken(e.message().to_string())),
                 }
             }
             Some(first) = out_rx.recv() => {
                 if tx.send(batch(me, first, out_rx)).is_err() {
                     return Ok(SessionEnd::Broken("the outgoing stream closed".into()));
+                }
+            }
+            _ = look.tick(), if leaving.is_none() => {
+                let paused = shared.local.lock().agent.is_paused();
+                match owner.may_work(shared) {
+                    Err(why) if !paused => reclaim(shared, &why),
+                    Ok(()) if paused => give_work(shared),
+                    _ => {}
                 }
             }
             _ = beat.tick() => {
@@ -888,6 +1116,8 @@ fn batch(me: u32, first: Out, out_rx: &mut mpsc::UnboundedReceiver<Out>) -> prot
         Out::Finished(r) => m.finished.push(r),
         Out::Returned(k) => m.returned.push(k),
         Out::Log(l) => m.logs.push(l),
+        Out::Available(a) => m.available = Some(a),
+        Out::Leaving => m.leaving = true,
     };
     add(first, &mut m);
     while m.finished.len() + m.started.len() < 4096 {

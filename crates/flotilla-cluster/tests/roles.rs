@@ -419,6 +419,19 @@ async fn every_rpc_for_every_role() {
             ],
         ),
         (
+            "WorkerDrain",
+            [
+                "not found",
+                "denied",
+                "denied",
+                "denied",
+                "denied",
+                "denied",
+                "unauthenticated",
+                "unauthenticated",
+            ],
+        ),
+        (
             "ProviderList",
             [
                 "ok",
@@ -607,6 +620,13 @@ async fn every_rpc_for_every_role() {
                 "Ledger" => outcome(
                     s.coordinator(token)
                         .ledger(proto::LedgerRequest::default())
+                        .await,
+                ),
+                "WorkerDrain" => outcome(
+                    s.admin(token)
+                        .worker_drain(proto::WorkerDrainRequest {
+                            name: "nobody".into(),
+                        })
                         .await,
                 ),
                 "ProviderList" => outcome(

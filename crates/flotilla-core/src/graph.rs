@@ -100,6 +100,8 @@ pub struct TaskInstance {
     pub group: Option<Group>,
     /// Its gang and its rank in it, for a task with `group`.
     pub gang: Option<GangMember>,
+    /// Checkpoint file patterns, `{i}` substituted.
+    pub checkpoint: Vec<String>,
 }
 
 /// A task instance's place in its gang: the gang is the instances `first..first + size`,
@@ -517,6 +519,7 @@ pub(crate) fn expand(spec: &JobSpec) -> Result<TaskGraph> {
                 kind,
                 inputs: substitute_all(&task.inputs, i),
                 outputs: substitute_all(&task.outputs, i),
+                checkpoint: substitute_all(&task.checkpoint, i),
                 resources: resources.clone(),
                 retries: task.retries.unwrap_or(d.retries),
                 timeout: task.timeout.or(d.timeout),
@@ -611,6 +614,7 @@ mod tests {
             priority: 0,
             group: None,
             gang: None,
+            checkpoint: Vec::new(),
         }
     }
 

@@ -215,6 +215,11 @@ pub struct TaskSpec {
     pub priority: Option<i64>,
     /// Gang scheduling, if any.
     pub group: Option<Group>,
+    /// Checkpoint files the task writes when it gets SIGTERM (path patterns, `{i}`
+    /// replaced): when its worker is reclaimed they are kept off the machine and the task
+    /// resumes from them elsewhere. Not serialized (see [`JobSpec::pool`]).
+    #[serde(skip)]
+    pub checkpoint: Vec<String>,
 }
 
 impl TaskSpec {
@@ -234,6 +239,7 @@ impl TaskSpec {
             timeout: None,
             priority: None,
             group: None,
+            checkpoint: Vec::new(),
         }
     }
 
@@ -423,6 +429,9 @@ fn write_task(out: &mut String, task: &TaskSpec) {
     }
     if !task.inputs.is_empty() {
         line(out, "inputs", strings_lit(&task.inputs));
+    }
+    if !task.checkpoint.is_empty() {
+        line(out, "checkpoint", strings_lit(&task.checkpoint));
     }
     if !task.outputs.is_empty() {
         line(out, "outputs", strings_lit(&task.outputs));

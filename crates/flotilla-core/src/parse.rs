@@ -78,6 +78,7 @@ struct RawTask {
     wasm: V,
     group: V,
     network: V,
+    checkpoint: V,
 }
 
 #[derive(Deserialize)]
@@ -397,7 +398,7 @@ impl Cx<'_> {
             None => return Err(self.err(start, "id", Problem::Missing)),
         };
         self.task = Some(id.clone());
-        let spans: [(&'static str, Option<Range<usize>>); 16] = [
+        let spans: [(&'static str, Option<Range<usize>>); 17] = [
             ("id", raw.id.as_ref().map(Spanned::span)),
             ("cmd", raw.cmd.as_ref().map(Spanned::span)),
             ("array", raw.array.as_ref().map(Spanned::span)),
@@ -414,6 +415,7 @@ impl Cx<'_> {
             ("wasm", raw.wasm.as_ref().map(Spanned::span)),
             ("group", raw.group.as_ref().map(Spanned::span)),
             ("network", raw.network.as_ref().map(Spanned::span)),
+            ("checkpoint", raw.checkpoint.as_ref().map(Spanned::span)),
         ];
         for (field, span) in spans {
             if let Some(s) = span {
@@ -484,6 +486,9 @@ impl Cx<'_> {
                 .unwrap_or_default(),
             outputs: self
                 .opt(&raw.outputs, "outputs", strings)?
+                .unwrap_or_default(),
+            checkpoint: self
+                .opt(&raw.checkpoint, "checkpoint", strings)?
                 .unwrap_or_default(),
             env: match &raw.env {
                 Some(e) => self.env(e, "env")?,

@@ -1017,3 +1017,28 @@ fn bad_pool_values_name_their_field_and_line() {
     let e = job_error(&job("cheap = true"));
     assert!(e.to_string().contains("cheap"), "{e}");
 }
+
+#[test]
+fn checkpoint_patterns_expand_per_index_and_stay_in_the_job_folder() {
+    let text = "[[task]]\nid = \"sim\"\narray = \"0..3\"\ncmd = [\"sim\", \"{i}\"]\n\
+                checkpoint = [\"state/{i}/*.ckpt\"]\n";
+    let job = parse_job(text, "job.toml").unwrap();
+    assert_eq!(
+        job.tasks[0].checkpoint,
+        vec!["state/{i}/*.ckpt".to_string()]
+    );
+    let again = parse_job(&job.to_toml(), "job.toml").unwrap();
+    assert_eq!(again.tasks[0].checkpoint, job.tasks[0].checkpoint);
+    let g = job.expand().unwrap();
+    assert_eq!(
+        g.task(crate::TaskId::new(2)).checkpoint,
+        vec!["state/2/*.ckpt".to_string()]
+    );
+    check(
+        "[[task]]\nid = \"a\"\ncmd = [\"a\"]\ncheckpoint = [\"../x.ckpt\"]\n",
+        4,
+        Some("a"),
+        Some("checkpoint"),
+        "..",
+    );
+}

@@ -112,6 +112,9 @@ fn index_use(task: &TaskSpec) -> Option<(Option<usize>, &'static str)> {
     if any(&task.outputs) {
         return Some((None, "outputs"));
     }
+    if any(&task.checkpoint) {
+        return Some((None, "checkpoint"));
+    }
     if task.cwd.as_deref().is_some_and(has_index) {
         return Some((None, "cwd"));
     }
@@ -306,7 +309,11 @@ fn check_task<'a>(
     if let Some(p) = check_env(&task.env) {
         return Err(fail(p, "env"));
     }
-    for (field, list) in [("inputs", &task.inputs), ("outputs", &task.outputs)] {
+    for (field, list) in [
+        ("inputs", &task.inputs),
+        ("outputs", &task.outputs),
+        ("checkpoint", &task.checkpoint),
+    ] {
         if let Some(p) = list.iter().find_map(|x| check_inside(x)) {
             return Err(fail(p, field));
         }

@@ -24,6 +24,8 @@ struct Inner {
     cancelled: AtomicBool,
     /// The process attempt currently running under this handle, if any.
     running: Mutex<Option<Arc<Attempt>>>,
+    /// The grace period of a [`CancelHandle::cancel_with_grace`].
+    grace: Mutex<Option<std::time::Duration>>,
 }
 
 impl CancelHandle {
@@ -41,6 +43,18 @@ impl CancelHandle {
         }
     }
 
+    /// Cancels with `grace` between SIGTERM and SIGKILL instead of the attempt's own: a
+    /// preempted task gets its worker's grace period to write its checkpoint. Idempotent;
+    /// an attempt already being stopped keeps its first deadline.
+    pub fn cancel_with_grace(&self, grace: std::time::Duration) {
+        *self.inner.grace.lock() = Some(grace);
+        self.inner.cancelled.store(true, Ordering::SeqCst);
+        let running = self.inner.running.lock();
+        if let Some(attempt) = running.as_ref() {
+            attempt.stop_with(StopReason::Cancelled, Some(grace));
+        }
+    }
+
     /// Whether [`cancel`](Self::cancel) was called.
     pub fn is_cancelled(&self) -> bool {
         self.inner.cancelled.load(Ordering::SeqCst)
@@ -52,7 +66,7 @@ impl CancelHandle {
         let mut running = self.inner.running.lock();
         *running = Some(Arc::clone(attempt));
         if self.is_cancelled() {
-            attempt.stop(StopReason::Cancelled);
+            attempt.stop_with(StopReason::Cancelled, *self.inner.grace.lock());
         }
     }
 

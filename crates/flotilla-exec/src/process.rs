@@ -734,6 +734,34 @@ mod tests {
     }
 
     #[test]
+    fn a_cancel_with_grace_lets_the_task_write_its_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let started = dir.path().join("started");
+        // Its own grace is zero (killed at once); the preemption gives it time.
+        let mut spec = sh(
+            "trap 'sleep 0.3; echo saved > state.ckpt; exit 0' TERM; touch started; \
+             while true; do sleep 0.05; done",
+            dir.path(),
+        );
+        spec.kill_grace = Duration::ZERO;
+        let cancel = CancelHandle::new();
+        let canceller = {
+            let cancel = cancel.clone();
+            std::thread::spawn(move || {
+                wait_for_file(&started);
+                cancel.cancel_with_grace(Duration::from_secs(20));
+            })
+        };
+        let outcome = run_process(&spec, &cancel).expect("starts");
+        canceller.join().expect("canceller");
+        assert_eq!(outcome.termination, Termination::Cancelled);
+        assert_eq!(
+            fs::read_to_string(dir.path().join("state.ckpt")).expect("its checkpoint"),
+            "saved\n"
+        );
+    }
+
+    #[test]
     fn cancel_before_start_runs_nothing() {
         let dir = tempfile::tempdir().expect("tempdir");
         let cancel = CancelHandle::new();

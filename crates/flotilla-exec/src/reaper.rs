@@ -82,6 +82,12 @@ impl Attempt {
     /// SIGTERMs the group now and SIGKILLs it after the grace period, unless the attempt has
     /// ended or is already being stopped. The first reason given is the one reported.
     pub(crate) fn stop(self: &Arc<Self>, reason: StopReason) {
+        self.stop_with(reason, None);
+    }
+
+    /// [`Attempt::stop`] with `grace` instead of the attempt's own grace period, if given.
+    pub(crate) fn stop_with(self: &Arc<Self>, reason: StopReason, grace: Option<Duration>) {
+        let grace = grace.unwrap_or(self.grace);
         let mut state = self.state.lock();
         if state.done {
             return;
@@ -91,7 +97,7 @@ impl Attempt {
             return;
         }
         state.term_sent = true;
-        if self.grace.is_zero() {
+        if grace.is_zero() {
             self.signal(libc::SIGKILL);
             return;
         }
@@ -100,8 +106,7 @@ impl Attempt {
         self.signal(libc::SIGCONT);
         match timer() {
             Ok(timer) => {
-                let key =
-                    timer.schedule(Instant::now() + self.grace, Arc::clone(self), Action::Kill);
+                let key = timer.schedule(Instant::now() + grace, Arc::clone(self), Action::Kill);
                 state.keys.push(key);
             }
             // Without a timer thread there is no grace period: kill at once.

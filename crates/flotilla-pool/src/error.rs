@@ -23,6 +23,14 @@ pub enum PoolError {
         /// Why.
         why: String,
     },
+    /// Availability windows that do not read.
+    #[error("availability {value:?}: {why}")]
+    BadWindow {
+        /// What was given.
+        value: String,
+        /// Why.
+        why: String,
+    },
     /// A tenant has fewer credits than an operation needs.
     #[error("tenant {tenant} has {balance} credits, {needed} are needed")]
     InsufficientCredits {

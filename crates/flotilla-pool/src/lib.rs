@@ -1,9 +1,10 @@
 //! Flotilla's compute sharing, pure parts: exact credits and providers' prices
-//! ([`credits`], [`price`]), the double-entry ledger ([`ledger`]), the verification of
+//! ([`credits`], [`price`]), availability windows ([`availability`]), the double-entry ledger ([`ledger`]), the verification of
 //! untrusted results with providers' reputation ([`verify`]), and that policy in a simulated
 //! pool ([`sim`]). No I/O, no async: the coordinator drives them from its state machine and
 //! journals what they decide.
 
+pub mod availability;
 pub mod credits;
 pub mod error;
 pub mod ledger;
@@ -11,6 +12,7 @@ pub mod price;
 pub mod sim;
 pub mod verify;
 
+pub use availability::Windows;
 pub use credits::Credits;
 pub use error::PoolError;
 pub use ledger::{Account, Applied, Ledger, Op, Transaction};

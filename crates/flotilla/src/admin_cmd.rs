@@ -24,6 +24,25 @@ pub(crate) enum AdminCmd {
     /// Providers of machines (the pool).
     #[command(subcommand)]
     Provider(ProviderCmd),
+    /// Live workers.
+    #[command(subcommand)]
+    Worker(WorkerCmd),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum WorkerCmd {
+    /// Drain a worker (by name or id): nothing more is placed on it; its running tasks get
+    /// SIGTERM and its grace period to write their checkpoints, which are kept off the
+    /// machine; they resume on other workers (no retry counted) and the worker leaves.
+    Drain(WorkerDrainArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct WorkerDrainArgs {
+    /// The worker's name (`flotilla worker --name`) or id (`w3`).
+    name: String,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 #[derive(Subcommand)]
@@ -182,6 +201,13 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
             let t = a.remote.client().await?.provider_add(&a.name).await?;
             eprintln!("provider {} added (token {}); its token:", a.name, t.id);
             println!("{}", t.token);
+        }
+        AdminCmd::Worker(WorkerCmd::Drain(a)) => {
+            let ids = a.remote.client().await?.worker_drain(&a.name).await?;
+            println!(
+                "draining {}: their tasks checkpoint and move; they leave",
+                ids.join(", ")
+            );
         }
         AdminCmd::Token(TokenCmd::Revoke(a)) => {
             let t = a.remote.client().await?.token_revoke(&a.id).await?;

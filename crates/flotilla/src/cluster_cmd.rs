@@ -178,6 +178,36 @@ pub(crate) struct WorkerArgs {
     /// not named is free). Needs --provider-token.
     #[arg(long, requires = "provider_token")]
     price: Option<String>,
+    /// When this machine may work, in its local time: `"mon-fri 19:00-07:00; sat,sun
+    /// 00:00-24:00"` (days: mon..sun, ranges, lists, daily, weekdays, weekends; a span
+    /// ending before it starts runs past midnight). When a window ends, running tasks get
+    /// SIGTERM and --grace to write their checkpoints, and resume elsewhere.
+    #[arg(long)]
+    available: Option<String>,
+    /// Work only while the machine's owner is idle: the load of other processes below
+    /// --idle-load, no keyboard or mouse interrupts, no --owner-active-file; when the owner
+    /// comes back, running tasks are preempted as when a window ends.
+    #[arg(long)]
+    idle_only: bool,
+    /// With --idle-only: the load (1-minute average) of the owner's processes above which
+    /// the machine is busy.
+    #[arg(long, default_value_t = 0.5, requires = "idle_only")]
+    idle_load: f64,
+    /// With --idle-only: how long the owner must have been idle before work starts again.
+    #[arg(long, default_value = "5m", requires = "idle_only")]
+    idle_after: String,
+    /// With --idle-only: the owner is active while this file exists (a screen locker's or
+    /// session manager's hook makes and removes it).
+    #[arg(long, requires = "idle_only")]
+    owner_active_file: Option<PathBuf>,
+    /// This machine may be reclaimed at any moment (a spot instance, a laptop): placement
+    /// prefers other machines at the same price for tasks that declare no checkpoint.
+    #[arg(long)]
+    preemptible: bool,
+    /// How long a preempted task has after SIGTERM to write its checkpoint files before it
+    /// is killed (drain, SIGTERM to the worker, a window's end, the owner's return).
+    #[arg(long, default_value = "30s")]
+    grace: String,
 }
 
 #[derive(Args, Debug)]
@@ -343,6 +373,20 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     if let Some(p) = &a.price {
         cfg.price = flotilla_pool::Price::parse(p).with_context(|| format!("--price {p}"))?;
     }
+    if let Some(w) = &a.available {
+        cfg.available = Some(flotilla_pool::Windows::parse(w).context("--available")?);
+    }
+    if a.idle_only {
+        cfg.idle = Some(flotilla::cluster::worker::IdleConfig {
+            load: a.idle_load,
+            after: flotilla::core::duration::parse_duration(&a.idle_after)
+                .with_context(|| format!("--idle-after {}", a.idle_after))?,
+            active_file: a.owner_active_file.clone(),
+        });
+    }
+    cfg.preemptible = a.preemptible;
+    cfg.grace = flotilla::core::duration::parse_duration(&a.grace)
+        .with_context(|| format!("--grace {}", a.grace))?;
     // The guard that kills this worker's tasks if it dies: this same binary.
     cfg.guard = flotilla::guard_command();
     // Sandboxed tasks enter one holder through the program installed beside this one.

@@ -29,7 +29,7 @@ enum Command {
     /// Start a coordinator.
     Server(cluster_cmd::ServerArgs),
     /// Start a worker that takes tasks from a coordinator.
-    Worker(cluster_cmd::WorkerArgs),
+    Worker(Box<cluster_cmd::WorkerArgs>),
     /// The guard a worker starts on itself: kills the worker's tasks when it dies (reads
     /// `+PGID`/`-PGID` lines on stdin until end-of-file).
     #[command(hide = true)]
@@ -473,7 +473,7 @@ fn run(cli: Cli) -> Result<bool> {
     match cli.command {
         Command::Run(a) => tokio_runtime()?.block_on(cluster_cmd::run(a)),
         Command::Server(a) => ok(tokio_runtime()?.block_on(cluster_cmd::server(a))),
-        Command::Worker(a) => ok(tokio_runtime()?.block_on(cluster_cmd::worker(a))),
+        Command::Worker(a) => ok(tokio_runtime()?.block_on(cluster_cmd::worker(*a))),
         Command::WorkerGuard => {
             flotilla_exec::guard_main(std::io::stdin().lock());
             Ok(true)

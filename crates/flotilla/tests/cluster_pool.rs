@@ -300,3 +300,170 @@ fn a_pool_verifies_pays_only_for_right_results_and_pauses_on_budget() {
     });
     assert_eq!(again["accounts"], ledger["accounts"]);
 }
+
+/// Reclaim: `flotilla admin worker drain NAME` stops the provider's running task with
+/// SIGTERM and its grace period; the checkpoint file the task writes then is shipped off the
+/// machine (transfer staging: its sandbox goes with the attempt) and the task resumes on
+/// another provider from it, with no retry counted; the drained worker leaves. Spot
+/// semantics: the drained provider is paid for the work its checkpoint carried forward.
+#[test]
+fn a_drained_provider_s_task_resumes_elsewhere_from_its_checkpoint() {
+    let mut c = Cluster::start(0, 1);
+    let alice = last_line(&c.cli(&["admin", "tenant", "add", "alice", "--credits", "100"]));
+    add_provider(&mut c, "first", "cpu=1", &[]);
+    c.wait_workers(1);
+    let progress = c.root().join("progress");
+    let job = format!(
+        "name = \"resumable\"\nstaging = \"transfer\"\n[pool]\nverify = 1\n\
+         [[task]]\nid = \"sim\"\ntimeout = \"1h\"\ncheckpoint = [\"state/*.ckpt\"]\n\
+         outputs = [\"out.txt\"]\ncmd = [\"sh\", \"-c\", \"mkdir -p state; \
+         n=$(cat state/n.ckpt 2>/dev/null || echo 0); from=$n; \
+         trap 'echo $n > state/n.ckpt; exit 143' TERM; \
+         while [ $n -lt 60 ]; do n=$((n+1)); [ $n -eq $((from+5)) ] && touch {}; sleep 0.1; done; \
+         echo resumed-from=$from > out.txt\"]\n",
+        progress.display()
+    );
+    let file = c.job_dir().join("resumable.toml");
+    std::fs::write(&file, job).unwrap();
+    let out = c.cli_with_token(&["submit", &file.display().to_string()], &alice);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = kit::job_id_of(&out);
+    wait_until("the task to make progress", Duration::from_secs(60), || {
+        progress.exists().then_some(())
+    });
+    // A second provider, then the first is drained mid-task.
+    add_provider(&mut c, "second", "cpu=2", &[]);
+    c.wait_workers(2);
+    let out = c.cli(&["admin", "worker", "drain", "w0"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = c.wait_job(id, Duration::from_secs(120));
+    kit::assert_succeeded(&s);
+    let t = &s.tasks[0];
+    assert_eq!(t.attempts, 2, "{t:?}");
+    assert_eq!(t.failures, 0, "a preemption is no failure: {t:?}");
+    assert_eq!(t.provider.as_deref(), Some("second"));
+    // The drained worker left.
+    c.wait_until_workers(1);
+    let out = c.cli_with_token(&["wait", &id.0.to_string()], &alice);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = std::fs::read_to_string(c.job_dir().join("out.txt")).unwrap();
+    let from: u32 = got
+        .trim()
+        .strip_prefix("resumed-from=")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{got:?}"));
+    assert!(
+        from >= 5,
+        "it resumed from its checkpoint, not from 0: {got:?}"
+    );
+    let providers: serde_json::Value =
+        serde_json::from_slice(&c.cli(&["provider", "list", "--json"]).stdout).unwrap();
+    let first = providers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "first")
+        .unwrap();
+    assert!(
+        first["earned"].as_f64().unwrap() > 0.0,
+        "paid for the work carried forward: {first}"
+    );
+}
+
+/// `--idle-only`: while its owner is active (here: the owner's activity file exists) a
+/// provider's machine takes no work and a task running there is preempted; when the owner
+/// leaves it takes work again, and the task resumes.
+#[test]
+fn an_idle_only_machine_gives_way_to_its_owner_and_comes_back() {
+    let mut c = Cluster::start(0, 1);
+    let alice = last_line(&c.cli(&["admin", "tenant", "add", "alice", "--credits", "100"]));
+    let active = c.root().join("owner-here");
+    let active_arg = active.display().to_string();
+    let token = last_line(&c.cli(&["admin", "provider", "add", "desk"]));
+    let file = c.root().join("desk.token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    let file_arg = file.display().to_string();
+    c.add_worker_with(
+        1,
+        &[
+            "--provider-token",
+            &file_arg,
+            "--price",
+            "cpu=1",
+            "--idle-only",
+            "--idle-load",
+            "1000",
+            "--idle-after",
+            "0s",
+            "--owner-active-file",
+            &active_arg,
+            "--grace",
+            "5s",
+        ],
+    );
+    c.wait_workers(1);
+    let started = c.root().join("started");
+    let job = format!(
+        "name = \"desk\"\n[pool]\nverify = 1\n[[task]]\nid = \"t\"\ntimeout = \"1h\"\n\
+         cmd = [\"sh\", \"-c\", \"touch {}; while [ ! -e go ]; do sleep 0.05; done\"]\n",
+        started.display()
+    );
+    let path = c.job_dir().join("desk.toml");
+    std::fs::write(&path, job).unwrap();
+    let out = c.cli_with_token(&["submit", &path.display().to_string()], &alice);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = kit::job_id_of(&out);
+    wait_until("the task to start", Duration::from_secs(60), || {
+        started.exists().then_some(())
+    });
+    std::fs::remove_file(&started).unwrap();
+    // The owner sits down: the task is preempted and nothing runs there.
+    std::fs::write(&active, "").unwrap();
+    let s = c.wait_status(
+        id,
+        "the task to be preempted",
+        Duration::from_secs(60),
+        |s| {
+            s.tasks[0]
+                .message
+                .as_deref()
+                .is_some_and(|m| m.contains("preempted"))
+        },
+    );
+    assert_eq!(s.tasks[0].failures, 0);
+    let w = wait_until(
+        "the worker to say it is reclaimed",
+        Duration::from_secs(30),
+        || {
+            c.overview()
+                .and_then(|o| o.workers.into_iter().next())
+                .filter(|w| !w.available)
+        },
+    );
+    assert!(w.availability.contains("idle-only"), "{w:?}");
+    let list = String::from_utf8_lossy(&c.cli(&["provider", "list"]).stdout).to_string();
+    assert!(list.contains("idle-only (not now)"), "{list}");
+    // The owner leaves: the task runs again there, and ends.
+    std::fs::write(c.job_dir().join("go"), "").unwrap();
+    std::fs::remove_file(&active).unwrap();
+    let s = c.wait_job(id, Duration::from_secs(60));
+    kit::assert_succeeded(&s);
+    assert_eq!(s.tasks[0].attempts, 2);
+    assert!(started.exists(), "it ran again");
+}

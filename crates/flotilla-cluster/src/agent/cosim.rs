@@ -33,6 +33,9 @@ fn worker_spec(i: usize, cpus: f64, gpus: usize) -> WorkerSpec {
         data_addr: format!("w{i}"),
         provider: None,
         price: Default::default(),
+        availability: String::new(),
+        preemptible: false,
+        unavailable: false,
     }
 }
 

@@ -18,6 +18,8 @@
 //! | queued | the session is rebuilt ([`Agent::rejoin`]) | ended (dropped) | — (the coordinator places again what the worker does not report running) |
 //! | running | cancelled | running | `Kill` (its finish follows) |
 //! | running | finished (any outcome) | ended | `Finished`, then the starts its freed resources allow |
+//! | queued | the worker is reclaimed ([`Agent::reclaim`]) | ended | `Returned` |
+//! | (new) | assigned while reclaimed | ended | `Returned` |
 //!
 //! Every assignment therefore ends exactly once: reported finished, reported returned, or
 //! dropped at a rejoin. Queued attempts start in arrival order where they fit; a later one may
@@ -133,6 +135,8 @@ pub(crate) struct Agent<P> {
     succeeded_order: VecDeque<Attempt>,
     /// Finishes reported lately, for re-sending after a rejoin.
     recent: VecDeque<(Millis, Attempt, AttemptResult)>,
+    /// Reclaimed by its owner: new assignments are given back at once, nothing starts.
+    paused: bool,
 }
 
 impl<P> Agent<P> {
@@ -145,7 +149,30 @@ impl<P> Agent<P> {
             succeeded: HashSet::new(),
             succeeded_order: VecDeque::new(),
             recent: VecDeque::new(),
+            paused: false,
         }
+    }
+
+    /// The worker is reclaimed (drained, its availability window ended, its owner came
+    /// back): every queued attempt is given back (`Returned`), and so is every assignment
+    /// that still arrives, until [`Agent::resume`]. Running attempts are the shell's to
+    /// stop (each ends through [`Agent::finished`], preempted).
+    pub(crate) fn reclaim(&mut self) -> Vec<Command<P>> {
+        self.paused = true;
+        self.queue
+            .drain(..)
+            .map(|w| Command::Report(Report::Returned(w.key)))
+            .collect()
+    }
+
+    /// The worker takes work again.
+    pub(crate) fn resume(&mut self) {
+        self.paused = false;
+    }
+
+    /// Whether it is reclaimed.
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused
     }
 
     /// The resources and what running attempts hold of them.
@@ -278,6 +305,11 @@ impl<P> Agent<P> {
     /// Queues a new assignment, or refuses one that can never run here.
     fn accept(&mut self, work: Work<P>, now: Millis, out: &mut Vec<Command<P>>) {
         if self.running.contains_key(&work.key) || self.queue.iter().any(|w| w.key == work.key) {
+            return;
+        }
+        if self.paused {
+            // Sent before the coordinator heard this worker was reclaimed.
+            out.push(Command::Report(Report::Returned(work.key)));
             return;
         }
         let offered = || {

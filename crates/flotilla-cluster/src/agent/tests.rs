@@ -74,6 +74,7 @@ fn show(cmds: &[Command<u32>]) -> Vec<String> {
                     AttemptOutcome::Succeeded => "ok",
                     AttemptOutcome::Cancelled => "cancelled",
                     AttemptOutcome::Failed { .. } => "failed",
+                    AttemptOutcome::Preempted { .. } => "preempted",
                 };
                 format!("finished {} {how}", k.0.task.0)
             }
@@ -308,5 +309,31 @@ fn only_the_last_successes_are_remembered_for_chains() {
         started(&cmds),
         vec![key(first + 1)],
         "success 0 was forgotten"
+    );
+}
+
+#[test]
+fn a_reclaimed_worker_gives_back_its_queue_and_what_still_arrives_until_it_resumes() {
+    let mut a = agent(1.0, &[]);
+    let out = assign(&mut a, vec![work(1, cpus(1.0)), work(2, cpus(1.0))]);
+    assert_eq!(show(&out), ["started 1", "start 1"]);
+    assert_eq!(show(&a.reclaim()), ["returned 2"]);
+    assert!(a.is_paused());
+    assert_eq!(
+        show(&assign(&mut a, vec![work(3, cpus(1.0))])),
+        ["returned 3"]
+    );
+    // The running one ends preempted; nothing starts in its place.
+    let preempted = result(AttemptOutcome::Preempted {
+        checkpoint: Vec::new(),
+    });
+    assert_eq!(
+        show(&a.finished(key(1), preempted, 0)),
+        ["finished 1 preempted"]
+    );
+    a.resume();
+    assert_eq!(
+        show(&assign(&mut a, vec![work(4, cpus(1.0))])),
+        ["started 4", "start 4"]
     );
 }

@@ -29,6 +29,8 @@ pub(super) enum Req {
         spec: flotilla_core::JobSpec,
         /// The spec expanded (off the core thread).
         graph: Box<flotilla_core::TaskGraph>,
+        /// The spec as the journal keeps it (written off the core thread).
+        toml: String,
         dir: String,
         /// The submitter's tenant (from its token, never from the request).
         tenant: String,
@@ -96,6 +98,11 @@ pub(super) enum Req {
         job: JobId,
         scope: Scope,
         amount: flotilla_pool::Credits,
+        reply: Reply<String>,
+    },
+    /// `flotilla admin worker drain NAME`: the ids of the workers told to drain.
+    Drain {
+        name: String,
         reply: Reply<String>,
     },
     /// `flotilla ledger`: the accounts `scope` sees (`tenant`: only that tenant's).
@@ -188,6 +195,9 @@ fn send_or_drop(ws: &mut Vec<Watcher>, ev: &proto::JobEvent) {
 
 /// The holder id the coordinator's own object store is ticketed under (no worker has it).
 pub(crate) const COORDINATOR_HOLDER: WorkerId = WorkerId(0);
+
+/// Where, among a job's uploads, the checkpoints of its preempted attempts are listed.
+const CHECKPOINTS: &str = ".flotilla/checkpoints";
 
 /// How long the rendezvous accepts a gang's key after the gang was assigned.
 const GANG_KEY_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -361,7 +371,19 @@ impl Core {
                     rejected: rep.rejected,
                     eligible: self.coord.provider_eligible(&p.name),
                     earned,
-                    availability: Vec::new(),
+                    availability: {
+                        let mut a: Vec<String> = mine
+                            .iter()
+                            .map(|w| match (w.availability.is_empty(), w.available) {
+                                (true, _) => "always".to_string(),
+                                (false, true) => format!("{} (now)", w.availability),
+                                (false, false) => format!("{} (not now)", w.availability),
+                            })
+                            .collect();
+                        a.sort();
+                        a.dedup();
+                        a
+                    },
                     name: p.name,
                     token: p.token,
                     revoked: p.revoked,
@@ -373,6 +395,63 @@ impl Core {
             })
             .collect();
         serde_json::to_string(&list).map_err(|e| Status::internal(e.to_string()))
+    }
+
+    /// Tells the live workers named `name` (or with id `name`) to drain: nothing more is
+    /// placed on them; they stop their tasks (SIGTERM, their grace period), keep their
+    /// checkpoints off the machine, give back what they had queued and leave.
+    fn on_drain(
+        &mut self,
+        name: &str,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+    ) -> std::result::Result<String, Status> {
+        let ids: Vec<WorkerId> = self
+            .coord
+            .workers()
+            .into_iter()
+            .filter(|w| w.name == name || w.id.to_string() == name)
+            .map(|w| w.id)
+            .collect();
+        if ids.is_empty() {
+            return Err(Status::not_found(format!("no live worker named {name:?}")));
+        }
+        for &w in &ids {
+            self.handle(
+                Event::WorkerAvailability {
+                    worker: w,
+                    available: false,
+                },
+                cmds,
+                records,
+            );
+            if let Some(tx) = self.senders.get(&w) {
+                let _ = tx.try_send(proto::CoordinatorMessage {
+                    drain: true,
+                    ..Default::default()
+                });
+            }
+        }
+        let names: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        serde_json::to_string(&names).map_err(|e| Status::internal(e.to_string()))
+    }
+
+    /// Records the checkpoint files a preempted attempt of `job` left in the store with the
+    /// job's uploads (removed with it), under `.flotilla/checkpoints/`.
+    fn note_checkpoint(&mut self, job: JobId, task: TaskId, attempt: u32, files: &[proto::Object]) {
+        if files.is_empty() {
+            return;
+        }
+        let mut all: Vec<proto::Object> = self
+            .uploads
+            .get(&job)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        all.extend(files.iter().map(|o| proto::Object {
+            path: format!("{CHECKPOINTS}/{}/{attempt}/{}", task.0, o.path),
+            ..o.clone()
+        }));
+        self.note_uploads(job, all);
     }
 
     /// Records (in memory and on disk) the files uploaded with `job`.
@@ -457,7 +536,8 @@ impl Core {
         for p in &j.graph.task(t).inputs {
             if crate::client::is_glob(p) {
                 if let Ok(pattern) = glob::Pattern::new(p) {
-                    for (path, o) in files {
+                    // Checkpoints kept for preempted attempts are no job inputs.
+                    for (path, o) in files.iter().filter(|(p, _)| !p.starts_with(CHECKPOINTS)) {
                         if pattern.matches_with(path, opts) {
                             chosen.insert(path, o);
                         }
@@ -720,12 +800,13 @@ impl Core {
             Req::Submit {
                 spec,
                 graph,
+                toml,
                 dir,
                 tenant,
                 files,
                 reply,
             } => self.on_submit(
-                (spec, graph),
+                (spec, graph, toml),
                 dir,
                 tenant,
                 files,
@@ -790,6 +871,9 @@ impl Core {
             } => {
                 let _ = reply.send(self.on_ledger(&scope, tenant.as_deref()));
             }
+            Req::Drain { name, reply } => {
+                let _ = reply.send(self.on_drain(&name, cmds, records));
+            }
             Req::Budget {
                 job, amount, reply, ..
             } => {
@@ -822,7 +906,11 @@ impl Core {
     #[allow(clippy::too_many_arguments)]
     fn on_submit(
         &mut self,
-        (spec, graph): (flotilla_core::JobSpec, Box<flotilla_core::TaskGraph>),
+        (spec, graph, toml): (
+            flotilla_core::JobSpec,
+            Box<flotilla_core::TaskGraph>,
+            String,
+        ),
         dir: String,
         tenant: String,
         files: Vec<proto::Object>,
@@ -848,20 +936,19 @@ impl Core {
             return;
         }
         self.note_uploads(job, files);
-        let pool = spec.pool.clone();
-        // The journal keeps the spec; a replay expands it again.
-        records.push(JournalRecord::JobSubmitted {
-            job,
-            spec: Box::new(spec),
-            dir,
-            tenant,
-        });
-        if let Some(pool) = pool {
-            // Right after its `JobSubmitted`, before anything of the job is placed.
+        if let Some(pool) = spec.pool {
+            // Before anything of the job is placed.
             if let Err(e) = self.coord.set_job_pool(job, pool) {
                 tracing::warn!("{job}: {e}");
             }
         }
+        // The journal keeps the job file; a replay parses and expands it again.
+        records.push(JournalRecord::JobSubmittedText {
+            job,
+            toml,
+            dir,
+            tenant,
+        });
         records.extend(self.coord.take_journal_records());
         let tasks = self
             .coord
@@ -1153,7 +1240,29 @@ impl Core {
                 tracing::debug!(%worker, %task, attempt, "output of an attempt it was not given: dropped");
             }
         }
+        if let Some(available) = m.available {
+            let ev = Event::WorkerAvailability { worker, available };
+            self.handle(ev, cmds, records);
+        }
         for r in m.finished {
+            if !r.checkpoint.is_empty() {
+                if let Some(k) = &r.task {
+                    let (task, attempt) = crate::convert::task_key(k);
+                    if self.coord.gave(worker, task, attempt) {
+                        let files: Vec<proto::Object> = r
+                            .checkpoint
+                            .iter()
+                            .filter(|c| !c.hash.is_empty())
+                            .map(|c| proto::Object {
+                                path: c.path.clone(),
+                                hash: c.hash.clone(),
+                                size: c.size,
+                            })
+                            .collect();
+                        self.note_checkpoint(task.job, task.task, attempt, &files);
+                    }
+                }
+            }
             if let Some(ev) = crate::convert::task_finished(worker, r) {
                 self.handle(ev, cmds, records);
             }
@@ -1173,6 +1282,15 @@ impl Core {
                 worker,
                 task,
                 attempt,
+            };
+            self.handle(ev, cmds, records);
+        }
+        if m.leaving && self.senders.remove(&worker).is_some() {
+            // It said everything: closing its commands ends its session.
+            self.last_seen.remove(&worker);
+            let ev = Event::WorkerLost {
+                worker,
+                reason: "it left (reclaimed by its owner or drained)".into(),
             };
             self.handle(ev, cmds, records);
         }
@@ -1286,6 +1404,9 @@ impl Core {
                                 i.ticket = self.access.ticket(holder, &o.hash);
                                 i.from_cert =
                                     self.addr_cert.get(&i.from).cloned().unwrap_or_default();
+                            } else if let (Some(o), true) = (&i.object, i.from.is_empty()) {
+                                // A checkpoint to resume from, in the coordinator's store.
+                                i.ticket = self.access.ticket(COORDINATOR_HOLDER, &o.hash);
                             }
                         }
                         m.assign.push(a);

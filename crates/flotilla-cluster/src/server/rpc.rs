@@ -318,7 +318,7 @@ impl CoordinatorRpc for Api {
         // off the async threads.
         let store = self.store.clone();
         let max_tasks = self.max_job_tasks;
-        let (spec, graph, files, dir, tenant) = tokio::task::spawn_blocking(move || {
+        let (spec, graph, toml, files, dir, tenant) = tokio::task::spawn_blocking(move || {
             let spec = flotilla_core::parse_job(&r.toml, &r.file_name)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
             let tasks: u64 = spec.tasks.iter().map(|t| t.instance_count()).sum();
@@ -361,7 +361,8 @@ impl CoordinatorRpc for Api {
                     size,
                 });
             }
-            Ok::<_, Status>((spec, Box::new(graph), files, r.dir, tenant))
+            let toml = spec.to_toml();
+            Ok::<_, Status>((spec, Box::new(graph), toml, files, r.dir, tenant))
         })
         .await
         .map_err(|e| Status::internal(format!("the submission's file work failed: {e}")))??;
@@ -369,6 +370,7 @@ impl CoordinatorRpc for Api {
             .ask(|reply| Req::Submit {
                 spec,
                 graph,
+                toml,
                 dir,
                 tenant,
                 files,
@@ -637,6 +639,16 @@ impl AdminRpc for Api {
         Ok(Response::new(proto::JsonReply { json }))
     }
 
+    async fn worker_drain(
+        &self,
+        req: Request<proto::WorkerDrainRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "drain workers")?;
+        let name = req.into_inner().name;
+        let json = self.ask(|reply| Req::Drain { name, reply }).await?;
+        Ok(Response::new(proto::JsonReply { json }))
+    }
+
     async fn provider_add(
         &self,
         req: Request<proto::ProviderAddRequest>,
@@ -826,6 +838,7 @@ impl Workers for Api {
             return Err(Status::unavailable("the coordinator is stopping"));
         }
         let (access, holder) = (self.access.clone(), who.clone());
+        let store = self.store.clone();
         let mut revoked = access.revocations();
         tokio::spawn(async move {
             loop {
@@ -845,6 +858,21 @@ impl Workers for Api {
                             tracing::warn!(%worker, claimed = m.worker, "session message names another worker; closing");
                             break;
                         }
+                        // A preempted attempt's checkpoint goes into the coordinator's store
+                        // (disk work: off the async threads) before the core hears of it.
+                        // Every listed file is stored from the bytes sent: a worker cannot name
+                        // an object of the store it did not send.
+                        let m = if m.finished.iter().any(|r| !r.checkpoint.is_empty()) {
+                            let store = store.clone();
+                            match tokio::task::spawn_blocking(move || keep_checkpoints(&store, m))
+                                .await
+                            {
+                                Ok(m) => m,
+                                Err(_) => break,
+                            }
+                        } else {
+                            m
+                        };
                         if !offer_patiently(&core, Req::FromWorker(m)).await {
                             return;
                         }
@@ -866,6 +894,40 @@ impl Workers for Api {
             (slot, self.stop.subscribe()),
         )))
     }
+}
+
+/// Puts the checkpoint files a worker sent with preempted attempts into the coordinator's
+/// store, naming each by the hash the store computed; an attempt whose files cannot all be
+/// kept (a full store) resumes from nothing rather than from part of its checkpoint.
+fn keep_checkpoints(
+    store: &crate::objects::ObjectStore,
+    mut m: proto::WorkerMessage,
+) -> proto::WorkerMessage {
+    for r in &mut m.finished {
+        let mut kept = Vec::with_capacity(r.checkpoint.len());
+        for c in std::mem::take(&mut r.checkpoint) {
+            if crate::objects::safe_relative(&c.path).is_err() {
+                tracing::warn!(path = %c.path, "a checkpoint file outside its folder: dropped");
+                kept.clear();
+                break;
+            }
+            match store.put_bytes(&c.data) {
+                Ok((hash, size)) => kept.push(proto::CheckpointFile {
+                    path: c.path,
+                    hash,
+                    size,
+                    data: Vec::new(),
+                }),
+                Err(e) => {
+                    tracing::warn!("keeping a checkpoint file {}: {e}", c.path);
+                    kept.clear();
+                    break;
+                }
+            }
+        }
+        r.checkpoint = kept;
+    }
+    m
 }
 
 #[cfg(test)]

@@ -43,6 +43,8 @@ pub(crate) struct TaskExt {
     pub(crate) message: Option<String>,
     /// Why it was placed where it was, unless it was a plain eager placement.
     pub(crate) reason: Option<Placement>,
+    /// The checkpoint its last preempted attempt left (transfer staging).
+    pub(crate) resume: Vec<ObjectRef>,
 }
 
 /// One task instance's state.

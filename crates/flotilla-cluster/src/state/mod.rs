@@ -19,6 +19,8 @@
 //! | `Assigned`, `Running` | `TaskFinished` failed otherwise | `Failed` (the job fails) |
 //! | `Assigned`, `Running` | `TaskFinished` cancelled (job still running) | `Ready`/`Waiting`, no retry counted |
 //! | `Assigned`, `Running` | `WorkerLost` | `Ready`/`Waiting`, no retry counted |
+//! | `Assigned`, `Running` | `TaskFinished` preempted (its worker reclaimed) | `Ready`/`Waiting`, no retry counted; the next attempt resumes from its checkpoint |
+//! | any | `WorkerAvailability` false (reclaimed), true (back) | — (nothing more is placed on that worker until it is back) |
 //! | `Assigned` | `TaskReturned` (after a `Retract`) | `Ready`/`Waiting`, no retry counted |
 //! | `Assigned` (replayed) | grace expired, its worker did not come back | `Ready`/`Waiting` |
 //! | `Backoff` | `now` ≥ now + min(base·2^(failures−1), max) | `Ready`/`Waiting` |
@@ -229,6 +231,16 @@ pub struct WorkerSpec {
     /// Its provider's price (zero for the operator's own workers).
     #[serde(default)]
     pub price: flotilla_pool::Price,
+    /// When it runs (`--available`, `--idle-only`), as its provider wrote it; empty: always.
+    #[serde(default)]
+    pub availability: String,
+    /// Its owner may reclaim it at any moment (`--preemptible`): placement prefers other
+    /// workers at the same price for tasks that declare no checkpoint.
+    #[serde(default)]
+    pub preemptible: bool,
+    /// It registered outside its availability: no work until it says it is available.
+    #[serde(default)]
+    pub unavailable: bool,
 }
 
 impl WorkerSpec {
@@ -319,6 +331,15 @@ pub enum AttemptOutcome {
     },
     /// It was cancelled (or returned unrun after a `Cancel`).
     Cancelled,
+    /// Its worker was reclaimed (drained, its availability ended, its owner came back, it
+    /// got SIGTERM): the task got SIGTERM and a grace period to write its checkpoint files,
+    /// kept off the machine (transfer staging: in the coordinator's store; shared staging:
+    /// in the job folder, and not listed). The next attempt resumes from them; no retry is
+    /// counted.
+    Preempted {
+        /// The checkpoint files (transfer staging).
+        checkpoint: Vec<ObjectRef>,
+    },
 }
 
 /// The report of one attempt.
@@ -384,6 +405,15 @@ pub enum Event {
         worker: WorkerId,
         /// Its id before.
         previous: WorkerId,
+    },
+    /// A worker was reclaimed (`available: false`: drained, its availability window ended,
+    /// its owner came back; its running attempts report `Preempted`) or is back (`true`):
+    /// nothing is placed on it while it is not available.
+    WorkerAvailability {
+        /// The worker.
+        worker: WorkerId,
+        /// Whether it takes work.
+        available: bool,
     },
     /// A worker missed its heartbeats or its stream closed.
     WorkerLost {
@@ -553,13 +583,19 @@ pub enum JournalRecord {
         /// Its price.
         price: flotilla_pool::Price,
     },
-    /// A job's `[pool]` section (kept apart from its spec, so journals written before it
-    /// existed read unchanged); written after its `JobSubmitted`.
-    JobPool {
-        /// The job.
+    /// A job accepted, its spec as job-file text (what [`JobSpec::to_toml`] writes): the
+    /// form every new journal uses, so that a field added to the job file later never
+    /// changes how older records decode. [`JournalRecord::JobSubmitted`] records of older
+    /// journals are still read.
+    JobSubmittedText {
+        /// The job's id.
         job: JobId,
-        /// The section.
-        pool: flotilla_core::PoolSpec,
+        /// The job file.
+        toml: String,
+        /// The job folder.
+        dir: String,
+        /// Who owns it.
+        tenant: String,
     },
     /// A ledger transaction made for an attempt (kept by compaction).
     Ledger {
@@ -596,9 +632,9 @@ impl JournalRecord {
                 spec,
                 dir,
                 tenant,
-            } => JournalRecord::JobSubmitted {
+            } => JournalRecord::JobSubmittedText {
                 job: *job,
-                spec: Box::new(spec.clone()),
+                toml: spec.to_toml(),
                 dir: dir.clone(),
                 tenant: tenant.clone(),
             },
@@ -639,6 +675,7 @@ impl JournalRecord {
                 amount: *amount,
             },
             Event::WorkerJoined { .. }
+            | Event::WorkerAvailability { .. }
             | Event::WorkerReconciled { .. }
             | Event::WorkerLost { .. }
             | Event::TaskStarted { .. }
@@ -655,7 +692,7 @@ impl JournalRecord {
             JournalRecord::JobSubmitted { job, .. }
             | JournalRecord::JobCancelled { job }
             | JournalRecord::JobRemoved { job }
-            | JournalRecord::JobPool { job, .. }
+            | JournalRecord::JobSubmittedText { job, .. }
             | JournalRecord::BudgetRaised { job, .. } => Some(*job),
             JournalRecord::TaskFinished { task, .. } | JournalRecord::TaskAssigned { task, .. } => {
                 Some(task.job)
@@ -685,16 +722,36 @@ impl JournalRecord {
         matches!(
             self,
             JournalRecord::PoolWorker { .. }
-                | JournalRecord::JobPool { .. }
                 | JournalRecord::Ledger { .. }
                 | JournalRecord::Verdict { .. }
         )
     }
 
-    /// The event the record replays as; `None` for a [`JournalRecord::Checkpoint`], which is
-    /// no event (see [`Coordinator::replay`]).
+    /// The event the record replays as; `None` for a [`JournalRecord::Checkpoint`] and the
+    /// pool's records, which are no events (see [`Coordinator::replay`]), and for a job file
+    /// that no longer parses (see [`JournalRecord::try_into_event`]).
     pub fn into_event(self) -> Option<Event> {
-        Some(match self {
+        self.try_into_event().ok().flatten()
+    }
+
+    /// [`JournalRecord::into_event`], saying why a journaled job file does not parse.
+    pub fn try_into_event(self) -> Result<Option<Event>> {
+        Ok(Some(match self {
+            JournalRecord::JobSubmittedText {
+                job,
+                toml,
+                dir,
+                tenant,
+            } => {
+                let spec = flotilla_core::parse_job(&toml, &format!("journal({job})"))
+                    .map_err(|source| StateError::BadJob { job, source })?;
+                Event::JobSubmitted {
+                    job,
+                    spec,
+                    dir,
+                    tenant,
+                }
+            }
             JournalRecord::JobSubmitted {
                 job,
                 spec,
@@ -740,10 +797,9 @@ impl JournalRecord {
             JournalRecord::BudgetRaised { job, amount } => Event::BudgetRaised { job, amount },
             JournalRecord::Checkpoint { .. }
             | JournalRecord::PoolWorker { .. }
-            | JournalRecord::JobPool { .. }
             | JournalRecord::Ledger { .. }
-            | JournalRecord::Verdict { .. } => return None,
-        })
+            | JournalRecord::Verdict { .. } => return Ok(None),
+        }))
     }
 }
 
@@ -849,6 +905,11 @@ pub struct Assignment {
     /// Chained dispatch: start only after this attempt of a predecessor succeeded on the
     /// same worker (the coordinator retracts it if that attempt fails).
     pub after: Option<(TaskRef, u32)>,
+    /// The checkpoint files the task declares (kept when it is preempted).
+    pub checkpoint: Vec<String>,
+    /// The checkpoint of its last preempted attempt, to stage before it starts (transfer
+    /// staging: objects in the coordinator's store).
+    pub resume: Vec<ObjectRef>,
 }
 
 /// A gang member's part of an [`Assignment`]: the worker sets `FLOTILLA_RANK`,

@@ -242,6 +242,15 @@ pub struct WorkerStatus {
     /// Its provider's price, credits per unit-hour.
     #[serde(default)]
     pub price: flotilla_pool::Price,
+    /// When it works (`--available`, `--idle-only`); empty: always.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub availability: String,
+    /// Whether it takes work now (false: reclaimed by its owner, or drained).
+    #[serde(default = "yes")]
+    pub available: bool,
+    /// Its owner may reclaim it at any moment.
+    #[serde(default)]
+    pub preemptible: bool,
     /// What it offers.
     pub resources: Resources,
     /// What its reserved (started or about to start) attempts use.
@@ -254,6 +263,10 @@ pub struct WorkerStatus {
     pub utilization: f64,
     /// Seconds since it joined.
     pub uptime_s: f64,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn makespan(j: &Job, now: Millis) -> f64 {
@@ -370,6 +383,9 @@ impl Coordinator {
                 data_addr: w.spec.data_addr.clone(),
                 provider: w.spec.provider.clone(),
                 price: w.spec.price,
+                availability: w.spec.availability.clone(),
+                available: !w.unavailable,
+                preemptible: w.spec.preemptible,
                 resources: w.cap().clone(),
                 used: w.used().clone(),
                 tasks: w.slots.keys().copied().collect(),

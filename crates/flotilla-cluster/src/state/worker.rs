@@ -60,6 +60,8 @@ pub(crate) struct Worker {
     /// The id it proved it had before it rejoined: it speaks for that id's attempts and
     /// outputs, and no other worker does.
     pub(crate) previous: Option<WorkerId>,
+    /// Reclaimed by its owner (or drained): nothing more is placed here.
+    pub(crate) unavailable: bool,
 }
 
 impl Worker {
@@ -72,7 +74,6 @@ impl Worker {
         let ledger = spec.ledger().map_err(|e| e.to_string())?;
         Ok(Worker {
             id,
-            spec,
             ledger,
             slots: BTreeMap::new(),
             queue: BTreeMap::new(),
@@ -82,6 +83,8 @@ impl Worker {
             busy_cpu_s: 0.0,
             incoming: 0,
             previous: None,
+            unavailable: spec.unavailable,
+            spec,
         })
     }
 

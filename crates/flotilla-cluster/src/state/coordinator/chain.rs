@@ -26,7 +26,7 @@ impl Coordinator {
         let pred = (self.jobs[&job].tref(t), attempt);
         let succs: Vec<TaskId> = self.jobs[&job].graph.succs(t).to_vec();
         for s in succs {
-            let Some(w) = self.workers.get(&worker) else {
+            let Some(w) = self.workers.get(&worker).filter(|w| !w.unavailable) else {
                 return;
             };
             let j = &self.jobs[&job];

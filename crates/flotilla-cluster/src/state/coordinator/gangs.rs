@@ -131,7 +131,7 @@ impl Coordinator {
                 &problems,
                 self.workers
                     .values()
-                    .filter(|w| w.spec.provider.is_none())
+                    .filter(|w| w.spec.provider.is_none() && !w.unavailable)
                     .map(Worker::node),
                 &predict,
             )

@@ -188,7 +188,7 @@ impl Coordinator {
             self.model = model;
             return Ok(());
         }
-        match record.into_event() {
+        match record.try_into_event()? {
             Some(event) => self.handle(now, event, out),
             None => Ok(()),
         }
@@ -365,6 +365,14 @@ impl Coordinator {
                         );
                     }
                 }
+            }
+            Event::WorkerAvailability { worker, available } => {
+                let w = self
+                    .workers
+                    .get_mut(&worker)
+                    .ok_or(StateError::UnknownWorker(worker))?;
+                w.unavailable = !available;
+                self.now = now;
             }
             Event::WorkerLost { worker, reason } => {
                 if !self.workers.contains_key(&worker) {

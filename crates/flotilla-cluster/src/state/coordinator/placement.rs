@@ -275,8 +275,8 @@ impl Coordinator {
             queue_depth: self.config.queue_depth,
             explore: j.classes[c].explore,
         };
-        let Some(d) = sched::place(&problem, self.workers.values().map(Worker::node), &predict)
-        else {
+        let live = self.workers.values().filter(|w| !w.unavailable);
+        let Some(d) = sched::place(&problem, live.map(Worker::node), &predict) else {
             return Placed::Blocked;
         };
         self.assign(job, t, d, inputs, out);
@@ -330,6 +330,11 @@ impl Coordinator {
         rt.attempt += 1;
         rt.worker = Some(w.id);
         rt.variant = variant;
+        let rt_resume = rt
+            .ext
+            .as_ref()
+            .map(|e| e.resume.clone())
+            .unwrap_or_default();
         let attempt = rt.attempt;
         if d.reason.policy != "eager" {
             rt.ext().reason = Some(d.reason.clone());
@@ -395,6 +400,8 @@ impl Coordinator {
             reason: d.reason,
             gang,
             after,
+            checkpoint: inst.checkpoint.clone(),
+            resume: rt_resume,
         };
         self.journal.push(JournalRecord::TaskAssigned {
             worker: w.id,
@@ -421,7 +428,7 @@ impl Coordinator {
         let idle: Vec<WorkerId> = self
             .workers
             .values()
-            .filter(|w| w.is_idle() && w.incoming == 0)
+            .filter(|w| w.is_idle() && w.incoming == 0 && !w.unavailable)
             .map(|w| w.id)
             .collect();
         for thief in idle {

@@ -9,7 +9,6 @@
 //! | record | when | replay |
 //! | --- | --- | --- |
 //! | `PoolWorker` | a provider's worker joins | its provider and price, for settling its results |
-//! | `JobPool` | a job with a `[pool]` section is accepted | the section |
 //! | `Ledger` | a hold, settlement or release | the same transaction (idempotent by key) and the job's accounts |
 //! | `Verdict` | a verified task's result is judged | the same verdict: task state and reputations |
 //! | `BudgetRaised` | `flotilla budget JOB +N` | the job's budget |
@@ -246,14 +245,11 @@ enum Refusal {
 }
 
 impl Coordinator {
-    /// The job's pool section (replayed or from its spec): it may use providers' workers
-    /// from now on. Journals it (before any assignment of the job).
+    /// The job's pool section (from its spec, journaled with it): it may use providers'
+    /// workers from now on. Call before anything of the job is placed.
     pub fn set_job_pool(&mut self, job: JobId, pool: PoolSpec) -> Result<()> {
         let j = self.jobs.get_mut(&job).ok_or(StateError::UnknownJob(job))?;
-        j.pool = Some(Box::new(JobPool::new(pool.clone())));
-        if !self.pool.replaying {
-            self.journal.push(JournalRecord::JobPool { job, pool });
-        }
+        j.pool = Some(Box::new(JobPool::new(pool)));
         Ok(())
     }
 
@@ -313,7 +309,6 @@ impl Coordinator {
                     .workers
                     .insert(worker, PoolWorker { provider, price });
             }
-            JournalRecord::JobPool { job, pool } => self.set_job_pool(job, pool)?,
             JournalRecord::Ledger { attempt, tx } => match self.ledger.replay(&tx) {
                 Ok(Applied::Done(_)) => self.account(attempt, &tx),
                 Ok(Applied::Duplicate) => {}
@@ -463,7 +458,7 @@ impl Coordinator {
         let room = j.pool.as_deref().and_then(JobPool::budget_room);
         let mut allowed: Vec<&Worker> = Vec::new();
         let mut short = Refusal::None;
-        for w in self.workers.values() {
+        for w in self.workers.values().filter(|w| !w.unavailable) {
             match self.refusal(j, t, w, room) {
                 Refusal::None => allowed.push(w),
                 r @ (Refusal::Budget | Refusal::Credits) => {
@@ -505,10 +500,25 @@ impl Coordinator {
         };
         let mut tiers: Vec<(f64, Vec<&Worker>)> = Vec::new();
         let mut ranked: Vec<(f64, &Worker)> = allowed.iter().map(|w| (unit(w), *w)).collect();
-        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.id.cmp(&b.1.id)));
+        // At one price, a task that cannot resume from a checkpoint goes to machines whose
+        // owners will not reclaim them first.
+        let fragile = j.graph.task(t).checkpoint.is_empty();
+        ranked.sort_by(|a, b| {
+            a.0.total_cmp(&b.0)
+                .then((fragile && a.1.spec.preemptible).cmp(&(fragile && b.1.spec.preemptible)))
+                .then(a.1.id.cmp(&b.1.id))
+        });
         for (u, w) in ranked {
+            let shy = fragile && w.spec.preemptible;
             match tiers.last_mut() {
-                Some((tu, ws)) if (*tu - u).abs() <= 1e-12 * tu.abs().max(1.0) => ws.push(w),
+                Some((tu, ws))
+                    if (*tu - u).abs() <= 1e-12 * tu.abs().max(1.0)
+                        && ws
+                            .first()
+                            .is_some_and(|f| (fragile && f.spec.preemptible) == shy) =>
+                {
+                    ws.push(w)
+                }
                 _ => tiers.push((u, vec![w])),
             }
         }
@@ -708,6 +718,27 @@ impl Coordinator {
             Ok(Applied::Duplicate) => {}
             Err(e) => tracing::warn!("settling {}: {e}", h.key),
         }
+    }
+
+    /// A preempted attempt: settled (its provider paid for the work its checkpoint carries
+    /// forward) when it left a checkpoint and its job does not verify replicas; its hold is
+    /// released otherwise (by the sweep). Whether it was paid.
+    pub(super) fn preempted_pay(
+        &mut self,
+        a: (TaskRef, u32),
+        worker: WorkerId,
+        carried: bool,
+        usage: &Usage,
+    ) -> bool {
+        let verifies = self.jobs[&a.0.job]
+            .pool
+            .as_deref()
+            .is_none_or(|p| p.verifies(a.0.task));
+        if !carried || verifies || !self.pool.holds.contains_key(&a) {
+            return false;
+        }
+        self.settle_attempt(a, worker, usage);
+        true
     }
 
     /// Gives attempt `a`'s hold back whole.

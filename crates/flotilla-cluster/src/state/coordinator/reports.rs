@@ -224,6 +224,60 @@ impl Coordinator {
                 self.attempt_failed(task, attempt, message, retryable, out);
             }
             AttemptOutcome::Cancelled => self.attempt_cancelled(task, attempt, worker, out),
+            AttemptOutcome::Preempted { checkpoint } => {
+                self.attempt_preempted(task, attempt, ran_on, checkpoint, result.usage, out)
+            }
+        }
+    }
+
+    /// The current attempt was stopped because its worker was reclaimed: ready again with
+    /// no retry counted, resuming from the checkpoint it left (a gang member breaks its gang;
+    /// spot semantics: a provider is paid for the work its checkpoint carries forward).
+    fn attempt_preempted(
+        &mut self,
+        task: TaskRef,
+        attempt: u32,
+        worker: WorkerId,
+        checkpoint: Vec<ObjectRef>,
+        usage: super::super::Usage,
+        out: &mut Vec<Command>,
+    ) {
+        let t = task.task;
+        let files = checkpoint.len();
+        let carried = self.preempted_pay((task, attempt), worker, files > 0, &usage);
+        let j = self
+            .jobs
+            .get_mut(&task.job)
+            .expect("callers checked the job");
+        let rt = &mut j.tasks[t.index()];
+        rt.worker = None;
+        if !checkpoint.is_empty() {
+            rt.ext().resume = checkpoint;
+        }
+        if !j.is_active() {
+            j.set_state(t, TaskState::Cancelled, None, out);
+            return;
+        }
+        let from = if files > 0 {
+            format!("; resumes from its {files} checkpoint file(s)")
+        } else {
+            String::new()
+        };
+        let paid = if carried {
+            " (paid: work carried forward)"
+        } else {
+            ""
+        };
+        j.runnable(
+            t,
+            Some(format!(
+                "attempt {attempt} preempted on {worker}{from}{paid}"
+            )),
+            out,
+        );
+        if j.graph.task(t).gang.is_some() {
+            let why = format!("a member was preempted on {worker}");
+            self.break_gang(task.job, t, None, &why, out);
         }
     }
 

@@ -42,6 +42,9 @@ pub(super) fn wspec(cpus: f64, gpus: &[u64]) -> WorkerSpec {
         data_addr: format!("addr-{cpus}"),
         provider: None,
         price: Default::default(),
+        availability: String::new(),
+        preemptible: false,
+        unavailable: false,
     }
 }
 

@@ -347,3 +347,76 @@ fn a_replay_rebuilds_the_same_ledger_verdicts_and_reputations() {
         b.pool.as_ref().map(|p| (p.spent, p.held))
     );
 }
+
+#[test]
+fn a_preempted_attempt_resumes_elsewhere_from_its_checkpoint_and_its_provider_is_paid() {
+    let mut p = Pooled::new();
+    p.grant(100);
+    let (first, _) = p.join(provider("alice", 1.0, SECOND));
+    let text =
+        "name = \"ck\"\nstaging = \"transfer\"\n[pool]\nverify = 1\n[[task]]\nid = \"sim\"\n\
+                cmd = [\"sim\"]\ntimeout = \"10s\"\ncheckpoint = [\"state/*.ckpt\"]\n\
+                outputs = [\"out.txt\"]\n";
+    let (job, out) = p.submit("t", text);
+    let (w, a) = assigns(&out).pop().expect("placed");
+    assert_eq!(w, first);
+    assert_eq!(a.checkpoint, vec!["state/*.ckpt".to_string()]);
+    assert!(a.resume.is_empty());
+    // Its owner reclaims it: nothing more goes there; the attempt ends preempted.
+    p.ev(Event::WorkerAvailability {
+        worker: first,
+        available: false,
+    });
+    let ckpt = ObjectRef {
+        path: "state/a.ckpt".into(),
+        hash: "c".repeat(64),
+        size: 10,
+    };
+    let out = p.ev(Event::TaskFinished {
+        worker: first,
+        task: a.task,
+        attempt: a.attempt,
+        result: AttemptResult {
+            outcome: AttemptOutcome::Preempted {
+                checkpoint: vec![ckpt.clone()],
+            },
+            usage: Usage {
+                cpu_seconds: 3.0,
+                peak_rss_bytes: 0,
+                wall_seconds: 3.0,
+            },
+            outputs: Vec::new(),
+            variant: None,
+        },
+    });
+    assert!(assigns(&out).is_empty(), "not on the reclaimed worker");
+    let s = p.sim.c.job_status(job).unwrap();
+    assert_eq!(s.tasks[0].state, TaskState::Ready);
+    assert_eq!(s.tasks[0].failures, 0, "a preemption is no failure");
+    assert!(s.tasks[0]
+        .message
+        .as_deref()
+        .unwrap_or("")
+        .contains("checkpoint"));
+    // Spot: the provider is paid for the 3 s its checkpoint carries forward.
+    assert_eq!(p.balance(tenant("t")), Credits::whole(97));
+    let (second, out) = p.join(provider("bob", 1.0, SECOND));
+    let (w, a2) = assigns(&out).pop().expect("placed again");
+    assert_eq!(w, second);
+    assert_eq!(a2.resume, vec![ckpt]);
+    p.done(second, a2.task, a2.attempt, "x", 2.0);
+    let s = p.sim.c.job_summary(job).unwrap();
+    assert_eq!(s.state, JobState::Succeeded);
+    assert_eq!(
+        s.pool.unwrap().spent,
+        5.0,
+        "the work once: 3 s there, 2 s here"
+    );
+    // Back: it takes work again.
+    p.ev(Event::WorkerAvailability {
+        worker: first,
+        available: true,
+    });
+    let (_, out) = p.submit("t", &pool_job(2, "verify = 1"));
+    assert!(assigns(&out).iter().any(|(w, _)| *w == first));
+}

@@ -156,12 +156,25 @@ fn credits_handed_to_tenants_are_in_the_ledger_and_survive_a_restart() {
 
 /// Enrols a provider named `name` and starts one worker of its at `price`, with `env`.
 fn add_provider(c: &mut Cluster, name: &str, price: &str, env: &[(&str, &str)]) {
+    add_provider_with(c, name, price, env, &[]);
+}
+
+/// [`add_provider`] with more `flotilla worker` arguments.
+fn add_provider_with(
+    c: &mut Cluster,
+    name: &str,
+    price: &str,
+    env: &[(&str, &str)],
+    extra: &[&str],
+) {
     let token = last_line(&c.cli(&["admin", "provider", "add", name]));
     assert!(token.starts_with("flt_"), "{token}");
     let file = c.root().join(format!("{name}.token"));
     std::fs::write(&file, format!("{token}\n")).unwrap();
     let file_arg = file.display().to_string();
-    c.add_worker_env(1, &["--provider-token", &file_arg, "--price", price], env);
+    let mut args = vec!["--provider-token", file_arg.as_str(), "--price", price];
+    args.extend_from_slice(extra);
+    c.add_worker_env(1, &args, env);
 }
 
 /// The pool end to end: three providers at different prices, the cheapest corrupting every
@@ -391,17 +404,12 @@ fn an_idle_only_machine_gives_way_to_its_owner_and_comes_back() {
     let alice = last_line(&c.cli(&["admin", "tenant", "add", "alice", "--credits", "100"]));
     let active = c.root().join("owner-here");
     let active_arg = active.display().to_string();
-    let token = last_line(&c.cli(&["admin", "provider", "add", "desk"]));
-    let file = c.root().join("desk.token");
-    std::fs::write(&file, format!("{token}\n")).unwrap();
-    let file_arg = file.display().to_string();
-    c.add_worker_with(
-        1,
+    add_provider_with(
+        &mut c,
+        "desk",
+        "cpu=1",
+        &[],
         &[
-            "--provider-token",
-            &file_arg,
-            "--price",
-            "cpu=1",
             "--idle-only",
             "--idle-load",
             "1000",

@@ -85,6 +85,8 @@ pub struct SimRun {
     pub end: Millis,
     /// How it ended.
     pub outcome: AttemptOutcome,
+    /// The CPUs it held (its metered CPU seconds are these × its wall time).
+    pub cpus: f64,
 }
 
 /// What the duration function is told about an attempt that starts.
@@ -154,6 +156,15 @@ impl ClusterSim {
 
     /// Submits a job (its folder is `/sim`).
     pub fn submit(&mut self, spec: flotilla_core::JobSpec) -> Result<JobId, SimError> {
+        self.submit_as(spec, "sim")
+    }
+
+    /// Submits a job owned by `tenant`.
+    pub fn submit_as(
+        &mut self,
+        spec: flotilla_core::JobSpec,
+        tenant: &str,
+    ) -> Result<JobId, SimError> {
         let job = self.coord.next_job_id();
         self.coord.handle(
             self.now,
@@ -161,11 +172,121 @@ impl ClusterSim {
                 job,
                 spec,
                 dir: "/sim".into(),
-                tenant: "sim".into(),
+                tenant: tenant.into(),
             },
             &mut self.out,
         )?;
         Ok(job)
+    }
+
+    /// Hands `tenant` credits.
+    pub fn grant(&mut self, tenant: &str, amount: flotilla_pool::Credits) -> Result<(), SimError> {
+        self.coord.handle(
+            self.now,
+            Event::CreditsGranted {
+                tenant: tenant.into(),
+                amount,
+            },
+            &mut self.out,
+        )?;
+        Ok(())
+    }
+
+    /// The worker's owner reclaims it: nothing more is placed there, its queued attempts
+    /// go back, and each running one ends now, preempted, with the checkpoint
+    /// `checkpoint(run, now)` says it leaves (empty: it starts again from nothing).
+    pub fn reclaim(
+        &mut self,
+        worker: WorkerId,
+        checkpoint: &mut dyn FnMut(&SimRun, Millis) -> Vec<crate::state::ObjectRef>,
+        duration: &mut Duration<'_>,
+    ) -> Result<(), SimError> {
+        self.coord.handle(
+            self.now,
+            Event::WorkerAvailability {
+                worker,
+                available: false,
+            },
+            &mut self.out,
+        )?;
+        let Some(agent) = self.agents.get_mut(&worker) else {
+            return Ok(());
+        };
+        let back = agent.reclaim();
+        self.up(worker, back, duration)?;
+        let running: Vec<Attempt> = self
+            .ending
+            .iter()
+            .filter(|(_, (_, _, run))| run.worker == worker)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in running {
+            if let Some((_, _, run)) = self.ending.remove(&key) {
+                let files = checkpoint(&run, self.now);
+                let outcome = AttemptOutcome::Preempted { checkpoint: files };
+                self.schedule_end(worker, key, self.now, outcome, run);
+            }
+        }
+        Ok(())
+    }
+
+    /// The worker takes work again.
+    pub fn restore(&mut self, worker: WorkerId) -> Result<(), SimError> {
+        if let Some(a) = self.agents.get_mut(&worker) {
+            a.resume();
+        }
+        self.coord.handle(
+            self.now,
+            Event::WorkerAvailability {
+                worker,
+                available: true,
+            },
+            &mut self.out,
+        )?;
+        Ok(())
+    }
+
+    /// Runs until virtual time `until` (or until nothing more happens, if sooner): at most
+    /// `max_steps` events.
+    pub fn run_until(
+        &mut self,
+        until: Millis,
+        max_steps: usize,
+        duration: &mut Duration<'_>,
+    ) -> Result<(), SimError> {
+        for _ in 0..max_steps {
+            if !self.out.is_empty() {
+                self.deliver(duration)?;
+                continue;
+            }
+            match self.next_end() {
+                Some((end, worker, key)) if end <= until => {
+                    self.now = self.now.max(end);
+                    self.end(worker, key, duration)?;
+                }
+                Some((end, worker, key)) => {
+                    // Not yet: put it back.
+                    self.seq += 1;
+                    self.heap.push(Reverse((end, self.seq, worker, key)));
+                    self.now = self.now.max(until);
+                    self.coord.handle(self.now, Event::Tick, &mut self.out)?;
+                    if self.out.is_empty() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                None => {
+                    self.now = self.now.max(until);
+                    self.coord.handle(self.now, Event::Tick, &mut self.out)?;
+                    if self.out.is_empty() {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            }
+            self.coord.handle(self.now, Event::Tick, &mut self.out)?;
+        }
+        Err(SimError::Hung(max_steps))
     }
 
     /// The coordinator (its status views).
@@ -236,10 +357,16 @@ impl ClusterSim {
         if outcome == AttemptOutcome::Succeeded {
             self.ran_on.insert(key.0, worker);
         }
+        let wall = end.saturating_sub(run.start) as f64 / 1000.0;
+        let usage = Usage {
+            cpu_seconds: wall * run.cpus,
+            peak_rss_bytes: 0,
+            wall_seconds: wall,
+        };
         self.runs.push(run);
         let result = AttemptResult {
             outcome,
-            usage: Usage::default(),
+            usage,
             outputs: Vec::new(),
             variant: None,
         };
@@ -346,6 +473,7 @@ impl ClusterSim {
                         start: self.now,
                         end: self.now + ms,
                         outcome: outcome.clone(),
+                        cpus: payload.resources.cpus,
                     };
                     self.schedule_end(worker, key, self.now + ms, outcome, run);
                     continue;

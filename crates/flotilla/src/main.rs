@@ -91,12 +91,45 @@ enum Bench {
     /// mode costs with cheating providers, and how soon a provider turning to cheating is
     /// caught.
     Verify(VerifyArgs),
+    /// The pool's market in virtual time: the coordinator's placement, ledger and
+    /// preemption with many providers that come and go, on the workflow traces; credits,
+    /// deadlines met, wasted work and energy per objective, with and without checkpoints.
+    Market(MarketArgs),
     /// Host <-> device copies from pageable and pinned memory, and device -> device.
     Copy(CopyArgs),
     /// One rank of `bench allreduce` (FLOTILLA_RANK, FLOTILLA_WORLD_SIZE, FLOTILLA_RENDEZVOUS
     /// from the environment, as a gang member gets them); rank 0 prints JSON lines.
     #[command(hide = true)]
     AllreduceRank(AllreduceRankArgs),
+}
+
+#[derive(Args)]
+struct MarketArgs {
+    /// Providers (one two-CPU machine each).
+    #[arg(long, default_value_t = 1000)]
+    providers: usize,
+    /// Jobs (the workflow traces in turn).
+    #[arg(long, default_value_t = 40)]
+    jobs: usize,
+    /// Mean seconds between submissions.
+    #[arg(long, default_value_t = 120.0)]
+    arrival: f64,
+    /// Each job's deadline, times its critical path.
+    #[arg(long, default_value_t = 3.0)]
+    deadline_factor: f64,
+    /// Runs: OBJECTIVE[+nockpt] (cost, time, energy; +nockpt: tasks declare no checkpoint).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "cost,time,energy,cost+nockpt"
+    )]
+    runs: Vec<String>,
+    /// Seeds, one market each (the figures are summed over them).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    seeds: Vec<u64>,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -609,6 +642,57 @@ fn run_local(command: Command) -> Result<()> {
             if rank == 0 {
                 for p in points {
                     println!("{}", serde_json::to_string(&p)?);
+                }
+            }
+            Ok(())
+        }
+        Command::Bench(Bench::Market(a)) => {
+            let traces = flotilla::bench::market::traces()?;
+            for run in &a.runs {
+                let (objective, checkpoints) = match run.strip_suffix("+nockpt") {
+                    Some(o) => (o.to_string(), false),
+                    None => (run.clone(), true),
+                };
+                anyhow::ensure!(
+                    ["cost", "time", "energy"].contains(&objective.as_str()),
+                    "--runs: {run:?}: the objective is cost, time or energy"
+                );
+                let mut reports = Vec::new();
+                for &seed in &a.seeds {
+                    let cfg = flotilla::bench::market::MarketConfig {
+                        providers: a.providers,
+                        jobs: a.jobs,
+                        arrival_s: a.arrival,
+                        deadline_factor: a.deadline_factor,
+                        objective: objective.clone(),
+                        checkpoints,
+                        seed,
+                    };
+                    reports.push(flotilla::bench::market::run(&cfg, &traces)?);
+                }
+                let sum = |f: &dyn Fn(&flotilla::bench::market::MarketReport) -> f64| -> f64 {
+                    reports.iter().map(f).sum()
+                };
+                if a.json {
+                    for r in &reports {
+                        println!("{}", serde_json::to_string(r)?);
+                    }
+                } else {
+                    println!(
+                        "market {run:<12} {} providers, {} jobs x {} seeds: {:.2} credits, deadlines met {}/{}, \
+                         {} preemptions, wasted {:.0} of {:.0} CPU-s, {:.0} kJ, mean makespan {:.0} s",
+                        a.providers,
+                        a.jobs,
+                        reports.len(),
+                        sum(&|r| r.credits),
+                        sum(&|r| r.deadlines_met as f64),
+                        sum(&|r| r.jobs as f64),
+                        sum(&|r| r.preemptions as f64),
+                        sum(&|r| r.wasted_cpu_s),
+                        sum(&|r| r.useful_cpu_s + r.wasted_cpu_s),
+                        sum(&|r| r.energy_kj),
+                        sum(&|r| r.mean_makespan_s) / reports.len().max(1) as f64,
+                    );
                 }
             }
             Ok(())

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod copy;
 pub mod isolation;
 pub mod linalg;
+pub mod market;
 pub mod overhead;
 pub mod restart;
 pub mod verify;

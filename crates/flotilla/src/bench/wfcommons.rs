@@ -52,6 +52,8 @@ pub struct TraceJob {
     pub critical_path: f64,
     /// The sum of (scaled) runtimes, seconds.
     pub total_work: f64,
+    /// Each task's id in the job and its (scaled) runtime, seconds.
+    pub runtimes: Vec<(String, f64)>,
 }
 
 impl TraceJob {
@@ -161,6 +163,11 @@ pub fn job_from_trace(
         }
     }
     Ok(TraceJob {
+        runtimes: tasks
+            .iter()
+            .zip(&cost)
+            .map(|(t, c)| (sanitize(&t.name), *c))
+            .collect(),
         toml,
         tasks: n,
         critical_path: finish.iter().copied().fold(0.0, f64::max),

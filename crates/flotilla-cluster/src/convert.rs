@@ -104,6 +104,11 @@ pub(crate) fn worker_joined(
         availability: req.availability,
         preemptible: req.preemptible,
         unavailable: req.unavailable,
+        cpu_watts: if req.cpu_watts.is_finite() && req.cpu_watts >= 0.0 {
+            req.cpu_watts
+        } else {
+            0.0
+        },
     };
     let running = req.running.iter().map(task_key).collect();
     let held = req
@@ -150,6 +155,9 @@ pub(crate) fn task_finished(worker: WorkerId, r: proto::TaskResult) -> Option<Ev
             cpu_seconds: u.cpu_seconds,
             peak_rss_bytes: u.peak_rss_bytes,
             wall_seconds: u.wall_seconds,
+            energy_j: u.energy_j.filter(|e| e.is_finite() && *e >= 0.0),
+            energy_estimated: u.energy_estimated,
+            fuel: u.fuel,
         })
         .unwrap_or_default();
     Some(Event::TaskFinished {
@@ -278,6 +286,9 @@ pub(crate) fn task_result(k: Attempt, r: AttemptResult) -> proto::TaskResult {
             cpu_seconds: r.usage.cpu_seconds,
             peak_rss_bytes: r.usage.peak_rss_bytes,
             wall_seconds: r.usage.wall_seconds,
+            energy_j: r.usage.energy_j,
+            energy_estimated: r.usage.energy_estimated,
+            fuel: r.usage.fuel,
         }),
         outputs: r.outputs.iter().map(object_to).collect(),
         variant: r.variant.unwrap_or_default(),

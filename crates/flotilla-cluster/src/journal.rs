@@ -788,7 +788,7 @@ after = ["sim"]
                 gpu_indices: vec![1],
                 hw_class: "h200".into(),
             },
-            JournalRecord::TaskFinished {
+            JournalRecord::TaskFinishedMetered {
                 worker: WorkerId::new(2),
                 task,
                 attempt: 1,
@@ -801,6 +801,9 @@ after = ["sim"]
                         cpu_seconds: 1.5,
                         peak_rss_bytes: 1 << 20,
                         wall_seconds: 2.25,
+                        energy_j: Some(30.5),
+                        energy_estimated: true,
+                        fuel: None,
                     },
                     outputs: vec![ObjectRef {
                         path: "out/3".into(),
@@ -1050,6 +1053,7 @@ after = ["sim"]
             | JournalRecord::JobSubmittedText { job: j, .. }
             | JournalRecord::BudgetRaised { job: j, .. } => *j = JobId::new(job),
             JournalRecord::TaskFinished { task, .. }
+            | JournalRecord::TaskFinishedMetered { task, .. }
             | JournalRecord::TaskAssigned { task, .. }
             | JournalRecord::Verdict { task, .. } => task.job = JobId::new(job),
             JournalRecord::Checkpoint { .. }

@@ -12,6 +12,7 @@ mod agent;
 pub mod auth;
 pub mod client;
 mod convert;
+mod energy;
 pub mod error;
 pub mod fault;
 pub mod framed;

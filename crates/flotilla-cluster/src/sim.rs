@@ -362,6 +362,7 @@ impl ClusterSim {
             cpu_seconds: wall * run.cpus,
             peak_rss_bytes: 0,
             wall_seconds: wall,
+            ..Usage::default()
         };
         self.runs.push(run);
         let result = AttemptResult {
@@ -571,6 +572,7 @@ pub fn simulate_dag(dag: &Dag, cfg: &ClusterSimConfig) -> Result<Schedule, SimEr
             availability: String::new(),
             preemptible: false,
             unavailable: false,
+            cpu_watts: 0.0,
         })?;
         proc_of.insert(id, p);
     }
@@ -724,6 +726,7 @@ mod tests {
             availability: String::new(),
             preemptible: false,
             unavailable: false,
+            cpu_watts: 0.0,
         })
         .expect("joins");
         let job = sim

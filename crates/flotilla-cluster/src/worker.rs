@@ -105,6 +105,9 @@ pub struct WorkerConfig {
     pub available: Option<flotilla_pool::Windows>,
     /// Work only while the machine's owner is idle (`--idle-only`).
     pub idle: Option<IdleConfig>,
+    /// Watts one busy CPU draws here (`--cpu-watts`): estimates energy where RAPL is not
+    /// readable, and lets `objective = "energy"` compare machines.
+    pub cpu_watts: f64,
     /// The `flotilla-enter` program: with it, sandboxed tasks enter one sandbox holder built
     /// at start instead of building their own (see `flotilla_exec::Holder`). `None`: each
     /// task gets its own bubblewrap sandbox.
@@ -152,6 +155,7 @@ impl WorkerConfig {
             preemptible: false,
             available: None,
             idle: None,
+            cpu_watts: DEFAULT_CPU_WATTS,
         }
     }
 
@@ -167,6 +171,9 @@ impl WorkerConfig {
         parts.join(", ")
     }
 }
+
+/// The default for [`WorkerConfig::cpu_watts`]: 12 W.
+pub const DEFAULT_CPU_WATTS: f64 = 12.0;
 
 /// The default for [`WorkerConfig::grace`]: 30 seconds.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
@@ -987,6 +994,7 @@ async fn session(
             availability: cfg.availability(),
             preemptible: cfg.preemptible,
             unavailable: paused,
+            cpu_watts: cfg.cpu_watts,
             running: back.running,
             held,
             previous_worker,
@@ -1278,6 +1286,7 @@ fn execute(
         (Some(w), true) => Some(w.watch(&root, cancel)),
         _ => None,
     };
+    let meter = crate::energy::Meter::start();
     let outcome = if !a.wasm_module.is_empty() {
         let Some(runner) = &sh.wasm else {
             return failed("this worker cannot run wasm tasks".into(), false);
@@ -1437,10 +1446,20 @@ fn execute(
         }
     }
     drop(watch);
+    let gpus = a.resources.as_ref().map_or(0.0, |r| r.gpus);
+    let (energy, estimated) = meter.finish(
+        outcome.usage.cpu_seconds,
+        gpus,
+        outcome.usage.wall_seconds,
+        sh.config.cpu_watts,
+    );
     let usage = crate::state::Usage {
         cpu_seconds: outcome.usage.cpu_seconds,
         peak_rss_bytes: outcome.usage.peak_rss_bytes,
         wall_seconds: sh.config.fault.after_task(outcome.usage.wall_seconds),
+        energy_j: Some(energy),
+        energy_estimated: estimated,
+        fuel: outcome.usage.fuel,
     };
     let end = |outcome: AttemptOutcome| AttemptResult {
         outcome,

@@ -98,6 +98,12 @@ pub fn guard_main(input: impl BufRead) -> usize {
             libc::signal(sig, libc::SIG_IGN);
         }
     }
+    guard_loop(input)
+}
+
+/// [`guard_main`] without ignoring the stop signals (the tests run it in their own process,
+/// whose later children must not inherit ignored signals).
+fn guard_loop(input: impl BufRead) -> usize {
     let mut groups: HashSet<i32> = HashSet::new();
     let mut mark: Option<String> = None;
     for line in input.lines() {
@@ -191,7 +197,7 @@ mod tests {
             .env(GUARD_VAR, "another-workers-mark-000")
             .spawn()
             .expect("sleep runs");
-        assert_eq!(guard_main("=0123456789abcdef0123\n".as_bytes()), 1);
+        assert_eq!(guard_loop("=0123456789abcdef0123\n".as_bytes()), 1);
         use std::os::unix::process::ExitStatusExt as _;
         assert_eq!(marked.wait().expect("reaped").signal(), Some(libc::SIGKILL));
         assert!(
@@ -213,7 +219,7 @@ mod tests {
         };
         let (mut a, mut b) = (spawn(), spawn());
         let input = format!("+{}\n+{}\n-{}\nnonsense\n+1\n", a.id(), b.id(), b.id());
-        assert_eq!(guard_main(input.as_bytes()), 1);
+        assert_eq!(guard_loop(input.as_bytes()), 1);
         let status = a.wait().expect("reaped");
         use std::os::unix::process::ExitStatusExt as _;
         assert_eq!(status.signal(), Some(libc::SIGKILL));

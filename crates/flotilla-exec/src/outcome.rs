@@ -33,6 +33,8 @@ pub struct Usage {
     pub peak_rss_bytes: u64,
     /// Wall-clock time from start to end, in seconds.
     pub wall_seconds: f64,
+    /// WASM: the fuel it consumed (instructions, roughly); `None` for a process.
+    pub fuel: Option<u64>,
 }
 
 /// The result of an attempt that started.

@@ -345,6 +345,7 @@ pub fn run_process_guarded(
         cpu_seconds: timeval_seconds(rusage.ru_utime) + timeval_seconds(rusage.ru_stime),
         peak_rss_bytes: u64::try_from(rusage.ru_maxrss).unwrap_or(0) * 1024,
         wall_seconds: wall.as_secs_f64(),
+        fuel: None,
     };
     let mut oom_killed = false;
     if let Some(cgroup) = &cgroup {

@@ -398,10 +398,12 @@ impl WasmRunner {
             }
         };
         let wall = start.elapsed().as_secs_f64();
+        let given = spec.fuel.unwrap_or(u64::MAX);
         let usage = Usage {
             cpu_seconds: wall,
             peak_rss_bytes: store.data().limiter.peak as u64,
             wall_seconds: wall,
+            fuel: store.get_fuel().ok().map(|left| given.saturating_sub(left)),
         };
         Ok(spec.outcome(termination, usage))
     }

@@ -208,6 +208,10 @@ pub(crate) struct WorkerArgs {
     /// is killed (drain, SIGTERM to the worker, a window's end, the owner's return).
     #[arg(long, default_value = "30s")]
     grace: String,
+    /// Watts one busy CPU of this machine draws: energy is estimated from it where RAPL
+    /// cannot be read, and `objective = "energy"` compares machines by it.
+    #[arg(long, default_value_t = flotilla::cluster::worker::DEFAULT_CPU_WATTS)]
+    cpu_watts: f64,
 }
 
 #[derive(Args, Debug)]
@@ -385,6 +389,12 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
         });
     }
     cfg.preemptible = a.preemptible;
+    anyhow::ensure!(
+        a.cpu_watts.is_finite() && a.cpu_watts >= 0.0,
+        "--cpu-watts {}: watts are a number, 0 or more",
+        a.cpu_watts
+    );
+    cfg.cpu_watts = a.cpu_watts;
     cfg.grace = flotilla::core::duration::parse_duration(&a.grace)
         .with_context(|| format!("--grace {}", a.grace))?;
     // The guard that kills this worker's tasks if it dies: this same binary.

@@ -36,6 +36,7 @@ fn worker_spec(i: usize, cpus: f64, gpus: usize) -> WorkerSpec {
         availability: String::new(),
         preemptible: false,
         unavailable: false,
+        cpu_watts: 0.0,
     }
 }
 

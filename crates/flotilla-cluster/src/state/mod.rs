@@ -241,6 +241,10 @@ pub struct WorkerSpec {
     /// It registered outside its availability: no work until it says it is available.
     #[serde(default)]
     pub unavailable: bool,
+    /// Watts one busy CPU draws there (0: unknown, 12 W assumed): `objective = "energy"`
+    /// compares machines by it.
+    #[serde(default)]
+    pub cpu_watts: f64,
 }
 
 impl WorkerSpec {
@@ -306,7 +310,8 @@ pub struct ObjectRef {
     pub size: u64,
 }
 
-/// What an attempt used.
+/// What an attempt used (its metering: the pool charges CPU seconds, GPUs × wall time and
+/// memory × wall time at its provider's price, and records energy and fuel).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
     /// User plus system CPU time.
@@ -315,6 +320,58 @@ pub struct Usage {
     pub peak_rss_bytes: u64,
     /// Wall-clock time of the attempt.
     pub wall_seconds: f64,
+    /// Energy, joules: measured (RAPL through powercap, its share of the package's by CPU
+    /// time) or estimated from CPU time and the worker's watts per CPU
+    /// (`energy_estimated`).
+    #[serde(default)]
+    pub energy_j: Option<f64>,
+    /// Whether `energy_j` is an estimate.
+    #[serde(default)]
+    pub energy_estimated: bool,
+    /// WASM: the fuel it consumed.
+    #[serde(default)]
+    pub fuel: Option<u64>,
+}
+
+/// [`Usage`] as journals written before metering recorded energy and fuel have it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LegacyUsage {
+    /// User plus system CPU time.
+    pub cpu_seconds: f64,
+    /// Peak resident memory.
+    pub peak_rss_bytes: u64,
+    /// Wall-clock time of the attempt.
+    pub wall_seconds: f64,
+}
+
+/// [`AttemptResult`] as journals written before metering recorded energy and fuel have it
+/// (the [`JournalRecord::TaskFinished`] of older journals).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LegacyAttemptResult {
+    /// How it ended.
+    pub outcome: AttemptOutcome,
+    /// What it used.
+    pub usage: LegacyUsage,
+    /// The files it produced.
+    pub outputs: Vec<ObjectRef>,
+    /// The variant it ran.
+    pub variant: Option<String>,
+}
+
+impl From<LegacyAttemptResult> for AttemptResult {
+    fn from(r: LegacyAttemptResult) -> AttemptResult {
+        AttemptResult {
+            outcome: r.outcome,
+            usage: Usage {
+                cpu_seconds: r.usage.cpu_seconds,
+                peak_rss_bytes: r.usage.peak_rss_bytes,
+                wall_seconds: r.usage.wall_seconds,
+                ..Usage::default()
+            },
+            outputs: r.outputs,
+            variant: r.variant,
+        }
+    }
 }
 
 /// How an attempt ended.
@@ -521,7 +578,8 @@ pub enum JournalRecord {
         /// The job.
         job: JobId,
     },
-    /// See [`Event::TaskFinished`].
+    /// See [`Event::TaskFinished`], as journals written before metering have it (read,
+    /// never written: see [`JournalRecord::TaskFinishedMetered`]).
     TaskFinished {
         /// The worker.
         worker: WorkerId,
@@ -530,7 +588,7 @@ pub enum JournalRecord {
         /// The attempt.
         attempt: u32,
         /// The report.
-        result: AttemptResult,
+        result: LegacyAttemptResult,
     },
     /// See [`Event::TaskAssigned`].
     TaskAssigned {
@@ -621,6 +679,18 @@ pub enum JournalRecord {
         /// How much more.
         amount: flotilla_pool::Credits,
     },
+    /// See [`Event::TaskFinished`]: the form every new journal uses (with the attempt's
+    /// energy and fuel).
+    TaskFinishedMetered {
+        /// The worker.
+        worker: WorkerId,
+        /// The task.
+        task: TaskRef,
+        /// The attempt.
+        attempt: u32,
+        /// The report.
+        result: AttemptResult,
+    },
 }
 
 impl JournalRecord {
@@ -645,7 +715,7 @@ impl JournalRecord {
                 task,
                 attempt,
                 result,
-            } => JournalRecord::TaskFinished {
+            } => JournalRecord::TaskFinishedMetered {
                 worker: *worker,
                 task: *task,
                 attempt: *attempt,
@@ -694,9 +764,9 @@ impl JournalRecord {
             | JournalRecord::JobRemoved { job }
             | JournalRecord::JobSubmittedText { job, .. }
             | JournalRecord::BudgetRaised { job, .. } => Some(*job),
-            JournalRecord::TaskFinished { task, .. } | JournalRecord::TaskAssigned { task, .. } => {
-                Some(task.job)
-            }
+            JournalRecord::TaskFinished { task, .. }
+            | JournalRecord::TaskFinishedMetered { task, .. }
+            | JournalRecord::TaskAssigned { task, .. } => Some(task.job),
             JournalRecord::Checkpoint { .. }
             | JournalRecord::CreditsGranted { .. }
             | JournalRecord::PoolWorker { .. }
@@ -766,6 +836,17 @@ impl JournalRecord {
             JournalRecord::JobCancelled { job } => Event::JobCancelled { job },
             JournalRecord::JobRemoved { job } => Event::JobRemoved { job },
             JournalRecord::TaskFinished {
+                worker,
+                task,
+                attempt,
+                result,
+            } => Event::TaskFinished {
+                worker,
+                task,
+                attempt,
+                result: result.into(),
+            },
+            JournalRecord::TaskFinishedMetered {
                 worker,
                 task,
                 attempt,

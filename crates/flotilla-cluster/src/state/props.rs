@@ -260,6 +260,7 @@ impl World {
                         cpu_seconds: 1.0,
                         peak_rss_bytes: 0,
                         wall_seconds: 1.0,
+                        ..Default::default()
                     },
                     outputs: Vec::new(),
                     variant: None,

@@ -151,6 +151,7 @@ fn makespan(variants: &[&str], queue_depth: usize) -> (f64, usize, usize) {
                         cpu_seconds: wall,
                         peak_rss_bytes: 0,
                         wall_seconds: wall,
+                        ..Default::default()
                     },
                     outputs: Vec::new(),
                     variant: Some(v),

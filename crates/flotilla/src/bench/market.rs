@@ -261,6 +261,7 @@ pub fn run(cfg: &MarketConfig, traces: &[(String, TraceJob)]) -> anyhow::Result<
             availability: String::new(),
             preemptible: kind != 3,
             unavailable: false,
+            cpu_watts: k.watts,
         };
         let worker = sim.add_worker(spec).map_err(|e| anyhow::anyhow!("{e}"))?;
         speed.insert(worker, (k.speed, k.watts));

@@ -101,7 +101,7 @@ fn write_journal(state: &std::path::Path, tasks: u64) -> Result<Journal> {
             gpu_indices: Vec::new(),
             hw_class: "cpu".into(),
         });
-        batch.push(JournalRecord::TaskFinished {
+        batch.push(JournalRecord::TaskFinishedMetered {
             worker,
             task,
             attempt: 1,
@@ -111,6 +111,7 @@ fn write_journal(state: &std::path::Path, tasks: u64) -> Result<Journal> {
                     cpu_seconds: 0.001,
                     peak_rss_bytes: 1 << 20,
                     wall_seconds: 0.002,
+                    ..Default::default()
                 },
                 outputs: Vec::new(),
                 variant: None,

@@ -166,7 +166,9 @@ impl Coordinator {
         if record.is_pool_record() {
             return self.replay_pool(record, out);
         }
-        if let JournalRecord::TaskFinished { worker, .. } = &record {
+        if let JournalRecord::TaskFinished { worker, .. }
+        | JournalRecord::TaskFinishedMetered { worker, .. } = &record
+        {
             // Every worker named in the journal existed before the restart: its reports
             // are stale, never unknown, and its id is not reused.
             if !self.workers.contains_key(worker) {

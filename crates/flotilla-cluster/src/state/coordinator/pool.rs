@@ -229,10 +229,16 @@ fn max_price(spec: &PoolSpec) -> Price {
     }
 }
 
-/// An estimated power draw (watts) of a task's resources, for `objective = "energy"` where
-/// nothing is measured: 12 W per CPU, 300 W per GPU.
-fn estimated_watts(r: &flotilla_core::Resources) -> f64 {
-    12.0 * r.cpus + 300.0 * r.gpus
+/// The estimated power draw (watts) of a task's resources on worker `w`, for
+/// `objective = "energy"`: the worker's watts per CPU (12 W where it says nothing), 300 W
+/// per GPU.
+fn estimated_watts(r: &flotilla_core::Resources, w: &Worker) -> f64 {
+    let cpu = if w.spec.cpu_watts > 0.0 {
+        w.spec.cpu_watts
+    } else {
+        12.0
+    };
+    cpu * r.cpus + 300.0 * r.gpus
 }
 
 /// Why a worker may not run a task, for the pause message.
@@ -494,7 +500,7 @@ impl Coordinator {
                     .price
                     .cost(&Metered::held(need.cpus, need.gpus, need.mem, secs))
                     .as_f64(),
-                Objective::Energy => estimated_watts(need) * secs,
+                Objective::Energy => estimated_watts(need, w) * secs,
                 Objective::Time => 0.0,
             }
         };

@@ -45,6 +45,7 @@ pub(super) fn wspec(cpus: f64, gpus: &[u64]) -> WorkerSpec {
         availability: String::new(),
         preemptible: false,
         unavailable: false,
+        cpu_watts: 0.0,
     }
 }
 
@@ -132,6 +133,7 @@ impl Sim {
                     cpu_seconds: wall,
                     peak_rss_bytes: 0,
                     wall_seconds: wall,
+                    ..Default::default()
                 },
                 outputs,
                 variant,

@@ -72,6 +72,7 @@ impl Pooled {
                     cpu_seconds: cpu_s,
                     peak_rss_bytes: 0,
                     wall_seconds: cpu_s,
+                    ..Default::default()
                 },
                 outputs: vec![ObjectRef {
                     path: "out.txt".into(),
@@ -384,6 +385,7 @@ fn a_preempted_attempt_resumes_elsewhere_from_its_checkpoint_and_its_provider_is
                 cpu_seconds: 3.0,
                 peak_rss_bytes: 0,
                 wall_seconds: 3.0,
+                ..Default::default()
             },
             outputs: Vec::new(),
             variant: None,

@@ -422,3 +422,205 @@ fn a_preempted_attempt_resumes_elsewhere_from_its_checkpoint_and_its_provider_is
     let (_, out) = p.submit("t", &pool_job(2, "verify = 1"));
     assert!(assigns(&out).iter().any(|(w, _)| *w == first));
 }
+
+mod props {
+    //! Random pool histories: providers joining, leaving and reclaimed, jobs with budgets
+    //! and verification, results right, wrong, failed, cancelled, preempted and repeated,
+    //! grants and budget raises. After every event the ledger's total is the credits handed
+    //! out and no account but the issuer's is negative; at the end a replay of the journal
+    //! rebuilds the same ledger.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Join {
+            price: u8,
+            cpus: u8,
+        },
+        Lose(u8),
+        Reclaim(u8),
+        Restore(u8),
+        Submit {
+            n: u8,
+            verify: u8,
+            budget: Option<u8>,
+        },
+        Grant(u8),
+        Raise(u8),
+        Finish {
+            pick: u8,
+            how: u8,
+            cpu_s: u8,
+        },
+        Repeat,
+        Tick,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..4, 1u8..3).prop_map(|(price, cpus)| Op::Join { price, cpus }),
+            any::<u8>().prop_map(Op::Lose),
+            any::<u8>().prop_map(Op::Reclaim),
+            any::<u8>().prop_map(Op::Restore),
+            (1u8..4, 0u8..3, prop::option::of(1u8..40))
+                .prop_map(|(n, verify, budget)| Op::Submit { n, verify, budget }),
+            (1u8..200).prop_map(Op::Grant),
+            any::<u8>().prop_map(Op::Raise),
+            (any::<u8>(), 0u8..7, 0u8..20)
+                .prop_map(|(pick, how, cpu_s)| Op::Finish { pick, how, cpu_s })
+                .boxed(),
+            Just(Op::Repeat),
+            Just(Op::Tick),
+        ]
+    }
+
+    fn check(p: &Pooled) -> std::result::Result<(), TestCaseError> {
+        let l = p.sim.c.ledger();
+        prop_assert_eq!(l.total(), l.issued(), "credits made or lost");
+        for (a, b) in l.balances() {
+            if *a != Account::Issuer {
+                prop_assert!(!b.is_negative(), "{:?} is {}", a, b);
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        #[test]
+        fn the_ledger_balances_under_any_history_and_replays_the_same(
+            ops in prop::collection::vec(op(), 1..80)
+        ) {
+            let mut p = Pooled::new();
+            p.grant(50);
+            let mut workers: Vec<WorkerId> = Vec::new();
+            let mut jobs: Vec<JobId> = Vec::new();
+            let mut flight: Vec<(WorkerId, TaskRef, u32)> = Vec::new();
+            let mut last: Option<Event> = None;
+            let mut n_prov = 0;
+            for op in ops {
+                let out = match op {
+                    Op::Join { price, cpus } => {
+                        n_prov += 1;
+                        let spec = provider(
+                            &format!("p{n_prov}"),
+                            f64::from(cpus),
+                            ["0", "1", "360", "3600"][usize::from(price)],
+                        );
+                        let (w, out) = p.join(spec);
+                        workers.push(w);
+                        out
+                    }
+                    Op::Lose(i) | Op::Reclaim(i) | Op::Restore(i) if workers.is_empty() => {
+                        let _ = i;
+                        Vec::new()
+                    }
+                    Op::Lose(i) => {
+                        let w = workers.remove(usize::from(i) % workers.len());
+                        flight.retain(|f| f.0 != w);
+                        p.ev(Event::WorkerLost { worker: w, reason: "gone".into() })
+                    }
+                    Op::Reclaim(i) | Op::Restore(i) => {
+                        let w = workers[usize::from(i) % workers.len()];
+                        let available = matches!(op, Op::Restore(_));
+                        p.ev(Event::WorkerAvailability { worker: w, available })
+                    }
+                    Op::Submit { n, verify, budget } => {
+                        let verify = ["1", "2", "\"adaptive\""][usize::from(verify)];
+                        let budget = budget.map_or(String::new(), |b| format!("\nbudget = {b}"));
+                        let text = pool_job(usize::from(n), &format!("verify = {verify}{budget}"))
+                            .replace("\n[[task]]\n", "\n[[task]]\ncheckpoint = [\"s.ckpt\"]\n");
+                        let (job, out) = p.submit("t", &text);
+                        jobs.push(job);
+                        out
+                    }
+                    Op::Grant(n) => {
+                        p.grant(i64::from(n));
+                        Vec::new()
+                    }
+                    Op::Raise(i) if !jobs.is_empty() => {
+                        let job = jobs[usize::from(i) % jobs.len()];
+                        let ev = Event::BudgetRaised { job, amount: Credits::whole(5) };
+                        let mut out = Vec::new();
+                        if p.sim.c.handle(p.sim.now, ev.clone(), &mut out).is_ok() {
+                            p.journal.extend(JournalRecord::from_event(&ev));
+                            p.journal.extend(p.sim.c.take_journal_records());
+                        }
+                        out
+                    }
+                    Op::Raise(_) => Vec::new(),
+                    Op::Finish { pick, how, cpu_s } if !flight.is_empty() => {
+                        let (w, task, attempt) = flight.remove(usize::from(pick) % flight.len());
+                        let outcome = match how {
+                            0 | 1 => AttemptOutcome::Succeeded,
+                            2 => AttemptOutcome::Failed { message: "x".into(), retryable: true },
+                            3 => AttemptOutcome::Cancelled,
+                            4 => AttemptOutcome::Preempted { checkpoint: Vec::new() },
+                            5 => AttemptOutcome::Preempted {
+                                checkpoint: vec![ObjectRef {
+                                    path: "s.ckpt".into(),
+                                    hash: "c".repeat(64),
+                                    size: 1,
+                                }],
+                            },
+                            _ => AttemptOutcome::Succeeded,
+                        };
+                        // One provider in three returns a wrong hash.
+                        let hash = if how == 6 || w.0 % 3 == 0 { "wrong" } else { "right" };
+                        let ev = Event::TaskFinished {
+                            worker: w,
+                            task,
+                            attempt,
+                            result: AttemptResult {
+                                outcome,
+                                usage: Usage {
+                                    cpu_seconds: f64::from(cpu_s),
+                                    wall_seconds: f64::from(cpu_s),
+                                    ..Usage::default()
+                                },
+                                outputs: vec![ObjectRef { path: "out.txt".into(), hash: hash.into(), size: 1 }],
+                                variant: None,
+                            },
+                        };
+                        last = Some(ev.clone());
+                        p.ev(ev)
+                    }
+                    Op::Finish { .. } => Vec::new(),
+                    Op::Repeat => match last.clone() {
+                        // A duplicate report (a retry after a partition): no effect.
+                        Some(ev) => {
+                            let mut out = Vec::new();
+                            let _ = p.sim.c.handle(p.sim.now, ev, &mut out);
+                            p.journal.extend(p.sim.c.take_journal_records());
+                            out
+                        }
+                        None => Vec::new(),
+                    },
+                    Op::Tick => {
+                        p.sim.now += 1_000;
+                        p.ev(Event::Tick)
+                    }
+                };
+                for (w, a) in assigns(&out) {
+                    flight.push((w, a.task, a.attempt));
+                }
+                flight.retain(|(w, t, a)| p.sim.c.gave(*w, *t, *a));
+                check(&p)?;
+            }
+            // A restart: the journal gives the same ledger.
+            let mut c = Coordinator::new(config(0));
+            let mut sink = Vec::new();
+            for r in &p.journal {
+                c.replay(p.sim.now, r.clone(), &mut sink).expect("replays");
+            }
+            c.recovered(p.sim.now);
+            prop_assert_eq!(
+                c.ledger().balances().collect::<Vec<_>>(),
+                p.sim.c.ledger().balances().collect::<Vec<_>>()
+            );
+        }
+    }
+}

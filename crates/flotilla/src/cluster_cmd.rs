@@ -535,6 +535,37 @@ fn print_summary(status: &JobStatus, cluster: Option<&ClusterStatus>) {
             util * 100.0
         );
     }
+    if let Some(p) = &status.pool {
+        let budget = p
+            .budget
+            .map_or("its tenant's balance".to_string(), |b| format!("{b:.6}"));
+        println!(
+            "  pool: spent {:.6} credits, held {:.6}, budget {budget}, verify {}, {} result(s) rejected",
+            p.spent, p.held, p.verify, p.rejected
+        );
+        if let (Some(ms), Some(d)) = (p.deadline_ms, &p.deadline) {
+            println!(
+                "  deadline: {} after submission: {d}",
+                fmt_secs(ms as f64 / 1000.0)
+            );
+        }
+        // Where each task went, why, and what it cost (the first 20).
+        for t in status.tasks.iter().take(20) {
+            let on = t.provider.as_deref().unwrap_or("the operator's own worker");
+            let why = t.placement.as_ref().map_or("", |r| r.why.as_str());
+            println!(
+                "  task {}: {} on {on}, cost {:.6}{}",
+                t.name,
+                t.state,
+                t.cost.unwrap_or(0.0),
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({why})")
+                }
+            );
+        }
+    }
     let failed = status
         .tasks
         .iter()

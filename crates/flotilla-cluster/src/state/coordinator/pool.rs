@@ -115,6 +115,9 @@ pub(crate) struct JobPool {
     pub(crate) cost: HashMap<TaskId, Credits>,
     /// Results rejected.
     pub(crate) rejected: u64,
+    /// With a deadline: each task's remaining path after it (seconds, at the fastest
+    /// hardware class the model knows for each task), and the done count it was computed at.
+    pub(crate) plan: Option<(u64, Vec<f64>)>,
 }
 
 impl JobPool {
@@ -130,6 +133,7 @@ impl JobPool {
             excluded: HashMap::new(),
             cost: HashMap::new(),
             rejected: 0,
+            plan: None,
         }
     }
 
@@ -460,6 +464,7 @@ impl Coordinator {
         inputs: Vec<(ObjectRef, String)>,
         out: &mut Vec<Command>,
     ) -> Placed {
+        self.refresh_plan(job);
         let j = &self.jobs[&job];
         let room = j.pool.as_deref().and_then(JobPool::budget_room);
         let mut allowed: Vec<&Worker> = Vec::new();
@@ -528,14 +533,29 @@ impl Coordinator {
                 _ => tiers.push((u, vec![w])),
             }
         }
-        // A deadline at risk: every tier at once (the fastest wins).
-        let rush = j
-            .pool
-            .as_deref()
-            .is_some_and(|p| self.deadline_at_risk(j, p));
-        if rush && tiers.len() > 1 {
-            let all: Vec<&Worker> = tiers.drain(..).flat_map(|(_, ws)| ws).collect();
-            tiers.push((0.0, all));
+        // With a deadline: only machines where the task is predicted to end in time for
+        // the rest of its path; when there are none, every machine at once (the fastest
+        // wins).
+        let latest = j.pool.as_deref().and_then(|p| self.latest_finish(j, p, t));
+        let mut rush = false;
+        if let Some(latest) = latest {
+            let now = self.now;
+            let in_time = |w: &&Worker| {
+                let secs = self.predicted(j, t, &w.spec.hw_class).unwrap_or(1.0);
+                now.saturating_add((secs * 1000.0) as u64) <= latest
+            };
+            let kept: Vec<(f64, Vec<&Worker>)> = tiers
+                .iter()
+                .map(|(u, ws)| (*u, ws.iter().filter(|w| in_time(w)).copied().collect()))
+                .filter(|(_, ws): &(f64, Vec<&Worker>)| !ws.is_empty())
+                .collect();
+            if kept.is_empty() {
+                rush = true;
+                let all: Vec<&Worker> = tiers.drain(..).flat_map(|(_, ws)| ws).collect();
+                tiers.push((0.0, all));
+            } else {
+                tiers = kept;
+            }
         }
         let n_tiers = tiers.len();
         let mut decision = None;
@@ -544,17 +564,20 @@ impl Coordinator {
                 if j.pool.is_some() {
                     let w = &self.workers[&d.worker];
                     let what = match (&w.spec.provider, objective, rush) {
-                        (_, _, true) => "deadline at risk: the fastest worker within max_price".to_string(),
+                        (_, _, true) => "no machine ends it in time for its deadline: the fastest within max_price".to_string(),
                         (None, _, _) => "the operator's own worker (trusted, free)".to_string(),
                         (Some(p), Objective::Energy, _) => format!("provider {p}: least estimated energy ({u:.0} J)"),
                         (Some(p), Objective::Time, _) => format!("provider {p}: objective time"),
                         (Some(p), Objective::Cost, _) => format!(
-                            "provider {p} at {}: cheapest with room (tier {} of {n_tiers}, {u:.6} credits est.)",
+                            "provider {p} at {}: cheapest with room{} (tier {} of {n_tiers}, {u:.6} credits est.)",
                             w.spec.price,
+                            if latest.is_some() { " that ends it in time for the deadline" } else { "" },
                             i + 1
                         ),
                     };
                     d.reason.why = format!("{}; {what}", d.reason.why);
+                    // Kept for `status` (a plain eager reason is not).
+                    d.reason.policy = format!("pool-{}", objective.as_str());
                 }
                 decision = Some(d);
                 break;
@@ -588,8 +611,81 @@ impl Coordinator {
         Placed::Yes
     }
 
-    /// Whether the job's remaining tasks, at the pace the model predicts on the workers it
-    /// may use, would end after its deadline.
+    /// The fastest time the model predicts for task `t` over the hardware classes of the
+    /// live workers (an unknown task: `fallback` seconds).
+    fn fastest(&self, j: &Job, t: TaskId, fallback: f64) -> f64 {
+        let mut best: Option<f64> = None;
+        let mut seen = std::collections::BTreeSet::new();
+        for w in self.workers.values() {
+            if seen.insert(w.spec.hw_class.as_str()) {
+                if let Some(s) = self.predicted(j, t, &w.spec.hw_class) {
+                    best = Some(best.map_or(s, |b: f64| b.min(s)));
+                }
+            }
+        }
+        best.unwrap_or(fallback)
+    }
+
+    /// Recomputes a job's deadline plan when a hundredth of its tasks (at least one) ended
+    /// since the last: each task's remaining path after it, longest first, at the fastest
+    /// predicted times (linear in tasks and edges).
+    pub(super) fn refresh_plan(&mut self, job: JobId) {
+        let Some(j) = self.jobs.get(&job) else {
+            return;
+        };
+        let Some(p) = j.pool.as_deref() else {
+            return;
+        };
+        if p.spec.deadline.is_none() {
+            return;
+        }
+        let done = j.counts[TaskState::Done.index()];
+        let step = (j.len() as u64 / 100).max(1);
+        if p.plan.as_ref().is_some_and(|(at, _)| done < at + step) {
+            return;
+        }
+        let n = j.len();
+        // Kahn's order from the exits back.
+        let mut left: Vec<usize> = (0..n)
+            .map(|i| j.graph.succs(TaskId::new(i as u32)).len())
+            .collect();
+        let mut stack: Vec<usize> = (0..n).filter(|&i| left[i] == 0).collect();
+        let mut after = vec![0.0f64; n];
+        let own: Vec<f64> = (0..n)
+            .map(|i| self.fastest(j, TaskId::new(i as u32), 1.0))
+            .collect();
+        while let Some(i) = stack.pop() {
+            let t = TaskId::new(i as u32);
+            let tail = j
+                .graph
+                .succs(t)
+                .iter()
+                .map(|s| own[s.index()] + after[s.index()])
+                .fold(0.0, f64::max);
+            after[i] = tail;
+            for &pr in j.graph.preds(t) {
+                left[pr.index()] -= 1;
+                if left[pr.index()] == 0 {
+                    stack.push(pr.index());
+                }
+            }
+        }
+        if let Some(p) = self.jobs.get_mut(&job).and_then(|j| j.pool.as_deref_mut()) {
+            p.plan = Some((done, after));
+        }
+    }
+
+    /// When task `t` must finish for the rest of its path to end by the deadline
+    /// (milliseconds); `None` without a deadline or a plan.
+    fn latest_finish(&self, j: &Job, p: &JobPool, t: TaskId) -> Option<Millis> {
+        let deadline = p.spec.deadline?;
+        let due = j.submitted.saturating_add(deadline.as_millis() as u64);
+        let after = p.plan.as_ref()?.1.get(t.index()).copied()?;
+        Some(due.saturating_sub((after * 1000.0) as u64))
+    }
+
+    /// Whether the job's remaining critical path (its unfinished tasks' fastest predicted
+    /// times along its longest path) would end after its deadline.
     fn deadline_at_risk(&self, j: &Job, p: &JobPool) -> bool {
         let Some(deadline) = p.spec.deadline else {
             return false;
@@ -598,25 +694,14 @@ impl Coordinator {
         if self.now >= due {
             return true;
         }
+        let Some((_, after)) = &p.plan else {
+            return false;
+        };
         let left_s = (due - self.now) as f64 / 1000.0;
-        let remaining = j.len() as u64 - j.counts[TaskState::Done.index()];
-        // Seconds of work left (the model's mean over the workers, an unknown task 1 s) over
-        // the CPUs of the workers it may use.
-        let mut work = 0.0;
-        let mut cpus = 0.0;
-        let sample = TaskId::new(0);
-        for w in self.workers.values() {
-            if w.spec.provider.is_some() && j.pool.is_none() {
-                continue;
-            }
-            cpus += w.cap().cpus;
-            work += self.predicted(j, sample, &w.spec.hw_class).unwrap_or(1.0);
-        }
-        let n = self.workers.len().max(1) as f64;
-        let per_task = work / n;
-        let need_cpus = resources_of(j, sample, None).cpus.max(1e-3);
-        let slots = (cpus / need_cpus).max(1.0);
-        remaining as f64 * per_task / slots > left_s
+        (0..j.len())
+            .filter(|&i| !j.tasks[i].state.is_final())
+            .map(|i| self.fastest(j, TaskId::new(i as u32), 1.0) + after[i])
+            .any(|path| path > left_s)
     }
 
     /// An attempt was placed on `w`: holds its estimated cost when `w` is a priced

@@ -624,3 +624,38 @@ mod props {
         }
     }
 }
+
+#[test]
+fn a_deadline_sends_work_to_faster_dearer_machines_only_when_the_cheap_ones_would_miss_it() {
+    // A slow cheap class (100 s a task) and a fast dear one (10 s), learned.
+    let mut model = flotilla_sched::PerfModel::new();
+    for _ in 0..3 {
+        model.record("p/t", "slow", 0, 100.0);
+        model.record("p/t", "fast", 0, 10.0);
+    }
+    let run = |deadline: &str| -> WorkerId {
+        let mut p = Pooled::new();
+        p.sim.c.set_perf_model(model.clone());
+        p.grant(1_000_000);
+        let slow = WorkerSpec {
+            hw_class: "slow".into(),
+            ..provider("cheap", 1.0, "1")
+        };
+        let fast = WorkerSpec {
+            hw_class: "fast".into(),
+            ..provider("dear", 1.0, "20")
+        };
+        p.join(slow);
+        p.join(fast);
+        let (_, out) = p.submit(
+            "t",
+            &pool_job(1, &format!("verify = 1\ndeadline = \"{deadline}\"")),
+        );
+        let (w, a) = assigns(&out).pop().expect("placed");
+        assert_eq!(a.reason.policy, "pool-cost");
+        w
+    };
+    // 1 h: the cheap machine's 100 s fit. 1 min: only the fast one's 10 s do.
+    assert_eq!(run("1h"), WorkerId::new(1));
+    assert_eq!(run("1m"), WorkerId::new(2));
+}

@@ -62,7 +62,7 @@ pub use cholesky::{cholesky_dag, CholeskyPlatform, KernelCosts};
 pub use dag::{parse_dag, Dag, DagEdge, DagSpec, DagTask, EdgeSpec, TaskSpec};
 pub use error::{Result, SchedError, ScheduleViolation};
 pub use heft::{heft, upward_ranks, HeftPlan};
-pub use model::{PerfModel, Prediction, Stats};
+pub use model::{ArchRatios, PerfModel, Prediction, Stats};
 pub use platform::{Link, Platform, Unit, UnitKind};
 pub use policy::{BuiltinPolicy, Decision, Dmda, InputView, Load, Policy, PolicyKind, TaskView};
 pub use schedule::{Placement, Schedule};

@@ -166,6 +166,17 @@ impl Default for PerfModel {
     }
 }
 
+/// How hardware classes compare ([`PerfModel::arch_ratios`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ArchRatios(BTreeMap<(String, String), f64>);
+
+impl ArchRatios {
+    /// `time(to) / time(from)`, learned; `None` where no codelet ran on both.
+    pub fn get(&self, from: &str, to: &str) -> Option<f64> {
+        self.0.get(&(from.to_string(), to.to_string())).copied()
+    }
+}
+
 /// The serialized form: a version, the threshold and one flat entry per key.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -272,6 +283,68 @@ impl PerfModel {
         }
     }
 
+    /// How hardware classes compare, learned across every codelet measured on both: for each
+    /// pair `(from, to)`, the geometric mean over the shared (codelet, footprint) keys of
+    /// `mean(to) / mean(from)`. Lets a codelet measured on one class be estimated on another
+    /// ([`PerfModel::estimate`]). Linear in the keys times the classes.
+    pub fn arch_ratios(&self) -> ArchRatios {
+        let mut sums: BTreeMap<(String, String), (f64, u64)> = BTreeMap::new();
+        for archs in self.history.values() {
+            let names: Vec<&String> = archs.keys().collect();
+            for a in &names {
+                for b in &names {
+                    if a == b {
+                        continue;
+                    }
+                    for (fp, sa) in &archs[*a].by_footprint {
+                        let Some(sb) = archs[*b].by_footprint.get(fp) else {
+                            continue;
+                        };
+                        if sa.count > 0 && sb.count > 0 && sa.mean > 0.0 && sb.mean > 0.0 {
+                            let e = sums.entry(((*a).clone(), (*b).clone())).or_default();
+                            e.0 += (sb.mean / sa.mean).ln();
+                            e.1 += 1;
+                        }
+                    }
+                }
+            }
+        }
+        ArchRatios(
+            sums.into_iter()
+                .map(|(k, (sum, n))| (k, (sum / n as f64).exp()))
+                .collect(),
+        )
+    }
+
+    /// The best guess of `codelet`'s time on `arch`: its [`PerfModel::predict`]ion; else the
+    /// mean of the samples it has there, however few; else, from the class it was measured
+    /// on that compares to `arch` through the most keys, that mean × their ratio.
+    pub fn estimate(
+        &self,
+        codelet: &str,
+        arch: &str,
+        footprint: u64,
+        ratios: &ArchRatios,
+    ) -> Option<f64> {
+        if let Some(t) = self.predict(codelet, arch, footprint).seconds() {
+            return Some(t);
+        }
+        let archs = self.history.get(codelet)?;
+        let mean = |h: &ArchHistory| {
+            h.by_footprint
+                .get(&footprint)
+                .filter(|s| s.count > 0)
+                .map(|s| s.mean)
+        };
+        if let Some(t) = archs.get(arch).and_then(mean) {
+            return Some(t);
+        }
+        archs
+            .iter()
+            .filter_map(|(a, h)| Some(mean(h)? * ratios.0.get(&(a.clone(), arch.to_string()))?))
+            .min_by(f64::total_cmp)
+    }
+
     /// Adds `other`'s history to this one, as if its samples had been recorded here. The
     /// calibration threshold stays this model's.
     pub fn merge(&mut self, other: &PerfModel) {
@@ -356,6 +429,30 @@ impl PerfModel {
             }
         }
         Ok(model)
+    }
+}
+
+#[cfg(test)]
+mod ratio_tests {
+    use super::*;
+
+    #[test]
+    fn a_codelet_seen_on_one_class_is_estimated_on_another_by_how_the_classes_compare() {
+        let mut m = PerfModel::new();
+        // Two codelets ran on both: "fast" takes a quarter of "slow"'s time.
+        for (c, t) in [("a", 8.0), ("b", 4.0)] {
+            m.record(c, "slow", 0, t);
+            m.record(c, "fast", 0, t / 4.0);
+        }
+        // "c" ran once, on "slow" only.
+        m.record("c", "slow", 0, 20.0);
+        let r = m.arch_ratios();
+        assert!((r.get("slow", "fast").unwrap() - 0.25).abs() < 1e-9);
+        assert!((r.get("fast", "slow").unwrap() - 4.0).abs() < 1e-9);
+        assert_eq!(m.predict("c", "fast", 0), Prediction::Unknown);
+        assert!((m.estimate("c", "fast", 0, &r).unwrap() - 5.0).abs() < 1e-9);
+        assert!((m.estimate("c", "slow", 0, &r).unwrap() - 20.0).abs() < 1e-9);
+        assert_eq!(m.estimate("d", "slow", 0, &r), None);
     }
 }
 

@@ -65,6 +65,11 @@ pub(crate) struct Pool {
     pub(crate) holds: BTreeMap<(TaskRef, u32), OpenHold>,
     /// Replaying the journal: decisions come from their records.
     pub(crate) replaying: bool,
+    /// How hardware classes compare (learned across task kinds), and the samples recorded
+    /// when it was computed.
+    pub(crate) ratios: (u64, flotilla_sched::ArchRatios),
+    /// Samples recorded into the performance model so far.
+    pub(crate) samples: u64,
 }
 
 impl Pool {
@@ -75,6 +80,8 @@ impl Pool {
             workers: BTreeMap::new(),
             holds: BTreeMap::new(),
             replaying: false,
+            ratios: (0, flotilla_sched::ArchRatios::default()),
+            samples: 0,
         }
     }
 }
@@ -447,11 +454,23 @@ impl Coordinator {
             .cost(&Metered::held(r.cpus, r.gpus, r.mem, secs))
     }
 
-    /// The model's time of task `t` on `hw`, if it has one.
+    /// The model's time of task `t` on `hw`: its prediction, else an estimate from the
+    /// samples it has there or on another class and how the classes compare.
     fn predicted(&self, j: &Job, t: TaskId, hw: &str) -> Option<f64> {
         let c = j.class_of(t);
         let options = j.options(t);
-        Job::predict(&self.model, &j.classes[c].codelet, &options, None, hw).seconds()
+        let codelet = &j.classes[c].codelet;
+        Job::predict(&self.model, codelet, &options, None, hw)
+            .seconds()
+            .or_else(|| self.model.estimate(codelet, hw, 0, &self.pool.ratios.1))
+    }
+
+    /// Learns again how hardware classes compare once 32 more samples were recorded.
+    fn refresh_ratios(&mut self) {
+        let (at, _) = self.pool.ratios;
+        if self.pool.samples >= at + 32 || (at == 0 && self.pool.samples > 0) {
+            self.pool.ratios = (self.pool.samples.max(1), self.model.arch_ratios());
+        }
     }
 
     /// Places task `t` of a job with a `[pool]` section, or of any job while providers'
@@ -464,6 +483,7 @@ impl Coordinator {
         inputs: Vec<(ObjectRef, String)>,
         out: &mut Vec<Command>,
     ) -> Placed {
+        self.refresh_ratios();
         self.refresh_plan(job);
         let j = &self.jobs[&job];
         let room = j.pool.as_deref().and_then(JobPool::budget_room);

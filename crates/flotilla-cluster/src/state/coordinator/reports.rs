@@ -198,16 +198,20 @@ impl Coordinator {
         }
         match result.outcome {
             AttemptOutcome::Succeeded => {
-                if self.pool_succeeded(
-                    task,
-                    attempt,
-                    ran_on,
-                    hw_class.clone(),
-                    result.variant.clone(),
-                    result.usage,
-                    result.outputs.clone(),
-                    out,
-                ) {
+                // (Checked first: a job without a pool pays nothing for the copies.)
+                let pooled = self.jobs[&task.job].pool.is_some();
+                if pooled
+                    && self.pool_succeeded(
+                        task,
+                        attempt,
+                        ran_on,
+                        hw_class.clone(),
+                        result.variant.clone(),
+                        result.usage,
+                        result.outputs.clone(),
+                        out,
+                    )
+                {
                     return;
                 }
                 let outcome = Succeeded {
@@ -313,6 +317,7 @@ impl Coordinator {
                 None => j.classes[c].codelet.clone(),
             };
             self.model.record(&codelet, hw, 0, usage.wall_seconds);
+            self.pool.samples += 1;
         }
         let j = self
             .jobs

@@ -288,20 +288,38 @@ impl PerfModel {
     /// `mean(to) / mean(from)`. Lets a codelet measured on one class be estimated on another
     /// ([`PerfModel::estimate`]). Linear in the keys times the classes.
     pub fn arch_ratios(&self) -> ArchRatios {
-        let mut sums: BTreeMap<(String, String), (f64, u64)> = BTreeMap::new();
+        // Classes by index, so the pairs are counted without comparing names.
+        let mut names: Vec<&str> = self
+            .history
+            .values()
+            .flat_map(|archs| archs.keys().map(String::as_str))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let k = names.len();
+        let mut sums = vec![(0.0f64, 0u64); k * k];
+        let mut local: Vec<(usize, &ArchHistory)> = Vec::new();
         for archs in self.history.values() {
-            let names: Vec<&String> = archs.keys().collect();
-            for a in &names {
-                for b in &names {
-                    if a == b {
+            if archs.len() < 2 {
+                continue;
+            }
+            local.clear();
+            for (a, h) in archs {
+                if let Ok(i) = names.binary_search(&a.as_str()) {
+                    local.push((i, h));
+                }
+            }
+            for &(i, ha) in &local {
+                for &(j, hb) in &local {
+                    if i == j {
                         continue;
                     }
-                    for (fp, sa) in &archs[*a].by_footprint {
-                        let Some(sb) = archs[*b].by_footprint.get(fp) else {
+                    for (fp, sa) in &ha.by_footprint {
+                        let Some(sb) = hb.by_footprint.get(fp) else {
                             continue;
                         };
                         if sa.count > 0 && sb.count > 0 && sa.mean > 0.0 && sb.mean > 0.0 {
-                            let e = sums.entry(((*a).clone(), (*b).clone())).or_default();
+                            let e = &mut sums[i * k + j];
                             e.0 += (sb.mean / sa.mean).ln();
                             e.1 += 1;
                         }
@@ -309,11 +327,19 @@ impl PerfModel {
                 }
             }
         }
-        ArchRatios(
-            sums.into_iter()
-                .map(|(k, (sum, n))| (k, (sum / n as f64).exp()))
-                .collect(),
-        )
+        let mut out = BTreeMap::new();
+        for i in 0..k {
+            for j in 0..k {
+                let (sum, n) = sums[i * k + j];
+                if n > 0 {
+                    out.insert(
+                        (names[i].to_string(), names[j].to_string()),
+                        (sum / n as f64).exp(),
+                    );
+                }
+            }
+        }
+        ArchRatios(out)
     }
 
     /// The best guess of `codelet`'s time on `arch`: its [`PerfModel::predict`]ion; else the

@@ -271,6 +271,8 @@ impl Coordinator {
     /// task.
     pub fn handle(&mut self, now: Millis, event: Event, out: &mut Vec<Command>) -> Result<()> {
         let now = now.max(self.now);
+        // This event's commands start here (the pool's sweep reads its state changes).
+        let mark = out.len();
         match event {
             Event::JobSubmitted {
                 job,
@@ -448,7 +450,7 @@ impl Coordinator {
             }
         }
         self.run_timers(out);
-        self.sweep_holds();
+        self.sweep_holds(&out[mark.min(out.len())..]);
         self.schedule(out);
         self.steal(out);
         for (worker, tasks) in std::mem::take(&mut self.pending) {

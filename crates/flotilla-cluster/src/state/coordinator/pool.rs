@@ -397,8 +397,19 @@ impl Coordinator {
 
     // ---- placement ----
 
-    /// Whether worker `w` may run task `t` of job `j`, and if not, why.
-    fn refusal(&self, j: &Job, t: TaskId, w: &Worker, room: Option<Credits>) -> Refusal {
+    /// Whether worker `w` may run task `t` of job `j`, and if not, why: `room` is what the
+    /// job's budget leaves, `balance` its tenant's credits, `max` its highest prices, `secs`
+    /// the task's estimated time on `w`'s class.
+    #[allow(clippy::too_many_arguments)]
+    fn refusal(
+        &self,
+        j: &Job,
+        t: TaskId,
+        w: &Worker,
+        (room, balance): (Option<Credits>, Credits),
+        max: &Price,
+        secs: Option<f64>,
+    ) -> Refusal {
         let Some(provider) = w.spec.provider.as_deref() else {
             return Refusal::None; // the operator's own: trusted and free
         };
@@ -407,7 +418,7 @@ impl Coordinator {
         };
         if p.spec.trust == Trust::TrustedOnly
             || j.graph.task(t).gang.is_some()
-            || !w.spec.price.within(&max_price(&p.spec))
+            || !w.spec.price.within(max)
             || !self.pool.verifier.eligible(provider)
         {
             return Refusal::Other;
@@ -421,23 +432,20 @@ impl Coordinator {
         {
             return Refusal::Other;
         }
-        let need = self.hold_estimate(j, t, w);
+        let need = Self::hold_estimate(j, t, w, secs);
         if room.is_some_and(|r| need > r) {
             return Refusal::Budget;
         }
-        if need
-            > self
-                .ledger
-                .balance(&flotilla_pool::Account::Tenant(j.tenant.clone()))
-        {
+        if need > balance {
             return Refusal::Credits;
         }
         Refusal::None
     }
 
     /// What an attempt of task `t` of job `j` holds on worker `w`: its price × its resources
-    /// × its timeout, else twice its predicted time (at least a minute), else an hour.
-    fn hold_estimate(&self, j: &Job, t: TaskId, w: &Worker) -> Credits {
+    /// × its timeout, else twice its predicted time there (`predicted`; at least a minute),
+    /// else an hour.
+    fn hold_estimate(j: &Job, t: TaskId, w: &Worker, predicted: Option<f64>) -> Credits {
         if w.spec.provider.is_none() || w.spec.price == Price::default() {
             return Credits::ZERO;
         }
@@ -445,9 +453,7 @@ impl Coordinator {
         let r = &inst.resources;
         let secs = match inst.timeout {
             Some(d) => d.as_secs_f64(),
-            None => self
-                .predicted(j, t, &w.spec.hw_class)
-                .map_or(3600.0, |s| (2.0 * s).max(60.0)),
+            None => predicted.map_or(3600.0, |s| (2.0 * s).max(60.0)),
         };
         w.spec
             .price
@@ -487,10 +493,24 @@ impl Coordinator {
         self.refresh_plan(job);
         let j = &self.jobs[&job];
         let room = j.pool.as_deref().and_then(JobPool::budget_room);
+        // The task's time on each hardware class, once per class (not per machine).
+        let mut est: HashMap<&str, Option<f64>> = HashMap::new();
+        for w in self.workers.values() {
+            est.entry(w.spec.hw_class.as_str())
+                .or_insert_with(|| self.predicted(j, t, &w.spec.hw_class));
+        }
+        let est_of = |w: &Worker| est.get(w.spec.hw_class.as_str()).copied().flatten();
+        let balance = self
+            .ledger
+            .balance(&flotilla_pool::Account::Tenant(j.tenant.clone()));
+        let max = j
+            .pool
+            .as_deref()
+            .map_or_else(Price::default, |p| max_price(&p.spec));
         let mut allowed: Vec<&Worker> = Vec::new();
         let mut short = Refusal::None;
         for w in self.workers.values().filter(|w| !w.unavailable) {
-            match self.refusal(j, t, w, room) {
+            match self.refusal(j, t, w, (room, balance), &max, est_of(w)) {
                 Refusal::None => allowed.push(w),
                 r @ (Refusal::Budget | Refusal::Credits) => {
                     if w.fits_total(resources_of(j, t, None)) {
@@ -518,7 +538,7 @@ impl Coordinator {
             .map_or(Objective::Time, |p| p.spec.objective);
         let need = resources_of(j, t, None);
         let unit = |w: &Worker| -> f64 {
-            let secs = self.predicted(j, t, &w.spec.hw_class).unwrap_or(1.0);
+            let secs = est_of(w).unwrap_or(1.0);
             match objective {
                 Objective::Cost => w
                     .spec
@@ -561,7 +581,7 @@ impl Coordinator {
         if let Some(latest) = latest {
             let now = self.now;
             let in_time = |w: &&Worker| {
-                let secs = self.predicted(j, t, &w.spec.hw_class).unwrap_or(1.0);
+                let secs = est_of(w).unwrap_or(1.0);
                 now.saturating_add((secs * 1000.0) as u64) <= latest
             };
             let kept: Vec<(f64, Vec<&Worker>)> = tiers
@@ -631,19 +651,26 @@ impl Coordinator {
         Placed::Yes
     }
 
-    /// The fastest time the model predicts for task `t` over the hardware classes of the
-    /// live workers (an unknown task: `fallback` seconds).
-    fn fastest(&self, j: &Job, t: TaskId, fallback: f64) -> f64 {
-        let mut best: Option<f64> = None;
-        let mut seen = std::collections::BTreeSet::new();
-        for w in self.workers.values() {
-            if seen.insert(w.spec.hw_class.as_str()) {
-                if let Some(s) = self.predicted(j, t, &w.spec.hw_class) {
-                    best = Some(best.map_or(s, |b: f64| b.min(s)));
-                }
-            }
-        }
-        best.unwrap_or(fallback)
+    /// The hardware classes of the live workers, each once.
+    fn classes(&self) -> Vec<&str> {
+        let mut c: Vec<&str> = self
+            .workers
+            .values()
+            .map(|w| w.spec.hw_class.as_str())
+            .collect();
+        c.sort_unstable();
+        c.dedup();
+        c
+    }
+
+    /// The fastest time the model predicts for task `t` over `classes` (an unknown task:
+    /// `fallback` seconds).
+    fn fastest(&self, j: &Job, t: TaskId, classes: &[&str], fallback: f64) -> f64 {
+        classes
+            .iter()
+            .filter_map(|hw| self.predicted(j, t, hw))
+            .min_by(f64::total_cmp)
+            .unwrap_or(fallback)
     }
 
     /// Recomputes a job's deadline plan when a hundredth of its tasks (at least one) ended
@@ -671,8 +698,9 @@ impl Coordinator {
             .collect();
         let mut stack: Vec<usize> = (0..n).filter(|&i| left[i] == 0).collect();
         let mut after = vec![0.0f64; n];
+        let classes = self.classes();
         let own: Vec<f64> = (0..n)
-            .map(|i| self.fastest(j, TaskId::new(i as u32), 1.0))
+            .map(|i| self.fastest(j, TaskId::new(i as u32), &classes, 1.0))
             .collect();
         while let Some(i) = stack.pop() {
             let t = TaskId::new(i as u32);
@@ -718,9 +746,10 @@ impl Coordinator {
             return false;
         };
         let left_s = (due - self.now) as f64 / 1000.0;
+        let classes = self.classes();
         (0..j.len())
             .filter(|&i| !j.tasks[i].state.is_final())
-            .map(|i| self.fastest(j, TaskId::new(i as u32), 1.0) + after[i])
+            .map(|i| self.fastest(j, TaskId::new(i as u32), &classes, 1.0) + after[i])
             .any(|path| path > left_s)
     }
 
@@ -737,7 +766,7 @@ impl Coordinator {
         let Some(w) = self.workers.get(&worker) else {
             return;
         };
-        let amount = self.hold_estimate(j, t, w);
+        let amount = Self::hold_estimate(j, t, w, self.predicted(j, t, &w.spec.hw_class));
         if amount == Credits::ZERO {
             return;
         }
@@ -869,13 +898,55 @@ impl Coordinator {
     }
 
     /// Releases the holds of attempts that are neither in flight nor waiting for a verdict
-    /// (failed, cancelled, lost, returned, superseded).
-    pub(super) fn sweep_holds(&mut self) {
+    /// (failed, cancelled, lost, returned, superseded), among the tasks whose state changed
+    /// in `changes` (the commands of this event: every state change is notified).
+    pub(super) fn sweep_holds(&mut self, changes: &[Command]) {
         if self.pool.replaying || self.pool.holds.is_empty() {
             return;
         }
-        let stale: Vec<(TaskRef, u32)> = self
-            .pool
+        let mut stale: Vec<(TaskRef, u32)> = Vec::new();
+        for c in changes {
+            let Command::Notify(Notification::TaskState { task, state, .. }) = c else {
+                continue;
+            };
+            if matches!(state, TaskState::Assigned | TaskState::Running) {
+                continue;
+            }
+            let held = self
+                .pool
+                .holds
+                .range((*task, 0)..=(*task, u32::MAX))
+                .map(|(k, _)| *k);
+            for (t, attempt) in held {
+                let Some(j) = self.jobs.get(&t.job) else {
+                    stale.push((t, attempt));
+                    continue;
+                };
+                let rt = &j.tasks[t.task.index()];
+                let in_flight = rt.attempt == attempt
+                    && matches!(rt.state, TaskState::Assigned | TaskState::Running);
+                let waiting = j.pool.as_deref().is_some_and(|p| {
+                    p.replicas
+                        .get(&t.task)
+                        .is_some_and(|rs| rs.iter().any(|r| r.attempt == attempt))
+                });
+                if !in_flight && !waiting {
+                    stale.push((t, attempt));
+                }
+            }
+        }
+        stale.sort_unstable();
+        stale.dedup();
+        for a in stale {
+            self.release_attempt(a);
+        }
+    }
+
+    /// Open holds of attempts neither in flight nor waiting for a verdict (tests: none may
+    /// be left after an event).
+    #[cfg(test)]
+    pub(crate) fn leaked_holds(&self) -> Vec<(TaskRef, u32)> {
+        self.pool
             .holds
             .keys()
             .filter(|(t, attempt)| {
@@ -893,10 +964,7 @@ impl Coordinator {
                 !in_flight && !waiting
             })
             .copied()
-            .collect();
-        for a in stale {
-            self.release_attempt(a);
-        }
+            .collect()
     }
 
     // ---- results ----

@@ -480,6 +480,26 @@ mod props {
     fn check(p: &Pooled) -> std::result::Result<(), TestCaseError> {
         let l = p.sim.c.ledger();
         prop_assert_eq!(l.total(), l.issued(), "credits made or lost");
+        let leaked = p.sim.c.leaked_holds();
+        prop_assert!(
+            leaked.is_empty(),
+            "holds of attempts that ended: {:?}",
+            leaked
+        );
+        let held: f64 = p
+            .sim
+            .c
+            .jobs()
+            .iter()
+            .filter_map(|j| j.pool.as_ref().map(|p| p.held))
+            .sum();
+        let escrow = l.balance(&Account::Escrow("t".into())).as_f64();
+        prop_assert!(
+            (held - escrow).abs() < 1e-6,
+            "jobs hold {} but escrow is {}",
+            held,
+            escrow
+        );
         for (a, b) in l.balances() {
             if *a != Account::Issuer {
                 prop_assert!(!b.is_negative(), "{:?} is {}", a, b);

@@ -260,6 +260,19 @@ fn a_pool_verifies_pays_only_for_right_results_and_pauses_on_budget() {
         "{table}"
     );
 
+    // Bob cannot see Alice's job, its logs or its outputs: to him it does not exist.
+    let alice_job = id.0.to_string();
+    for args in [
+        vec!["status", alice_job.as_str()],
+        vec!["logs", alice_job.as_str(), "t[0]"],
+        vec!["wait", alice_job.as_str()],
+    ] {
+        let out = c.cli_with_token(&args, &bob);
+        assert!(!out.status.success(), "bob ran {args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("no job"), "{args:?}: {err}");
+    }
+
     // Bob's job: each attempt holds 0.5 credits (an hour at the cheapest price), its budget
     // is 0.2: it waits, paused, saying why.
     let small = c.job_dir().join("small.toml");

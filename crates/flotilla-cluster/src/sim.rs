@@ -567,12 +567,7 @@ pub fn simulate_dag(dag: &Dag, cfg: &ClusterSimConfig) -> Result<Schedule, SimEr
             },
             gpus: Vec::new(),
             data_addr: String::new(),
-            provider: None,
-            price: Default::default(),
-            availability: String::new(),
-            preemptible: false,
-            unavailable: false,
-            cpu_watts: 0.0,
+            ..WorkerSpec::default()
         })?;
         proc_of.insert(id, p);
     }
@@ -721,12 +716,7 @@ mod tests {
             },
             gpus: vec![gpu],
             data_addr: String::new(),
-            provider: None,
-            price: Default::default(),
-            availability: String::new(),
-            preemptible: false,
-            unavailable: false,
-            cpu_watts: 0.0,
+            ..WorkerSpec::default()
         })
         .expect("joins");
         let job = sim

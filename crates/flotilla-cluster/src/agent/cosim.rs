@@ -31,12 +31,7 @@ fn worker_spec(i: usize, cpus: f64, gpus: usize) -> WorkerSpec {
             })
             .collect(),
         data_addr: format!("w{i}"),
-        provider: None,
-        price: Default::default(),
-        availability: String::new(),
-        preemptible: false,
-        unavailable: false,
-        cpu_watts: 0.0,
+        ..WorkerSpec::default()
     }
 }
 

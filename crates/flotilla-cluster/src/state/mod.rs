@@ -207,7 +207,7 @@ pub struct GpuInfo {
 }
 
 /// What a worker offers, as it registers.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct WorkerSpec {
     /// Its name (as given on the command line, or the host name).
     pub name: String,

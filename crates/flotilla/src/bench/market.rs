@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use flotilla_cluster::sim::{ClusterSim, SimError, SimRun, Start};
 use flotilla_cluster::state::{AttemptOutcome, Config, ObjectRef, WorkerSpec};
 use flotilla_core::{Resources, WorkerId};
+use flotilla_pool::sim::Rng;
 use flotilla_pool::{Credits, Price, Windows};
 use serde::Serialize;
 
@@ -140,29 +141,6 @@ const KINDS: [Kind; 4] = [
     },
 ];
 
-/// A deterministic generator (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Exponential with mean `mean`.
-    fn exp(&mut self, mean: f64) -> f64 {
-        -mean * (1.0 - self.unit()).ln()
-    }
-}
-
 /// How a provider's machine comes and goes.
 enum Avail {
     Always,
@@ -235,7 +213,7 @@ pub fn run(cfg: &MarketConfig, traces: &[(String, TraceJob)]) -> anyhow::Result<
         let k = &KINDS[kind];
         let price = k.price * (0.7 + 0.6 * rng.unit());
         let avail = match kind {
-            0 => Avail::Window(night.clone(), (rng.next() % 24) as i64 * 60),
+            0 => Avail::Window(night.clone(), (rng.next_u64() % 24) as i64 * 60),
             3 => Avail::Always,
             _ => {
                 let on = rng.unit() < ON_MEAN_S / (ON_MEAN_S + OFF_MEAN_S);

@@ -40,12 +40,7 @@ pub(super) fn wspec(cpus: f64, gpus: &[u64]) -> WorkerSpec {
             })
             .collect(),
         data_addr: format!("addr-{cpus}"),
-        provider: None,
-        price: Default::default(),
-        availability: String::new(),
-        preemptible: false,
-        unavailable: false,
-        cpu_watts: 0.0,
+        ..WorkerSpec::default()
     }
 }
 

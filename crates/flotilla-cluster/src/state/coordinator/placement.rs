@@ -1,6 +1,7 @@
 //! Placing ready tasks (the problem → solution in `flotilla_sched::cluster`), staging their
 //! inputs, assigning them, and work stealing by idle workers.
 
+use super::pool::Refusal;
 use super::*;
 
 /// One tenant's turns in a scheduling pass.
@@ -260,10 +261,12 @@ impl Coordinator {
             Ok(x) => x,
             Err(p) => return p,
         };
-        let j = &self.jobs[&job];
-        if j.pool.is_some() || self.provider_workers > 0 {
-            return self.place_pooled(job, t, &local_bytes, inputs, out);
+        let pooled = self.jobs[&job].pool.is_some() || self.provider_workers > 0;
+        if pooled {
+            self.refresh_ratios();
+            self.refresh_plan(job);
         }
+        let j = &self.jobs[&job];
         let c = j.class_of(t);
         let options = j.options(t);
         let codelet = &j.classes[c].codelet;
@@ -275,8 +278,19 @@ impl Coordinator {
             queue_depth: self.config.queue_depth,
             explore: j.classes[c].explore,
         };
-        let live = self.workers.values().filter(|w| !w.unavailable);
-        let Some(d) = sched::place(&problem, live.map(Worker::node), &predict) else {
+        let decision = if pooled {
+            self.pooled_decision(j, t, &problem, &predict)
+        } else {
+            let live = self.workers.values().filter(|w| !w.unavailable);
+            sched::place(&problem, live.map(Worker::node), &predict).ok_or(Refusal::Other)
+        };
+        if pooled {
+            self.pause_for(
+                job,
+                decision.as_ref().err().copied().unwrap_or(Refusal::None),
+            );
+        }
+        let Ok(d) = decision else {
             return Placed::Blocked;
         };
         self.assign(job, t, d, inputs, out);

@@ -122,9 +122,9 @@ pub(crate) struct JobPool {
     pub(crate) cost: HashMap<TaskId, Credits>,
     /// Results rejected.
     pub(crate) rejected: u64,
-    /// With a deadline: each task's remaining path after it (seconds, at the fastest
-    /// hardware class the model knows for each task), and the done count it was computed at.
-    pub(crate) plan: Option<(u64, Vec<f64>)>,
+    /// With a deadline, computed at a done count: each task's fastest predicted time and
+    /// its remaining path after it (seconds, at the fastest predicted times).
+    pub(crate) plan: Option<Plan>,
 }
 
 impl JobPool {
@@ -154,6 +154,17 @@ impl JobPool {
     fn budget_room(&self) -> Option<Credits> {
         self.budget.map(|b| b - self.spent - self.held)
     }
+}
+
+/// A job's deadline plan (see [`Coordinator::refresh_plan`]).
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// Tasks done when it was computed.
+    done_at: u64,
+    /// Each task's fastest predicted time.
+    own: Vec<f64>,
+    /// Each task's remaining path after it.
+    after: Vec<f64>,
 }
 
 /// A verdict as the journal keeps it.
@@ -212,7 +223,7 @@ pub(crate) fn result_hash(outputs: &[ObjectRef]) -> String {
 
 /// What an attempt used, as it is charged: measured CPU seconds, the GPUs it held × its
 /// wall time, its peak memory × its wall time.
-pub(crate) fn metered(usage: &Usage, gpus: f64) -> Metered {
+fn metered(usage: &Usage, gpus: f64) -> Metered {
     let wall = if usage.wall_seconds.is_finite() {
         usage.wall_seconds.max(0.0)
     } else {
@@ -253,8 +264,8 @@ fn estimated_watts(r: &flotilla_core::Resources, w: &Worker) -> f64 {
 }
 
 /// Why a worker may not run a task, for the pause message.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Refusal {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Refusal {
     None,
     Budget,
     Credits,
@@ -268,11 +279,6 @@ impl Coordinator {
         let j = self.jobs.get_mut(&job).ok_or(StateError::UnknownJob(job))?;
         j.pool = Some(Box::new(JobPool::new(pool)));
         Ok(())
-    }
-
-    /// The platform's fee, parts per million of every settled cost (`flotilla server --fee`).
-    pub fn set_fee_ppm(&mut self, fee_ppm: u32) {
-        self.pool.fee_ppm = fee_ppm.min(1_000_000);
     }
 
     /// A provider's record: results accepted and rejected, score, streak.
@@ -335,7 +341,12 @@ impl Coordinator {
                 task,
                 attempt,
                 verdict,
-            } => self.apply_verdict(task, attempt, &verdict, out),
+            } => {
+                // The tasks to verify again are the recorded ones (what reputations say
+                // now may differ after a compaction).
+                self.record_reputations(task, &verdict);
+                self.apply_verdict(task, attempt, &verdict, out);
+            }
             _ => {}
         }
         Ok(())
@@ -400,7 +411,6 @@ impl Coordinator {
     /// Whether worker `w` may run task `t` of job `j`, and if not, why: `room` is what the
     /// job's budget leaves, `balance` its tenant's credits, `max` its highest prices, `secs`
     /// the task's estimated time on `w`'s class.
-    #[allow(clippy::too_many_arguments)]
     fn refusal(
         &self,
         j: &Job,
@@ -472,26 +482,24 @@ impl Coordinator {
     }
 
     /// Learns again how hardware classes compare once 32 more samples were recorded.
-    fn refresh_ratios(&mut self) {
+    pub(super) fn refresh_ratios(&mut self) {
         let (at, _) = self.pool.ratios;
         if self.pool.samples >= at + 32 || (at == 0 && self.pool.samples > 0) {
             self.pool.ratios = (self.pool.samples.max(1), self.model.arch_ratios());
         }
     }
 
-    /// Places task `t` of a job with a `[pool]` section, or of any job while providers'
-    /// workers are connected (a job without one never goes to them).
-    pub(super) fn place_pooled(
-        &mut self,
-        job: JobId,
+    /// Where task `t` of job `j` goes when its job has a `[pool]` section, or while
+    /// providers' workers are connected (a job without one never goes to them): `Err` says
+    /// why nowhere (its budget, its tenant's credits, or nothing fits). Call
+    /// [`Coordinator::refresh_ratios`] and [`Coordinator::refresh_plan`] first.
+    pub(super) fn pooled_decision(
+        &self,
+        j: &Job,
         t: TaskId,
-        local_bytes: &HashMap<WorkerId, u64>,
-        inputs: Vec<(ObjectRef, String)>,
-        out: &mut Vec<Command>,
-    ) -> Placed {
-        self.refresh_ratios();
-        self.refresh_plan(job);
-        let j = &self.jobs[&job];
+        problem: &Problem<'_>,
+        predict: &dyn Fn(Option<usize>, &str) -> flotilla_sched::Prediction,
+    ) -> std::result::Result<sched::Decision, Refusal> {
         let room = j.pool.as_deref().and_then(JobPool::budget_room);
         // The task's time on each hardware class, once per class (not per machine).
         let mut est: HashMap<&str, Option<f64>> = HashMap::new();
@@ -520,17 +528,6 @@ impl Coordinator {
                 Refusal::Other => {}
             }
         }
-        let c = j.class_of(t);
-        let options = j.options(t);
-        let codelet = &j.classes[c].codelet;
-        let model = &self.model;
-        let predict = |v: Option<usize>, hw: &str| Job::predict(model, codelet, &options, v, hw);
-        let problem = Problem {
-            options: options.clone(),
-            local_bytes,
-            queue_depth: self.config.queue_depth,
-            explore: j.classes[c].explore,
-        };
         // Tiers of equal estimated cost (or energy), cheapest first; `time`: one tier.
         let objective = j
             .pool
@@ -600,7 +597,7 @@ impl Coordinator {
         let n_tiers = tiers.len();
         let mut decision = None;
         for (i, (u, ws)) in tiers.iter().enumerate() {
-            if let Some(mut d) = sched::place(&problem, ws.iter().map(|w| w.node()), &predict) {
+            if let Some(mut d) = sched::place(problem, ws.iter().map(|w| w.node()), predict) {
                 if j.pool.is_some() {
                     let w = &self.workers[&d.worker];
                     let what = match (&w.spec.provider, objective, rush) {
@@ -623,32 +620,33 @@ impl Coordinator {
                 break;
             }
         }
-        let Some(d) = decision else {
-            let tenant = j.tenant.clone();
-            if let Some(p) = self.jobs.get_mut(&job).and_then(|j| j.pool.as_deref_mut()) {
-                p.paused = match short {
-                    Refusal::Budget => Some(format!(
-                        "paused: out of budget (spent {}, held {} of {}): `flotilla budget \
-                         {job} +N` resumes it",
-                        p.spent,
-                        p.held,
-                        p.budget.unwrap_or_default()
-                    )),
-                    Refusal::Credits => Some(format!(
-                        "paused: tenant {:?} has too few credits for its next task; an admin \
-                         grants more (`flotilla admin tenant add NAME --credits C`)",
-                        tenant
-                    )),
-                    _ => None,
-                };
-            }
-            return Placed::Blocked;
+        decision.ok_or(short)
+    }
+
+    /// Says why a pool job places nothing (`Refusal::Budget`, `Refusal::Credits`), or that
+    /// it is not paused (anything else).
+    pub(super) fn pause_for(&mut self, job: JobId, why: Refusal) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
         };
-        if let Some(p) = self.jobs.get_mut(&job).and_then(|j| j.pool.as_deref_mut()) {
-            p.paused = None;
-        }
-        self.assign(job, t, d, inputs, out);
-        Placed::Yes
+        let tenant = j.tenant.clone();
+        let Some(p) = j.pool.as_deref_mut() else {
+            return;
+        };
+        p.paused = match why {
+            Refusal::Budget => Some(format!(
+                "paused: out of budget (spent {}, held {} of {}): `flotilla budget {job} +N` \
+                 resumes it",
+                p.spent,
+                p.held,
+                p.budget.unwrap_or_default()
+            )),
+            Refusal::Credits => Some(format!(
+                "paused: tenant {tenant:?} has too few credits for its next task; an admin \
+                 grants more (`flotilla admin tenant add NAME --credits C`)"
+            )),
+            Refusal::None | Refusal::Other => None,
+        };
     }
 
     /// The hardware classes of the live workers, each once.
@@ -688,7 +686,7 @@ impl Coordinator {
         }
         let done = j.counts[TaskState::Done.index()];
         let step = (j.len() as u64 / 100).max(1);
-        if p.plan.as_ref().is_some_and(|(at, _)| done < at + step) {
+        if p.plan.as_ref().is_some_and(|pl| done < pl.done_at + step) {
             return;
         }
         let n = j.len();
@@ -719,7 +717,11 @@ impl Coordinator {
             }
         }
         if let Some(p) = self.jobs.get_mut(&job).and_then(|j| j.pool.as_deref_mut()) {
-            p.plan = Some((done, after));
+            p.plan = Some(Plan {
+                done_at: done,
+                own,
+                after,
+            });
         }
     }
 
@@ -728,7 +730,7 @@ impl Coordinator {
     fn latest_finish(&self, j: &Job, p: &JobPool, t: TaskId) -> Option<Millis> {
         let deadline = p.spec.deadline?;
         let due = j.submitted.saturating_add(deadline.as_millis() as u64);
-        let after = p.plan.as_ref()?.1.get(t.index()).copied()?;
+        let after = p.plan.as_ref()?.after.get(t.index()).copied()?;
         Some(due.saturating_sub((after * 1000.0) as u64))
     }
 
@@ -742,15 +744,13 @@ impl Coordinator {
         if self.now >= due {
             return true;
         }
-        let Some((_, after)) = &p.plan else {
+        let Some(plan) = &p.plan else {
             return false;
         };
         let left_s = (due - self.now) as f64 / 1000.0;
-        let classes = self.classes();
         (0..j.len())
             .filter(|&i| !j.tasks[i].state.is_final())
-            .map(|i| self.fastest(j, TaskId::new(i as u32), &classes, 1.0) + after[i])
-            .any(|path| path > left_s)
+            .any(|i| plan.own[i] + plan.after[i] > left_s)
     }
 
     /// An attempt was placed on `w`: holds its estimated cost when `w` is a priced
@@ -1016,7 +1016,11 @@ impl Coordinator {
             // The verdict is the next record.
             return true;
         }
-        let verdict = self.judge(task);
+        let mut verdict = self.judge(task);
+        let caught = self.record_reputations(task, &verdict);
+        if let VerdictRecord::Accepted { reverify, .. } = &mut verdict {
+            *reverify = caught;
+        }
         self.journal.push(JournalRecord::Verdict {
             task,
             attempt,
@@ -1024,6 +1028,27 @@ impl Coordinator {
         });
         self.apply_verdict(task, attempt, &verdict, out);
         true
+    }
+
+    /// An accepted verdict's effect on the providers' reputations; the tasks to verify
+    /// again (those a rejected provider had been trusted with alone). Nothing for the others.
+    fn record_reputations(&mut self, task: TaskRef, verdict: &VerdictRecord) -> Vec<u64> {
+        match verdict {
+            VerdictRecord::Accepted {
+                agreed,
+                rejected,
+                alone,
+                ..
+            } => self.pool.verifier.record(
+                task_key(task),
+                &Accepted {
+                    agreed,
+                    rejected,
+                    alone: *alone,
+                },
+            ),
+            VerdictRecord::NeedMore { .. } | VerdictRecord::Failed { .. } => Vec::new(),
+        }
     }
 
     /// The verdict on task `task`'s results so far.
@@ -1090,8 +1115,8 @@ impl Coordinator {
         }
     }
 
-    /// Applies a verdict (just judged, or replayed): reputations, payment, and the task's
-    /// state.
+    /// Applies a verdict (just judged, or replayed; its reputations recorded by the
+    /// caller): payment, and the task's state.
     pub(super) fn apply_verdict(
         &mut self,
         task: TaskRef,
@@ -1102,33 +1127,10 @@ impl Coordinator {
         match verdict {
             VerdictRecord::Accepted {
                 hash,
-                agreed,
                 rejected,
-                alone,
                 reverify,
+                ..
             } => {
-                let caught = self.pool.verifier.record(
-                    task_key(task),
-                    &Accepted {
-                        agreed,
-                        rejected,
-                        alone: *alone,
-                    },
-                );
-                // Live, the reverify list is what `record` returned (journaled with the
-                // verdict: the record written above is updated here).
-                let reverify: Vec<u64> = if self.pool.replaying {
-                    reverify.clone()
-                } else {
-                    if let Some(JournalRecord::Verdict {
-                        verdict: VerdictRecord::Accepted { reverify: r, .. },
-                        ..
-                    }) = self.journal.last_mut()
-                    {
-                        r.clone_from(&caught);
-                    }
-                    caught
-                };
                 let Some(j) = self.jobs.get_mut(&task.job) else {
                     return;
                 };
@@ -1162,7 +1164,7 @@ impl Coordinator {
                         self.accept_result(task, r, &holders, out);
                     }
                 }
-                for k in reverify {
+                for &k in reverify {
                     self.reverify(task_of_key(k), rejected, out);
                 }
             }

@@ -55,7 +55,7 @@ impl Coordinator {
         if w.spec.provider.is_some() {
             self.provider_workers += 1;
         }
-        self.pool_worker_joined(id, &w.spec.clone());
+        self.pool_worker_joined(id, &w.spec);
         self.workers.insert(id, w);
     }
 

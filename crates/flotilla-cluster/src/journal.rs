@@ -80,6 +80,15 @@ pub enum JournalError {
         #[source]
         source: std::io::Error,
     },
+    /// Another coordinator (or `flotilla run`) has this journal open.
+    #[error(
+        "journal {path}: in use by another coordinator (a `flotilla server` or `flotilla run` on \
+         the same state directory); stop it or use another --state"
+    )]
+    InUse {
+        /// The journal file.
+        path: PathBuf,
+    },
     /// The file is not a journal.
     #[error("journal {path}: not a Flotilla journal (bad magic)")]
     NotAJournal {
@@ -140,6 +149,9 @@ pub struct Journal {
     job_bytes: HashMap<JobId, u64>,
     /// Bytes of records a compaction would drop: removed jobs'.
     garbage: u64,
+    /// `<journal>.lock`, locked exclusively while the journal is open: one coordinator per
+    /// journal (a second one would interleave records). The lock goes with the process.
+    _lock: File,
 }
 
 /// A compaction running on its own thread (see [`Journal::start_compaction`]).
@@ -306,6 +318,7 @@ impl Journal {
         };
         // A compaction cut short by a crash: the journal itself is whole (the compacted file
         // replaces it only once complete).
+        let lock = Self::lock(&path)?;
         let stale = Self::compact_path(&path);
         if stale.exists() {
             std::fs::remove_file(&stale).map_err(|source| JournalError::Io {
@@ -325,7 +338,7 @@ impl Journal {
         if bytes.is_empty() {
             file.write_all(MAGIC).map_err(io)?;
             file.sync_all().map_err(io)?;
-            return Ok((Journal::new(file, path, 0, HEADER as u64), opened));
+            return Ok((Journal::new(file, lock, path, 0, HEADER as u64), opened));
         }
         let v1 = bytes.len() >= HEADER && &bytes[..HEADER] == MAGIC_V1;
         if bytes.len() < HEADER || (!v1 && &bytes[..HEADER] != MAGIC) {
@@ -406,7 +419,7 @@ impl Journal {
                 .open(&path)
                 .map_err(io)?;
             let n = records.len() as u64;
-            return Ok((Journal::new(file, path, n, out.len() as u64), opened));
+            return Ok((Journal::new(file, lock, path, n, out.len() as u64), opened));
         }
         if end < bytes.len() {
             if opened.recovered.is_none() {
@@ -422,12 +435,13 @@ impl Journal {
             file.seek(SeekFrom::End(0)).map_err(io)?;
         }
         let n = records.len() as u64;
-        Ok((Journal::new(file, path, n, end as u64), opened))
+        Ok((Journal::new(file, lock, path, n, end as u64), opened))
     }
 
-    fn new(file: File, path: PathBuf, len: u64, bytes: u64) -> Journal {
+    fn new(file: File, lock: File, path: PathBuf, len: u64, bytes: u64) -> Journal {
         Journal {
             file,
+            _lock: lock,
             path,
             len,
             bytes,
@@ -453,6 +467,28 @@ impl Journal {
     }
 
     /// The path a compaction writes to before it replaces the journal.
+    /// Takes `<path>.lock` exclusively, or says who holds it.
+    fn lock(path: &Path) -> Result<File> {
+        let at = PathBuf::from(format!("{}.lock", path.display()));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&at)
+            .map_err(|source| JournalError::Io {
+                path: at.clone(),
+                source,
+            })?;
+        match file.try_lock() {
+            Ok(()) => Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => Err(JournalError::InUse {
+                path: path.to_path_buf(),
+            }),
+            Err(std::fs::TryLockError::Error(source)) => Err(JournalError::Io { path: at, source }),
+        }
+    }
+
     fn compact_path(path: &Path) -> PathBuf {
         PathBuf::from(format!("{}.compact", path.display()))
     }
@@ -890,6 +926,18 @@ after = ["sim"]
             "{msg}"
         );
         assert!(msg.contains("--recover-journal"), "{msg}");
+    }
+
+    #[test]
+    fn one_coordinator_per_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.log");
+        let first = Journal::open(&path).unwrap();
+        let e = Journal::open(&path).unwrap_err();
+        assert!(matches!(e, JournalError::InUse { .. }), "{e}");
+        assert!(e.to_string().contains("another coordinator"), "{e}");
+        drop(first);
+        Journal::open(&path).expect("free again once the first is closed");
     }
 
     #[test]

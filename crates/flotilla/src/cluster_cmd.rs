@@ -280,6 +280,10 @@ pub(crate) struct LogsArgs {
     /// Print its standard error instead of its standard output.
     #[arg(long)]
     stderr: bool,
+    /// Read a finished `flotilla run`'s logs from its state directory (`.flotilla` beside
+    /// its job file, or its --state) instead of asking a coordinator.
+    #[arg(long)]
+    state: Option<PathBuf>,
 }
 
 pub(crate) fn gpus_from(spec: &str) -> Result<Vec<WorkerGpu>> {
@@ -759,14 +763,52 @@ pub(crate) async fn remove(a: JobArgs) -> Result<()> {
 }
 
 pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
-    let mut client = a.remote.client().await?;
-    let mut s = client
-        .logs(JobId::new(a.job), &a.task, a.follow, a.stderr)
-        .await?;
-    let mut out = std::io::stdout().lock();
-    while let Some(c) = s.message().await? {
-        out.write_all(&c.data)?;
-        out.flush()?;
+    // A local run's coordinator is gone: one is started on its state directory, on a
+    // loopback port of its own, for as long as the logs take to read.
+    let local = match &a.state {
+        Some(state) => {
+            if !state.join("journal.log").is_file() {
+                anyhow::bail!(
+                    "{}: no journal here; --state takes the state directory of a `flotilla \
+                     run` (.flotilla beside its job file, or its --state)",
+                    state.display()
+                );
+            }
+            let server = Server::start(ServerConfig::new(
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                state,
+            ))
+            .await
+            .with_context(|| format!("opening {}", state.display()))?;
+            Some(server)
+        }
+        None => None,
+    };
+    let mut client = match &local {
+        Some(server) => {
+            Client::connect(&Remote::new(
+                server.addr().to_string(),
+                server.token().to_string(),
+            ))
+            .await?
+        }
+        None => a.remote.client().await?,
+    };
+    let printed = async {
+        let mut s = client
+            .logs(JobId::new(a.job), &a.task, a.follow, a.stderr)
+            .await?;
+        let mut out = std::io::stdout().lock();
+        while let Some(c) = s.message().await? {
+            out.write_all(&c.data)?;
+            out.flush()?;
+        }
+        anyhow::Ok(())
     }
-    Ok(())
+    .await;
+    if let Some(server) = local {
+        server.stop();
+        server.wait().await?;
+    }
+    printed
 }

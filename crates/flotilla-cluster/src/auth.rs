@@ -65,28 +65,37 @@ pub fn read_token_file(path: &Path) -> Result<String> {
     Ok(t.trim().to_string())
 }
 
-/// Where a client finds its token: `FLOTILLA_TOKEN`, then `--token-file`, then the state
+/// Where a client finds its token: `--token-file`, then `FLOTILLA_TOKEN`, then the state
 /// directory of a local server.
 pub fn find_token(token_file: Option<&Path>, state_dir: Option<&Path>) -> Result<String> {
+    // The file named on the command line first: a flag says more than the environment.
+    if let Some(f) = token_file {
+        return read_token_file(f);
+    }
     if let Ok(t) = std::env::var("FLOTILLA_TOKEN") {
         if !t.trim().is_empty() {
             return Ok(t.trim().to_string());
         }
     }
-    if let Some(f) = token_file {
-        return read_token_file(f);
-    }
     let candidates: Vec<PathBuf> = state_dir
         .map(|d| vec![d.join(TOKEN_FILE)])
         .unwrap_or_default();
-    for c in candidates {
+    for c in &candidates {
         if c.exists() {
-            return read_token_file(&c);
+            return read_token_file(c);
         }
     }
-    Err(ClusterError::Config(
-        "no access token: set FLOTILLA_TOKEN or pass --token-file (the server writes STATE_DIR/token)".into(),
-    ))
+    let looked: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+    Err(ClusterError::Config(format!(
+        "no access token: FLOTILLA_TOKEN is not set, no --token-file was given{}; the \
+         coordinator writes the admin's token to STATE_DIR/token (`flotilla server --state \
+         STATE_DIR`), and `flotilla admin tenant add` prints a tenant's",
+        if looked.is_empty() {
+            String::new()
+        } else {
+            format!(" and {} does not exist", looked.join(", "))
+        }
+    )))
 }
 
 /// Checks the bearer token of incoming requests (constant-time comparison).

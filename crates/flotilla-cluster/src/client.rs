@@ -151,6 +151,23 @@ impl Client {
         })
     }
 
+    /// Connects like [`Client::connect`], trying again while the coordinator cannot be
+    /// reached (refused: not started yet, or restarting and replaying its journal), with
+    /// backoff from 50 ms to 1 s, for at most `patience`. Other errors return at once.
+    pub async fn connect_patiently(remote: &Remote, patience: std::time::Duration) -> Result<Self> {
+        let end = tokio::time::Instant::now() + patience;
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            match Self::connect(remote).await {
+                Err(ClusterError::Connect { .. }) if tokio::time::Instant::now() + pause < end => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_secs(1));
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// An RPC's error; a plain-TCP client that got no HTTP/2 answer is told that the
     /// server probably speaks TLS.
     fn rpc_err(&self, s: tonic::Status) -> ClusterError {

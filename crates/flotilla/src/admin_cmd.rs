@@ -159,20 +159,18 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&tenants)?);
             } else {
-                println!(
-                    "{:<20} {:>8} {:>8} {:>13} {:>10}",
-                    "TENANT", "CPUS", "GPUS", "RUNNING JOBS", "TASKS/JOB"
-                );
-                for t in tenants {
-                    println!(
-                        "{:<20} {:>8} {:>8} {:>13} {:>10}",
-                        t.name,
-                        limit(t.quota.cpus),
-                        limit(t.quota.gpus),
-                        limit(t.quota.running_jobs),
-                        limit(t.quota.tasks)
-                    );
+                let mut t =
+                    crate::table::new(&["TENANT", ">CPUS", ">GPUS", ">RUNNING JOBS", ">TASKS/JOB"]);
+                for x in tenants {
+                    t.add_row([
+                        x.name,
+                        limit(x.quota.cpus),
+                        limit(x.quota.gpus),
+                        limit(x.quota.running_jobs),
+                        limit(x.quota.tasks),
+                    ]);
                 }
+                println!("{t}");
             }
         }
         AdminCmd::WorkerToken(WorkerTokenCmd::Add(a)) => {
@@ -185,16 +183,16 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&tokens)?);
             } else {
-                println!("{:<10} {:<8} {:<20} {:<8}", "ID", "ROLE", "NAME", "STATE");
+                let mut table = crate::table::new(&["ID", "ROLE", "NAME", "STATE"]);
                 for t in tokens {
-                    println!(
-                        "{:<10} {:<8} {:<20} {:<8}",
+                    table.add_row([
                         t.id,
                         t.role.to_string(),
                         t.name,
-                        if t.revoked { "revoked" } else { "active" }
-                    );
+                        (if t.revoked { "revoked" } else { "active" }).to_string(),
+                    ]);
                 }
+                println!("{table}");
             }
         }
         AdminCmd::Provider(ProviderCmd::Add(a)) => {
@@ -232,36 +230,44 @@ pub(crate) async fn provider(cmd: ProviderTopCmd) -> Result<()> {
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                println!(
-                    "{:<20} {:>7} {:>6} {:>5}  {:<8} {:>10} {:>8} {:>8} {:>12}  {:<16} PRICES (credits per unit-hour)",
-                    "PROVIDER", "WORKERS", "CPUS", "GPUS", "TOKEN", "REPUTATION", "ACCEPTED",
-                    "REJECTED", "EARNED", "AVAILABLE"
-                );
+                let mut t = crate::table::new(&[
+                    "PROVIDER",
+                    ">WORKERS",
+                    ">CPUS",
+                    ">GPUS",
+                    "TOKEN",
+                    ">REPUTATION",
+                    ">ACCEPTED",
+                    ">REJECTED",
+                    ">EARNED",
+                    "AVAILABLE",
+                    "PRICES (credits per unit-hour)",
+                ]);
                 for p in list {
                     let available = if p.availability.is_empty() {
                         "always".to_string()
                     } else {
                         p.availability.join("; ")
                     };
-                    println!(
-                        "{:<20} {:>7} {:>6} {:>5}  {:<8} {:>10} {:>8} {:>8} {:>12.6}  {:<16} {}",
+                    t.add_row([
                         p.name,
-                        p.workers.len(),
-                        p.cpus,
-                        p.gpus,
-                        if p.revoked { "revoked" } else { "active" },
+                        p.workers.len().to_string(),
+                        p.cpus.to_string(),
+                        p.gpus.to_string(),
+                        (if p.revoked { "revoked" } else { "active" }).to_string(),
                         if p.eligible {
                             format!("{:.2}", p.reputation)
                         } else {
                             format!("{:.2} (out)", p.reputation)
                         },
-                        p.accepted,
-                        p.rejected,
-                        p.earned,
+                        p.accepted.to_string(),
+                        p.rejected.to_string(),
+                        format!("{:.6}", p.earned),
                         available,
-                        p.prices.join("; ")
-                    );
+                        p.prices.join("; "),
+                    ]);
                 }
+                println!("{t}");
             }
         }
     }
@@ -311,15 +317,15 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    println!("{:<10} {:<24} {:>18}", "KIND", "ACCOUNT", "BALANCE");
+    let mut t = crate::table::new(&["KIND", "ACCOUNT", ">BALANCE"]);
     for acc in doc["accounts"].as_array().into_iter().flatten() {
-        println!(
-            "{:<10} {:<24} {:>18}",
-            acc["kind"].as_str().unwrap_or("?"),
-            acc["name"].as_str().unwrap_or("?"),
-            flotilla::pool::Credits::micro(acc["balance_micro"].as_i64().unwrap_or(0))
-        );
+        t.add_row([
+            acc["kind"].as_str().unwrap_or("?").to_string(),
+            acc["name"].as_str().unwrap_or("?").to_string(),
+            flotilla::pool::Credits::micro(acc["balance_micro"].as_i64().unwrap_or(0)).to_string(),
+        ]);
     }
+    println!("{t}");
     if let Some(total) = doc["total_micro"].as_i64() {
         println!(
             "total {} (credits handed out: {})",

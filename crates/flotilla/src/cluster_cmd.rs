@@ -29,6 +29,10 @@ pub(crate) struct RemoteArgs {
     /// A CA certificate (PEM) to verify the coordinator's TLS certificate; enables TLS.
     #[arg(long)]
     pub(crate) tls_ca: Option<PathBuf>,
+    /// How long to keep trying a coordinator that refuses connections (starting, or
+    /// restarting and replaying its journal), e.g. 30s; 0s tries once.
+    #[arg(long, default_value = "10s")]
+    pub(crate) connect_timeout: String,
 }
 
 impl RemoteArgs {
@@ -44,7 +48,21 @@ impl RemoteArgs {
         })
     }
     pub(crate) async fn client(&self) -> Result<Client> {
-        Ok(Client::connect(&self.remote()?).await?)
+        let remote = self.remote()?;
+        let patience = flotilla::core::duration::parse_duration(&self.connect_timeout)
+            .map_err(|e| anyhow::anyhow!("--connect-timeout {:?}: {e}", self.connect_timeout))?;
+        Client::connect_patiently(&remote, patience)
+            .await
+            .map_err(|e| match e {
+                flotilla::cluster::ClusterError::Connect { .. } => anyhow::anyhow!(
+                    "{e}\n(no coordinator answered at {} within {}: is `flotilla server` \
+                     running there? The address comes from --server or FLOTILLA_SERVER; \
+                     --connect-timeout waits longer)",
+                    self.server,
+                    self.connect_timeout
+                ),
+                e => e.into(),
+            })
     }
 }
 
@@ -99,6 +117,10 @@ pub(crate) struct ServerArgs {
     /// are closed as soon as they are accepted).
     #[arg(long, default_value_t = flotilla::cluster::server::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     max_connections_per_peer: usize,
+    /// Serve HTTP here too (e.g. 127.0.0.1:9090): `/metrics` in the Prometheus text format,
+    /// for the admin's or a tenant's token (`Authorization: Bearer TOKEN`).
+    #[arg(long)]
+    http_listen: Option<SocketAddr>,
     /// The platform's share of every settled cost in the pool (0.05: 5 % of what a
     /// consumer pays goes to the platform, the rest to the provider).
     #[arg(long, default_value_t = 0.05, value_parser = parse_fee)]
@@ -336,6 +358,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     };
     cfg.max_uploads = a.max_uploads;
     cfg.max_connections_per_peer = a.max_connections_per_peer;
+    cfg.http_listen = a.http_listen;
     cfg.coordinator.fee_ppm = (a.fee * 1e6).round() as u32;
     cfg.compact_journal_after = match a.compact_journal_after.as_str() {
         "never" => None,
@@ -353,6 +376,9 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
         server.addr(),
         a.state.join("token").display()
     );
+    if let Some(http) = server.http_addr() {
+        eprintln!("flotilla server: metrics at http://{http}/metrics");
+    }
     let stop = server.stop_handle();
     tokio::spawn(async move {
         let mut term =
@@ -447,7 +473,7 @@ async fn follow(client: &mut Client, job: JobId, label: &str) -> Result<bool> {
         let b = ProgressBar::new(0);
         b.set_style(
             ProgressStyle::with_template(
-                "{spinner} {prefix} [{bar:40}] {pos}/{len} tasks {elapsed} {msg}",
+                "{spinner} {prefix} [{bar:40}] {pos}/{len} tasks {elapsed} (eta {eta}) {msg}",
             )
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
@@ -499,7 +525,54 @@ fn fmt_secs(s: f64) -> String {
 
 /// Prints the end-of-job summary from the job's status document and (for per-worker
 /// utilization) the cluster's.
-fn print_summary(status: &JobStatus, cluster: Option<&ClusterStatus>) {
+/// The last lines of each failed task's standard error (the first ten failed tasks), for
+/// the summary: what a user needs to see why, without `flotilla logs`.
+async fn failure_tails(client: &mut Client, status: &JobStatus) -> Vec<(String, Vec<String>)> {
+    const LINES: usize = 5;
+    const KEEP: usize = 8 << 10;
+    let mut tails = Vec::new();
+    let failed = status
+        .tasks
+        .iter()
+        .filter(|t| t.state == flotilla::cluster::state::TaskState::Failed)
+        .take(10);
+    for t in failed {
+        let Ok(mut stream) = client.logs(status.id, &t.name, false, true).await else {
+            continue;
+        };
+        let mut tail: Vec<u8> = Vec::new();
+        while let Ok(Some(chunk)) = stream.message().await {
+            tail.extend_from_slice(&chunk.data);
+            if tail.len() > 2 * KEEP {
+                tail.drain(..tail.len() - KEEP);
+            }
+        }
+        let text = String::from_utf8_lossy(&tail);
+        let lines: Vec<String> = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(str::to_string)
+            .collect();
+        let from = lines.len().saturating_sub(LINES);
+        if from < lines.len() {
+            tails.push((t.name.clone(), lines[from..].to_vec()));
+        }
+    }
+    tails
+}
+
+/// The summary of a job with the stderr tails of its failed tasks.
+async fn summarize(client: &mut Client, status: &JobStatus) {
+    let cluster = client.cluster_status().await.ok();
+    let tails = failure_tails(client, status).await;
+    print_summary(status, cluster.as_ref(), &tails);
+}
+
+fn print_summary(
+    status: &JobStatus,
+    cluster: Option<&ClusterStatus>,
+    tails: &[(String, Vec<String>)],
+) {
     println!(
         "job {} ({}, tenant {}): {}",
         status.id.0, status.name, status.tenant, status.state
@@ -580,6 +653,12 @@ fn print_summary(status: &JobStatus, cluster: Option<&ClusterStatus>) {
             t.name,
             t.message.as_deref().unwrap_or("")
         );
+        if let Some((_, lines)) = tails.iter().find(|(n, _)| *n == t.name) {
+            println!("    last lines of its stderr:");
+            for l in lines {
+                println!("    | {l}");
+            }
+        }
     }
 }
 
@@ -623,8 +702,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     if a.json {
         println!("{}", serde_json::to_string(&status)?);
     } else {
-        let cluster = client.cluster_status().await.ok();
-        print_summary(&status, cluster.as_ref());
+        summarize(&mut client, &status).await;
         println!("  wall time: {}", fmt_secs(started.elapsed().as_secs_f64()));
         println!("  outputs in {}", job_dir.display());
     }
@@ -662,8 +740,7 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
         // The summary names failed tasks and why, even those that failed before the event
         // stream was opened (the stream does not replay them).
         let status = client.job_status(s.job).await?;
-        let cluster = client.cluster_status().await.ok();
-        print_summary(&status, cluster.as_ref());
+        summarize(&mut client, &status).await;
         gather_if_transfer(&mut client, &status, ok).await?;
     }
     // The job id alone on the last line of stdout, for scripts.
@@ -678,8 +755,7 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         if a.json {
             println!("{}", serde_json::to_string_pretty(&s)?);
         } else {
-            let cluster = client.cluster_status().await.ok();
-            print_summary(&s, cluster.as_ref());
+            summarize(&mut client, &s).await;
         }
         return Ok(());
     }
@@ -688,41 +764,54 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
     }
-    println!(
-        "{:>6}  {:<20} {:<12} {:<10} {:>13} {:>10}",
-        "JOB", "NAME", "TENANT", "STATE", "DONE/TOTAL", "MAKESPAN"
-    );
+    let mut jobs = crate::table::new(&[
+        ">JOB",
+        "NAME",
+        "TENANT",
+        "STATE",
+        ">DONE/TOTAL",
+        ">MAKESPAN",
+        "WAITING",
+    ]);
     for j in &s.jobs {
-        println!(
-            "{:>6}  {:<20} {:<12} {:<10} {:>13} {:>10}",
-            j.id.0,
-            j.name,
-            j.tenant,
+        jobs.add_row([
+            j.id.0.to_string(),
+            j.name.clone(),
+            j.tenant.clone(),
             j.state.to_string(),
             format!("{}/{}", j.done, j.total),
-            fmt_secs(j.makespan_s)
-        );
-        if let Some(w) = &j.waiting {
-            println!("        waiting: {w}");
-        }
+            fmt_secs(j.makespan_s),
+            j.waiting.clone().unwrap_or_default(),
+        ]);
     }
-    println!();
-    println!(
-        "{:>6}  {:<20} {:>6} {:>9} {:>7} {:>6}  HW CLASS",
-        "WORKER", "NAME", "CPUS", "CPUS USED", "QUEUED", "UTIL"
-    );
+    println!("{jobs}\n");
+    let mut workers = crate::table::new(&[
+        "WORKER",
+        "NAME",
+        ">CPUS",
+        ">CPUS USED",
+        ">GPUS",
+        ">QUEUED",
+        ">UTIL",
+        ">UP",
+        "HW CLASS",
+        "PROVIDER",
+    ]);
     for w in &s.workers {
-        println!(
-            "{:>6}  {:<20} {:>6} {:>9} {:>7} {:>5.0}%  {}",
+        workers.add_row([
             w.id.to_string(),
-            w.name,
-            w.resources.cpus,
-            w.used.cpus,
-            w.queued,
-            w.utilization * 100.0,
-            w.hw_class
-        );
+            w.name.clone(),
+            w.resources.cpus.to_string(),
+            w.used.cpus.to_string(),
+            w.resources.gpus.to_string(),
+            w.queued.to_string(),
+            format!("{:.0}%", w.utilization * 100.0),
+            fmt_secs(w.uptime_s),
+            w.hw_class.clone(),
+            w.provider.clone().unwrap_or_default(),
+        ]);
     }
+    println!("{workers}");
     if let Some(j) = &s.journal {
         println!();
         println!(
@@ -742,8 +831,7 @@ pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     let job = JobId::new(a.job);
     let ok = follow(&mut client, job, &format!("{job}")).await?;
     let status = client.job_status(job).await?;
-    let cluster = client.cluster_status().await.ok();
-    print_summary(&status, cluster.as_ref());
+    summarize(&mut client, &status).await;
     gather_if_transfer(&mut client, &status, ok).await?;
     Ok(ok)
 }

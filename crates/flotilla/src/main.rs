@@ -1,7 +1,9 @@
 //! The `flotilla` command line: a thin layer over the library.
 
 mod admin_cmd;
+mod cli_doc;
 mod cluster_cmd;
+mod table;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,15 +13,33 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use flotilla::bench::{linalg, overhead};
 use flotilla::sched::PolicyKind;
 
+/// `0.1.0 (commit 0123456789ab)`: the version and the git commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("FLOTILLA_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "flotilla",
-    version,
+    version = VERSION,
     about = "Turn a machine, a rack or a pool into one parallel, heterogeneous computer"
 )]
 struct Cli {
+    /// How log lines on stderr are written: text, or json (one object per line, for a log
+    /// collector). Which lines: FLOTILLA_LOG (e.g. info, flotilla_cluster=debug).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -66,6 +86,16 @@ enum Command {
     /// List the devices found (OpenCL, CUDA): memory, PCI address, NUMA node, host link,
     /// peer-to-peer paths, and why others were skipped.
     Devices(DevicesArgs),
+    /// Print a shell completion script: `flotilla completions bash >
+    /// /etc/bash_completion.d/flotilla` (zsh: into a folder of $fpath as `_flotilla`; fish:
+    /// ~/.config/fish/completions/flotilla.fish).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the command-line reference as Markdown (docs/cli.md is this output).
+    #[command(hide = true)]
+    CliReference,
 }
 
 #[derive(Subcommand)]
@@ -521,6 +551,16 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Provider(a) => ok(tokio_runtime()?.block_on(admin_cmd::provider(a))),
         Command::Ledger(a) => ok(tokio_runtime()?.block_on(admin_cmd::ledger(a))),
         Command::Budget(a) => ok(tokio_runtime()?.block_on(admin_cmd::budget(a))),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "flotilla", &mut script);
+            print_all(&script)
+        }
+        Command::CliReference => {
+            let text = cli_doc::markdown(&<Cli as clap::CommandFactory>::command());
+            print_all(text.as_bytes())
+        }
         Command::Bench(Bench::Cluster(a)) => {
             let cfg = flotilla::bench::cluster::ClusterBenchConfig {
                 workload: name(&a.workload),
@@ -863,14 +903,28 @@ fn run_local(command: Command) -> Result<()> {
     }
 }
 
+/// Writes `bytes` to stdout; a reader that stopped early (`| head`) is not an error.
+fn print_all(bytes: &[u8]) -> Result<bool> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(true),
+    }
+}
+
 fn main() -> ExitCode {
+    let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-    match run(Cli::parse()) {
+        .with_writer(std::io::stderr);
+    let _ = match cli.log_format {
+        LogFormat::Text => logs.try_init(),
+        LogFormat::Json => logs.json().try_init(),
+    };
+    match run(cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {

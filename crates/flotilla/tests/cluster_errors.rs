@@ -37,7 +37,7 @@ name = "fail"
 retries = 0
 [[task]]
 id = "bad"
-cmd = ["sh", "-c", "echo about to fail; exit 7"]
+cmd = ["sh", "-c", "echo about to fail; echo 'first line' >&2; echo 'reason: no input.dat' >&2; exit 7"]
 [[task]]
 id = "next"
 after = ["bad"]
@@ -62,6 +62,12 @@ cmd = ["touch", "next-ran"]
         text(&out.stdout).contains("code 7"),
         "submit --wait did not report the failure: {}",
         text(&out.stdout)
+    );
+    // The summary shows the last lines the task wrote to its stderr: why, without `logs`.
+    let summary = text(&out.stdout);
+    assert!(
+        summary.contains("| reason: no input.dat") && summary.contains("| first line"),
+        "{summary}"
     );
     assert_ne!(task(&s, "next").state, TaskState::Done);
     assert!(

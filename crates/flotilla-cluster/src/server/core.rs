@@ -261,6 +261,10 @@ pub(super) struct Core {
     /// When a compaction last failed: the next waits a minute (a full disk must not make the
     /// core rewrite the journal at every turn).
     compaction_failed: Option<Instant>,
+    /// Counters, histograms and the snapshots the HTTP side reads (`/metrics`).
+    metrics: Arc<super::http::Metrics>,
+    /// When the last snapshot was published.
+    published_at: Instant,
 }
 
 impl Core {
@@ -610,6 +614,7 @@ impl Core {
         journal: Journal,
         sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>>,
         access: Arc<Access>,
+        metrics: Arc<super::http::Metrics>,
     ) -> Result<Core> {
         let mut core = Core {
             coord: Coordinator::new(config.coordinator.clone()),
@@ -629,6 +634,8 @@ impl Core {
             uploads_dir: config.state_dir.join("uploads"),
             rendezvous: None,
             rendezvous_cert: String::new(),
+            metrics,
+            published_at: Instant::now(),
             gang_secret: {
                 use rand::RngCore;
                 let mut bytes = [0u8; 32];
@@ -696,6 +703,7 @@ impl Core {
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return Ok(()),
             };
+            let started = Instant::now();
             let mut batch: Vec<Req> = first.into_iter().collect();
             while batch.len() < 8192 {
                 match rx.try_recv() {
@@ -734,16 +742,27 @@ impl Core {
                 self.handle(Event::Tick, &mut cmds, &mut records);
             }
             if !records.is_empty() {
+                let t = Instant::now();
                 if let Err(e) = self.journal.append(&records) {
                     // Nothing of this batch may be acknowledged: stop, and let a restart replay
                     // what is durable.
                     return Err(format!("journal write failed: {e}"));
                 }
+                self.metrics
+                    .journal_append
+                    .observe(t.elapsed().as_secs_f64());
             }
             for f in after {
                 f(&mut self);
             }
+            let busy = !cmds.is_empty() || !records.is_empty();
             self.dispatch(cmds);
+            if busy {
+                self.metrics
+                    .scheduling
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            self.publish();
             self.compact(stop);
             if stop {
                 return Ok(());
@@ -761,8 +780,12 @@ impl Core {
     ) -> bool {
         let now = self.now();
         let rec = JournalRecord::from_event(&ev);
+        let lost = matches!(ev, Event::WorkerLost { .. });
         match self.coord.handle(now, ev, cmds) {
             Ok(()) => {
+                if lost {
+                    self.metrics.lost_workers.inc();
+                }
                 if let Some(r) = rec {
                     records.push(r);
                 }
@@ -1078,25 +1101,43 @@ impl Core {
                 Some(s) => serde_json::to_string(&s),
                 None => return Err(no_job(j)),
             },
-            None => serde_json::to_string(&state::ClusterStatus {
-                jobs: self
-                    .coord
-                    .jobs()
-                    .into_iter()
-                    .filter(|j| scope.sees(&j.tenant))
-                    .collect(),
-                workers: self.coord.workers(),
-                // The journal is the operator's business.
-                journal: (*scope == Scope::All).then(|| state::JournalStatus {
-                    path: self.journal.path().display().to_string(),
-                    records: self.journal.len(),
-                    bytes: self.journal.bytes(),
-                    fsync: self.journal.sync_mode() == crate::journal::SyncMode::Always,
-                    syncs: self.journal.syncs(),
-                }),
-            }),
+            None => serde_json::to_string(&self.cluster_status(scope)),
         };
         json.map_err(|e| Status::internal(e.to_string()))
+    }
+
+    /// The jobs `scope` sees, every worker, and (for the admin) the journal.
+    fn cluster_status(&self, scope: &Scope) -> state::ClusterStatus {
+        state::ClusterStatus {
+            jobs: self
+                .coord
+                .jobs()
+                .into_iter()
+                .filter(|j| scope.sees(&j.tenant))
+                .collect(),
+            workers: self.coord.workers(),
+            // The journal is the operator's business.
+            journal: (*scope == Scope::All).then(|| state::JournalStatus {
+                path: self.journal.path().display().to_string(),
+                records: self.journal.len(),
+                bytes: self.journal.bytes(),
+                fsync: self.journal.sync_mode() == crate::journal::SyncMode::Always,
+                syncs: self.journal.syncs(),
+            }),
+        }
+    }
+
+    /// Publishes a snapshot for the HTTP side when one was asked for since the last, at
+    /// most every [`super::http::SNAPSHOT_EVERY`].
+    fn publish(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.published_at.elapsed() < super::http::SNAPSHOT_EVERY
+            || !self.metrics.wanted.swap(false, Ordering::Relaxed)
+        {
+            return;
+        }
+        self.published_at = Instant::now();
+        self.metrics.publish(self.cluster_status(&Scope::All));
     }
 
     /// A new watcher: the job's state now, then (while it runs) its events.
@@ -1397,14 +1438,19 @@ impl Core {
                             }
                         }
                         self.add_uploaded_inputs(&mut a);
+                        self.metrics.dispatched.inc();
                         for i in &mut a.inputs {
                             if let (Some(o), Some(&holder)) =
                                 (&i.object, self.addr_owner.get(&i.from))
                             {
+                                if holder != worker {
+                                    self.metrics.transferred_bytes.inc_by(o.size);
+                                }
                                 i.ticket = self.access.ticket(holder, &o.hash);
                                 i.from_cert =
                                     self.addr_cert.get(&i.from).cloned().unwrap_or_default();
                             } else if let (Some(o), true) = (&i.object, i.from.is_empty()) {
+                                self.metrics.transferred_bytes.inc_by(o.size);
                                 // A checkpoint to resume from, in the coordinator's store.
                                 i.ticket = self.access.ticket(COORDINATOR_HOLDER, &o.hash);
                             }

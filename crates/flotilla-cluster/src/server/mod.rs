@@ -84,6 +84,8 @@ pub struct ServerConfig {
     pub max_uploads: Option<u64>,
     /// Connections one peer address may hold open at once on the gRPC port.
     pub max_connections_per_peer: usize,
+    /// Where to serve HTTP (`/metrics`), if anywhere.
+    pub http_listen: Option<SocketAddr>,
 }
 
 /// The default for [`ServerConfig::max_connections_per_peer`].
@@ -131,6 +133,7 @@ impl ServerConfig {
             compact_journal_after: Some(DEFAULT_COMPACT_JOURNAL_AFTER),
             max_uploads: None,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
+            http_listen: None,
         }
     }
 }
@@ -138,6 +141,7 @@ impl ServerConfig {
 /// A running coordinator.
 pub struct Server {
     addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
     token: String,
     stop: Arc<watch::Sender<bool>>,
     done: watch::Receiver<Option<std::result::Result<(), String>>>,
@@ -172,7 +176,14 @@ impl Server {
         let (req_tx, req_rx) = crossbeam_channel::bounded::<Req>(config.core_queue.max(1));
         let sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>> =
             Arc::new(Mutex::new(HashMap::new()));
-        let core = Core::recover(&config, journal, sessions.clone(), access.clone())?;
+        let metrics = http::Metrics::new();
+        let core = Core::recover(
+            &config,
+            journal,
+            sessions.clone(),
+            access.clone(),
+            metrics.clone(),
+        )?;
         let fatal: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
         {
             let (fatal, stop) = (fatal.clone(), stop_tx.clone());
@@ -206,6 +217,20 @@ impl Server {
         let addr = listener
             .local_addr()
             .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
+        let http_addr = match config.http_listen {
+            Some(at) => Some(
+                serve_http(
+                    at,
+                    http::Http {
+                        access: access.clone(),
+                        metrics,
+                    },
+                    stop_rx.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let check = Authn::new(access.clone());
         let store = Arc::new(crate::objects::ObjectStore::open_capped(
             &config.state_dir.join("objects"),
@@ -278,6 +303,7 @@ impl Server {
         tracing::info!(%addr, "coordinator listening");
         Ok(Server {
             addr,
+            http_addr,
             token,
             stop: Arc::new(stop_tx),
             done: done_rx,
@@ -289,6 +315,11 @@ impl Server {
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where HTTP (`/metrics`) is served, if it is.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
     }
 
     /// The access token clients and workers must present.
@@ -319,6 +350,39 @@ impl Server {
     }
 }
 
+/// Binds `at` and serves the HTTP routes until `stop`; returns the bound address.
+async fn serve_http(
+    at: SocketAddr,
+    state: http::Http,
+    mut stop: watch::Receiver<bool>,
+) -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(at)
+        .await
+        .map_err(|e| ClusterError::Bind {
+            addr: at.to_string(),
+            source: e,
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ClusterError::Config(format!("HTTP listener address: {e}")))?;
+    tokio::spawn(async move {
+        let served = axum::serve(listener, http::router(state))
+            .with_graceful_shutdown(async move {
+                while !*stop.borrow() {
+                    if stop.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await;
+        if let Err(e) = served {
+            tracing::warn!("the HTTP listener stopped: {e}");
+        }
+    });
+    tracing::info!(%addr, "HTTP (metrics) listening");
+    Ok(addr)
+}
+
 /// Stops a [`Server`].
 #[derive(Clone)]
 pub struct StopHandle(Arc<watch::Sender<bool>>);
@@ -331,6 +395,7 @@ impl StopHandle {
 }
 
 mod core;
+mod http;
 mod peers;
 mod rpc;
 #[cfg(test)]

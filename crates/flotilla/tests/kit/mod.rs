@@ -110,6 +110,8 @@ pub(crate) struct Cluster {
     pub(crate) state: PathBuf,
     /// Where it listens.
     pub(crate) addr: SocketAddr,
+    /// Where it serves HTTP (`--http-listen` among the server's arguments).
+    pub(crate) http: Option<SocketAddr>,
     /// Its access token.
     pub(crate) token: String,
     server: Option<Proc>,
@@ -145,7 +147,7 @@ impl Cluster {
             .expect("a temporary folder");
         let state = root.path().join("state");
         std::fs::create_dir_all(root.path().join("job")).expect("job folder");
-        let (server, addr) = start_server(
+        let (server, addr, http) = start_server(
             &state,
             "127.0.0.1:0".parse().expect("an address"),
             &opts.server_args,
@@ -163,6 +165,7 @@ impl Cluster {
             root,
             state,
             addr,
+            http,
             token,
             server: Some(server),
             workers: Vec::new(),
@@ -309,7 +312,8 @@ impl Cluster {
         assert!(self.server.is_none(), "the coordinator is still running");
         let mut args = self.opts.server_args.clone();
         args.extend(extra.iter().map(|a| a.to_string()));
-        let (p, addr) = start_server(&self.state, self.addr, &args);
+        let (p, addr, http) = start_server(&self.state, self.addr, &args);
+        self.http = http;
         assert_eq!(
             addr, self.addr,
             "the coordinator came back on another address"
@@ -441,7 +445,12 @@ impl Drop for Cluster {
 
 /// Starts `flotilla server` on `listen` and waits for its "listening on ADDR" line. When
 /// the port is not yet free again (a restart), retries until a deadline.
-fn start_server(state: &Path, listen: SocketAddr, extra: &[String]) -> (Proc, SocketAddr) {
+fn start_server(
+    state: &Path,
+    listen: SocketAddr,
+    extra: &[String],
+) -> (Proc, SocketAddr, Option<SocketAddr>) {
+    let wants_http = extra.iter().any(|a| a == "--http-listen");
     let end = Instant::now() + Duration::from_secs(20);
     loop {
         let mut cmd = Command::new(BIN);
@@ -462,7 +471,24 @@ fn start_server(state: &Path, listen: SocketAddr, extra: &[String]) -> (Proc, So
                             .next()
                             .and_then(|a| a.parse().ok())
                             .unwrap_or_else(|| panic!("no address in {line:?}"));
-                        return (p, addr);
+                        if !wants_http {
+                            return (p, addr, None);
+                        }
+                        // `metrics at http://ADDR/metrics` follows.
+                        let http = loop {
+                            let left = end.saturating_duration_since(Instant::now());
+                            let line = lines
+                                .recv_timeout(left)
+                                .unwrap_or_else(|e| panic!("no HTTP address: {e}"));
+                            if let Some(rest) = line.split("metrics at http://").nth(1) {
+                                break rest
+                                    .split('/')
+                                    .next()
+                                    .and_then(|a| a.parse().ok())
+                                    .unwrap_or_else(|| panic!("no address in {line:?}"));
+                            }
+                        };
+                        return (p, addr, Some(http));
                     }
                     seen.push(line);
                 }

@@ -1,0 +1,341 @@
+//! The coordinator's HTTP listener (`flotilla server --http-listen ADDR`): `/metrics` in
+//! the Prometheus text format, behind the same tokens as the API.
+//!
+//! # Never in the scheduler's way
+//! The core thread counts events with atomic counters and histograms (a few nanoseconds
+//! each) and publishes a [`Snapshot`] of the cluster's state at most twice a second, and
+//! only while someone asks for one (a scrape sets [`Metrics::wanted`]). A scrape reads the
+//! latest snapshot: however many clients scrape, the core builds at most two a second, and
+//! no HTTP request ever waits on the core.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::access::{Access, Scope};
+use crate::state::ClusterStatus;
+
+/// How often the core publishes a snapshot at most.
+pub(crate) const SNAPSHOT_EVERY: Duration = Duration::from_millis(500);
+
+/// Histogram buckets, seconds: 10 µs to 5 s in 1-2.5-5 steps.
+const SECONDS: [f64; 19] = [
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+];
+
+/// The coordinator's state as the HTTP side reads it.
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    /// When the core built it.
+    pub(crate) at: Instant,
+    /// The cluster (every job, as the admin sees it); filtered per caller.
+    pub(crate) status: ClusterStatus,
+}
+
+/// What the core counts as it goes, and where it publishes its snapshots.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    /// Attempts sent to workers.
+    pub(crate) dispatched: Counter,
+    /// Bytes of inputs that workers were told to fetch from another holder.
+    pub(crate) transferred_bytes: Counter,
+    /// Workers declared lost (silent, stream closed, overflowed).
+    pub(crate) lost_workers: Counter,
+    /// Seconds per journal append (one group commit).
+    pub(crate) journal_append: Histogram,
+    /// Seconds the core spends on one batch of requests: the state machine's events and
+    /// placement, the journal and the dispatch.
+    pub(crate) scheduling: Histogram,
+    /// Set by a scrape: the core publishes a snapshot at its next tick.
+    pub(crate) wanted: AtomicBool,
+    /// Snapshots published (a test's and an operator's check of the rate bound).
+    pub(crate) published: AtomicU64,
+    snapshots: watch::Sender<Arc<Snapshot>>,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Arc<Metrics> {
+        let empty = Arc::new(Snapshot {
+            at: Instant::now(),
+            status: ClusterStatus {
+                jobs: Vec::new(),
+                workers: Vec::new(),
+                journal: None,
+            },
+        });
+        Arc::new(Metrics {
+            dispatched: Counter::default(),
+            transferred_bytes: Counter::default(),
+            lost_workers: Counter::default(),
+            journal_append: Histogram::new(SECONDS.iter().copied()),
+            scheduling: Histogram::new(SECONDS.iter().copied()),
+            wanted: AtomicBool::new(true),
+            published: AtomicU64::new(0),
+            snapshots: watch::channel(empty).0,
+        })
+    }
+
+    /// The core's side: publishes `status` as the newest snapshot.
+    pub(crate) fn publish(&self, status: ClusterStatus) {
+        self.published.fetch_add(1, Ordering::Relaxed);
+        self.snapshots.send_replace(Arc::new(Snapshot {
+            at: Instant::now(),
+            status,
+        }));
+    }
+
+    /// A snapshot at most about a second old: asks the core for a new one when the latest
+    /// is older, and waits up to two seconds for it (a busy core answers later, never
+    /// slower).
+    pub(crate) async fn fresh(&self) -> Arc<Snapshot> {
+        let mut rx = self.snapshots.subscribe();
+        let stale = rx.borrow().at.elapsed() > 2 * SNAPSHOT_EVERY;
+        self.wanted.store(true, Ordering::Relaxed);
+        if stale {
+            let _ = tokio::time::timeout(Duration::from_secs(2), rx.changed()).await;
+        }
+        let latest = rx.borrow().clone();
+        latest
+    }
+
+    /// The metrics in the Prometheus/OpenMetrics text format, as `scope` may see them.
+    pub(crate) fn encode(&self, snap: &Snapshot, scope: &Scope) -> String {
+        let mut r = Registry::with_prefix("flotilla");
+        r.register(
+            "tasks_dispatched",
+            "Attempts sent to workers (rate() of it is the dispatch rate)",
+            self.dispatched.clone(),
+        );
+        r.register(
+            "transferred_bytes",
+            "Bytes of task inputs fetched from another worker or the coordinator",
+            self.transferred_bytes.clone(),
+        );
+        r.register(
+            "lost_workers",
+            "Workers declared lost (silent past the heartbeat timeout, or their session closed)",
+            self.lost_workers.clone(),
+        );
+        r.register(
+            "journal_append_seconds",
+            "Time per journal append (one group commit of a batch)",
+            self.journal_append.clone(),
+        );
+        r.register(
+            "scheduling_latency_seconds",
+            "Time the coordinator's core spends on one batch of requests (events, placement, journal, dispatch)",
+            self.scheduling.clone(),
+        );
+
+        let jobs: Vec<_> = snap
+            .status
+            .jobs
+            .iter()
+            .filter(|j| scope.sees(&j.tenant))
+            .collect();
+        let by_state = Family::<Vec<(String, String)>, Gauge>::default();
+        let mut states: BTreeMap<&str, u64> = BTreeMap::new();
+        let mut retries = 0u64;
+        let per_tenant_running = Family::<Vec<(String, String)>, Gauge>::default();
+        let per_tenant_done = Family::<Vec<(String, String)>, Gauge>::default();
+        let per_tenant_jobs = Family::<Vec<(String, String)>, Gauge>::default();
+        for j in &jobs {
+            let c = &j.counts;
+            for (name, n) in [
+                ("waiting", c.waiting),
+                ("ready", c.ready),
+                ("assigned", c.assigned),
+                ("running", c.running),
+                ("done", c.done),
+                ("failed", c.failed),
+                ("cancelled", c.cancelled),
+                ("backoff", c.backoff),
+            ] {
+                *states.entry(name).or_default() += n;
+            }
+            retries += u64::from(j.retries);
+            let tenant = vec![("tenant".to_string(), tenant_label(&j.tenant))];
+            per_tenant_running
+                .get_or_create(&tenant)
+                .inc_by(gauge(c.running + c.assigned));
+            per_tenant_done.get_or_create(&tenant).inc_by(gauge(c.done));
+            if j.state == crate::state::JobState::Running {
+                per_tenant_jobs.get_or_create(&tenant).inc();
+            }
+        }
+        for (name, n) in &states {
+            by_state
+                .get_or_create(&vec![("state".to_string(), name.to_string())])
+                .set(gauge(*n));
+        }
+        r.register(
+            "tasks",
+            "Tasks of the jobs the coordinator holds, by state",
+            by_state,
+        );
+        let ready = Gauge::<i64>::default();
+        ready.set(gauge(states.get("ready").copied().unwrap_or(0)));
+        r.register(
+            "ready_queue_depth",
+            "Tasks ready to run and not yet placed",
+            ready,
+        );
+        let retried = Gauge::<i64>::default();
+        retried.set(gauge(retries));
+        r.register(
+            "retries",
+            "Retries of the tasks of the jobs the coordinator holds",
+            retried,
+        );
+        r.register(
+            "tenant_running_tasks",
+            "Tasks placed or running, per tenant",
+            per_tenant_running,
+        );
+        r.register(
+            "tenant_done_tasks",
+            "Tasks done, per tenant (jobs the coordinator holds)",
+            per_tenant_done,
+        );
+        r.register(
+            "tenant_running_jobs",
+            "Jobs running, per tenant",
+            per_tenant_jobs,
+        );
+
+        let util = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+        let cpus = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+        let used = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
+        let workers = Gauge::<i64>::default();
+        for w in &snap.status.workers {
+            let l = vec![("worker".to_string(), w.name.clone())];
+            util.get_or_create(&l).set(w.utilization);
+            cpus.get_or_create(&l).set(w.resources.cpus);
+            used.get_or_create(&l).set(w.used.cpus);
+            workers.inc();
+        }
+        r.register("workers", "Workers connected", workers);
+        r.register(
+            "worker_utilization_ratio",
+            "Share of each worker's CPUs busy",
+            util,
+        );
+        r.register("worker_cpus", "CPUs each worker offers", cpus);
+        r.register("worker_cpus_used", "CPUs in use on each worker", used);
+        let age = Gauge::<f64, AtomicU64>::default();
+        age.set(snap.at.elapsed().as_secs_f64());
+        r.register(
+            "snapshot_age_seconds",
+            "Age of the state snapshot these gauges come from",
+            age,
+        );
+        let mut out = String::new();
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &r) {
+            tracing::warn!("encoding the metrics: {e}");
+        }
+        out
+    }
+}
+
+fn gauge(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn tenant_label(t: &str) -> String {
+    if t.is_empty() {
+        "admin".to_string()
+    } else {
+        t.to_string()
+    }
+}
+
+/// The HTTP side's shared state.
+#[derive(Clone)]
+pub(crate) struct Http {
+    pub(crate) access: Arc<Access>,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+/// The routes.
+pub(crate) fn router(http: Http) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .with_state(http)
+}
+
+/// Why a request is refused.
+enum Refusal {
+    /// No valid token (401, with the scheme to use).
+    Unauthorized(&'static str),
+    /// A token that sees no jobs (403).
+    Forbidden(String),
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::Unauthorized(why) => (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer realm=\"flotilla\"")],
+                format!("{why}\n"),
+            )
+                .into_response(),
+            Refusal::Forbidden(why) => (StatusCode::FORBIDDEN, format!("{why}\n")).into_response(),
+        }
+    }
+}
+
+/// `Authorization: Bearer T`: the caller's scope, or why it is refused.
+fn authorize(http: &Http, headers: &HeaderMap) -> std::result::Result<Scope, Refusal> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or(Refusal::Unauthorized(
+            "no token: send `Authorization: Bearer TOKEN` (the admin's or a tenant's)",
+        ))?;
+    let principal = http
+        .access
+        .authenticate(token)
+        .ok_or(Refusal::Unauthorized(
+            "the token is not valid (unknown or revoked)",
+        ))?;
+    principal.scope().ok_or_else(|| {
+        Refusal::Forbidden(format!(
+            "a {} token sees no jobs: use the admin's or a tenant's",
+            principal.role()
+        ))
+    })
+}
+
+async fn metrics(State(http): State<Http>, headers: HeaderMap) -> Response {
+    let scope = match authorize(&http, &headers) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let snap = http.metrics.fresh().await;
+    let body = http.metrics.encode(&snap, &scope);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}

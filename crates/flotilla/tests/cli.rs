@@ -1,0 +1,216 @@
+//! The command line as a user meets it: the version names its commit, shell completions,
+//! the generated reference in docs/cli.md kept current, every job file in the docs parsed by
+//! the real parser, tables, and clients that wait for a coordinator coming back.
+
+#![allow(clippy::unwrap_used)]
+
+mod kit;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use kit::{Cluster, BIN};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn flotilla(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn version_names_the_commit() {
+    let (ok, out, _) = flotilla(&["--version"]);
+    assert!(ok);
+    assert!(
+        out.starts_with(&format!("flotilla {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{out}"
+    );
+}
+
+#[test]
+fn completions_for_each_shell() {
+    for (shell, marker) in [
+        ("bash", "complete -F _flotilla"),
+        ("zsh", "#compdef flotilla"),
+        ("fish", "complete -c flotilla"),
+    ] {
+        let (ok, out, err) = flotilla(&["completions", shell]);
+        assert!(ok, "{shell}: {err}");
+        assert!(out.contains(marker), "{shell}: no {marker:?}");
+        assert!(out.contains("submit"), "{shell}: subcommands completed");
+    }
+}
+
+#[test]
+fn docs_cli_md_is_the_generated_reference() {
+    let (ok, generated, err) = flotilla(&["cli-reference"]);
+    assert!(ok, "{err}");
+    let path = repo().join("docs/cli.md");
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "{} is stale: regenerate it with `cargo run -p flotilla -- cli-reference > docs/cli.md`",
+        path.display()
+    );
+    // Every visible command is in it.
+    for cmd in [
+        "flotilla run",
+        "flotilla admin tenant add",
+        "flotilla completions",
+    ] {
+        assert!(generated.contains(&format!("## {cmd}\n")), "{cmd}");
+    }
+}
+
+/// The fenced TOML blocks of a Markdown file, with the line each starts on.
+fn toml_blocks(text: &str) -> Vec<(usize, String)> {
+    let mut blocks = Vec::new();
+    let mut current: Option<(usize, String)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let fence = line.trim_start();
+        match &mut current {
+            None if fence.starts_with("```toml") => current = Some((i + 2, String::new())),
+            Some(_) if fence.starts_with("```") => blocks.push(current.take().unwrap()),
+            Some((_, body)) => {
+                body.push_str(line);
+                body.push('\n');
+            }
+            None => {}
+        }
+    }
+    assert!(current.is_none(), "an unclosed ```toml block");
+    blocks
+}
+
+#[test]
+fn every_job_file_in_the_docs_parses() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    files.push(repo().join("README.md"));
+    files.sort();
+    let mut parsed = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (line, block) in toml_blocks(&text) {
+            let at = format!("{}:{line}", file.display());
+            let spec = flotilla::core::parse_job(&block, &at)
+                .unwrap_or_else(|e| panic!("{at}: the docs' job file does not parse: {e}"));
+            spec.expand()
+                .unwrap_or_else(|e| panic!("{at}: the docs' job file does not expand: {e}"));
+            parsed += 1;
+        }
+    }
+    assert!(
+        parsed >= 10,
+        "only {parsed} job files in the docs: the reference lost its examples?"
+    );
+}
+
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    for top in ["README.md", "ARCHITECTURE.md", "BENCHMARKS.md"] {
+        files.push(repo().join(top));
+    }
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let dir = file.parent().unwrap();
+        // [text](target): relative targets only (no scheme, not an in-page anchor).
+        for part in text.split("](").skip(1) {
+            let Some(end) = part.find(')') else { continue };
+            let target = &part[..end];
+            if target.contains("://") || target.starts_with('#') || target.starts_with("mailto:") {
+                continue;
+            }
+            let path = target.split('#').next().unwrap();
+            assert!(
+                dir.join(path).exists(),
+                "{}: the link {target:?} leads nowhere",
+                file.display()
+            );
+            assert!(
+                !path.contains("shared/"),
+                "{}: {target:?} points outside the repository",
+                file.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_client_waits_for_a_restarting_coordinator_and_says_where_it_looked() {
+    let mut c = Cluster::start(1, 1);
+    let job = c.submit_toml(
+        "quick.toml",
+        "name = \"quick\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
+    );
+    c.wait_job(job, Duration::from_secs(60));
+    c.kill_server();
+
+    // With nobody listening and little patience: a clear error naming the address.
+    let out = c.cli(&["status", "--connect-timeout", "200ms"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&c.addr.to_string()) && err.contains("FLOTILLA_SERVER"),
+        "{err}"
+    );
+
+    // `flotilla wait` started while the coordinator is down finishes once it is back.
+    let wait = Command::new(BIN)
+        .args(["wait", &job.0.to_string(), "--connect-timeout", "2m"])
+        .current_dir(c.job_dir())
+        .env("FLOTILLA_SERVER", c.addr.to_string())
+        .env("FLOTILLA_TOKEN", &c.token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    c.restart_server();
+    // It gives up on its own after its --connect-timeout: it cannot hang the test.
+    let out = wait.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("succeeded"));
+
+    // The overview is a table with its headers.
+    let out = c.cli(&["status"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    for h in ["JOB", "DONE/TOTAL", "WORKER", "CPUS USED", "HW CLASS"] {
+        assert!(table.contains(h), "{h} missing from\n{table}");
+    }
+    assert!(table.contains("quick"), "{table}");
+
+    // No token anywhere: the error says where it looked.
+    let out = Command::new(BIN)
+        .args(["status"])
+        .current_dir(c.job_dir())
+        .env("FLOTILLA_SERVER", c.addr.to_string())
+        .env_remove("FLOTILLA_TOKEN")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(".flotilla/token") && err.contains("FLOTILLA_TOKEN"),
+        "{err}"
+    );
+}

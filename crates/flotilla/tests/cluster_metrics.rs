@@ -1,0 +1,144 @@
+//! `flotilla server --http-listen`: `/metrics` in the Prometheus text format, behind the
+//! API's tokens, scraped and parsed while a job runs and after it ends.
+
+#![allow(clippy::unwrap_used)]
+
+mod kit;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use kit::{last_line, wait_until, Cluster, Opts};
+
+/// `GET path` with an optional bearer token: (status code, body).
+fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let code = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {raw:?}"));
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    // A chunked body: join the chunks.
+    let body = if raw
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap();
+            if n == 0 {
+                break;
+            }
+            out.push_str(&after[..n]);
+            rest = &after[n + 2..];
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    (code, body)
+}
+
+/// Parses the text format: every sample line is `name{labels} value`, every name carries
+/// the `flotilla_` prefix, every metric has its `# TYPE`; returns samples by
+/// `name{labels}`.
+fn parse(text: &str) -> HashMap<String, f64> {
+    let mut samples = HashMap::new();
+    let mut typed = Vec::new();
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            typed.push(rest.split_whitespace().next().unwrap().to_string());
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let (key, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|e| panic!("{line:?}: value: {e}"));
+        let name = key.split('{').next().unwrap();
+        assert!(name.starts_with("flotilla_"), "{line:?}");
+        assert!(
+            typed.iter().any(|t| name.starts_with(t.as_str())),
+            "{name} has no # TYPE"
+        );
+        samples.insert(key.to_string(), value);
+    }
+    samples
+}
+
+#[test]
+fn metrics_are_served_behind_the_token_and_parse() {
+    let opts = Opts {
+        server_args: vec!["--http-listen".into(), "127.0.0.1:0".into()],
+        ..Opts::default()
+    };
+    let c = Cluster::start_with(2, 2, opts);
+    let http = c.http.expect("the coordinator serves HTTP");
+
+    // No token, or a wrong one: 401.
+    let (code, body) = get(http, "/metrics", None);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("Bearer"), "{body}");
+    assert_eq!(get(http, "/metrics", Some("not-a-token")).0, 401);
+
+    let alice = last_line(&c.cli(&["admin", "tenant", "add", "alice"]));
+    let job = "name = \"m\"\n[[task]]\nid = \"t\"\narray = \"0..12\"\ncmd = [\"true\"]\n";
+    let path = c.job_dir().join("m.toml");
+    std::fs::write(&path, job).unwrap();
+    let out = c.cli_with_token(&["submit", "--wait", &path.display().to_string()], &alice);
+    assert!(out.status.success());
+
+    // The admin sees the job's tasks done, dispatches counted, both workers.
+    let m = wait_until(
+        "the finished job in the metrics",
+        Duration::from_secs(30),
+        || {
+            let (code, body) = get(http, "/metrics", Some(&c.token));
+            assert_eq!(code, 200, "{body}");
+            let m = parse(&body);
+            (m.get("flotilla_tasks{state=\"done\"}") == Some(&12.0)).then_some(m)
+        },
+    );
+    assert!(m["flotilla_tasks_dispatched_total"] >= 12.0, "{m:?}");
+    assert_eq!(m["flotilla_workers"], 2.0);
+    assert_eq!(m["flotilla_tenant_done_tasks{tenant=\"alice\"}"], 12.0);
+    assert_eq!(m["flotilla_ready_queue_depth"], 0.0);
+    assert!(m["flotilla_journal_append_seconds_count"] >= 1.0, "{m:?}");
+    assert!(
+        m["flotilla_scheduling_latency_seconds_count"] >= 1.0,
+        "{m:?}"
+    );
+    assert!(m.contains_key("flotilla_lost_workers_total"));
+    assert!(m
+        .keys()
+        .any(|k| k.starts_with("flotilla_worker_utilization_ratio{")));
+
+    // A tenant sees its own jobs only.
+    let bob = last_line(&c.cli(&["admin", "tenant", "add", "bob"]));
+    let (code, body) = get(http, "/metrics", Some(&bob));
+    assert_eq!(code, 200);
+    let m = parse(&body);
+    assert!(!m.keys().any(|k| k.contains("alice")), "{body}");
+    assert_eq!(m.get("flotilla_tasks{state=\"done\"}"), None, "{body}");
+
+    // A worker's enrolment token sees no jobs: 403.
+    let wt = last_line(&c.cli(&["admin", "worker-token", "add", "--name", "w"]));
+    assert_eq!(get(http, "/metrics", Some(&wt)).0, 403);
+}

@@ -262,11 +262,28 @@ impl Client {
             .map_err(|e| ClusterError::Rpc(format!("bad cluster status document: {e}")))
     }
 
+    /// A job's attempts in time (`flotilla trace`; [`JobTrace::to_chrome`] renders it).
+    pub async fn job_trace(&mut self, job: JobId) -> Result<crate::state::JobTrace> {
+        let json = self
+            .inner
+            .status(proto::StatusRequest {
+                job: Some(job.0),
+                trace: true,
+            })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner()
+            .json;
+        serde_json::from_str(&json)
+            .map_err(|e| ClusterError::Rpc(format!("bad trace document of {job}: {e}")))
+    }
+
     async fn status_document(&mut self, job: Option<JobId>) -> Result<String> {
         Ok(self
             .inner
             .status(proto::StatusRequest {
                 job: job.map(|j| j.0),
+                trace: false,
             })
             .await
             .map_err(|e| self.rpc_err(e))?

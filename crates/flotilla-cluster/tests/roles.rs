@@ -493,7 +493,10 @@ async fn every_rpc_for_every_role() {
             async move {
                 match call {
                     "status" => c
-                        .status(proto::StatusRequest { job: Some(j) })
+                        .status(proto::StatusRequest {
+                            job: Some(j),
+                            trace: false,
+                        })
                         .await
                         .map(|_| ()),
                     "cancel" => c.cancel(proto::CancelRequest { job: j }).await.map(|_| ()),
@@ -525,12 +528,18 @@ async fn every_rpc_for_every_role() {
                 "Submit" => outcome(s.submit(token, &job_dir).await),
                 "Status(all)" => outcome(
                     s.coordinator(token)
-                        .status(proto::StatusRequest { job: None })
+                        .status(proto::StatusRequest {
+                            job: None,
+                            trace: false,
+                        })
                         .await,
                 ),
                 "Status(job)" => outcome(
                     s.coordinator(token)
-                        .status(proto::StatusRequest { job: Some(job) })
+                        .status(proto::StatusRequest {
+                            job: Some(job),
+                            trace: false,
+                        })
                         .await,
                 ),
                 "Watch" => match s
@@ -752,7 +761,10 @@ async fn a_revoked_token_ends_its_open_streams_at_once() {
     // And every new call with them is refused.
     let e = s
         .coordinator(&alice.token)
-        .status(proto::StatusRequest { job: None })
+        .status(proto::StatusRequest {
+            job: None,
+            trace: false,
+        })
         .await
         .expect_err("revoked");
     assert_eq!(e.code(), Code::Unauthenticated);

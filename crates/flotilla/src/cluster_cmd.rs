@@ -256,6 +256,21 @@ pub(crate) struct RunArgs {
     /// required (as `flotilla worker --isolation`).
     #[arg(long, default_value = "none")]
     isolation: Isolation,
+    /// Write the job's attempts in time to this file as a Chrome/Perfetto trace (open it in
+    /// ui.perfetto.dev), as `flotilla trace` does.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct TraceArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// The job id.
+    job: u64,
+    /// Write it here instead of to stdout.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -699,6 +714,16 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let ok = follow(&mut client, submitted.job, &label).await?;
     let status = client.job_status(submitted.job).await?;
     gather_if_transfer(&mut client, &status, ok).await?;
+    if let Some(path) = &a.trace {
+        let t = client.job_trace(submitted.job).await?;
+        std::fs::write(path, t.to_chrome())
+            .with_context(|| format!("writing the trace to {}", path.display()))?;
+        eprintln!(
+            "trace of {} attempts written to {}",
+            t.spans.len(),
+            path.display()
+        );
+    }
     if a.json {
         println!("{}", serde_json::to_string(&status)?);
     } else {
@@ -834,6 +859,29 @@ pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     summarize(&mut client, &status).await;
     gather_if_transfer(&mut client, &status, ok).await?;
     Ok(ok)
+}
+
+pub(crate) async fn trace(a: TraceArgs) -> Result<()> {
+    let mut client = a.remote.client().await?;
+    let t = client.job_trace(JobId::new(a.job)).await?;
+    if t.partial {
+        eprintln!(
+            "note: the trace of {} is partial (attempts that ended before the coordinator last \
+             started have no times, and a job keeps its first 200,000)",
+            t.job
+        );
+    }
+    let text = t.to_chrome();
+    match &a.output {
+        Some(path) => std::fs::write(path, text)
+            .with_context(|| format!("writing the trace to {}", path.display()))?,
+        None => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes())?;
+            out.flush()?;
+        }
+    }
+    Ok(())
 }
 
 pub(crate) async fn cancel(a: JobArgs) -> Result<()> {

@@ -67,6 +67,9 @@ enum Command {
     Rm(cluster_cmd::JobArgs),
     /// Print a task's captured output.
     Logs(cluster_cmd::LogsArgs),
+    /// A job's attempts in time as a Chrome/Perfetto trace (JSON; open it in
+    /// ui.perfetto.dev): one process per worker, a track per slot and per GPU.
+    Trace(cluster_cmd::TraceArgs),
     /// Tenants, worker enrolment tokens and revocation (takes the admin token).
     #[command(subcommand)]
     Admin(admin_cmd::AdminCmd),
@@ -342,6 +345,14 @@ struct ClusterArgs {
     /// sandbox adds.
     #[arg(long, default_value = "none")]
     isolation: flotilla::cluster::worker::Isolation,
+    /// Also time each repetition with this many clients scraping the coordinator's
+    /// `/metrics` without pause, and report both rates (the dashboard's cost to scheduling).
+    #[arg(long, default_value_t = 0)]
+    scrapers: usize,
+    /// Each scraper's pause between scrapes: 1s is a dashboard refreshing every second,
+    /// 0s scrapes without pause.
+    #[arg(long, default_value = "1s")]
+    scrape_every: String,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -547,6 +558,7 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Cancel(a) => ok(tokio_runtime()?.block_on(cluster_cmd::cancel(a))),
         Command::Rm(a) => ok(tokio_runtime()?.block_on(cluster_cmd::remove(a))),
         Command::Logs(a) => ok(tokio_runtime()?.block_on(cluster_cmd::logs(a))),
+        Command::Trace(a) => ok(tokio_runtime()?.block_on(cluster_cmd::trace(a))),
         Command::Admin(a) => ok(tokio_runtime()?.block_on(admin_cmd::admin(a))),
         Command::Provider(a) => ok(tokio_runtime()?.block_on(admin_cmd::provider(a))),
         Command::Ledger(a) => ok(tokio_runtime()?.block_on(admin_cmd::ledger(a))),
@@ -573,13 +585,16 @@ fn run(cli: Cli) -> Result<bool> {
                 chain_depth: a.chain_depth,
                 restarts: a.restarts,
                 isolation: a.isolation,
+                scrapers: a.scrapers,
+                scrape_every: flotilla::core::duration::parse_duration(&a.scrape_every)
+                    .map_err(|e| anyhow::anyhow!("--scrape-every: {e}"))?,
             };
             let r = tokio_runtime()?
                 .block_on(flotilla::bench::cluster::run(&cfg))
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             print(a.json, &r, |r| {
                 format!(
-                    "cluster {} ({}) tasks={} workers={}x{}: {:.0} tasks/s, {:.3} ms/task, median {:.3} s{}{}",
+                    "cluster {} ({}) tasks={} workers={}x{}: {:.0} tasks/s, {:.3} ms/task, median {:.3} s{}{}{}",
                     r.workload,
                     r.kind,
                     r.tasks,
@@ -595,6 +610,13 @@ fn run(cli: Cli) -> Result<bool> {
                     match (r.restart_s, r.journal_bytes) {
                         (Some(s), Some(b)) => format!("; restart {:.1} ms on a {b}-byte journal", s * 1e3),
                         (Some(s), None) => format!("; restart {:.1} ms", s * 1e3),
+                        _ => String::new(),
+                    },
+                    match (r.scraped_tasks_per_s, r.ratio_scraped, r.scrapes_per_s) {
+                        (Some(s), Some(q), Some(n)) => format!(
+                            "; with {} /metrics scrapers ({n:.0} scrapes/s): {s:.0} tasks/s, ratio {q:.3}",
+                            r.scrapers
+                        ),
                         _ => String::new(),
                     }
                 )

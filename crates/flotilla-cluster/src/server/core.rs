@@ -54,6 +54,8 @@ pub(super) enum Req {
     Status {
         job: Option<JobId>,
         scope: Scope,
+        /// The job's trace (`JobTrace`) instead of its status.
+        trace: bool,
         reply: Reply<String>,
     },
     Outputs {
@@ -840,8 +842,22 @@ impl Core {
             ),
             Req::Cancel { job, reply, .. } => self.on_cancel(job, reply, cmds, records, after),
             Req::Remove { job, reply, .. } => self.on_remove(job, reply, cmds, records, after),
-            Req::Status { job, scope, reply } => {
-                let _ = reply.send(self.on_status(job, &scope));
+            Req::Status {
+                job,
+                scope,
+                trace,
+                reply,
+            } => {
+                let _ = reply.send(match (trace, job) {
+                    (true, Some(j)) => match self.coord.job_trace(j) {
+                        Some(t) => {
+                            serde_json::to_string(&t).map_err(|e| Status::internal(e.to_string()))
+                        }
+                        None => Err(no_job(j)),
+                    },
+                    (true, None) => Err(Status::invalid_argument("a trace is of one job")),
+                    (false, _) => self.on_status(job, &scope),
+                });
             }
             Req::Outputs { job, reply, .. } => {
                 let _ = reply.send(self.outputs(job));

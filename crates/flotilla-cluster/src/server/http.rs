@@ -263,11 +263,20 @@ fn tenant_label(t: &str) -> String {
     }
 }
 
+/// How long an encoded answer is served again to callers of the same scope.
+const REUSE: Duration = Duration::from_millis(250);
+
+/// Encoded answers by scope, with when they were made.
+pub(crate) type Encoded = std::collections::HashMap<String, (Instant, Arc<String>)>;
+
 /// The HTTP side's shared state.
 #[derive(Clone)]
 pub(crate) struct Http {
     pub(crate) access: Arc<Access>,
     pub(crate) metrics: Arc<Metrics>,
+    /// The latest encoded answer per scope (`""`: the admin's), reused for [`REUSE`]: many
+    /// clients scraping at once cost one encoding per scope and period.
+    pub(crate) encoded: Arc<parking_lot::Mutex<Encoded>>,
 }
 
 /// The routes.
@@ -328,8 +337,28 @@ async fn metrics(State(http): State<Http>, headers: HeaderMap) -> Response {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
-    let snap = http.metrics.fresh().await;
-    let body = http.metrics.encode(&snap, &scope);
+    let key = match &scope {
+        Scope::All => String::new(),
+        Scope::Tenant(t) => format!("tenant:{t}"),
+    };
+    let cached = http
+        .encoded
+        .lock()
+        .get(&key)
+        .filter(|(at, _)| at.elapsed() < REUSE)
+        .map(|(_, body)| body.clone());
+    let body = match cached {
+        Some(body) => body,
+        None => {
+            let snap = http.metrics.fresh().await;
+            let body = Arc::new(http.metrics.encode(&snap, &scope));
+            http.encoded
+                .lock()
+                .insert(key, (Instant::now(), body.clone()));
+            body
+        }
+    };
+    let body = body.as_str().to_string();
     (
         [(
             header::CONTENT_TYPE,

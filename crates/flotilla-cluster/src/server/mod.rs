@@ -224,6 +224,7 @@ impl Server {
                     http::Http {
                         access: access.clone(),
                         metrics,
+                        encoded: Default::default(),
                     },
                     stop_rx.clone(),
                 )

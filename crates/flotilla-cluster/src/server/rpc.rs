@@ -385,8 +385,16 @@ impl CoordinatorRpc for Api {
         req: Request<proto::StatusRequest>,
     ) -> std::result::Result<Response<proto::StatusReply>, Status> {
         let scope = job_scope(&req, "see jobs")?;
-        let job = req.into_inner().job.map(JobId::new);
-        let json = self.ask(|reply| Req::Status { job, scope, reply }).await?;
+        let r = req.into_inner();
+        let (job, trace) = (r.job.map(JobId::new), r.trace);
+        let json = self
+            .ask(|reply| Req::Status {
+                job,
+                scope,
+                trace,
+                reply,
+            })
+            .await?;
         Ok(Response::new(proto::StatusReply { json }))
     }
 

@@ -105,6 +105,26 @@ pub(crate) struct Job {
     pub(crate) quota_wait: Option<String>,
     /// Its `[pool]` section and what it spent (`None`: the operator's own workers only).
     pub(crate) pool: Option<Box<super::coordinator::JobPool>>,
+    /// Its attempts' spans for `flotilla trace` (the first [`MAX_SPANS`], seen live: a
+    /// replayed journal has no start times).
+    pub(crate) spans: Vec<Span>,
+}
+
+/// The most attempt spans a job keeps for its trace.
+pub(crate) const MAX_SPANS: usize = 200_000;
+
+/// One attempt on a worker's timeline.
+#[derive(Clone, Debug)]
+pub(crate) struct Span {
+    pub(crate) task: TaskId,
+    pub(crate) attempt: u32,
+    pub(crate) worker: WorkerId,
+    pub(crate) worker_name: String,
+    /// The first GPU it held, if any.
+    pub(crate) gpu: Option<u32>,
+    pub(crate) start: Millis,
+    pub(crate) end: Millis,
+    pub(crate) outcome: &'static str,
 }
 
 /// What a job's tasks in flight are charged, for fair share and quotas.
@@ -214,6 +234,7 @@ impl Job {
             held: Held::default(),
             quota_wait: None,
             pool: None,
+            spans: Vec::new(),
         }
     }
 

@@ -122,8 +122,8 @@ use serde::{Deserialize, Serialize};
 
 pub use coordinator::{Coordinator, VerdictRecord};
 pub use status::{
-    ClusterStatus, JobPoolStatus, JobStatus, JobSummary, JournalStatus, TaskCounts, TaskStatus,
-    WorkerStatus,
+    AttemptSpan, ClusterStatus, JobPoolStatus, JobStatus, JobSummary, JobTrace, JournalStatus,
+    TaskCounts, TaskStatus, WorkerStatus,
 };
 
 /// Monotonic milliseconds, injected by the caller.

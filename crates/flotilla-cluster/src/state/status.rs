@@ -269,11 +269,142 @@ fn yes() -> bool {
     true
 }
 
+/// One attempt as a span on its worker's timeline (`flotilla trace`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AttemptSpan {
+    /// The task's name (`tile[3]`).
+    pub task: String,
+    /// The attempt number.
+    pub attempt: u32,
+    /// The worker it ran on, and its name.
+    pub worker: WorkerId,
+    /// The worker's name.
+    pub worker_name: String,
+    /// The first GPU it held (its position on the worker), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<u32>,
+    /// Milliseconds after the job's submission.
+    pub start_ms: u64,
+    /// Milliseconds after the job's submission.
+    pub end_ms: u64,
+    /// `succeeded`, `failed`, `cancelled`, `preempted` or `lost`.
+    pub outcome: String,
+}
+
+/// A job's attempts in time, for a Chrome/Perfetto trace.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobTrace {
+    /// The job.
+    pub job: JobId,
+    /// Its name.
+    pub name: String,
+    /// Its spans, in the order the attempts ended.
+    pub spans: Vec<AttemptSpan>,
+    /// Whether attempts were left out (the first ones kept only, or some ended before the
+    /// coordinator last started: a replayed journal has no times).
+    pub partial: bool,
+}
+
+impl JobTrace {
+    /// The trace in the Chrome/Perfetto JSON format (the runtime's `FLOTILLA_TRACE` format):
+    /// one process per worker, one track per slot (attempts that overlapped on a worker go
+    /// to different slots) and one per GPU; each attempt a span named `task #attempt`.
+    pub fn to_chrome(&self) -> String {
+        let mut events: Vec<serde_json::Value> = Vec::new();
+        let mut by_worker: std::collections::BTreeMap<WorkerId, Vec<&AttemptSpan>> =
+            Default::default();
+        for s in &self.spans {
+            by_worker.entry(s.worker).or_default().push(s);
+        }
+        for (w, mut spans) in by_worker {
+            let pid = w.0;
+            let name = &spans[0].worker_name;
+            events.push(serde_json::json!({
+                "ph": "M", "pid": pid, "tid": 0, "name": "process_name",
+                "args": { "name": format!("worker {w} ({name})") }
+            }));
+            spans.sort_by_key(|s| (s.start_ms, s.end_ms));
+            // Interval partitioning: each span on the first slot free at its start.
+            let mut slot_ends: Vec<u64> = Vec::new();
+            let mut gpus: std::collections::BTreeSet<u32> = Default::default();
+            for s in spans {
+                let tid = match s.gpu {
+                    Some(g) => {
+                        gpus.insert(g);
+                        10_000 + u64::from(g)
+                    }
+                    None => {
+                        let lane = match slot_ends.iter().position(|&e| e <= s.start_ms) {
+                            Some(l) => l,
+                            None => {
+                                slot_ends.push(0);
+                                slot_ends.len() - 1
+                            }
+                        };
+                        slot_ends[lane] = s.end_ms;
+                        lane as u64
+                    }
+                };
+                events.push(serde_json::json!({
+                    "ph": "X", "pid": pid, "tid": tid, "cat": s.outcome,
+                    "name": format!("{} #{}", s.task, s.attempt),
+                    "ts": s.start_ms * 1000, "dur": s.end_ms.saturating_sub(s.start_ms) * 1000,
+                    "args": { "task": s.task, "attempt": s.attempt, "outcome": s.outcome }
+                }));
+            }
+            for lane in 0..slot_ends.len() {
+                events.push(serde_json::json!({
+                    "ph": "M", "pid": pid, "tid": lane, "name": "thread_name",
+                    "args": { "name": format!("slot {lane}") }
+                }));
+            }
+            for g in gpus {
+                events.push(serde_json::json!({
+                    "ph": "M", "pid": pid, "tid": 10_000 + u64::from(g), "name": "thread_name",
+                    "args": { "name": format!("gpu {g}") }
+                }));
+            }
+        }
+        let doc = serde_json::json!({
+            "traceEvents": events,
+            "displayTimeUnit": "ms",
+            "otherData": { "job": self.job.0, "name": self.name, "partial": self.partial },
+        });
+        format!("{doc}\n")
+    }
+}
+
 fn makespan(j: &Job, now: Millis) -> f64 {
     j.finished.unwrap_or(now).saturating_sub(j.submitted) as f64 / 1000.0
 }
 
 impl Coordinator {
+    /// A job's attempts as spans; `None` if unknown.
+    pub fn job_trace(&self, job: JobId) -> Option<JobTrace> {
+        let j = self.jobs_map().get(&job)?;
+        let spans: Vec<AttemptSpan> = j
+            .spans
+            .iter()
+            .map(|s| AttemptSpan {
+                task: j.graph.task(s.task).name.clone(),
+                attempt: s.attempt,
+                worker: s.worker,
+                worker_name: s.worker_name.clone(),
+                gpu: s.gpu,
+                start_ms: s.start.saturating_sub(j.submitted),
+                end_ms: s.end.saturating_sub(j.submitted),
+                outcome: s.outcome.to_string(),
+            })
+            .collect();
+        Some(JobTrace {
+            job: j.id,
+            name: j.name.clone(),
+            partial: spans.len() >= super::job::MAX_SPANS
+                || self.recovered_at.is_some_and(|r| j.submitted < r),
+            spans,
+        })
+    }
+
     /// One job with every task; `None` if unknown. Linear in the job's tasks: for a large
     /// job prefer [`Coordinator::job_summary`] and [`Coordinator::task_status`].
     pub fn job_status(&self, job: JobId) -> Option<JobStatus> {

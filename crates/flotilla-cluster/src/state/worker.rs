@@ -27,6 +27,8 @@ pub(crate) struct Slot {
     pub(crate) reserved: bool,
     /// The worker said it started.
     pub(crate) started: bool,
+    /// When the coordinator heard it started (the trace's start of a lost attempt).
+    pub(crate) started_at: Option<Millis>,
     /// Assignment order, for promotion.
     pub(crate) seq: u64,
     /// A `Retract` was sent on behalf of this idle worker.
@@ -164,6 +166,7 @@ impl Worker {
             gpus,
             reserved: false,
             started: false,
+            started_at: None,
             seq,
             thief: None,
             cancel_sent: false,
@@ -243,6 +246,7 @@ impl Worker {
             gpus: Vec::new(),
             reserved: false,
             started: false,
+            started_at: None,
             seq,
             thief: None,
             cancel_sent: false,

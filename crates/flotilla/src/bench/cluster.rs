@@ -41,6 +41,11 @@ pub struct ClusterBenchConfig {
     pub restarts: usize,
     /// The workers' task sandboxing.
     pub isolation: flotilla_cluster::worker::Isolation,
+    /// Clients scraping `/metrics` without pause during every other timed job (0: none):
+    /// each repetition then times the job without and with them, side by side.
+    pub scrapers: usize,
+    /// Each scraper's pause between scrapes (a dashboard refreshing; zero: none).
+    pub scrape_every: Duration,
 }
 
 /// One result line.
@@ -77,6 +82,55 @@ pub struct ClusterBenchResult {
     pub restart_s: Option<f64>,
     /// The journal's size when restarted, bytes.
     pub journal_bytes: Option<u64>,
+    /// Clients scraping `/metrics` during the scraped runs.
+    pub scrapers: usize,
+    /// Tasks per second (median) while they scraped.
+    pub scraped_tasks_per_s: Option<f64>,
+    /// Scraped rate over the unscraped one, same run.
+    pub ratio_scraped: Option<f64>,
+    /// Scrapes answered during the scraped runs, per second.
+    pub scrapes_per_s: Option<f64>,
+}
+
+/// `n` clients that GET `/metrics` at `addr` one after another until `stop`; returns the
+/// scrapes answered.
+fn scrapers(
+    n: usize,
+    every: Duration,
+    addr: SocketAddr,
+    token: String,
+    stop: watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    (0..n)
+        .map(|_| {
+            let (token, stop) = (token.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut done = 0u64;
+                let mut buf = Vec::with_capacity(64 << 10);
+                while !*stop.borrow() {
+                    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+                        break;
+                    };
+                    let req = format!(
+                        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+                    );
+                    if s.write_all(req.as_bytes()).await.is_err() {
+                        break;
+                    }
+                    buf.clear();
+                    if s.read_to_end(&mut buf).await.is_ok() && buf.starts_with(b"HTTP/1.1 200") {
+                        done += 1;
+                    }
+                    if !every.is_zero() {
+                        let mut stop = stop.clone();
+                        let _ = tokio::time::timeout(every, stop.changed()).await;
+                    }
+                }
+                done
+            })
+        })
+        .collect()
 }
 
 const NOOP_WAT: &str = "(module (memory (export \"memory\") 1) (func (export \"_start\")))\n";
@@ -154,6 +208,9 @@ pub async fn run(
     let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), dir.join("state"));
     scfg.coordinator.queue_depth = 64;
     scfg.coordinator.chain_depth = cfg.chain_depth;
+    if cfg.scrapers > 0 {
+        scfg.http_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    }
     let server = Server::start(scfg.clone()).await?;
     let remote = Remote::new(server.addr().to_string(), server.token().to_string());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -188,15 +245,42 @@ pub async fn run(
     let s = client.submit_text("warmup.toml", &warm, &dir_s).await?;
     client.wait(s.job, |_| {}).await?;
     let mut runs = Vec::new();
+    let mut scraped_runs = Vec::new();
+    let (mut scrapes, mut scraped_s) = (0u64, 0.0f64);
     for _ in 0..cfg.reps.max(1) {
-        let start = Instant::now();
-        let s = client.submit_text("job.toml", &text, &dir_s).await?;
-        let f = client.wait(s.job, |_| {}).await?;
-        let secs = start.elapsed().as_secs_f64();
-        if !f.succeeded() {
-            return Err(format!("benchmark job {} ended {}", s.job, f.state).into());
+        for with in [false, true] {
+            if with && cfg.scrapers == 0 {
+                continue;
+            }
+            let (scrape_stop, scrape_rx) = watch::channel(false);
+            let clients = match (with, server.http_addr()) {
+                (true, Some(http)) => scrapers(
+                    cfg.scrapers,
+                    cfg.scrape_every,
+                    http,
+                    server.token().to_string(),
+                    scrape_rx,
+                ),
+                _ => Vec::new(),
+            };
+            let start = Instant::now();
+            let s = client.submit_text("job.toml", &text, &dir_s).await?;
+            let f = client.wait(s.job, |_| {}).await?;
+            let secs = start.elapsed().as_secs_f64();
+            let _ = scrape_stop.send(true);
+            for c in clients {
+                scrapes += c.await.unwrap_or(0);
+            }
+            if !f.succeeded() {
+                return Err(format!("benchmark job {} ended {}", s.job, f.state).into());
+            }
+            if with {
+                scraped_runs.push(secs);
+                scraped_s += secs;
+            } else {
+                runs.push(secs);
+            }
         }
-        runs.push(secs);
     }
     let _ = stop_tx.send(true);
     for h in handles {
@@ -238,6 +322,10 @@ pub async fn run(
         None
     };
     let rate = n_tasks as f64 / med;
+    let scraped_rate = (!scraped_runs.is_empty()).then(|| {
+        scraped_runs.sort_by(f64::total_cmp);
+        n_tasks as f64 / scraped_runs[scraped_runs.len() / 2]
+    });
     Ok(ClusterBenchResult {
         bench: "cluster",
         chain_depth: cfg.chain_depth,
@@ -258,6 +346,10 @@ pub async fn run(
         ratio_to_xargs: xargs.map(|x| rate / x),
         restart_s,
         journal_bytes: restart_s.and(journal_bytes),
+        scrapers: cfg.scrapers,
+        scraped_tasks_per_s: scraped_rate,
+        ratio_scraped: scraped_rate.map(|s| s / rate),
+        scrapes_per_s: (scraped_s > 0.0).then(|| scrapes as f64 / scraped_s),
     })
 }
 

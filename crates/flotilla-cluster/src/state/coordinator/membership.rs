@@ -2,6 +2,7 @@
 //! their last holder goes.
 
 use super::*;
+use crate::state::job::{Span, MAX_SPANS};
 
 impl Coordinator {
     pub(super) fn worker_joined(
@@ -154,6 +155,23 @@ impl Coordinator {
                 continue;
             }
             rt.worker = None;
+            let slot = &w.slots[&(tref, attempt)];
+            if let (Some(start), false, true) = (
+                slot.started_at,
+                self.pool.replaying,
+                j.spans.len() < MAX_SPANS,
+            ) {
+                j.spans.push(Span {
+                    task: tref.task,
+                    attempt,
+                    worker: id,
+                    worker_name: w.spec.name.clone(),
+                    gpu: slot.gpus.first().map(|g| g.0 as u32),
+                    start,
+                    end: self.now.max(start),
+                    outcome: "lost",
+                });
+            }
             if j.is_active() {
                 j.runnable(tref.task, Some(message.clone()), out);
                 if j.graph.task(tref.task).gang.is_some() {

@@ -74,6 +74,8 @@ pub struct Coordinator {
     ghosts: BTreeMap<TaskRef, Ghost>,
     /// End of the reconcile grace after a restart.
     grace_until: Option<Millis>,
+    /// When the journal's replay ended (jobs older have no spans from before).
+    pub(in crate::state) recovered_at: Option<Millis>,
     journal: Vec<JournalRecord>,
     pending: BTreeMap<WorkerId, Vec<Assignment>>,
     /// Tenants' quotas (a tenant not here has none).
@@ -101,6 +103,7 @@ impl Coordinator {
             grace: BinaryHeap::new(),
             ghosts: BTreeMap::new(),
             grace_until: None,
+            recovered_at: None,
             journal: Vec::new(),
             pending: BTreeMap::new(),
             quotas: BTreeMap::new(),
@@ -213,6 +216,7 @@ impl Coordinator {
         self.pool.replaying = false;
         let now = now.max(self.now);
         self.now = now;
+        self.recovered_at = Some(now);
         let due = now.saturating_add(self.config.reconcile_grace_ms);
         for (t, g) in &self.ghosts {
             self.grace.push(Reverse((due, *t, g.attempt)));
@@ -396,6 +400,13 @@ impl Coordinator {
                 }
                 self.task_started(worker, task, attempt, out)?;
                 self.now = now;
+                if let Some(s) = self
+                    .workers
+                    .get_mut(&worker)
+                    .and_then(|w| w.slots.get_mut(&(task, attempt)))
+                {
+                    s.started_at.get_or_insert(now);
+                }
             }
             Event::TaskFinished {
                 worker,

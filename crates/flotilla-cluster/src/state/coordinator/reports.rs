@@ -2,6 +2,7 @@
 //! cancelled), and assignments replayed from the journal.
 
 use super::*;
+use crate::state::job::{Span, MAX_SPANS};
 
 /// A success to apply (see [`Coordinator::attempt_succeeded`]).
 pub(super) struct Succeeded {
@@ -127,10 +128,15 @@ impl Coordinator {
         let owner = ghost.as_ref().map_or(worker, |g| g.worker);
         // Whether the attempt held resources on `worker` that queued attempts may now take.
         let mut freed = false;
+        // When it was heard to start, its first GPU, and its worker's name (the trace).
+        let mut began: (Option<Millis>, Option<u32>, String) = (None, None, String::new());
         if let Some(w) = self.workers.get_mut(&worker) {
+            began.2 = w.spec.name.clone();
             // Promotion waits until the chained attempts this end releases are queued.
             if let Some(slot) = w.take((task, attempt)) {
                 freed = slot.reserved;
+                began.0 = slot.started_at;
+                began.1 = slot.gpus.first().map(|g| g.0 as u32);
                 if let Some(t) = slot.thief.and_then(|t| self.workers.get_mut(&t)) {
                     t.incoming = t.incoming.saturating_sub(1);
                 }
@@ -165,6 +171,32 @@ impl Coordinator {
         };
         let succeeded = matches!(result.outcome, AttemptOutcome::Succeeded)
             && !j.broken.contains(&(t, attempt));
+        if !self.pool.replaying && j.spans.len() < MAX_SPANS {
+            // The worker's own measure of its run, ending now; what the coordinator saw of
+            // its start when the worker reported none.
+            let end = self.now;
+            let wall = result.usage.wall_seconds;
+            let start = if wall.is_finite() && wall > 0.0 {
+                end.saturating_sub((wall * 1000.0).round() as Millis)
+            } else {
+                began.0.unwrap_or(end)
+            };
+            j.spans.push(Span {
+                task: t,
+                attempt,
+                worker: ran_on,
+                worker_name: began.2,
+                gpu: began.1,
+                start: start.max(j.submitted),
+                end,
+                outcome: match &result.outcome {
+                    AttemptOutcome::Succeeded if succeeded => "succeeded",
+                    AttemptOutcome::Succeeded | AttemptOutcome::Cancelled => "cancelled",
+                    AttemptOutcome::Failed { .. } => "failed",
+                    AttemptOutcome::Preempted { .. } => "preempted",
+                },
+            });
+        }
         let released = self.settle_chained((task, attempt), succeeded, ran_on, out);
         if freed || (released && ran_on == worker) {
             if let Some(w) = self.workers.get_mut(&worker) {

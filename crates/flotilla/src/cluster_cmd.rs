@@ -117,8 +117,9 @@ pub(crate) struct ServerArgs {
     /// are closed as soon as they are accepted).
     #[arg(long, default_value_t = flotilla::cluster::server::DEFAULT_MAX_CONNECTIONS_PER_PEER)]
     max_connections_per_peer: usize,
-    /// Serve HTTP here too (e.g. 127.0.0.1:9090): `/metrics` in the Prometheus text format,
-    /// for the admin's or a tenant's token (`Authorization: Bearer TOKEN`).
+    /// Serve HTTP here too (e.g. 127.0.0.1:9090): the web dashboard at `/` (log in with the
+    /// admin's or a tenant's token) and `/metrics` in the Prometheus text format
+    /// (`Authorization: Bearer TOKEN`).
     #[arg(long)]
     http_listen: Option<SocketAddr>,
     /// The platform's share of every settled cost in the pool (0.05: 5 % of what a
@@ -260,6 +261,10 @@ pub(crate) struct RunArgs {
     /// ui.perfetto.dev), as `flotilla trace` does.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Serve the web dashboard (and /metrics) while the job runs, at ADDR (default
+    /// 127.0.0.1 on a free port); prints the address to open, with a one-time login.
+    #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:0")]
+    dashboard: Option<SocketAddr>,
 }
 
 #[derive(Args, Debug)]
@@ -392,7 +397,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
         a.state.join("token").display()
     );
     if let Some(http) = server.http_addr() {
-        eprintln!("flotilla server: metrics at http://{http}/metrics");
+        eprintln!("flotilla server: metrics at http://{http}/metrics, dashboard at http://{http}/");
     }
     let stop = server.stop_handle();
     tokio::spawn(async move {
@@ -690,11 +695,15 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("/"));
     let state = a.state.clone().unwrap_or_else(|| job_dir.join(".flotilla"));
-    let server = Server::start(ServerConfig::new(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        &state,
-    ))
-    .await?;
+    let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), &state);
+    scfg.http_listen = a.dashboard;
+    let server = Server::start(scfg).await?;
+    if let Some(http) = server.http_addr() {
+        eprintln!(
+            "dashboard: http://{http}/?token={} (the token is exchanged for a session)",
+            server.token()
+        );
+    }
     let remote = Remote::new(server.addr().to_string(), server.token().to_string());
     let mut wcfg = WorkerConfig::local(remote.clone());
     wcfg.guard = flotilla::guard_command();

@@ -14,17 +14,24 @@ use kit::{last_line, wait_until, Cluster, Opts};
 
 /// `GET path` with an optional bearer token: (status code, body).
 fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
+    let (code, _, body) = request(addr, path, &auth);
+    (code, body)
+}
+
+/// `GET path` with extra header lines: (status code, the head, body).
+fn request(addr: SocketAddr, path: &str, headers: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
+    let head = raw.split("\r\n\r\n").next().unwrap_or("").to_string();
     let code = raw
         .split_whitespace()
         .nth(1)
@@ -50,7 +57,7 @@ fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, String) {
     } else {
         body.to_string()
     };
-    (code, body)
+    (code, head, body)
 }
 
 /// Parses the text format: every sample line is `name{labels} value`, every name carries
@@ -141,4 +148,87 @@ fn metrics_are_served_behind_the_token_and_parse() {
     // A worker's enrolment token sees no jobs: 403.
     let wt = last_line(&c.cli(&["admin", "worker-token", "add", "--name", "w"]));
     assert_eq!(get(http, "/metrics", Some(&wt)).0, 403);
+}
+
+#[test]
+fn the_dashboard_exchanges_a_token_for_a_session_and_scopes_its_api() {
+    let opts = Opts {
+        server_args: vec!["--http-listen".into(), "127.0.0.1:0".into()],
+        ..Opts::default()
+    };
+    let c = Cluster::start_with(1, 1, opts);
+    let http = c.http.unwrap();
+    let job = c.submit_toml(
+        "d.toml",
+        "name = \"d\"\n[[task]]\nid = \"a\"\ncmd = [\"sh\", \"-c\", \"echo hello\"]\n",
+    );
+    c.wait_job(job, Duration::from_secs(60));
+
+    // Nobody logged in: the login page, and the API refuses.
+    let (code, _, body) = request(http, "/", "");
+    assert_eq!(code, 200);
+    assert!(body.contains("name=\"token\""), "{body}");
+    assert_eq!(request(http, "/api/cluster", "").0, 401);
+    assert_eq!(request(http, "/?token=nope", "").0, 401);
+
+    // The token is exchanged once for an HttpOnly session cookie and a redirect.
+    let (code, head, _) = request(http, &format!("/?token={}", c.token), "");
+    assert_eq!(code, 303, "{head}");
+    let cookie = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("set-cookie:")
+                .then(|| l[11..].trim().to_string())
+        })
+        .unwrap();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let session = cookie.split(';').next().unwrap().to_string();
+    assert!(!session.contains(&c.token), "the cookie is not the token");
+    let with = format!("Cookie: {session}\r\n");
+    let (code, _, body) = request(http, "/", &with);
+    assert_eq!(code, 200);
+    assert!(body.contains("/app.js"), "{body}");
+    let (code, _, body) = request(http, &format!("/api/jobs/{}", job.0), &with);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"done\""), "{body}");
+    let (code, _, body) = request(http, &format!("/api/jobs/{}/logs/a", job.0), &with);
+    assert_eq!((code, body.as_str()), (200, "hello\n"));
+    let (code, _, body) = request(http, &format!("/api/jobs/{}/trace", job.0), &with);
+    assert_eq!(code, 200);
+    assert!(body.contains("\"outcome\":\"succeeded\""), "{body}");
+    assert_eq!(request(http, "/api/model", &with).0, 200);
+    assert_eq!(request(http, "/app.js", "").0, 200);
+
+    // A tenant's session sees no other tenant's job; revoking its token ends its session.
+    let out = c.cli(&["admin", "tenant", "add", "carol"]);
+    let carol = last_line(&out);
+    let (_, head, _) = request(http, &format!("/?token={carol}"), "");
+    let carol_session = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("set-cookie:")
+                .then(|| l[11..].trim().to_string())
+        })
+        .unwrap();
+    let carol_with = format!("Cookie: {}\r\n", carol_session.split(';').next().unwrap());
+    assert_eq!(
+        request(http, &format!("/api/jobs/{}", job.0), &carol_with).0,
+        404
+    );
+    let (code, _, body) = request(http, "/api/cluster", &carol_with);
+    assert_eq!(code, 200);
+    assert!(body.contains("\"jobs\":[]"), "{body}");
+    let id = String::from_utf8_lossy(&out.stderr)
+        .split("(token ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap()
+        .to_string();
+    assert!(c.cli(&["admin", "token", "revoke", &id]).status.success());
+    assert_eq!(request(http, "/api/cluster", &carol_with).0, 401);
 }

@@ -74,6 +74,10 @@ pub(super) enum Req {
         scope: Scope,
         reply: Reply<LogInfo>,
     },
+    /// The performance model (the dashboard's table).
+    Model {
+        reply: Reply<String>,
+    },
     Register {
         req: proto::RegisterRequest,
         /// Its id before a reconnect, when its credential proved it.
@@ -874,6 +878,9 @@ impl Core {
                 offer,
                 reply,
             } => self.on_register(req, (previous, offer), reply, cmds, records, after),
+            Req::Model { reply } => {
+                let _ = reply.send(Ok(self.coord.model_json()));
+            }
             Req::Providers { providers, reply } => {
                 let _ = reply.send(self.on_providers(providers));
             }

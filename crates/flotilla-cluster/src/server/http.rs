@@ -89,6 +89,16 @@ impl Metrics {
         })
     }
 
+    /// Asks the core for a snapshot at its next turn (a listener of the event stream).
+    pub(crate) fn want(&self) {
+        self.wanted.store(true, Ordering::Relaxed);
+    }
+
+    /// The snapshots as they are published.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
+        self.snapshots.subscribe()
+    }
+
     /// The core's side: publishes `status` as the newest snapshot.
     pub(crate) fn publish(&self, status: ClusterStatus) {
         self.published.fetch_add(1, Ordering::Relaxed);
@@ -277,12 +287,28 @@ pub(crate) struct Http {
     /// The latest encoded answer per scope (`""`: the admin's), reused for [`REUSE`]: many
     /// clients scraping at once cost one encoding per scope and period.
     pub(crate) encoded: Arc<parking_lot::Mutex<Encoded>>,
+    /// The dashboard's sessions and kept answers.
+    pub(crate) dashboard: Arc<super::dashboard::Dashboard>,
+    /// The core's queue (the dashboard's job views).
+    pub(crate) core: super::dashboard::Core,
 }
 
 /// The routes.
 pub(crate) fn router(http: Http) -> Router {
+    use super::dashboard as d;
     Router::new()
         .route("/metrics", get(metrics))
+        .route("/", get(d::index))
+        .route("/login", axum::routing::post(d::login))
+        .route("/logout", axum::routing::post(d::logout))
+        .route("/app.js", get(d::app_js))
+        .route("/app.css", get(d::app_css))
+        .route("/api/cluster", get(d::cluster))
+        .route("/api/events", get(d::events))
+        .route("/api/model", get(d::model))
+        .route("/api/jobs/{id}", get(d::job))
+        .route("/api/jobs/{id}/trace", get(d::trace))
+        .route("/api/jobs/{id}/logs/{task}", get(d::logs))
         .with_state(http)
 }
 

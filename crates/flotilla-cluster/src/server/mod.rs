@@ -225,6 +225,8 @@ impl Server {
                         access: access.clone(),
                         metrics,
                         encoded: Default::default(),
+                        dashboard: Default::default(),
+                        core: dashboard::Core(req_tx.clone()),
                     },
                     stop_rx.clone(),
                 )
@@ -396,6 +398,7 @@ impl StopHandle {
 }
 
 mod core;
+mod dashboard;
 mod http;
 mod peers;
 mod rpc;

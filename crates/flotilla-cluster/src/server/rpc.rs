@@ -98,7 +98,7 @@ impl Drop for StreamSlot {
 
 /// Queues `req` for the core, or refuses it when the queue is full: a client is told to
 /// retry, nothing already accepted is lost.
-fn offer(core: &Sender<Req>, req: Req) -> std::result::Result<(), Status> {
+pub(super) fn offer(core: &Sender<Req>, req: Req) -> std::result::Result<(), Status> {
     core.try_send(req).map_err(|e| match e {
         crossbeam_channel::TrySendError::Full(_) => Status::resource_exhausted(
             "the coordinator is busy (its request queue is full): retry shortly",
@@ -747,7 +747,7 @@ fn access_status(e: crate::access::AccessError) -> Status {
     }
 }
 
-fn read_chunk(path: &Path, off: u64) -> Vec<u8> {
+pub(super) fn read_chunk(path: &Path, off: u64) -> Vec<u8> {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut f) = std::fs::File::open(path) else {
         return Vec::new();

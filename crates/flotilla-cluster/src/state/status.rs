@@ -303,7 +303,23 @@ pub struct JobTrace {
     /// Whether attempts were left out (the first ones kept only, or some ended before the
     /// coordinator last started: a replayed journal has no times).
     pub partial: bool,
+    /// Attempts running now, ending at `now_ms` (outcome `running`).
+    #[serde(default)]
+    pub running: Vec<AttemptSpan>,
+    /// Milliseconds from the job's submission to now (or to its end).
+    #[serde(default)]
+    pub now_ms: u64,
+    /// The task graph's edges (predecessor, successor) by task index, for a job of at most
+    /// [`GRAPH_TASKS`] tasks (the dashboard draws it); empty for a larger one.
+    #[serde(default)]
+    pub edges: Vec<(u32, u32)>,
+    /// The tasks' names by index, with `edges`.
+    #[serde(default)]
+    pub names: Vec<String>,
 }
+
+/// The most tasks of a job whose graph [`JobTrace`] carries.
+pub const GRAPH_TASKS: usize = 300;
 
 impl JobTrace {
     /// The trace in the Chrome/Perfetto JSON format (the runtime's `FLOTILLA_TRACE` format):
@@ -396,12 +412,43 @@ impl Coordinator {
                 outcome: s.outcome.to_string(),
             })
             .collect();
+        let now = j.finished.unwrap_or(self.now());
+        let mut running = Vec::new();
+        for w in self.workers_map().values() {
+            for (&(tref, attempt), slot) in &w.slots {
+                let Some(start) = slot.started_at.filter(|_| tref.job == job) else {
+                    continue;
+                };
+                running.push(AttemptSpan {
+                    task: j.graph.task(tref.task).name.clone(),
+                    attempt,
+                    worker: w.id,
+                    worker_name: w.spec.name.clone(),
+                    gpu: slot.gpus.first().map(|g| g.0 as u32),
+                    start_ms: start.saturating_sub(j.submitted),
+                    end_ms: now.saturating_sub(j.submitted),
+                    outcome: "running".to_string(),
+                });
+            }
+        }
+        let (mut edges, mut names) = (Vec::new(), Vec::new());
+        if j.len() <= GRAPH_TASKS {
+            for i in 0..j.len() {
+                let t = TaskId::new(i as u32);
+                names.push(j.graph.task(t).name.clone());
+                edges.extend(j.graph.preds(t).iter().map(|p| (p.0, t.0)));
+            }
+        }
         Some(JobTrace {
             job: j.id,
             name: j.name.clone(),
             partial: spans.len() >= super::job::MAX_SPANS
                 || self.recovered_at.is_some_and(|r| j.submitted < r),
             spans,
+            running,
+            now_ms: now.saturating_sub(j.submitted),
+            edges,
+            names,
         })
     }
 

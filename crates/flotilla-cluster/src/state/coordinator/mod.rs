@@ -555,6 +555,11 @@ impl Coordinator {
 
     // ---- views for status ----
 
+    /// The performance model learned so far, as JSON ([`PerfModel::to_json`]).
+    pub fn model_json(&self) -> String {
+        self.model.to_json()
+    }
+
     pub(crate) fn jobs_map(&self) -> &BTreeMap<JobId, Job> {
         &self.jobs
     }

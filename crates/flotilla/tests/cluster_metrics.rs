@@ -60,6 +60,20 @@ fn request(addr: SocketAddr, path: &str, headers: &str) -> (u16, String, String)
     (code, head, body)
 }
 
+/// The `name=value` of the `Set-Cookie` header in `head`, and its attributes.
+fn set_cookie(head: &str) -> (String, String) {
+    let line = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("set-cookie:")
+                .then(|| l[11..].trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no Set-Cookie in {head}"));
+    let pair = line.split(';').next().unwrap().to_string();
+    (pair, line)
+}
+
 /// Parses the text format: every sample line is `name{labels} value`, every name carries
 /// the `flotilla_` prefix, every metric has its `# TYPE`; returns samples by
 /// `name{labels}`.
@@ -174,19 +188,11 @@ fn the_dashboard_exchanges_a_token_for_a_session_and_scopes_its_api() {
     // The token is exchanged once for an HttpOnly session cookie and a redirect.
     let (code, head, _) = request(http, &format!("/?token={}", c.token), "");
     assert_eq!(code, 303, "{head}");
-    let cookie = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .starts_with("set-cookie:")
-                .then(|| l[11..].trim().to_string())
-        })
-        .unwrap();
+    let (session, cookie) = set_cookie(&head);
     assert!(
         cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
         "{cookie}"
     );
-    let session = cookie.split(';').next().unwrap().to_string();
     assert!(!session.contains(&c.token), "the cookie is not the token");
     let with = format!("Cookie: {session}\r\n");
     let (code, _, body) = request(http, "/", &with);
@@ -207,15 +213,7 @@ fn the_dashboard_exchanges_a_token_for_a_session_and_scopes_its_api() {
     let out = c.cli(&["admin", "tenant", "add", "carol"]);
     let carol = last_line(&out);
     let (_, head, _) = request(http, &format!("/?token={carol}"), "");
-    let carol_session = head
-        .lines()
-        .find_map(|l| {
-            l.to_ascii_lowercase()
-                .starts_with("set-cookie:")
-                .then(|| l[11..].trim().to_string())
-        })
-        .unwrap();
-    let carol_with = format!("Cookie: {}\r\n", carol_session.split(';').next().unwrap());
+    let carol_with = format!("Cookie: {}\r\n", set_cookie(&head).0);
     assert_eq!(
         request(http, &format!("/api/jobs/{}", job.0), &carol_with).0,
         404

@@ -123,6 +123,24 @@ async fn text_of(c: &Client, css: &str) -> Option<String> {
     c.find(Locator::Css(css)).await.ok()?.text().await.ok()
 }
 
+async fn click(c: &Client, css: &str) -> Result<(), String> {
+    let e = c
+        .find(Locator::Css(css))
+        .await
+        .map_err(|e| format!("{css}: {e}"))?;
+    e.click().await.map_err(|e| format!("clicking {css}: {e}"))
+}
+
+async fn type_in(c: &Client, css: &str, text: &str) -> Result<(), String> {
+    let e = c
+        .find(Locator::Css(css))
+        .await
+        .map_err(|e| format!("{css}: {e}"))?;
+    e.send_keys(text)
+        .await
+        .map_err(|e| format!("typing into {css}: {e}"))
+}
+
 async fn count(c: &Client, css: &str) -> usize {
     c.find_all(Locator::Css(css)).await.map_or(0, |v| v.len())
 }
@@ -134,39 +152,20 @@ async fn session(
     go: &Path,
     tasks: usize,
 ) -> Result<(), String> {
-    let e = |e: fantoccini::error::CmdError| e.to_string();
     // The login page; a wrong token is refused there.
-    c.goto(&format!("http://{http}/")).await.map_err(e)?;
-    c.find(Locator::Css("#token"))
+    c.goto(&format!("http://{http}/"))
         .await
-        .map_err(e)?
-        .send_keys("wrong")
-        .await
-        .map_err(e)?;
-    c.find(Locator::Css("#login"))
-        .await
-        .map_err(e)?
-        .click()
-        .await
-        .map_err(e)?;
+        .map_err(|e| e.to_string())?;
+    type_in(c, "#token", "wrong").await?;
+    click(c, "#login").await?;
     until("the refusal", || async {
         text_of(c, ".error")
             .await
             .filter(|t| t.contains("not valid"))
     })
     .await?;
-    c.find(Locator::Css("#token"))
-        .await
-        .map_err(e)?
-        .send_keys(token)
-        .await
-        .map_err(e)?;
-    c.find(Locator::Css("#login"))
-        .await
-        .map_err(e)?
-        .click()
-        .await
-        .map_err(e)?;
+    type_in(c, "#token", token).await?;
+    click(c, "#login").await?;
 
     // The cluster page: the workers and the running job, live.
     until("two workers", || async {
@@ -179,12 +178,7 @@ async fn session(
             .filter(|t| t == "running")
     })
     .await?;
-    c.find(Locator::Css(".job-row"))
-        .await
-        .map_err(e)?
-        .click()
-        .await
-        .map_err(e)?;
+    click(c, ".job-row").await?;
 
     // The job's page: the first tiles' bars, then running bars while the others wait for
     // `go` (the screenshot for the docs is taken then).
@@ -213,24 +207,14 @@ async fn session(
     .await?;
 
     // A task's log: stdout, then stderr.
-    c.find(Locator::Css("tr.task-row[data-task=\"stitch\"]"))
-        .await
-        .map_err(e)?
-        .click()
-        .await
-        .map_err(e)?;
+    click(c, "tr.task-row[data-task=\"stitch\"]").await?;
     until("stitch's stdout", || async {
         text_of(c, "#log-out")
             .await
             .filter(|t| t.contains("stitched 8"))
     })
     .await?;
-    c.find(Locator::Css("#log-stderr"))
-        .await
-        .map_err(e)?
-        .click()
-        .await
-        .map_err(e)?;
+    click(c, "#log-stderr").await?;
     until("stitch's stderr", || async {
         text_of(c, "#log-out")
             .await

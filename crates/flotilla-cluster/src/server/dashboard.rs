@@ -293,21 +293,7 @@ pub(crate) async fn job(
     Path(id): Path<u64>,
     headers: HeaderMap,
 ) -> Response {
-    let scope = match scope_of(&http, &headers) {
-        Ok(s) => s,
-        Err(r) => return r.into_response(),
-    };
-    let job = JobId::new(id);
-    let s = scope.clone();
-    kept(&http, format!("job {id}"), &scope, move |reply| {
-        Req::Status {
-            job: Some(job),
-            scope: s,
-            trace: false,
-            reply,
-        }
-    })
-    .await
+    job_document(&http, id, &headers, false).await
 }
 
 /// `/api/jobs/{id}/trace`: its attempts in time, those running, and its graph when small.
@@ -316,19 +302,22 @@ pub(crate) async fn trace(
     Path(id): Path<u64>,
     headers: HeaderMap,
 ) -> Response {
-    let scope = match scope_of(&http, &headers) {
+    job_document(&http, id, &headers, true).await
+}
+
+/// A job's status, or its trace, through the core (kept a second).
+async fn job_document(http: &Http, id: u64, headers: &HeaderMap, trace: bool) -> Response {
+    let scope = match scope_of(http, headers) {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
-    let job = JobId::new(id);
-    let s = scope.clone();
-    kept(&http, format!("trace {id}"), &scope, move |reply| {
-        Req::Status {
-            job: Some(job),
-            scope: s,
-            trace: true,
-            reply,
-        }
+    let (job, s) = (JobId::new(id), scope.clone());
+    let what = format!("{} {id}", if trace { "trace" } else { "job" });
+    kept(http, what, &scope, move |reply| Req::Status {
+        job: Some(job),
+        scope: s,
+        trace,
+        reply,
     })
     .await
 }

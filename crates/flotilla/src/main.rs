@@ -353,6 +353,10 @@ struct ClusterArgs {
     /// 0s scrapes without pause.
     #[arg(long, default_value = "1s")]
     scrape_every: String,
+    /// The --scrapers are dashboards: each follows the live event stream and fetches the
+    /// newest job's status and timeline on every event, as its page in a browser does.
+    #[arg(long)]
+    dashboards: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -588,6 +592,7 @@ fn run(cli: Cli) -> Result<bool> {
                 scrapers: a.scrapers,
                 scrape_every: flotilla::core::duration::parse_duration(&a.scrape_every)
                     .map_err(|e| anyhow::anyhow!("--scrape-every: {e}"))?,
+                dashboards: a.dashboards,
             };
             let r = tokio_runtime()?
                 .block_on(flotilla::bench::cluster::run(&cfg))
@@ -614,8 +619,10 @@ fn run(cli: Cli) -> Result<bool> {
                     },
                     match (r.scraped_tasks_per_s, r.ratio_scraped, r.scrapes_per_s) {
                         (Some(s), Some(q), Some(n)) => format!(
-                            "; with {} /metrics scrapers ({n:.0} scrapes/s): {s:.0} tasks/s, ratio {q:.3}",
-                            r.scrapers
+                            "; with {} {} ({n:.0} {}/s): {s:.0} tasks/s, ratio {q:.3}",
+                            r.scrapers,
+                            if r.dashboards { "dashboards" } else { "/metrics scrapers" },
+                            if r.dashboards { "events" } else { "scrapes" }
                         ),
                         _ => String::new(),
                     }

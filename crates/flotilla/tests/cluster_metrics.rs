@@ -207,6 +207,10 @@ fn the_dashboard_exchanges_a_token_for_a_session_and_scopes_its_api() {
     assert_eq!(code, 200);
     assert!(body.contains("\"outcome\":\"succeeded\""), "{body}");
     assert_eq!(request(http, "/api/model", &with).0, 200);
+    let (code, _, body) = request(http, "/api/ledger", &with);
+    assert_eq!(code, 200);
+    assert!(body.contains("\"accounts\""), "{body}");
+    assert_eq!(request(http, "/api/providers", &with).0, 200);
     assert_eq!(request(http, "/app.js", "").0, 200);
 
     // A tenant's session sees no other tenant's job; revoking its token ends its session.

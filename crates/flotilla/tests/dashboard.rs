@@ -221,6 +221,13 @@ async fn session(
             .filter(|t| t.contains("a warning"))
     })
     .await?;
+
+    // The pool's page: the ledger and the providers.
+    click(c, "a[href=\"#/pool\"]").await?;
+    until("the pool's page", || async {
+        text_of(c, "h1").await.filter(|t| t == "Pool")
+    })
+    .await?;
     Ok(())
 }
 

@@ -56,6 +56,8 @@ pub(super) enum Req {
         scope: Scope,
         /// The job's trace (`JobTrace`) instead of its status.
         trace: bool,
+        /// At most this many tasks (status) or ended attempts (trace): the dashboard's page.
+        limit: Option<usize>,
         reply: Reply<String>,
     },
     Outputs {
@@ -850,17 +852,25 @@ impl Core {
                 job,
                 scope,
                 trace,
+                limit,
                 reply,
             } => {
-                let _ = reply.send(match (trace, job) {
-                    (true, Some(j)) => match self.coord.job_trace(j) {
-                        Some(t) => {
-                            serde_json::to_string(&t).map_err(|e| Status::internal(e.to_string()))
-                        }
-                        None => Err(no_job(j)),
-                    },
-                    (true, None) => Err(Status::invalid_argument("a trace is of one job")),
-                    (false, _) => self.on_status(job, &scope),
+                let json = |doc: Option<String>, j: JobId| doc.ok_or_else(|| no_job(j));
+                let _ = reply.send(match (trace, job, limit) {
+                    (true, Some(j), _) => json(
+                        self.coord
+                            .job_trace_last(j, limit.unwrap_or(usize::MAX))
+                            .and_then(|t| serde_json::to_string(&t).ok()),
+                        j,
+                    ),
+                    (true, None, _) => Err(Status::invalid_argument("a trace is of one job")),
+                    (false, Some(j), Some(n)) => json(
+                        self.coord
+                            .job_status_page(j, n)
+                            .and_then(|s| serde_json::to_string(&s).ok()),
+                        j,
+                    ),
+                    (false, _, _) => self.on_status(job, &scope),
                 });
             }
             Req::Outputs { job, reply, .. } => {

@@ -17,13 +17,13 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Redirect, Response};
+use bytes::Bytes;
 use crossbeam_channel::Sender;
 use flotilla_core::JobId;
 use futures::Stream;
@@ -43,6 +43,15 @@ const APP_CSS: &str = include_str!("dashboard/app.css");
 /// The session cookie's name.
 const COOKIE: &str = "flotilla_session";
 
+/// The tasks of a job's page (its table shows the first 500).
+const PAGE_TASKS: usize = 500;
+
+/// The attempts of a job's timeline: those that ended last (and every running one).
+const PAGE_SPANS: usize = 2000;
+
+/// How often an event stream sends the cluster view.
+const EVENT_EVERY: Duration = Duration::from_secs(1);
+
 /// How long an answer from the core is served again (per job and scope).
 const KEEP: Duration = Duration::from_secs(1);
 
@@ -56,7 +65,7 @@ pub(crate) struct Dashboard {
 }
 
 /// Answers from the core by (what, scope), with when they came.
-type Kept = HashMap<(String, String), (Instant, Arc<String>)>;
+type Kept = HashMap<(String, String), (Instant, Bytes)>;
 
 /// A request without a valid session or token (401).
 struct Refused(&'static str);
@@ -218,13 +227,14 @@ pub(crate) async fn app_css() -> Response {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS).into_response()
 }
 
-fn json(body: Arc<String>) -> Response {
+/// A JSON answer; kept answers are shared, not copied.
+fn json(body: Bytes) -> Response {
     (
         [
             (header::CONTENT_TYPE, "application/json"),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        body.as_str().to_string(),
+        body,
     )
         .into_response()
 }
@@ -236,7 +246,7 @@ pub(crate) async fn cluster(State(http): State<Http>, headers: HeaderMap) -> Res
         Err(r) => return r.into_response(),
     };
     let snap = http.metrics.fresh().await;
-    json(Arc::new(cluster_json(&snap.status, &scope)))
+    json(Bytes::from(cluster_json(&snap.status, &scope)))
 }
 
 fn cluster_json(status: &crate::state::ClusterStatus, scope: &Scope) -> String {
@@ -268,7 +278,7 @@ async fn kept(
     }
     match rx.await {
         Ok(Ok(body)) => {
-            let body = Arc::new(body);
+            let body = Bytes::from(body);
             let mut k = http.dashboard.kept.lock();
             // Old answers go: the map holds at most what was asked in the last second.
             k.retain(|_, (at, _)| at.elapsed() < KEEP);
@@ -313,10 +323,13 @@ async fn job_document(http: &Http, id: u64, headers: &HeaderMap, trace: bool) ->
     };
     let (job, s) = (JobId::new(id), scope.clone());
     let what = format!("{} {id}", if trace { "trace" } else { "job" });
+    // A page's worth: the first tasks of the table, the latest bars of the timeline.
+    let limit = Some(if trace { PAGE_SPANS } else { PAGE_TASKS });
     kept(http, what, &scope, move |reply| Req::Status {
         job: Some(job),
         scope: s,
         trace,
+        limit,
         reply,
     })
     .await
@@ -329,6 +342,34 @@ pub(crate) async fn model(State(http): State<Http>, headers: HeaderMap) -> Respo
         Err(r) => return r.into_response(),
     };
     kept(&http, "model".into(), &scope, |reply| Req::Model { reply }).await
+}
+
+/// `/api/ledger`: the pool's accounts the caller sees (a tenant its own).
+pub(crate) async fn ledger(State(http): State<Http>, headers: HeaderMap) -> Response {
+    let scope = match scope_of(&http, &headers) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let s = scope.clone();
+    kept(&http, "ledger".into(), &scope, move |reply| Req::Ledger {
+        scope: s,
+        tenant: None,
+        reply,
+    })
+    .await
+}
+
+/// `/api/providers`: the pool's providers, their workers, prices, reputation and earnings.
+pub(crate) async fn providers(State(http): State<Http>, headers: HeaderMap) -> Response {
+    let scope = match scope_of(&http, &headers) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let providers = http.access.providers();
+    kept(&http, "providers".into(), &scope, move |reply| {
+        Req::Providers { providers, reply }
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -392,8 +433,8 @@ pub(crate) async fn logs(
         .into_response()
 }
 
-/// `/api/events`: a `cluster` event with the cluster view each time the core publishes a
-/// snapshot (at most twice a second, while someone listens).
+/// `/api/events`: a `cluster` event with the cluster view from the newest snapshot, once a
+/// second (the core builds snapshots only while someone listens).
 pub(crate) async fn events(State(http): State<Http>, headers: HeaderMap) -> Response {
     let scope = match scope_of(&http, &headers) {
         Ok(s) => s,
@@ -405,12 +446,12 @@ pub(crate) async fn events(State(http): State<Http>, headers: HeaderMap) -> Resp
 }
 
 fn event_stream(http: Http, scope: Scope) -> impl Stream<Item = Result<Event, Infallible>> {
-    let mut rx = http.metrics.subscribe();
+    let rx = http.metrics.subscribe();
     async_stream(move |tx| async move {
         loop {
             http.metrics.want();
             let body = {
-                let snap = rx.borrow_and_update().clone();
+                let snap = rx.borrow().clone();
                 cluster_json(&snap.status, &scope)
             };
             if tx
@@ -420,8 +461,9 @@ fn event_stream(http: Http, scope: Scope) -> impl Stream<Item = Result<Event, In
             {
                 return;
             }
-            // The next snapshot, or a second: a quiet cluster still ticks its clocks.
-            let _ = tokio::time::timeout(Duration::from_secs(1), rx.changed()).await;
+            // One event a second at most: a page need not redraw more often, and each event
+            // makes it fetch its job's status and timeline.
+            tokio::time::sleep(EVENT_EVERY).await;
         }
     })
 }

@@ -306,6 +306,8 @@ pub(crate) fn router(http: Http) -> Router {
         .route("/api/cluster", get(d::cluster))
         .route("/api/events", get(d::events))
         .route("/api/model", get(d::model))
+        .route("/api/ledger", get(d::ledger))
+        .route("/api/providers", get(d::providers))
         .route("/api/jobs/{id}", get(d::job))
         .route("/api/jobs/{id}/trace", get(d::trace))
         .route("/api/jobs/{id}/logs/{task}", get(d::logs))

@@ -392,6 +392,7 @@ impl CoordinatorRpc for Api {
                 job,
                 scope,
                 trace,
+                limit: None,
                 reply,
             })
             .await?;

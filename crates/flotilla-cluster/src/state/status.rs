@@ -397,9 +397,14 @@ fn makespan(j: &Job, now: Millis) -> f64 {
 impl Coordinator {
     /// A job's attempts as spans; `None` if unknown.
     pub fn job_trace(&self, job: JobId) -> Option<JobTrace> {
+        self.job_trace_last(job, usize::MAX)
+    }
+
+    /// [`Coordinator::job_trace`] with only the `last` attempts that ended most recently
+    /// (the dashboard's timeline of a large job), and every running one.
+    pub fn job_trace_last(&self, job: JobId, last: usize) -> Option<JobTrace> {
         let j = self.jobs_map().get(&job)?;
-        let spans: Vec<AttemptSpan> = j
-            .spans
+        let spans: Vec<AttemptSpan> = j.spans[j.spans.len().saturating_sub(last)..]
             .iter()
             .map(|s| AttemptSpan {
                 task: j.graph.task(s.task).name.clone(),
@@ -442,7 +447,8 @@ impl Coordinator {
         Some(JobTrace {
             job: j.id,
             name: j.name.clone(),
-            partial: spans.len() >= super::job::MAX_SPANS
+            partial: j.spans.len() >= super::job::MAX_SPANS
+                || spans.len() < j.spans.len()
                 || self.recovered_at.is_some_and(|r| j.submitted < r),
             spans,
             running,
@@ -455,15 +461,23 @@ impl Coordinator {
     /// One job with every task; `None` if unknown. Linear in the job's tasks: for a large
     /// job prefer [`Coordinator::job_summary`] and [`Coordinator::task_status`].
     pub fn job_status(&self, job: JobId) -> Option<JobStatus> {
+        self.job_status_page(job, usize::MAX)
+    }
+
+    /// [`Coordinator::job_status`] with only the first `first` tasks (the dashboard's page
+    /// of a large job: the counts are whole, the task list is not).
+    pub fn job_status_page(&self, job: JobId, first: usize) -> Option<JobStatus> {
         let j = self.jobs_map().get(&job)?;
-        let tasks: Vec<TaskStatus> = (0..j.len())
+        let tasks: Vec<TaskStatus> = (0..j.len().min(first))
             .map(|i| self.task_view(j, TaskId::new(i as u32)))
             .collect();
-        let wall: Vec<f64> = tasks
-            .iter()
-            .map(|t| t.usage.as_ref().map_or(0.0, |u| u.wall_seconds))
-            .collect();
-        let (critical_path_s, _) = j.graph.critical_path(|t| wall[t.index()]);
+        let (critical_path_s, _) = j.graph.critical_path(|t| {
+            j.tasks[t.index()]
+                .ext
+                .as_ref()
+                .and_then(|e| e.usage.as_ref())
+                .map_or(0.0, |u| u.wall_seconds)
+        });
         Some(JobStatus {
             id: j.id,
             name: j.name.clone(),

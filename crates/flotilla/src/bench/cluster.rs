@@ -46,6 +46,9 @@ pub struct ClusterBenchConfig {
     pub scrapers: usize,
     /// Each scraper's pause between scrapes (a dashboard refreshing; zero: none).
     pub scrape_every: Duration,
+    /// The scrapers are dashboards instead: each follows `/api/events` and, on every event,
+    /// fetches the newest job's status and timeline, as the job's page does.
+    pub dashboards: bool,
 }
 
 /// One result line.
@@ -82,14 +85,87 @@ pub struct ClusterBenchResult {
     pub restart_s: Option<f64>,
     /// The journal's size when restarted, bytes.
     pub journal_bytes: Option<u64>,
-    /// Clients scraping `/metrics` during the scraped runs.
+    /// Clients scraping `/metrics` (or dashboards) during the scraped runs.
     pub scrapers: usize,
+    /// Whether they were dashboards.
+    pub dashboards: bool,
     /// Tasks per second (median) while they scraped.
     pub scraped_tasks_per_s: Option<f64>,
     /// Scraped rate over the unscraped one, same run.
     pub ratio_scraped: Option<f64>,
     /// Scrapes answered during the scraped runs, per second.
     pub scrapes_per_s: Option<f64>,
+}
+
+/// One `GET path` with the token over a new connection; whether it answered 200, and the
+/// body's bytes.
+async fn fetch(addr: SocketAddr, path: &str, token: &str, buf: &mut Vec<u8>) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    buf.clear();
+    s.read_to_end(buf).await.is_ok() && buf.starts_with(b"HTTP/1.1 200")
+}
+
+/// `n` dashboards: each follows the event stream and, on every event, fetches the newest
+/// job's status and trace; returns the events each got.
+fn dashboards(
+    n: usize,
+    addr: SocketAddr,
+    token: String,
+    stop: watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    (0..n)
+        .map(|_| {
+            let (token, mut stop) = (token.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut events = 0u64;
+                let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+                    return 0;
+                };
+                let req = format!(
+                    "GET /api/events HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\n\r\n"
+                );
+                if s.write_all(req.as_bytes()).await.is_err() {
+                    return 0;
+                }
+                let (mut pending, mut chunk, mut buf) = (String::new(), vec![0u8; 64 << 10], Vec::new());
+                loop {
+                    let n = tokio::select! {
+                        r = s.read(&mut chunk) => match r { Ok(0) | Err(_) => break, Ok(n) => n },
+                        _ = stop.changed() => break,
+                    };
+                    pending.push_str(&String::from_utf8_lossy(&chunk[..n]));
+                    // The newest job in the latest complete event.
+                    let mut newest = None;
+                    while let Some(end) = pending.find("\n\n") {
+                        let event: String = pending.drain(..end + 2).collect();
+                        if let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) {
+                            if let Ok(doc) = serde_json::from_str::<serde_json::Value>(data) {
+                                events += 1;
+                                newest = doc["jobs"]
+                                    .as_array()
+                                    .and_then(|j| j.iter().filter_map(|j| j["id"].as_u64()).max());
+                            }
+                        }
+                    }
+                    if let Some(job) = newest {
+                        fetch(addr, &format!("/api/jobs/{job}"), &token, &mut buf).await;
+                        fetch(addr, &format!("/api/jobs/{job}/trace"), &token, &mut buf).await;
+                    }
+                }
+                events
+            })
+        })
+        .collect()
 }
 
 /// `n` clients that GET `/metrics` at `addr` one after another until `stop`; returns the
@@ -101,7 +177,6 @@ fn scrapers(
     token: String,
     stop: watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<u64>> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     (0..n)
         .map(|_| {
             let (token, stop) = (token.clone(), stop.clone());
@@ -109,17 +184,7 @@ fn scrapers(
                 let mut done = 0u64;
                 let mut buf = Vec::with_capacity(64 << 10);
                 while !*stop.borrow() {
-                    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-                        break;
-                    };
-                    let req = format!(
-                        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
-                    );
-                    if s.write_all(req.as_bytes()).await.is_err() {
-                        break;
-                    }
-                    buf.clear();
-                    if s.read_to_end(&mut buf).await.is_ok() && buf.starts_with(b"HTTP/1.1 200") {
+                    if fetch(addr, "/metrics", &token, &mut buf).await {
                         done += 1;
                     }
                     if !every.is_zero() {
@@ -254,6 +319,9 @@ pub async fn run(
             }
             let (scrape_stop, scrape_rx) = watch::channel(false);
             let clients = match (with, server.http_addr()) {
+                (true, Some(http)) if cfg.dashboards => {
+                    dashboards(cfg.scrapers, http, server.token().to_string(), scrape_rx)
+                }
                 (true, Some(http)) => scrapers(
                     cfg.scrapers,
                     cfg.scrape_every,
@@ -347,6 +415,7 @@ pub async fn run(
         restart_s,
         journal_bytes: restart_s.and(journal_bytes),
         scrapers: cfg.scrapers,
+        dashboards: cfg.dashboards,
         scraped_tasks_per_s: scraped_rate,
         ratio_scraped: scraped_rate.map(|s| s / rate),
         scrapes_per_s: (scraped_s > 0.0).then(|| scrapes as f64 / scraped_s),

@@ -274,6 +274,34 @@ async function modelView() {
     table(["Task kind", "Hardware class", ">Footprint", ">Mean", ">Spread (σ)", ">Samples"], rows));
 }
 
+// ---------------------------------------------------------------- the pool
+
+function credits(micro) {
+  return (micro / 1e6).toFixed(6);
+}
+
+async function poolView() {
+  const [ledger, providers] = await Promise.all([get("/api/ledger"), get("/api/providers")]);
+  const accounts = (ledger.accounts || []).map(a => el("tr", { class: "account-row" },
+    el("td", {}, a.kind), el("td", {}, a.name), el("td", { class: "num" }, credits(a.balance_micro))));
+  const rows = (providers || []).map(p => el("tr", { class: "provider-row" },
+    el("td", {}, p.name), el("td", { class: "num" }, (p.workers || []).length),
+    el("td", { class: "num" }, p.cpus), el("td", { class: "num" }, p.gpus),
+    el("td", { class: "num" }, Number(p.reputation).toFixed(2) + (p.eligible ? "" : " (out)")),
+    el("td", { class: "num" }, p.accepted), el("td", { class: "num" }, p.rejected),
+    el("td", { class: "num" }, Number(p.earned).toFixed(6)),
+    el("td", {}, (p.availability || []).join("; ") || "always"), el("td", {}, (p.prices || []).join("; ")),
+    el("td", {}, p.revoked ? "revoked" : "active")));
+  const total = ledger.total_micro !== undefined
+    ? el("p", { class: "muted" }, `Total ${credits(ledger.total_micro)} credits (handed out: ${ledger.issued}); the platform holds ${ledger.platform}.`)
+    : null;
+  main().replaceChildren(...[el("h1", {}, "Pool"),
+    el("h2", {}, "Ledger"), table(["Kind", "Account", ">Balance (credits)"], accounts), total,
+    el("h2", {}, "Providers"),
+    table(["Provider", ">Workers", ">CPUs", ">GPUs", ">Reputation", ">Accepted", ">Rejected", ">Earned", "Available", "Prices (per unit-hour)", "Token"], rows),
+  ].filter(x => x));
+}
+
 // ---------------------------------------------------------------- routing
 
 function route() {
@@ -281,6 +309,7 @@ function route() {
   let m = h.match(/^#\/job\/(\d+)/);
   if (m) return { page: "job", id: Number(m[1]) };
   if (h.startsWith("#/model")) return { page: "model" };
+  if (h.startsWith("#/pool")) return { page: "pool" };
   return { page: "cluster" };
 }
 
@@ -293,6 +322,7 @@ function render() {
 window.addEventListener("hashchange", () => {
   const r = route();
   if (r.page === "model") modelView().catch(e => main().replaceChildren(el("p", { class: "error" }, String(e))));
+  else if (r.page === "pool") poolView().catch(e => main().replaceChildren(el("p", { class: "error" }, String(e))));
   else if (r.page === "job") { render(); refreshJob(r.id); }
   else render();
 });
@@ -314,6 +344,7 @@ window.addEventListener("DOMContentLoaded", () => {
   connect();
   const r = route();
   if (r.page === "model") modelView();
+  else if (r.page === "pool") poolView();
   else if (r.page === "job") refreshJob(r.id);
   else render();
 });

@@ -451,3 +451,64 @@ fn a_worker_may_speak_only_of_the_attempts_it_was_given() {
     sim.finish(w, a.task, a.attempt, AttemptOutcome::Succeeded);
     assert!(sim.c.gave(w, a.task, a.attempt));
 }
+
+/// The trace of a job: a span per ended attempt (the worker's wall time ending when the
+/// coordinator hears of it), a lost attempt from when it was heard to start, running ones
+/// apart; pages keep the latest spans and the first tasks.
+#[test]
+fn a_trace_has_a_span_per_attempt_and_pages_keep_the_latest() {
+    let mut sim = Sim::new(0);
+    let (w1, _) = sim.join(wspec(1.0, &[]));
+    let (job, out) = sim.submit(
+        "[defaults]\nretries = 1\n[[task]]\nid = \"t\"\narray = \"0..3\"\ncmd = [\"true\"]\n",
+    );
+    let first = assigns(&out);
+    assert_eq!(first.len(), 1, "one at a time on one CPU");
+    let t0 = first[0].1.task;
+    sim.now = 1_000;
+    sim.ev(Event::TaskStarted {
+        worker: w1,
+        task: t0,
+        attempt: 1,
+    });
+    sim.now = 3_000;
+    // Failed after 1.5 s of its own: the span is [1.5 s, 3 s].
+    let out = sim.finish_with(w1, t0, 1, failed("boom", true), Vec::new(), None, 1.5);
+    let next = assigns(&out);
+    let t1 = next[0].1.task;
+    sim.now = 3_500;
+    sim.ev(Event::TaskStarted {
+        worker: w1,
+        task: t1,
+        attempt: 1,
+    });
+    let trace = sim.c.job_trace(job).unwrap();
+    assert_eq!(trace.spans.len(), 1);
+    let s = &trace.spans[0];
+    assert_eq!(
+        (s.start_ms, s.end_ms, s.outcome.as_str()),
+        (1_500, 3_000, "failed")
+    );
+    assert_eq!(trace.running.len(), 1, "{:?}", trace.running);
+    assert_eq!(trace.running[0].start_ms, 3_500);
+    // Its worker lost mid-attempt: a `lost` span from its start.
+    sim.now = 4_000;
+    sim.ev(Event::WorkerLost {
+        worker: w1,
+        reason: "gone".into(),
+    });
+    let trace = sim.c.job_trace(job).unwrap();
+    let lost = trace.spans.iter().find(|s| s.outcome == "lost").unwrap();
+    assert_eq!((lost.start_ms, lost.end_ms), (3_500, 4_000));
+    assert!(trace.running.is_empty());
+    assert!(!trace.partial);
+    // The last span only, flagged partial; the first task only.
+    let page = sim.c.job_trace_last(job, 1).unwrap();
+    assert_eq!(page.spans.len(), 1);
+    assert_eq!(page.spans[0].outcome, "lost");
+    assert!(page.partial);
+    let status = sim.c.job_status_page(job, 1).unwrap();
+    assert_eq!((status.tasks.len(), status.total), (1, 3));
+    // The graph of a small job comes with its trace.
+    assert_eq!(page.names.len(), 3);
+}

@@ -293,5 +293,8 @@ pub(crate) fn task_result(k: Attempt, r: AttemptResult) -> proto::TaskResult {
         outputs: r.outputs.iter().map(object_to).collect(),
         variant: r.variant.unwrap_or_default(),
         checkpoint,
+        // Added by the worker's shell, which timed the staging.
+        stage_seconds: 0.0,
+        stage_bytes: 0,
     }
 }

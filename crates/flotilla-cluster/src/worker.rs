@@ -577,6 +577,9 @@ struct Shared {
     /// The checkpoint files of preempted attempts (transfer staging), sent with their
     /// finish.
     checkpoints: Mutex<HashMap<Attempt, Vec<proto::CheckpointFile>>>,
+    /// Transfer staging: how long each attempt's inputs took to fetch, and their bytes,
+    /// reported with its end (the trace's transfer spans).
+    staged: Mutex<HashMap<Attempt, (f64, u64)>>,
 }
 
 impl Shared {
@@ -601,6 +604,10 @@ impl Shared {
                     let mut r = convert::task_result(k, r);
                     if let Some(files) = self.checkpoints.lock().remove(&k) {
                         r.checkpoint = files;
+                    }
+                    if let Some((secs, bytes)) = self.staged.lock().remove(&k) {
+                        r.stage_seconds = secs;
+                        r.stage_bytes = bytes;
                     }
                     let _ = self.out.send(Out::Finished(r));
                 }
@@ -869,6 +876,7 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         rendezvous_cert: Mutex::new(String::new()),
         epoch: Instant::now(),
         checkpoints: Mutex::new(HashMap::new()),
+        staged: Mutex::new(HashMap::new()),
     });
     let mut backoff = Duration::from_millis(100);
     let mut owner = Owner::new(&shared.config);
@@ -1235,8 +1243,21 @@ fn execute(
             token: sh.credential.lock().clone(),
             ..sh.config.remote.clone()
         };
+        let started = Instant::now();
         match crate::objects::stage_inputs(&sh.objects, &sh.config.work_dir, a, &coordinator) {
-            Ok(dir) => dir,
+            Ok(dir) => {
+                let bytes = a
+                    .inputs
+                    .iter()
+                    .filter_map(|i| i.object.as_ref())
+                    .map(|o| o.size)
+                    .sum();
+                sh.staged.lock().insert(
+                    crate::convert::task_key(key),
+                    (started.elapsed().as_secs_f64(), bytes),
+                );
+                dir
+            }
             Err(e) => return failed(format!("staging inputs: {e}"), true),
         }
     } else {

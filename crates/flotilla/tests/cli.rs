@@ -214,3 +214,50 @@ fn a_client_waits_for_a_restarting_coordinator_and_says_where_it_looked() {
         "{err}"
     );
 }
+
+#[test]
+fn log_lines_can_be_json() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("job.toml"),
+        "name = \"j\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "job.toml",
+            "--cpus",
+            "1",
+            "--gpus",
+            "none",
+            "--log-format",
+            "json",
+        ])
+        .current_dir(dir.path())
+        .env("FLOTILLA_LOG", "info")
+        .env("FLOTILLA_HOME", dir.path().join(".home"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    let logs: Vec<serde_json::Value> = err
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert!(!logs.is_empty(), "no JSON log lines in\n{err}");
+    for l in &logs {
+        assert!(l["level"].is_string() && l["fields"].is_object(), "{l}");
+    }
+    assert!(
+        logs.iter().any(|l| l["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("coordinator listening"))),
+        "{err}"
+    );
+}

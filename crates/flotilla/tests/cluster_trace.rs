@@ -67,7 +67,7 @@ cmd = ["sh", "-c", "test -f flaky.once || { touch flaky.once; exit 1; }"]
     let mut want: Vec<String> = (0..6).map(|i| format!("t[{i}] #1")).collect();
     want.extend(["flaky #1".to_string(), "flaky #2".to_string()]);
     want.sort();
-    assert_eq!(names, want);
+    assert_eq!(names, want, "{doc}");
     let outcome = |n: &str| {
         xs.iter()
             .find(|e| e["name"] == n)
@@ -149,4 +149,48 @@ fn run_writes_the_trace_it_is_asked_for() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("t.json")).unwrap()).unwrap();
     assert_eq!(spans(&doc).len(), 4, "{doc}");
+}
+
+#[test]
+fn transfer_staging_shows_each_attempts_inputs_as_a_transfer_span() {
+    let c = Cluster::start(2, 1);
+    let job = c.submit_toml(
+        "moved.toml",
+        r#"
+name = "moved"
+staging = "transfer"
+[[task]]
+id = "make"
+cmd = ["sh", "-c", "mkdir -p out && head -c 1048576 /dev/zero > out/data.bin"]
+outputs = ["out/data.bin"]
+[[task]]
+id = "use"
+after = ["make"]
+inputs = ["out/data.bin"]
+cmd = ["sh", "-c", "test $(wc -c < out/data.bin) -eq 1048576"]
+"#,
+    );
+    let s = c.wait_job(job, Duration::from_secs(60));
+    kit::assert_succeeded(&s);
+    let out = c.cli(&["trace", &job.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let xs = spans(&doc);
+    let fetch = xs
+        .iter()
+        .find(|e| e["cat"] == "transfer" && e["name"] == "use #1 inputs")
+        .unwrap_or_else(|| panic!("no transfer span for use: {doc}"));
+    assert_eq!(fetch["args"]["bytes"], 1_048_576, "{fetch}");
+    let run = xs.iter().find(|e| e["name"] == "use #1").unwrap();
+    // The fetch ends where the run starts, on the same track.
+    assert_eq!(fetch["pid"], run["pid"]);
+    assert_eq!(fetch["tid"], run["tid"]);
+    assert_eq!(
+        fetch["ts"].as_u64().unwrap() + fetch["dur"].as_u64().unwrap(),
+        run["ts"].as_u64().unwrap()
+    );
 }

@@ -1141,6 +1141,10 @@ impl Core {
 
     /// The jobs `scope` sees, every worker, and (for the admin) the journal.
     fn cluster_status(&self, scope: &Scope) -> state::ClusterStatus {
+        let mut workers = self.coord.workers();
+        for w in &mut workers {
+            w.heartbeat_age_s = self.last_seen.get(&w.id).map(|t| t.elapsed().as_secs_f64());
+        }
         state::ClusterStatus {
             jobs: self
                 .coord
@@ -1148,7 +1152,7 @@ impl Core {
                 .into_iter()
                 .filter(|j| scope.sees(&j.tenant))
                 .collect(),
-            workers: self.coord.workers(),
+            workers,
             // The journal is the operator's business.
             journal: (*scope == Scope::All).then(|| state::JournalStatus {
                 path: self.journal.path().display().to_string(),
@@ -1262,9 +1266,7 @@ impl Core {
         }
         self.handle(ev, cmds, records);
         for r in finished {
-            if let Some(ev) = crate::convert::task_finished(worker, r) {
-                self.handle(ev, cmds, records);
-            }
+            self.finish_reported(worker, r, cmds, records);
         }
         if let Some(previous) = previous {
             self.handle(Event::WorkerReconciled { worker, previous }, cmds, records);
@@ -1287,6 +1289,29 @@ impl Core {
                 data_key: String::new(),
             }));
         }));
+    }
+
+    /// An attempt's end as its worker reported it; in transfer staging, the time its inputs
+    /// took becomes a transfer span in the job's trace.
+    fn finish_reported(
+        &mut self,
+        worker: WorkerId,
+        r: proto::TaskResult,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+    ) {
+        let staged = r
+            .task
+            .as_ref()
+            .filter(|_| r.stage_seconds > 0.0 && r.stage_bytes > 0)
+            .map(|k| (crate::convert::task_key(k), r.stage_seconds, r.stage_bytes));
+        if let Some(ev) = crate::convert::task_finished(worker, r) {
+            if self.handle(ev, cmds, records) {
+                if let Some(((task, attempt), secs, bytes)) = staged {
+                    self.coord.note_transfer(task, attempt, secs, bytes);
+                }
+            }
+        }
     }
 
     /// A batch from a worker's session: its output, then finishes (they free what the starts
@@ -1337,9 +1362,7 @@ impl Core {
                     }
                 }
             }
-            if let Some(ev) = crate::convert::task_finished(worker, r) {
-                self.handle(ev, cmds, records);
-            }
+            self.finish_reported(worker, r, cmds, records);
         }
         for k in m.returned {
             let (task, attempt) = crate::convert::task_key(&k);

@@ -125,6 +125,8 @@ pub(crate) struct Span {
     pub(crate) start: Millis,
     pub(crate) end: Millis,
     pub(crate) outcome: &'static str,
+    /// A transfer span's bytes.
+    pub(crate) bytes: u64,
 }
 
 /// What a job's tasks in flight are charged, for fair share and quotas.

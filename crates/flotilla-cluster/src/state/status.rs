@@ -263,6 +263,13 @@ pub struct WorkerStatus {
     pub utilization: f64,
     /// Seconds since it joined.
     pub uptime_s: f64,
+    /// Its GPUs: model and memory.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
+    /// Seconds since the coordinator last heard from it (filled in by the coordinator's
+    /// server, which sees the heartbeats; `None` in a simulation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_age_s: Option<f64>,
 }
 
 fn yes() -> bool {
@@ -287,8 +294,16 @@ pub struct AttemptSpan {
     pub start_ms: u64,
     /// Milliseconds after the job's submission.
     pub end_ms: u64,
-    /// `succeeded`, `failed`, `cancelled`, `preempted` or `lost`.
+    /// `succeeded`, `failed`, `cancelled`, `preempted`, `lost`, `running`, or `transfer`
+    /// (its inputs fetched before it ran, transfer staging).
     pub outcome: String,
+    /// A transfer's bytes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A job's attempts in time, for a Chrome/Perfetto trace.
@@ -361,11 +376,15 @@ impl JobTrace {
                         lane as u64
                     }
                 };
+                let (name, cat) = if s.outcome == "transfer" {
+                    (format!("{} #{} inputs", s.task, s.attempt), "transfer")
+                } else {
+                    (format!("{} #{}", s.task, s.attempt), s.outcome.as_str())
+                };
                 events.push(serde_json::json!({
-                    "ph": "X", "pid": pid, "tid": tid, "cat": s.outcome,
-                    "name": format!("{} #{}", s.task, s.attempt),
+                    "ph": "X", "pid": pid, "tid": tid, "cat": cat, "name": name,
                     "ts": s.start_ms * 1000, "dur": s.end_ms.saturating_sub(s.start_ms) * 1000,
-                    "args": { "task": s.task, "attempt": s.attempt, "outcome": s.outcome }
+                    "args": { "task": s.task, "attempt": s.attempt, "outcome": s.outcome, "bytes": s.bytes }
                 }));
             }
             for lane in 0..slot_ends.len() {
@@ -415,6 +434,7 @@ impl Coordinator {
                 start_ms: s.start.saturating_sub(j.submitted),
                 end_ms: s.end.saturating_sub(j.submitted),
                 outcome: s.outcome.to_string(),
+                bytes: s.bytes,
             })
             .collect();
         let now = j.finished.unwrap_or(self.now());
@@ -433,6 +453,7 @@ impl Coordinator {
                     start_ms: start.saturating_sub(j.submitted),
                     end_ms: now.saturating_sub(j.submitted),
                     outcome: "running".to_string(),
+                    bytes: 0,
                 });
             }
         }
@@ -584,6 +605,19 @@ impl Coordinator {
                 queued: w.queue.len(),
                 utilization: w.utilization(now),
                 uptime_s: now.saturating_sub(w.joined) as f64 / 1000.0,
+                gpus: w
+                    .spec
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        format!(
+                            "{} ({:.0} GiB)",
+                            g.model,
+                            g.mem_bytes as f64 / (1u64 << 30) as f64
+                        )
+                    })
+                    .collect(),
+                heartbeat_age_s: None,
             })
             .collect()
     }

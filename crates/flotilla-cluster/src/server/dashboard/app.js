@@ -79,14 +79,15 @@ function clusterView() {
   const workerRows = cluster.workers.map(w => el("tr", { class: "worker-row" },
     el("td", {}, w.id), el("td", {}, w.name), el("td", {}, w.hostname),
     el("td", { class: "num" }, w.resources.cpus), el("td", { class: "num" }, w.used.cpus),
-    el("td", { class: "num" }, w.resources.gpus),
+    el("td", { class: "num", title: (w.gpus || []).join(", ") }, w.resources.gpus + ((w.gpus || []).length ? " · " + w.gpus[0] : "")),
     el("td", {}, progress(w.utilization, 1), " ", (100 * w.utilization).toFixed(0) + "%"),
     el("td", { class: "num" }, w.queued), el("td", { class: "num" }, secs(w.uptime_s)),
+    el("td", { class: "num" }, w.heartbeat_age_s !== undefined ? secs(w.heartbeat_age_s) + " ago" : "–"),
     el("td", {}, w.hw_class), el("td", {}, w.provider || "")));
   return [
     el("h1", {}, "Cluster"),
     el("h2", {}, "Workers (" + cluster.workers.length + ")"),
-    table(["Id", "Name", "Host", ">CPUs", ">Used", ">GPUs", "Utilization", ">Queued", ">Up", "Hardware class", "Provider"], workerRows),
+    table(["Id", "Name", "Host", ">CPUs", ">Used", ">GPUs", "Utilization", ">Queued", ">Up", ">Heard from", "Hardware class", "Provider"], workerRows),
     el("h2", {}, "Jobs (" + jobs.length + ")"),
     table([">Job", "Name", "Tenant", "State", "Progress", ">Running", ">Failed", ">Retries", ">Makespan", ">ETA", "Waiting"], jobRows),
   ];

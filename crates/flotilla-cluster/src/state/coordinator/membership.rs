@@ -170,6 +170,7 @@ impl Coordinator {
                     start,
                     end: self.now.max(start),
                     outcome: "lost",
+                    bytes: 0,
                 });
             }
             if j.is_active() {

@@ -102,6 +102,42 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Transfer staging: the attempt's inputs took `secs` to fetch (`bytes`) before it ran:
+    /// a `transfer` span ending where its span starts (the trace; not journaled).
+    pub fn note_transfer(&mut self, task: TaskRef, attempt: u32, secs: f64, bytes: u64) {
+        if self.pool.replaying || !secs.is_finite() || secs <= 0.0 {
+            return;
+        }
+        let Some(j) = self.jobs.get_mut(&task.job) else {
+            return;
+        };
+        // Its span was the last pushed for this attempt (just now).
+        let Some(s) = j
+            .spans
+            .iter()
+            .rev()
+            .take(64)
+            .find(|s| s.task == task.task && s.attempt == attempt && s.outcome != "transfer")
+        else {
+            return;
+        };
+        if j.spans.len() >= MAX_SPANS {
+            return;
+        }
+        let span = Span {
+            outcome: "transfer",
+            start: s
+                .start
+                .saturating_sub((secs * 1000.0).round() as Millis)
+                .max(j.submitted),
+            end: s.start,
+            bytes,
+            worker_name: s.worker_name.clone(),
+            ..*s
+        };
+        j.spans.push(span);
+    }
+
     pub(super) fn task_finished(
         &mut self,
         worker: WorkerId,
@@ -195,6 +231,7 @@ impl Coordinator {
                     AttemptOutcome::Failed { .. } => "failed",
                     AttemptOutcome::Preempted { .. } => "preempted",
                 },
+                bytes: 0,
             });
         }
         let released = self.settle_chained((task, attempt), succeeded, ran_on, out);

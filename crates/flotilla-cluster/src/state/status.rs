@@ -194,6 +194,10 @@ pub struct JobSummary {
     /// Its pool accounts (a job with a `[pool]` section).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<JobPoolStatus>,
+    /// Seconds it has left by the learned runtimes (a running job whose kinds all have a
+    /// prediction or an estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_s: Option<f64>,
 }
 
 /// Every job and live worker, as `flotilla status` shows them.
@@ -549,6 +553,7 @@ impl Coordinator {
             makespan_s: makespan(j, self.now()),
             waiting: self.waiting(j),
             pool: self.pool_status(j),
+            eta_s: self.eta(j),
         }
     }
 

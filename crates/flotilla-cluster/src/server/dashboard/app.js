@@ -66,7 +66,9 @@ function clusterView() {
   const jobs = [...cluster.jobs].sort((a, b) => b.id - a.id);
   const jobRows = jobs.map(j => {
     const left = j.total - j.done;
-    const eta = j.state === "running" && j.done > 0 ? secs(j.makespan_s / j.done * left) : "–";
+    // By the learned runtimes; else by the rate so far.
+    const eta = j.eta_s !== undefined ? secs(j.eta_s)
+      : j.state === "running" && j.done > 0 ? secs(j.makespan_s / j.done * left) : "–";
     return el("tr", { class: "click job-row", "data-job": j.id, onclick: () => { location.hash = "#/job/" + j.id; } },
       el("td", { class: "num" }, j.id), el("td", {}, j.name), el("td", {}, j.tenant || "admin"),
       el("td", { class: "state s-" + j.state }, j.state),
@@ -179,7 +181,10 @@ function graph(trace, job) {
 }
 
 function eta(job, trace) {
-  // Remaining tasks × their mean learned runtime here ÷ the slots working on the job.
+  // The coordinator's, from the performance model; else the tasks left × their mean
+  // runtime so far ÷ the slots at work.
+  const summary = cluster && cluster.jobs.find(j => j.id === job.id);
+  if (summary && summary.eta_s !== undefined) return secs(summary.eta_s);
   if (job.state !== "running") return "–";
   const done = trace.spans.filter(s => s.outcome === "succeeded");
   if (!done.length) return "–";

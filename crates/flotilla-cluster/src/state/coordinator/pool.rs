@@ -481,6 +481,55 @@ impl Coordinator {
             .or_else(|| self.model.estimate(codelet, hw, 0, &self.pool.ratios.1))
     }
 
+    /// The time a running job has left, from the learned runtimes: its tasks left of each
+    /// kind × the fastest time the model predicts (or estimates) for that kind on the live
+    /// workers' hardware classes × its CPUs, spread over the live workers' CPUs. `None`
+    /// when a kind has neither, or no worker is live. A job's tasks left are assumed spread
+    /// over its kinds as its tasks are (counting them per kind would cost a pass over the
+    /// tasks at every status).
+    pub(crate) fn eta(&self, j: &Job) -> Option<f64> {
+        if !j.is_active() {
+            return None;
+        }
+        let ended = [TaskState::Done, TaskState::Failed, TaskState::Cancelled]
+            .iter()
+            .map(|s| j.counts[s.index()])
+            .sum::<u64>();
+        let left = (j.len() as u64).saturating_sub(ended);
+        if left == 0 {
+            return Some(0.0);
+        }
+        let classes: std::collections::BTreeSet<&str> = self
+            .workers
+            .values()
+            .map(|w| w.spec.hw_class.as_str())
+            .collect();
+        let cpus: f64 = self.workers.values().map(|w| w.cap().cpus).sum();
+        if classes.is_empty() || cpus <= 0.0 {
+            return None;
+        }
+        let share = left as f64 / j.len() as f64;
+        let mut work = 0.0;
+        for c in &j.classes {
+            let options = j.options(TaskId::new(c.first));
+            let best = classes
+                .iter()
+                .flat_map(|hw| (0..options.len().max(1)).map(move |v| (*hw, v)))
+                .filter_map(|(hw, v)| {
+                    Job::predict(&self.model, &c.codelet, &options, Some(v), hw)
+                        .seconds()
+                        .or_else(|| self.model.estimate(&c.codelet, hw, 0, &self.pool.ratios.1))
+                })
+                .fold(f64::INFINITY, f64::min);
+            if !best.is_finite() {
+                return None;
+            }
+            let per = options.first().map_or(1.0, |o| o.1.cpus.max(0.01));
+            work += f64::from(c.end - c.first) * share * best * per;
+        }
+        Some(work / cpus)
+    }
+
     /// Learns again how hardware classes compare once 32 more samples were recorded.
     pub(super) fn refresh_ratios(&mut self) {
         let (at, _) = self.pool.ratios;

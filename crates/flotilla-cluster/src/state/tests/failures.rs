@@ -512,3 +512,31 @@ fn a_trace_has_a_span_per_attempt_and_pages_keep_the_latest() {
     // The graph of a small job comes with its trace.
     assert_eq!(page.names.len(), 3);
 }
+
+/// A running job's time left comes from the learned runtimes: once its kind is calibrated
+/// (three samples of 2 s here), the one task left on one CPU has 2 s to go.
+#[test]
+fn a_jobs_eta_comes_from_the_learned_runtimes() {
+    let mut sim = Sim::new(0);
+    let (w, _) = sim.join(wspec(1.0, &[]));
+    let (job, out) = sim.submit("[[task]]\nid = \"t\"\narray = \"0..4\"\ncmd = [\"true\"]\n");
+    assert_eq!(
+        sim.c.job_summary(job).unwrap().eta_s,
+        None,
+        "nothing learned yet"
+    );
+    let mut next = assigns(&out);
+    for _ in 0..3 {
+        let t = next[0].1.task;
+        next = assigns(&sim.finish_with(w, t, 1, AttemptOutcome::Succeeded, Vec::new(), None, 2.0));
+    }
+    let eta = sim.c.job_summary(job).unwrap().eta_s.unwrap();
+    assert!((eta - 2.0).abs() < 1e-9, "{eta}");
+    let t = next[0].1.task;
+    sim.finish_with(w, t, 1, AttemptOutcome::Succeeded, Vec::new(), None, 2.0);
+    assert_eq!(
+        sim.c.job_summary(job).unwrap().eta_s,
+        None,
+        "a finished job has none"
+    );
+}

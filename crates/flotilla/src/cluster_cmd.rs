@@ -150,7 +150,7 @@ pub(crate) struct WorkerArgs {
     /// CPUs to offer (default: all cores).
     #[arg(long)]
     cpus: Option<f64>,
-    /// Memory to offer, e.g. 8GiB (default: not accounted).
+    /// Memory to offer, e.g. 8GiB (default: the machine's memory).
     #[arg(long)]
     mem: Option<String>,
     /// GPUs to offer: all, none, or indices (0,1).

@@ -49,6 +49,9 @@ const PAGE_TASKS: usize = 500;
 /// The attempts of a job's timeline: those that ended last (and every running one).
 const PAGE_SPANS: usize = 2000;
 
+/// The sessions one token may hold at once (browsers, tabs after a login each).
+const SESSIONS_PER_TOKEN: usize = 32;
+
 /// How often an event stream sends the cluster view.
 const EVENT_EVERY: Duration = Duration::from_secs(1);
 
@@ -129,10 +132,19 @@ fn open_session(http: &Http, token: &str) -> Option<String> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    http.dashboard
-        .sessions
-        .lock()
-        .insert(id.clone(), token.trim().to_string());
+    let token = token.trim().to_string();
+    let mut sessions = http.dashboard.sessions.lock();
+    // Sessions of revoked tokens go; a token keeps its newest few (each login opens one).
+    sessions.retain(|_, t| http.access.authenticate(t).is_some());
+    let mine: Vec<String> = sessions
+        .iter()
+        .filter(|(_, t)| **t == token)
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in mine.iter().skip(SESSIONS_PER_TOKEN - 1) {
+        sessions.remove(k);
+    }
+    sessions.insert(id.clone(), token);
     Some(format!("{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/"))
 }
 

@@ -134,7 +134,8 @@ fn open_session(http: &Http, token: &str) -> Option<String> {
         .collect();
     let token = token.trim().to_string();
     let mut sessions = http.dashboard.sessions.lock();
-    // Sessions of revoked tokens go; a token keeps its newest few (each login opens one).
+    // Sessions of revoked tokens go; a token holds at most 32 (each login opens one, and
+    // older ones beyond that are dropped, whichever they are).
     sessions.retain(|_, t| http.access.authenticate(t).is_some());
     let mine: Vec<String> = sessions
         .iter()

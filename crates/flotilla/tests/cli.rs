@@ -217,28 +217,11 @@ fn a_client_waits_for_a_restarting_coordinator_and_says_where_it_looked() {
 
 #[test]
 fn log_lines_can_be_json() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("job.toml"),
+    let (_dir, out) = kit::run_local(
         "name = \"j\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
-    )
-    .unwrap();
-    let out = Command::new(BIN)
-        .args([
-            "run",
-            "job.toml",
-            "--cpus",
-            "1",
-            "--gpus",
-            "none",
-            "--log-format",
-            "json",
-        ])
-        .current_dir(dir.path())
-        .env("FLOTILLA_LOG", "info")
-        .env("FLOTILLA_HOME", dir.path().join(".home"))
-        .output()
-        .unwrap();
+        &["--log-format", "json"],
+        &[("FLOTILLA_LOG", "info")],
+    );
     assert!(
         out.status.success(),
         "{}",

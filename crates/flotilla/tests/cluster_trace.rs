@@ -7,10 +7,9 @@
 mod kit;
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::Duration;
 
-use kit::{Cluster, BIN};
+use kit::Cluster;
 
 fn spans(doc: &serde_json::Value) -> Vec<&serde_json::Value> {
     doc["traceEvents"]
@@ -127,20 +126,11 @@ cmd = ["sh", "-c", "test -f flaky.once || { touch flaky.once; exit 1; }"]
 
 #[test]
 fn run_writes_the_trace_it_is_asked_for() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("job.toml"),
+    let (dir, out) = kit::run_local(
         "name = \"local\"\n[[task]]\nid = \"a\"\narray = \"0..4\"\ncmd = [\"true\"]\n",
-    )
-    .unwrap();
-    let out = Command::new(BIN)
-        .args([
-            "run", "job.toml", "--cpus", "2", "--gpus", "none", "--trace", "t.json",
-        ])
-        .current_dir(dir.path())
-        .env("FLOTILLA_HOME", dir.path().join(".home"))
-        .output()
-        .unwrap();
+        &["--trace", "t.json"],
+        &[],
+    );
     assert!(
         out.status.success(),
         "{}",

@@ -31,6 +31,27 @@ pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_flotilla");
 /// The heartbeat timeout the kit's servers run with.
 pub(crate) const HEARTBEAT_TIMEOUT_MS: u64 = 1500;
 
+/// `flotilla run job.toml` on this machine (2 CPUs, no GPU) in a new temporary folder holding
+/// `toml` as its job file, with `extra` arguments and environment; the folder (kept while
+/// the returned guard lives) and the output.
+pub(crate) fn run_local(
+    toml: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> (tempfile::TempDir, Output) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    std::fs::write(dir.path().join("job.toml"), toml).expect("write the job file");
+    let out = Command::new(BIN)
+        .args(["run", "job.toml", "--cpus", "2", "--gpus", "none"])
+        .args(extra)
+        .current_dir(dir.path())
+        .env("FLOTILLA_HOME", dir.path().join(".home"))
+        .envs(env.iter().copied())
+        .output()
+        .expect("the flotilla binary runs");
+    (dir, out)
+}
+
 /// Polls `f` every 20 ms until it returns `Some`, or panics naming `what` after `timeout`.
 pub(crate) fn wait_until<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let end = Instant::now() + timeout;

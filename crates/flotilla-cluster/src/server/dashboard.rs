@@ -459,14 +459,11 @@ pub(crate) async fn events(State(http): State<Http>, headers: HeaderMap) -> Resp
 }
 
 fn event_stream(http: Http, scope: Scope) -> impl Stream<Item = Result<Event, Infallible>> {
-    let rx = http.metrics.subscribe();
     async_stream(move |tx| async move {
         loop {
-            http.metrics.want();
-            let body = {
-                let snap = rx.borrow().clone();
-                cluster_json(&snap.status, &scope)
-            };
+            // The newest snapshot, asking the core for one (the same path as a scrape).
+            let snap = http.metrics.fresh().await;
+            let body = cluster_json(&snap.status, &scope);
             if tx
                 .send(Ok(Event::default().event("cluster").data(body)))
                 .await

@@ -83,20 +83,10 @@ impl Metrics {
             lost_workers: Counter::default(),
             journal_append: Histogram::new(SECONDS.iter().copied()),
             scheduling: Histogram::new(SECONDS.iter().copied()),
-            wanted: AtomicBool::new(true),
+            wanted: AtomicBool::new(false),
             published: AtomicU64::new(0),
             snapshots: watch::channel(empty).0,
         })
-    }
-
-    /// Asks the core for a snapshot at its next turn (a listener of the event stream).
-    pub(crate) fn want(&self) {
-        self.wanted.store(true, Ordering::Relaxed);
-    }
-
-    /// The snapshots as they are published.
-    pub(crate) fn subscribe(&self) -> watch::Receiver<Arc<Snapshot>> {
-        self.snapshots.subscribe()
     }
 
     /// The core's side: publishes `status` as the newest snapshot.
@@ -113,7 +103,9 @@ impl Metrics {
     /// slower).
     pub(crate) async fn fresh(&self) -> Arc<Snapshot> {
         let mut rx = self.snapshots.subscribe();
-        let stale = rx.borrow().at.elapsed() > 2 * SNAPSHOT_EVERY;
+        // None published yet (the empty one made at start), or an old one.
+        let stale = self.published.load(Ordering::Relaxed) == 0
+            || rx.borrow().at.elapsed() > 2 * SNAPSHOT_EVERY;
         self.wanted.store(true, Ordering::Relaxed);
         if stale {
             let _ = tokio::time::timeout(Duration::from_secs(2), rx.changed()).await;

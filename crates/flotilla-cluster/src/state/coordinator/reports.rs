@@ -164,10 +164,9 @@ impl Coordinator {
         let owner = ghost.as_ref().map_or(worker, |g| g.worker);
         // Whether the attempt held resources on `worker` that queued attempts may now take.
         let mut freed = false;
-        // When it was heard to start, its first GPU, and its worker's name (the trace).
-        let mut began: (Option<Millis>, Option<u32>, String) = (None, None, String::new());
+        // When it was heard to start, and its first GPU (the trace).
+        let mut began: (Option<Millis>, Option<u32>) = (None, None);
         if let Some(w) = self.workers.get_mut(&worker) {
-            began.2 = w.spec.name.clone();
             // Promotion waits until the chained attempts this end releases are queued.
             if let Some(slot) = w.take((task, attempt)) {
                 freed = slot.reserved;
@@ -221,7 +220,11 @@ impl Coordinator {
                 task: t,
                 attempt,
                 worker: ran_on,
-                worker_name: began.2,
+                // Only for a span: no copy on the report path otherwise.
+                worker_name: self
+                    .workers
+                    .get(&ran_on)
+                    .map_or_else(String::new, |w| w.spec.name.clone()),
                 gpu: began.1,
                 start: start.max(j.submitted),
                 end,

@@ -377,10 +377,21 @@ impl Sandboxing {
                     }
                 })
                 .collect();
-            let parent = PathBuf::from("flotilla").join(format!("worker-{name}"));
-            // Attempts of this worker's previous life (killed, crashed) must not run on.
-            flotilla_exec::cleanup_cgroups(&parent);
-            parent
+            // One folder per worker process (`worker-NAME.PID`): two workers of one name on
+            // a machine (tests, a restart that overlaps) must not clean each other's attempts.
+            let base = PathBuf::from("flotilla");
+            let own = format!("worker-{name}");
+            // Attempts of this worker's earlier lives (killed, crashed) must not run on: the
+            // folders of its name whose process is gone (and the PID-less ones of old versions).
+            flotilla_exec::cleanup_stale_cgroups(&base, |folder| {
+                folder == own
+                    || folder
+                        .strip_prefix(&own)
+                        .and_then(|rest| rest.strip_prefix('.'))
+                        .and_then(|pid| pid.parse::<libc::pid_t>().ok())
+                        .is_some_and(|pid| !process_alive(pid))
+            });
+            base.join(format!("{own}.{}", std::process::id()))
         });
         if cgroups.is_none() {
             tracing::warn!(
@@ -919,7 +930,21 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
     // The emptied cgroups kept for reuse (what is left, e.g. of attempts still stopping, is
     // removed at the worker's next start).
     flotilla_exec::drain_cgroup_pool();
+    if let Some(parent) = shared
+        .sandboxing
+        .as_ref()
+        .and_then(|sb| sb.cgroups.as_ref())
+    {
+        flotilla_exec::remove_cgroup_tree(parent);
+    }
     Ok(())
+}
+
+/// Whether a process of this PID exists (signal 0 checks without sending anything).
+fn process_alive(pid: libc::pid_t) -> bool {
+    // SAFETY: kill with signal 0 has no memory-safety preconditions and sends nothing.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 enum SessionEnd {

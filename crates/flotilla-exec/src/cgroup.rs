@@ -129,12 +129,7 @@ impl CgroupSpec {
 /// Kills every process in the cgroups under `parent` (relative, as in [`CgroupSpec`]) and
 /// removes them: what a worker that restarts does with its previous life's attempts.
 pub fn cleanup_cgroups(parent: &Path) {
-    let roots: Vec<PathBuf> = match hierarchy() {
-        Some(Hierarchy::V2(root)) => vec![root.join(parent)],
-        Some(Hierarchy::V1(ctls)) => ctls.into_iter().map(|(_, r)| r.join(parent)).collect(),
-        None => return,
-    };
-    for root in roots {
+    for root in roots_of(parent) {
         let Ok(entries) = fs::read_dir(&root) else {
             continue;
         };
@@ -158,6 +153,43 @@ pub fn cleanup_cgroups(parent: &Path) {
                 }
             }
         }
+    }
+}
+
+/// The roots `parent` (relative) lies under: one for v2, one per controller for v1.
+fn roots_of(parent: &Path) -> Vec<PathBuf> {
+    match hierarchy() {
+        Some(Hierarchy::V2(root)) => vec![root.join(parent)],
+        Some(Hierarchy::V1(ctls)) => ctls.into_iter().map(|(_, r)| r.join(parent)).collect(),
+        None => Vec::new(),
+    }
+}
+
+/// Kills and removes the cgroup folders directly under `parent` (relative) whose names
+/// `stale` accepts, with everything under them: what a worker does at start with the folders
+/// of its earlier lives, leaving alone those of a live worker of the same name.
+pub fn cleanup_stale_cgroups(parent: &Path, stale: impl Fn(&str) -> bool) {
+    let mut names: Vec<String> = roots_of(parent)
+        .iter()
+        .filter_map(|root| fs::read_dir(root).ok())
+        .flat_map(|entries| entries.flatten())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| stale(n))
+        .collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        remove_cgroup_tree(&parent.join(name));
+    }
+}
+
+/// Kills every process in the cgroups under `parent` (relative), removes them, then `parent`
+/// itself where it is empty.
+pub fn remove_cgroup_tree(parent: &Path) {
+    cleanup_cgroups(parent);
+    for root in roots_of(parent) {
+        let _ = fs::remove_dir(root);
     }
 }
 

@@ -379,3 +379,45 @@ fn flotilla_enter_drops_capabilities_and_checks_its_holder() {
     );
     drop(holder);
 }
+
+/// Regression: a worker's cgroups were one folder per worker name, and a starting worker
+/// killed and removed the attempts found there as leftovers of its earlier life, so two
+/// workers of one name on a machine (two clusters, or tests run at once) broke each other's
+/// running tasks ("could not open cgroup.procs").
+#[test]
+fn a_worker_of_the_same_name_leaves_the_running_tasks_of_another_alone() {
+    if !sandbox_or_skip() {
+        return;
+    }
+    let mut a = Cluster::start(0, 1);
+    a.add_worker_with(1, &["--isolation", "required"]); // w0
+    a.wait_workers(1);
+    let go = a.job_dir().join("go");
+    std::fs::create_dir_all(a.job_dir()).unwrap();
+    let go_s = go.display().to_string();
+    // The task runs until the test says go (a file in its job folder).
+    let id = a.submit_toml(
+        "wait",
+        &format!(
+            "[[task]]\nid = \"wait\"\ncmd = [\"sh\", \"-c\", \"while [ ! -e {go_s} ]; do sleep 0.05; done\"]\n"
+        ),
+    );
+    a.wait_status(id, "the task to start", Duration::from_secs(60), |s| {
+        s.tasks[0].state == TaskState::Running
+    });
+    // Another cluster's worker of the same name starts and runs a task of its own.
+    let mut b = Cluster::start(0, 1);
+    b.add_worker_with(1, &["--isolation", "required"]); // w0 too
+    b.wait_workers(1);
+    let other = b.submit_toml("other", "[[task]]\nid = \"x\"\ncmd = [\"true\"]\n");
+    assert_eq!(
+        b.wait_job(other, Duration::from_secs(60)).state,
+        JobState::Succeeded
+    );
+    drop(b);
+    std::fs::write(&go, "").unwrap();
+    let s = a.wait_job(id, Duration::from_secs(60));
+    assert_eq!(s.state, JobState::Succeeded, "{:?}", s.tasks[0].message);
+    assert_eq!(s.tasks[0].failures, 0, "the first attempt was broken");
+    assert_eq!(s.tasks[0].attempts, 1);
+}

@@ -66,6 +66,40 @@ pub struct Submitted {
     pub tasks: u32,
 }
 
+/// What the coordinator answers a gather: [`Client::outputs`].
+#[derive(Debug, Clone)]
+pub enum Outputs {
+    /// Every output, each with a live worker holding it.
+    Ready(Vec<GatheredOutput>),
+    /// Some were lost with their workers; the tasks that made them run again. Says which.
+    Rebuilding(String),
+}
+
+/// Fetches `outs` into `dir` (see [`Client::gather_with`]).
+async fn fetch_all(outs: &[GatheredOutput], dir: &Path) -> Result<()> {
+    for o in outs {
+        let rel = crate::objects::safe_relative(&o.path)?;
+        let dst = dir.join(rel);
+        let parent = dst.parent().unwrap_or(dir).to_path_buf();
+        std::fs::create_dir_all(&parent).map_err(|e| ClusterError::io(&parent, e))?;
+        let name = dst
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = parent.join(format!(".{name}.gather{}", rand::random::<u32>()));
+        crate::framed::fetch_framed_to(
+            &o.from,
+            (&o.ticket, &o.cert),
+            (&o.hash, o.size),
+            &tmp,
+            &dst,
+        )
+        .await
+        .map_err(|e| ClusterError::Rpc(format!("cannot gather {} from {}: {e}", o.path, o.from)))?;
+    }
+    Ok(())
+}
+
 /// An output of a job (transfer staging) and where it is held.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatheredOutput {
@@ -373,58 +407,99 @@ impl Client {
     }
 
     /// Transfer staging: every output of the job's done tasks (path relative to the job
-    /// folder, blake3 hash, size) with the data address of a live worker holding it.
-    pub async fn outputs(&mut self, job: JobId) -> Result<Vec<GatheredOutput>> {
+    /// folder, blake3 hash, size) with the data address of a live worker holding it; or,
+    /// when some were lost with their workers, [`Outputs::Rebuilding`]: the coordinator runs
+    /// the tasks that made them again (the job is running again).
+    pub async fn outputs(&mut self, job: JobId) -> Result<Outputs> {
         let r = self
             .inner
             .outputs(proto::OutputsRequest { job: job.0 })
             .await
             .map_err(|e| self.rpc_err(e))?
             .into_inner();
-        Ok(r.outputs
-            .into_iter()
-            .filter_map(|i| {
-                let o = i.object?;
-                Some(GatheredOutput {
-                    path: o.path,
-                    hash: o.hash,
-                    size: o.size,
-                    from: i.from,
-                    ticket: i.ticket,
-                    cert: i.from_cert,
+        if !r.rebuilding.is_empty() {
+            return Ok(Outputs::Rebuilding(r.rebuilding));
+        }
+        Ok(Outputs::Ready(
+            r.outputs
+                .into_iter()
+                .filter_map(|i| {
+                    let o = i.object?;
+                    Some(GatheredOutput {
+                        path: o.path,
+                        hash: o.hash,
+                        size: o.size,
+                        from: i.from,
+                        ticket: i.ticket,
+                        cert: i.from_cert,
+                    })
                 })
-            })
-            .collect())
+                .collect(),
+        ))
+    }
+
+    /// [`Client::gather_with`] saying nothing of what it waits for.
+    pub async fn gather(&mut self, job: JobId, dir: &Path) -> Result<Vec<GatheredOutput>> {
+        self.gather_with(job, dir, |_| {}).await
     }
 
     /// Transfer staging: fetches every output of `job` from the worker holding it into
     /// `dir/<path>`, each through a temporary file in the same folder, its blake3 hash checked
     /// before it is renamed into place. Returns what was written.
-    pub async fn gather(&mut self, job: JobId, dir: &Path) -> Result<Vec<GatheredOutput>> {
-        let outs = self.outputs(job).await?;
-        for o in &outs {
-            let rel = crate::objects::safe_relative(&o.path)?;
-            let dst = dir.join(rel);
-            let parent = dst.parent().unwrap_or(dir).to_path_buf();
-            std::fs::create_dir_all(&parent).map_err(|e| ClusterError::io(&parent, e))?;
-            let name = dst
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let tmp = parent.join(format!(".{name}.gather{}", rand::random::<u32>()));
-            crate::framed::fetch_framed_to(
-                &o.from,
-                (&o.ticket, &o.cert),
-                (&o.hash, o.size),
-                &tmp,
-                &dst,
-            )
-            .await
-            .map_err(|e| {
-                ClusterError::Rpc(format!("cannot gather {} from {}: {e}", o.path, o.from))
-            })?;
+    ///
+    /// Outputs lost with their workers are rebuilt: the coordinator runs the tasks that made
+    /// them again, and this waits for the job to end again (`note` is told why) before it
+    /// asks once more. A holder that dies during the gather is noticed by the coordinator
+    /// within its heartbeat timeout; the gather asks again meanwhile, with backoff.
+    pub async fn gather_with(
+        &mut self,
+        job: JobId,
+        dir: &Path,
+        mut note: impl FnMut(&str),
+    ) -> Result<Vec<GatheredOutput>> {
+        // Each round either fetches everything, or waits for a rebuild or a lost holder to be
+        // noticed: a bounded number, so that a job whose outputs are lost at every try ends.
+        const ROUNDS: u32 = 12;
+        let mut backoff = std::time::Duration::from_millis(250);
+        let mut last_error = String::new();
+        for _ in 0..ROUNDS {
+            let outs = match self.outputs(job).await {
+                Ok(Outputs::Ready(outs)) => outs,
+                Ok(Outputs::Rebuilding(why)) => {
+                    note(&why);
+                    let end = self.wait(job, |_| {}).await?;
+                    if !end.succeeded() {
+                        return Err(ClusterError::Rpc(format!(
+                            "{job} {} while rebuilding its lost outputs ({why})",
+                            end.state
+                        )));
+                    }
+                    continue;
+                }
+                // Workers rejoining a restarted coordinator, or a holder not yet found lost.
+                Err(ClusterError::Rpc(e)) if e.contains("rejoined") => {
+                    last_error = e;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(4));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            match fetch_all(&outs, dir).await {
+                Ok(()) => return Ok(outs),
+                Err(e) => {
+                    // Its holder may have just died: the coordinator finds it lost within its
+                    // heartbeat timeout and then names another holder or rebuilds.
+                    note(&format!("{e}; asking the coordinator again"));
+                    last_error = e.to_string();
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(std::time::Duration::from_secs(4));
+                }
+            }
         }
-        Ok(outs)
+        Err(ClusterError::Rpc(format!(
+            "cannot gather the outputs of {job} after {ROUNDS} tries: {last_error}"
+        )))
     }
 
     /// Admin: adds tenant `name` with `quota`; its token.

@@ -1099,7 +1099,8 @@ after = ["sim"]
             | JournalRecord::JobCancelled { job: j }
             | JournalRecord::JobRemoved { job: j }
             | JournalRecord::JobSubmittedText { job: j, .. }
-            | JournalRecord::BudgetRaised { job: j, .. } => *j = JobId::new(job),
+            | JournalRecord::BudgetRaised { job: j, .. }
+            | JournalRecord::JobReopened { job: j, .. } => *j = JobId::new(job),
             JournalRecord::TaskFinished { task, .. }
             | JournalRecord::TaskFinishedMetered { task, .. }
             | JournalRecord::TaskAssigned { task, .. }

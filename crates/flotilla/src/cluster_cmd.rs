@@ -623,14 +623,22 @@ fn print_summary(
     }
     for (w, (n, busy)) in per {
         let info = cluster.and_then(|c| c.workers.iter().find(|x| x.id == w));
-        let wname = info.map_or("?", |i| i.name.as_str());
-        let cpus = info.map_or(1.0, |i| i.resources.cpus).max(1.0);
-        let util = if m > 0.0 { busy / (cpus * m) } else { 0.0 };
-        println!(
-            "  worker {w} ({wname}): {n} tasks, busy {}, utilization {:.0}%",
-            fmt_secs(busy),
-            util * 100.0
-        );
+        let wname = info
+            .map(|i| i.name.clone())
+            .or_else(|| status.workers.get(&w).map(|n| format!("{n}, gone")))
+            .unwrap_or_else(|| "gone".to_string());
+        match info.map(|i| i.resources.cpus.max(1.0)) {
+            // Utilization is of a live worker's CPUs; a gone worker's are no longer known.
+            Some(cpus) => {
+                let util = if m > 0.0 { busy / (cpus * m) } else { 0.0 };
+                println!(
+                    "  worker {w} ({wname}): {n} tasks, busy {}, utilization {:.0}%",
+                    fmt_secs(busy),
+                    util * 100.0
+                );
+            }
+            None => println!("  worker {w} ({wname}): {n} tasks, busy {}", fmt_secs(busy)),
+        }
     }
     if let Some(p) = &status.pool {
         let budget = p
@@ -756,7 +764,7 @@ async fn gather_if_transfer(client: &mut Client, status: &JobStatus, ok: bool) -
     }
     let (job, dir) = (status.id, &status.dir);
     let got = client
-        .gather(job, Path::new(dir))
+        .gather_with(job, Path::new(dir), |why| eprintln!("gathering: {why}"))
         .await
         .with_context(|| format!("gathering the outputs of {job} into {dir}"))?;
     let bytes: u64 = got.iter().map(|o| o.size).sum();

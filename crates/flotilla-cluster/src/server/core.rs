@@ -63,7 +63,7 @@ pub(super) enum Req {
     Outputs {
         job: JobId,
         scope: Scope,
-        reply: Reply<Vec<proto::Input>>,
+        reply: Reply<proto::OutputsReply>,
     },
     Watch {
         job: JobId,
@@ -567,6 +567,71 @@ impl Core {
         }));
     }
 
+    /// A gather's request: every output with a live holder, or, when some were lost with
+    /// their workers, the tasks that made them run again ([`Event::JobReopened`]) and a reply
+    /// that says so once that is journaled (the client waits for the job and asks again).
+    fn on_outputs(
+        &mut self,
+        job: JobId,
+        reply: Reply<proto::OutputsReply>,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+        after: &mut Vec<AfterCommit>,
+    ) {
+        if self.coord.rejoining(job) {
+            let _ = reply.send(Err(Status::unavailable(format!(
+                "the coordinator restarted and the workers holding outputs of {job} have not \
+                 all rejoined yet; try again in a few seconds"
+            ))));
+            return;
+        }
+        let lost = self.coord.lost_outputs(job);
+        let reopenable = self.coord.jobs_map().get(&job).is_some_and(|j| {
+            matches!(
+                j.state,
+                crate::state::JobState::Running | crate::state::JobState::Succeeded
+            )
+        });
+        if lost.is_empty() || !reopenable {
+            let _ = reply.send(self.outputs(job).map(|outputs| proto::OutputsReply {
+                outputs,
+                rebuilding: String::new(),
+            }));
+            return;
+        }
+        let rebuilding = {
+            let j = &self.coord.jobs_map()[&job];
+            let mut names: Vec<&str> = lost
+                .iter()
+                .take(5)
+                .map(|&t| j.graph.task(t).name.as_str())
+                .collect();
+            if lost.len() > names.len() {
+                names.push("…");
+            }
+            format!(
+                "the outputs of {} task(s) of {job} ({}) were lost with their workers; they \
+                 run again from their inputs",
+                lost.len(),
+                names.join(", ")
+            )
+        };
+        tracing::info!("{rebuilding}");
+        if !self.handle(Event::JobReopened { job, tasks: lost }, cmds, records) {
+            let _ = reply.send(self.outputs(job).map(|outputs| proto::OutputsReply {
+                outputs,
+                rebuilding: String::new(),
+            }));
+            return;
+        }
+        after.push(Box::new(move |_| {
+            let _ = reply.send(Ok(proto::OutputsReply {
+                outputs: Vec::new(),
+                rebuilding,
+            }));
+        }));
+    }
+
     /// Transfer staging: every output of the job's done tasks, in task order, with the data
     /// address of a live worker holding it.
     fn outputs(&self, job: JobId) -> std::result::Result<Vec<proto::Input>, Status> {
@@ -588,7 +653,8 @@ impl Core {
                 .and_then(|hs| hs.iter().find_map(|h| workers.get(h)));
             let Some(w) = holder else {
                 return Err(Status::unavailable(format!(
-                    "the outputs of {job}/{t} ({}) are held by no live worker",
+                    "the outputs of task {:?} of {job} ({}) are held by no live worker",
+                    j.graph.task(t).name,
                     objs[0].path
                 )));
             };
@@ -873,9 +939,7 @@ impl Core {
                     (false, _, _) => self.on_status(job, &scope),
                 });
             }
-            Req::Outputs { job, reply, .. } => {
-                let _ = reply.send(self.outputs(job));
-            }
+            Req::Outputs { job, reply, .. } => self.on_outputs(job, reply, cmds, records, after),
             Req::Watch { job, tx, .. } => self.on_watch(job, tx),
             Req::LogInfo {
                 job, task, reply, ..

@@ -530,8 +530,8 @@ impl CoordinatorRpc for Api {
     ) -> std::result::Result<Response<proto::OutputsReply>, Status> {
         let scope = job_scope(&req, "fetch outputs")?;
         let job = JobId::new(req.into_inner().job);
-        let outputs = self.ask(|reply| Req::Outputs { job, scope, reply }).await?;
-        Ok(Response::new(proto::OutputsReply { outputs }))
+        let reply = self.ask(|reply| Req::Outputs { job, scope, reply }).await?;
+        Ok(Response::new(reply))
     }
 
     async fn ledger(

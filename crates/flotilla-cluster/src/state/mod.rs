@@ -190,6 +190,14 @@ pub enum StateError {
         /// Why it was refused.
         reason: String,
     },
+    /// Only a running or succeeded job's outputs are rebuilt.
+    #[error("{job} is {state}: its lost outputs are not rebuilt")]
+    NotReopenable {
+        /// The job.
+        job: JobId,
+        /// Its state.
+        state: &'static str,
+    },
 }
 
 /// The state machine's result type.
@@ -540,6 +548,16 @@ pub enum Event {
     },
     /// Time passed: backoffs, grace periods.
     Tick,
+    /// Lineage (J): the `Done` tasks whose outputs no live worker holds any more are run
+    /// again, and a job that had succeeded runs again until they are done: what a gather
+    /// that finds outputs lost with their workers asks for
+    /// ([`Coordinator::lost_outputs`] names the tasks).
+    JobReopened {
+        /// The job.
+        job: JobId,
+        /// The tasks to run again.
+        tasks: Vec<TaskId>,
+    },
 }
 
 impl Event {
@@ -555,6 +573,7 @@ impl Event {
                 | Event::TaskAssigned { .. }
                 | Event::CreditsGranted { .. }
                 | Event::BudgetRaised { .. }
+                | Event::JobReopened { .. }
         )
     }
 }
@@ -691,6 +710,13 @@ pub enum JournalRecord {
         /// The report.
         result: AttemptResult,
     },
+    /// See [`Event::JobReopened`].
+    JobReopened {
+        /// The job.
+        job: JobId,
+        /// The tasks run again.
+        tasks: Vec<TaskId>,
+    },
 }
 
 impl JournalRecord {
@@ -744,6 +770,10 @@ impl JournalRecord {
                 job: *job,
                 amount: *amount,
             },
+            Event::JobReopened { job, tasks } => JournalRecord::JobReopened {
+                job: *job,
+                tasks: tasks.clone(),
+            },
             Event::WorkerJoined { .. }
             | Event::WorkerAvailability { .. }
             | Event::WorkerReconciled { .. }
@@ -763,7 +793,8 @@ impl JournalRecord {
             | JournalRecord::JobCancelled { job }
             | JournalRecord::JobRemoved { job }
             | JournalRecord::JobSubmittedText { job, .. }
-            | JournalRecord::BudgetRaised { job, .. } => Some(*job),
+            | JournalRecord::BudgetRaised { job, .. }
+            | JournalRecord::JobReopened { job, .. } => Some(*job),
             JournalRecord::TaskFinished { task, .. }
             | JournalRecord::TaskFinishedMetered { task, .. }
             | JournalRecord::TaskAssigned { task, .. } => Some(task.job),
@@ -876,6 +907,7 @@ impl JournalRecord {
                 Event::CreditsGranted { tenant, amount }
             }
             JournalRecord::BudgetRaised { job, amount } => Event::BudgetRaised { job, amount },
+            JournalRecord::JobReopened { job, tasks } => Event::JobReopened { job, tasks },
             JournalRecord::Checkpoint { .. }
             | JournalRecord::PoolWorker { .. }
             | JournalRecord::Ledger { .. }

@@ -1,5 +1,7 @@
 //! Serializable views of the coordinator's state, for `flotilla status` and the dashboard.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use flotilla_core::{JobId, Resources, Staging, TaskId, WorkerId};
 use serde::{Deserialize, Serialize};
 
@@ -150,6 +152,9 @@ pub struct JobStatus {
     pub pool: Option<JobPoolStatus>,
     /// Every task, by id.
     pub tasks: Vec<TaskStatus>,
+    /// The names of the workers its listed tasks ran on, those gone included.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub workers: BTreeMap<WorkerId, String>,
 }
 
 impl JobStatus {
@@ -519,6 +524,13 @@ impl Coordinator {
             critical_path_s,
             waiting: self.waiting(j),
             pool: self.pool_status(j),
+            workers: tasks
+                .iter()
+                .filter_map(|t| t.worker)
+                .collect::<BTreeSet<WorkerId>>()
+                .into_iter()
+                .filter_map(|w| Some((w, self.worker_name(w)?.to_string())))
+                .collect(),
             tasks,
         })
     }

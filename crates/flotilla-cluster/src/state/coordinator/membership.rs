@@ -126,6 +126,10 @@ impl Coordinator {
             .remove(&id)
             .expect("callers checked the worker");
         self.retired.insert(id);
+        self.left_names.insert(id, w.spec.name.clone());
+        if self.left_names.len() > super::LEFT_NAMES {
+            self.left_names.pop_first();
+        }
         if w.spec.provider.is_some() {
             self.provider_workers = self.provider_workers.saturating_sub(1);
         }
@@ -200,7 +204,9 @@ impl Coordinator {
         }
         for (job, tasks) in lost {
             for t in tasks {
-                if self.has_live_holder(job, t) || !self.outputs_needed(job, t) {
+                // Every output of a job is gathered at its end, not only those a later task
+                // needs: all are rebuilt before the job may be declared done.
+                if self.has_live_holder(job, t) {
                     continue;
                 }
                 self.rerun(
@@ -225,19 +231,6 @@ impl Coordinator {
             .holders
             .get(&t)
             .is_some_and(|hs| hs.iter().any(|h| !self.workers.contains_key(h)))
-    }
-
-    /// Whether a `Done` task's outputs matter: it has outputs, and a successor that has not
-    /// staged them yet (not `Done`, not `Running`).
-    pub(super) fn outputs_needed(&self, job: JobId, t: TaskId) -> bool {
-        let j = &self.jobs[&job];
-        j.outputs.get(&t).is_some_and(|o| !o.is_empty())
-            && j.graph.succs(t).iter().any(|s| {
-                !matches!(
-                    j.tasks[s.index()].state,
-                    TaskState::Done | TaskState::Running | TaskState::Cancelled | TaskState::Failed
-                )
-            })
     }
 
     /// Lineage: reruns `Done` task `t` and, recursively, its `Done` predecessors whose outputs

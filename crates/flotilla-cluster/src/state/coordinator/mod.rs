@@ -51,6 +51,9 @@ enum Placed {
     Blocked,
 }
 
+/// How many names of workers that left the coordinator remembers.
+const LEFT_NAMES: usize = 10_000;
+
 /// The coordinator's state machine; see the [module docs](super).
 #[derive(Debug)]
 pub struct Coordinator {
@@ -63,6 +66,9 @@ pub struct Coordinator {
     workers: BTreeMap<WorkerId, Worker>,
     /// Ids that were live (or seen in the journal) and are gone: never reused.
     retired: BTreeSet<WorkerId>,
+    /// The names of the workers that left, for the status of the tasks they ran (the most
+    /// recent [`LEFT_NAMES`]).
+    left_names: BTreeMap<WorkerId, String>,
     next_worker: u32,
     model: PerfModel,
     /// The credits: tenants' balances, holds, providers' earnings (`flotilla ledger`).
@@ -96,6 +102,7 @@ impl Coordinator {
             next_job: 1,
             workers: BTreeMap::new(),
             retired: BTreeSet::new(),
+            left_names: BTreeMap::new(),
             next_worker: 1,
             model: PerfModel::new(),
             ledger: flotilla_pool::Ledger::new(),
@@ -447,6 +454,10 @@ impl Coordinator {
                 self.now = now;
             }
             Event::Tick => self.now = now,
+            Event::JobReopened { job, tasks } => {
+                self.reopen(job, &tasks, out)?;
+                self.now = now;
+            }
             Event::BudgetRaised { job, amount } => {
                 self.raise_budget(job, amount)?;
                 self.now = now;
@@ -553,6 +564,74 @@ impl Coordinator {
         out.push(Command::Notify(Notification::JobFinished { job, state }));
     }
 
+    /// Lineage after a job's end: the `Done` tasks of `job` with outputs that no live worker
+    /// holds, in id order (what [`Event::JobReopened`] must run again for a gather to find
+    /// every output); empty when none is lost, or while workers that held some may still
+    /// rejoin after a restart (see [`Coordinator::rejoining`]).
+    pub fn lost_outputs(&self, job: JobId) -> Vec<TaskId> {
+        let Some(j) = self.jobs.get(&job) else {
+            return Vec::new();
+        };
+        let mut lost: Vec<TaskId> = j
+            .outputs
+            .iter()
+            .filter(|(t, o)| {
+                !o.is_empty()
+                    && j.tasks[t.index()].state == TaskState::Done
+                    && !self.has_live_holder(job, **t)
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        lost.sort_unstable();
+        lost
+    }
+
+    /// Whether workers that held outputs of `job` before a restart may still rejoin (the
+    /// grace period): their outputs are not lost yet.
+    pub fn rejoining(&self, job: JobId) -> bool {
+        self.in_grace()
+            && self.jobs.get(&job).is_some_and(|j| {
+                j.holders
+                    .values()
+                    .flatten()
+                    .any(|h| !self.workers.contains_key(h))
+            })
+    }
+
+    /// [`Event::JobReopened`]: `tasks` (those still `Done`) run again; a job that had
+    /// succeeded is running again until they are done.
+    fn reopen(&mut self, job: JobId, tasks: &[TaskId], out: &mut Vec<Command>) -> Result<()> {
+        let j = self.jobs.get(&job).ok_or(StateError::UnknownJob(job))?;
+        if let Some(&t) = tasks.iter().find(|t| t.index() >= j.len()) {
+            return Err(StateError::UnknownTask(TaskRef { job, task: t }));
+        }
+        if !matches!(j.state, JobState::Running | JobState::Succeeded) {
+            return Err(StateError::NotReopenable {
+                job,
+                state: j.state.as_str(),
+            });
+        }
+        let mut set: Vec<TaskId> = tasks
+            .iter()
+            .copied()
+            .filter(|t| j.tasks[t.index()].state == TaskState::Done)
+            .collect();
+        set.sort_unstable();
+        set.dedup();
+        if set.is_empty() {
+            return Ok(());
+        }
+        let j = self.job(job);
+        if j.state == JobState::Succeeded {
+            j.state = JobState::Running;
+            j.finished = None;
+            self.active.insert(job);
+        }
+        let j = self.job(job);
+        j.undo_done(&set, "rerun: its outputs were lost with their workers", out);
+        Ok(())
+    }
+
     // ---- views for status ----
 
     /// The performance model learned so far, as JSON ([`PerfModel::to_json`]).
@@ -566,6 +645,14 @@ impl Coordinator {
 
     pub(crate) fn workers_map(&self) -> &BTreeMap<WorkerId, Worker> {
         &self.workers
+    }
+
+    /// The name of a worker, live or gone (`None`: gone before a restart, or long ago).
+    pub(crate) fn worker_name(&self, id: WorkerId) -> Option<&str> {
+        self.workers
+            .get(&id)
+            .map(|w| w.spec.name.as_str())
+            .or_else(|| self.left_names.get(&id).map(String::as_str))
     }
 
     pub(crate) fn now(&self) -> Millis {

@@ -861,3 +861,96 @@ fn a_compacted_journal_replays_to_the_same_state() {
         .unwrap_err();
     assert!(err.to_string().contains("performance model"), "{err}");
 }
+
+#[test]
+fn outputs_lost_after_success_reopen_the_job_and_the_reopening_replays() {
+    let mut sim = Sim::new(0);
+    let mut journal: Vec<JournalRecord> = Vec::new();
+    let text = "staging = \"transfer\"\n[[task]]\nid = \"a\"\ncmd = [\"a\"]\noutputs = [\"a.out\"]\n[[task]]\nid = \"b\"\ncmd = [\"b\"]\nafter = [\"a\"]\noutputs = [\"b.out\"]\n[[task]]\nid = \"quiet\"\ncmd = [\"q\"]\n";
+    let spec = parse_job(text, "job.toml").unwrap();
+    let job = sim.c.next_job_id();
+    let ev = Event::JobSubmitted {
+        job,
+        spec,
+        dir: "/d".into(),
+        tenant: "t".into(),
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    let (w1, _) = sim.join(wspec(4.0, &[]));
+    for (name, out) in [("a", Some("a.out")), ("quiet", None), ("b", Some("b.out"))] {
+        journal.extend(sim.c.take_journal_records());
+        let t = sim.tref(job, name);
+        let ev = Event::TaskFinished {
+            worker: w1,
+            task: t,
+            attempt: 1,
+            result: AttemptResult {
+                outcome: AttemptOutcome::Succeeded,
+                usage: Usage::default(),
+                outputs: out.map(|p| obj(p, 3)).into_iter().collect(),
+                variant: None,
+            },
+        };
+        journal.extend(JournalRecord::from_event(&ev));
+        sim.ev(ev);
+    }
+    journal.extend(sim.c.take_journal_records());
+    assert_eq!(sim.c.job_status(job).unwrap().state, JobState::Succeeded);
+    assert!(sim.c.lost_outputs(job).is_empty());
+    // The only holder dies after the end: a gather finds a and b lost (quiet has none).
+    sim.ev(Event::WorkerLost {
+        worker: w1,
+        reason: "killed".into(),
+    });
+    let lost = sim.c.lost_outputs(job);
+    assert_eq!(lost, vec![sim.tref(job, "a").task, sim.tref(job, "b").task]);
+    let ev = Event::JobReopened { job, tasks: lost };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    let s = sim.c.job_status(job).unwrap();
+    assert_eq!(s.state, JobState::Running, "the job runs again");
+    assert_eq!(s.finished_ms, None);
+    assert_eq!(sim.state(job, "a"), TaskState::Ready);
+    assert_eq!(sim.state(job, "b"), TaskState::Waiting);
+    assert_eq!(
+        sim.state(job, "quiet"),
+        TaskState::Done,
+        "nothing of it was lost"
+    );
+    // The dead worker keeps its name in the job's status.
+    assert_eq!(s.workers.get(&w1).map(String::as_str), Some("w4"));
+    // A restart now replays the reopening: the same tasks wait to run again.
+    let c = replayed(&journal, 10_000);
+    let r = c.job_status(job).unwrap();
+    assert_eq!(r.state, JobState::Running);
+    let states: Vec<TaskState> = r.tasks.iter().map(|t| t.state).collect();
+    assert_eq!(
+        states,
+        vec![TaskState::Ready, TaskState::Waiting, TaskState::Done]
+    );
+    // A new worker reruns a, then b; the job succeeds again.
+    let (w2, out) = sim.join(wspec(4.0, &[]));
+    assert_eq!(names(&sim, &out), vec!["a"]);
+    let out = sim.finish_with(
+        w2,
+        sim.tref(job, "a"),
+        2,
+        AttemptOutcome::Succeeded,
+        vec![obj("a.out", 3)],
+        None,
+        1.0,
+    );
+    assert_eq!(names(&sim, &out), vec!["b"]);
+    sim.finish_with(
+        w2,
+        sim.tref(job, "b"),
+        2,
+        AttemptOutcome::Succeeded,
+        vec![obj("b.out", 3)],
+        None,
+        1.0,
+    );
+    assert_eq!(sim.c.job_status(job).unwrap().state, JobState::Succeeded);
+    assert!(sim.c.lost_outputs(job).is_empty());
+}

@@ -282,9 +282,33 @@ impl Client {
         })
     }
 
-    /// A job's status with every task (what `flotilla status JOB --json` prints).
+    /// A job's status (what `flotilla status JOB --json` prints): its counts, failures and
+    /// per-worker totals, and its tasks, or the first
+    /// [`STATUS_TASKS`](crate::state::STATUS_TASKS) of a larger job.
     pub async fn job_status(&mut self, job: JobId) -> Result<JobStatus> {
-        let json = self.status_document(Some(job)).await?;
+        self.job_status_range(job, 0, None).await
+    }
+
+    /// [`Client::job_status`] listing at most `limit` tasks (the default when `None`) from
+    /// id `from` on.
+    pub async fn job_status_range(
+        &mut self,
+        job: JobId,
+        from: u64,
+        limit: Option<u64>,
+    ) -> Result<JobStatus> {
+        let json = self
+            .inner
+            .status(proto::StatusRequest {
+                job: Some(job.0),
+                trace: false,
+                task_from: from,
+                task_limit: limit,
+            })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner()
+            .json;
         serde_json::from_str(&json)
             .map_err(|e| ClusterError::Rpc(format!("bad status document of {job}: {e}")))
     }
@@ -303,6 +327,8 @@ impl Client {
             .status(proto::StatusRequest {
                 job: Some(job.0),
                 trace: true,
+                task_from: 0,
+                task_limit: None,
             })
             .await
             .map_err(|e| self.rpc_err(e))?
@@ -318,6 +344,8 @@ impl Client {
             .status(proto::StatusRequest {
                 job: job.map(|j| j.0),
                 trace: false,
+                task_from: 0,
+                task_limit: None,
             })
             .await
             .map_err(|e| self.rpc_err(e))?

@@ -496,6 +496,8 @@ async fn every_rpc_for_every_role() {
                         .status(proto::StatusRequest {
                             job: Some(j),
                             trace: false,
+                            task_from: 0,
+                            task_limit: None,
                         })
                         .await
                         .map(|_| ()),
@@ -531,6 +533,8 @@ async fn every_rpc_for_every_role() {
                         .status(proto::StatusRequest {
                             job: None,
                             trace: false,
+                            task_from: 0,
+                            task_limit: None,
                         })
                         .await,
                 ),
@@ -539,6 +543,8 @@ async fn every_rpc_for_every_role() {
                         .status(proto::StatusRequest {
                             job: Some(job),
                             trace: false,
+                            task_from: 0,
+                            task_limit: None,
                         })
                         .await,
                 ),
@@ -764,6 +770,8 @@ async fn a_revoked_token_ends_its_open_streams_at_once() {
         .status(proto::StatusRequest {
             job: None,
             trace: false,
+            task_from: 0,
+            task_limit: None,
         })
         .await
         .expect_err("revoked");

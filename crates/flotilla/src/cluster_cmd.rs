@@ -13,7 +13,7 @@ use flotilla::cluster::worker::Isolation;
 use flotilla::cluster::{
     proto, run_worker, Client, Remote, Server, ServerConfig, ServerTls, WorkerConfig, WorkerGpu,
 };
-use flotilla::core::{JobId, WorkerId};
+use flotilla::core::JobId;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::watch;
 
@@ -298,6 +298,13 @@ pub(crate) struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// A job's status lists its tasks from this id on (a page of a large job).
+    #[arg(long, default_value_t = 0, requires = "job")]
+    tasks_from: u64,
+    /// A job's status lists at most this many tasks (10,000 by default; its counts, first
+    /// failures and per-worker totals are always whole).
+    #[arg(long, requires = "job")]
+    tasks_limit: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -551,12 +558,7 @@ async fn failure_tails(client: &mut Client, status: &JobStatus) -> Vec<(String, 
     const LINES: usize = 5;
     const KEEP: usize = 8 << 10;
     let mut tails = Vec::new();
-    let failed = status
-        .tasks
-        .iter()
-        .filter(|t| t.state == flotilla::cluster::state::TaskState::Failed)
-        .take(10);
-    for t in failed {
+    for t in status.failed_tasks().take(10) {
         let Ok(mut stream) = client.logs(status.id, &t.name, false, true).await else {
             continue;
         };
@@ -613,15 +615,8 @@ fn print_summary(
     println!("  makespan: {}", fmt_secs(m));
     println!("  critical path: {}", fmt_secs(status.critical_path_s));
     // Per worker: tasks run and busy time, as a share of its CPUs over the makespan.
-    let mut per: std::collections::BTreeMap<WorkerId, (u64, f64)> = Default::default();
-    for t in &status.tasks {
-        if let Some(w) = t.worker {
-            let e = per.entry(w).or_default();
-            e.0 += 1;
-            e.1 += t.usage.map_or(0.0, |u| u.wall_seconds);
-        }
-    }
-    for (w, (n, busy)) in per {
+    for share in &status.per_worker {
+        let (w, n, busy) = (share.worker, share.tasks, share.busy_s);
         let info = cluster.and_then(|c| c.workers.iter().find(|x| x.id == w));
         let wname = info
             .map(|i| i.name.clone())
@@ -671,11 +666,7 @@ fn print_summary(
             );
         }
     }
-    let failed = status
-        .tasks
-        .iter()
-        .filter(|t| t.state == flotilla::cluster::state::TaskState::Failed);
-    for t in failed.take(10) {
+    for t in status.failed_tasks().take(10) {
         println!(
             "  failed: {} — {}",
             t.name,
@@ -793,7 +784,9 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
 pub(crate) async fn status(a: StatusArgs) -> Result<()> {
     let mut client = a.remote.client().await?;
     if let Some(job) = a.job.map(JobId::new) {
-        let s = client.job_status(job).await?;
+        let s = client
+            .job_status_range(job, a.tasks_from, a.tasks_limit)
+            .await?;
         if a.json {
             println!("{}", serde_json::to_string_pretty(&s)?);
         } else {

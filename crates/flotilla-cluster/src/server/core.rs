@@ -56,8 +56,11 @@ pub(super) enum Req {
         scope: Scope,
         /// The job's trace (`JobTrace`) instead of its status.
         trace: bool,
-        /// At most this many tasks (status) or ended attempts (trace): the dashboard's page.
+        /// At most this many tasks (status; [`state::STATUS_TASKS`] when `None`) or ended
+        /// attempts (trace): a page.
         limit: Option<usize>,
+        /// The status's first task.
+        from: usize,
         reply: Reply<String>,
     },
     Outputs {
@@ -919,6 +922,7 @@ impl Core {
                 scope,
                 trace,
                 limit,
+                from,
                 reply,
             } => {
                 let json = |doc: Option<String>, j: JobId| doc.ok_or_else(|| no_job(j));
@@ -930,13 +934,13 @@ impl Core {
                         j,
                     ),
                     (true, None, _) => Err(Status::invalid_argument("a trace is of one job")),
-                    (false, Some(j), Some(n)) => json(
+                    (false, Some(j), n) => json(
                         self.coord
-                            .job_status_page(j, n)
+                            .job_status_range(j, from, n.unwrap_or(state::STATUS_TASKS))
                             .and_then(|s| serde_json::to_string(&s).ok()),
                         j,
                     ),
-                    (false, _, _) => self.on_status(job, &scope),
+                    (false, None, _) => self.on_cluster_status(&scope),
                 });
             }
             Req::Outputs { job, reply, .. } => self.on_outputs(job, reply, cmds, records, after),
@@ -1192,15 +1196,9 @@ impl Core {
     }
 
     /// A job's status, or every job and worker, as JSON.
-    fn on_status(&self, job: Option<JobId>, scope: &Scope) -> std::result::Result<String, Status> {
-        let json = match job {
-            Some(j) => match self.coord.job_status(j) {
-                Some(s) => serde_json::to_string(&s),
-                None => return Err(no_job(j)),
-            },
-            None => serde_json::to_string(&self.cluster_status(scope)),
-        };
-        json.map_err(|e| Status::internal(e.to_string()))
+    fn on_cluster_status(&self, scope: &Scope) -> std::result::Result<String, Status> {
+        serde_json::to_string(&self.cluster_status(scope))
+            .map_err(|e| Status::internal(e.to_string()))
     }
 
     /// The jobs `scope` sees, every worker, and (for the admin) the journal.

@@ -343,6 +343,7 @@ async fn job_document(http: &Http, id: u64, headers: &HeaderMap, trace: bool) ->
         scope: s,
         trace,
         limit,
+        from: 0,
         reply,
     })
     .await

@@ -387,12 +387,18 @@ impl CoordinatorRpc for Api {
         let scope = job_scope(&req, "see jobs")?;
         let r = req.into_inner();
         let (job, trace) = (r.job.map(JobId::new), r.trace);
+        let limit = r
+            .task_limit
+            .filter(|_| !trace)
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        let from = usize::try_from(r.task_from).unwrap_or(usize::MAX);
         let json = self
             .ask(|reply| Req::Status {
                 job,
                 scope,
                 trace,
-                limit: None,
+                limit,
+                from,
                 reply,
             })
             .await?;

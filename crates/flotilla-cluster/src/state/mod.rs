@@ -123,7 +123,7 @@ use serde::{Deserialize, Serialize};
 pub use coordinator::{Coordinator, VerdictRecord};
 pub use status::{
     AttemptSpan, ClusterStatus, JobPoolStatus, JobStatus, JobSummary, JobTrace, JournalStatus,
-    TaskCounts, TaskStatus, WorkerStatus, GRAPH_TASKS,
+    TaskCounts, TaskStatus, WorkerShare, WorkerStatus, GRAPH_TASKS, STATUS_FAILED, STATUS_TASKS,
 };
 
 /// Monotonic milliseconds, injected by the caller.

@@ -150,17 +150,59 @@ pub struct JobStatus {
     /// Its pool accounts (a job with a `[pool]` section).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<JobPoolStatus>,
-    /// Every task, by id.
+    /// Its tasks by id: all of them, or a page of at most [`STATUS_TASKS`] (or as asked)
+    /// from `tasks_from` on.
     pub tasks: Vec<TaskStatus>,
-    /// The names of the workers its listed tasks ran on, those gone included.
+    /// The id of the first listed task (0 unless a later page was asked for).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tasks_from: u64,
+    /// When `tasks` is a page: the first [`STATUS_FAILED`] failed tasks not on it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<TaskStatus>,
+    /// What each worker ran of the job (all its tasks, not only the listed ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub per_worker: Vec<WorkerShare>,
+    /// The names of the workers named here, those gone included.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub workers: BTreeMap<WorkerId, String>,
+}
+
+/// How many tasks a job's status lists unless asked otherwise: the status of a larger job
+/// lists a page (its counts, failures and per-worker totals are whole), so that it stays a
+/// small message however large the job.
+pub const STATUS_TASKS: usize = 10_000;
+
+/// How many failed tasks off the page a partial status lists.
+pub const STATUS_FAILED: usize = 100;
+
+/// What one worker ran of a job: the tasks whose latest attempt it ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkerShare {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Its tasks.
+    pub tasks: u64,
+    /// Their wall time, in seconds.
+    pub busy_s: f64,
 }
 
 impl JobStatus {
     /// Its final state, once it has one.
     pub fn finished_state(&self) -> Option<JobState> {
         (self.state != JobState::Running).then_some(self.state)
+    }
+
+    /// Its failed tasks that the status holds: those listed, then those off the page.
+    pub fn failed_tasks(&self) -> impl Iterator<Item = &TaskStatus> {
+        self.tasks
+            .iter()
+            .filter(|t| t.state == TaskState::Failed)
+            .chain(self.failed.iter())
+    }
+
+    /// Whether every task is listed.
+    pub fn lists_every_task(&self) -> bool {
+        self.tasks_from == 0 && self.tasks.len() as u64 == self.total
     }
 
     /// The task with this name: (id, latest attempt, whether it is in a final state).
@@ -497,9 +539,46 @@ impl Coordinator {
     /// [`Coordinator::job_status`] with only the first `first` tasks (the dashboard's page
     /// of a large job: the counts are whole, the task list is not).
     pub fn job_status_page(&self, job: JobId, first: usize) -> Option<JobStatus> {
+        self.job_status_range(job, 0, first)
+    }
+
+    /// [`Coordinator::job_status`] listing at most `limit` tasks from id `from` on; its
+    /// counts, per-worker totals and the first failures off the page are whole.
+    pub fn job_status_range(&self, job: JobId, from: usize, limit: usize) -> Option<JobStatus> {
         let j = self.jobs_map().get(&job)?;
-        let tasks: Vec<TaskStatus> = (0..j.len().min(first))
+        let end = from.saturating_add(limit).min(j.len());
+        let from = from.min(end);
+        let tasks: Vec<TaskStatus> = (from..end)
             .map(|i| self.task_view(j, TaskId::new(i as u32)))
+            .collect();
+        let partial = from > 0 || end < j.len();
+        let failed: Vec<TaskStatus> = if partial {
+            j.tasks
+                .iter()
+                .enumerate()
+                .filter(|(i, rt)| rt.state == TaskState::Failed && !(from..end).contains(i))
+                .take(STATUS_FAILED)
+                .map(|(i, _)| self.task_view(j, TaskId::new(i as u32)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut shares: BTreeMap<WorkerId, (u64, f64)> = BTreeMap::new();
+        for rt in &j.tasks {
+            if let Some(w) = rt.worker {
+                let e = shares.entry(w).or_default();
+                e.0 += 1;
+                e.1 += rt
+                    .ext
+                    .as_ref()
+                    .and_then(|x| x.usage.as_ref())
+                    .map_or(0.0, |u| u.wall_seconds);
+            }
+        }
+        let named: BTreeSet<WorkerId> = shares
+            .keys()
+            .copied()
+            .chain(tasks.iter().chain(&failed).filter_map(|t| t.worker))
             .collect();
         let (critical_path_s, _) = j.graph.critical_path(|t| {
             j.tasks[t.index()]
@@ -524,14 +603,21 @@ impl Coordinator {
             critical_path_s,
             waiting: self.waiting(j),
             pool: self.pool_status(j),
-            workers: tasks
-                .iter()
-                .filter_map(|t| t.worker)
-                .collect::<BTreeSet<WorkerId>>()
+            workers: named
                 .into_iter()
                 .filter_map(|w| Some((w, self.worker_name(w)?.to_string())))
                 .collect(),
             tasks,
+            tasks_from: from as u64,
+            failed,
+            per_worker: shares
+                .into_iter()
+                .map(|(worker, (tasks, busy_s))| WorkerShare {
+                    worker,
+                    tasks,
+                    busy_s,
+                })
+                .collect(),
         })
     }
 

@@ -540,3 +540,55 @@ fn a_jobs_eta_comes_from_the_learned_runtimes() {
         "a finished job has none"
     );
 }
+
+/// A large job's status is a page: its counts, its failures off the page and what each
+/// worker ran are whole, so that summaries stay right and the message small.
+#[test]
+fn a_status_page_keeps_the_counts_failures_and_worker_totals_whole() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        "[defaults]\nretries = 0\n[[task]]\nid = \"t\"\narray = \"0..30\"\ncmd = [\"x\"]\n",
+    );
+    let (w, mut out) = sim.join(wspec(2.0, &[]));
+    // t[3] fails last (a failure ends the job); every other task succeeds.
+    let mut held = None;
+    loop {
+        let a = assigns(&out);
+        out = Vec::new();
+        for (_, x) in a {
+            if x.task.task.index() == 3 {
+                held = Some(x);
+            } else {
+                out.extend(sim.finish(w, x.task, x.attempt, AttemptOutcome::Succeeded));
+            }
+        }
+        if out.is_empty() {
+            break;
+        }
+    }
+    let x = held.expect("t[3] was assigned");
+    let failed = AttemptOutcome::Failed {
+        message: "boom".into(),
+        retryable: false,
+    };
+    sim.finish(w, x.task, x.attempt, failed);
+    let s = sim.c.job_status_range(job, 10, 5).unwrap();
+    assert_eq!(s.total, 30);
+    assert_eq!(s.tasks_from, 10);
+    let ids: Vec<u32> = s.tasks.iter().map(|t| t.id.0).collect();
+    assert_eq!(ids, vec![10, 11, 12, 13, 14]);
+    assert!(!s.lists_every_task());
+    assert_eq!((s.counts.done, s.counts.failed), (29, 1));
+    let failed: Vec<&str> = s.failed_tasks().map(|t| t.name.as_str()).collect();
+    assert_eq!(failed, vec!["t[3]"]);
+    assert_eq!(s.per_worker.len(), 1);
+    assert_eq!((s.per_worker[0].worker, s.per_worker[0].tasks), (w, 30));
+    assert_eq!(s.workers.get(&w).map(String::as_str), Some("w2"));
+    // A small job's status lists everything, and no failure twice.
+    let all = sim.c.job_status(job).unwrap();
+    assert!(all.lists_every_task() && all.failed.is_empty());
+    assert_eq!(all.failed_tasks().count(), 1);
+    // A page past the end is empty, not an error.
+    let past = sim.c.job_status_range(job, 100, 5).unwrap();
+    assert!(past.tasks.is_empty() && past.failed.len() == 1);
+}

@@ -8,13 +8,13 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ClusterError {
     /// A file or directory could not be read or written.
-    #[error("{path}: {source}")]
+    /// (The I/O error is in the message, not a source: chains would print it twice.)
+    #[error("{path}: {error}")]
     Io {
         /// The path.
         path: String,
         /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Bad configuration or arguments.
     #[error("{0}")]
@@ -94,7 +94,7 @@ impl ClusterError {
     pub fn io(path: &Path, source: std::io::Error) -> Self {
         ClusterError::Io {
             path: path.display().to_string(),
-            source,
+            error: source,
         }
     }
 }

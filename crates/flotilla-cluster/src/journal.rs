@@ -552,10 +552,20 @@ impl Journal {
             path: self.path.clone(),
             source,
         };
-        self.file.write_all(&buf).map_err(io)?;
-        if self.sync == SyncMode::Always {
-            self.file.sync_data().map_err(io)?;
-            self.syncs += 1;
+        let start = self.file.metadata().map_err(io)?.len();
+        let written = self.file.write_all(&buf).and_then(|()| {
+            if self.sync == SyncMode::Always {
+                self.file.sync_data()?;
+                self.syncs += 1;
+            }
+            Ok(())
+        });
+        if let Err(e) = written {
+            // A write cut short (a full disk) must not leave part of a record behind: the
+            // next append would follow it, and a replay stops at the torn record. Cutting
+            // the file back needs no space.
+            let _ = self.file.set_len(start);
+            return Err(io(e));
         }
         self.len += records.len() as u64;
         self.bytes += buf.len() as u64;

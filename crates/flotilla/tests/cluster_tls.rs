@@ -31,6 +31,7 @@ fn tls_cluster(certs: &std::path::Path) -> (Cluster, PathBuf) {
         server_args: vec!["--tls-cert".into(), s(&cert), "--tls-key".into(), s(&key)],
         remote_args: vec!["--tls-ca".into(), s(&cert)],
         tls_ca: Some(cert.clone()),
+        ..Opts::default()
     };
     (Cluster::start_with(1, 2, opts), cert)
 }

@@ -179,7 +179,7 @@ impl Req {
 }
 
 /// Replies sent once the batch they answer is durable.
-type AfterCommit = Box<dyn FnOnce(&mut Core)>;
+type AfterCommit = Box<dyn FnOnce(&mut Core) + Send>;
 
 /// A `Watch` stream's sender: bounded, so a client that does not read cannot make the
 /// coordinator hold its events without limit.
@@ -276,12 +276,37 @@ pub(super) struct Core {
     metrics: Arc<super::http::Metrics>,
     /// When the last snapshot was published.
     published_at: Instant,
+    /// While the journal cannot be written (a full or read-only disk): why, and what waits
+    /// for it. See [`Core::commit`].
+    blocked: Option<Blocked>,
 }
+
+/// What the core holds while its journal cannot be written: the records not yet durable, and
+/// everything they must precede (replies, dispatches, notifications), in order.
+struct Blocked {
+    /// The append's error.
+    error: String,
+    records: Vec<JournalRecord>,
+    after: Vec<AfterCommit>,
+    cmds: Vec<Command>,
+    /// When the append is tried again.
+    retry_at: Instant,
+}
+
+/// The most records held while the journal cannot be written; beyond, the coordinator stops
+/// (a restart replays what is durable; workers report again what was not).
+const MAX_UNWRITTEN: usize = 1_000_000;
+
+/// How often an append that failed is tried again.
+const RETRY_APPEND: Duration = Duration::from_millis(250);
 
 impl Core {
     /// Starts a journal compaction when removed jobs' records weigh enough; finishes one
     /// whose thread is done (or, when `stopping`, waits for it).
     fn compact(&mut self, stopping: bool) {
+        if self.blocked.is_some() {
+            return;
+        }
         if let Some(c) = self.compaction.take() {
             if !stopping && !c.is_finished() {
                 self.compaction = Some(c);
@@ -713,6 +738,7 @@ impl Core {
             rendezvous_cert: String::new(),
             metrics,
             published_at: Instant::now(),
+            blocked: None,
             gang_secret: {
                 use rand::RngCore;
                 let mut bytes = [0u8; 32];
@@ -818,21 +844,18 @@ impl Core {
                 self.check_heartbeats(&mut cmds, &mut records);
                 self.handle(Event::Tick, &mut cmds, &mut records);
             }
-            if !records.is_empty() {
-                let t = Instant::now();
-                if let Err(e) = self.journal.append(&records) {
-                    // Nothing of this batch may be acknowledged: stop, and let a restart replay
-                    // what is durable.
-                    return Err(format!("journal write failed: {e}"));
+            let busy = !cmds.is_empty() || !records.is_empty();
+            let Some((cmds, after)) = self.commit(records, cmds, after, stop)? else {
+                // The journal cannot be written: all of it waits (see `commit`).
+                self.publish();
+                if stop {
+                    return Ok(());
                 }
-                self.metrics
-                    .journal_append
-                    .observe(t.elapsed().as_secs_f64());
-            }
+                continue;
+            };
             for f in after {
                 f(&mut self);
             }
-            let busy = !cmds.is_empty() || !records.is_empty();
             self.dispatch(cmds);
             if busy {
                 self.metrics
@@ -845,6 +868,91 @@ impl Core {
                 return Ok(());
             }
         }
+    }
+
+    /// Makes a turn's records durable before anything they caused leaves the core: returns
+    /// the commands to dispatch and the replies to send, or `None` while the journal cannot
+    /// be written (a full or read-only disk). Then the records, replies and commands wait,
+    /// in order, and the append is tried again every [`RETRY_APPEND`]; meanwhile the core
+    /// takes no new job ([`Core::journal_refusal`]) and acknowledges nothing, and when the
+    /// append succeeds all of it goes out. `Err` when too much waits (or at a stop with
+    /// records still unwritten): the coordinator stops, and a restart replays what is
+    /// durable.
+    #[allow(clippy::type_complexity)]
+    fn commit(
+        &mut self,
+        records: Vec<JournalRecord>,
+        cmds: Vec<Command>,
+        after: Vec<AfterCommit>,
+        stop: bool,
+    ) -> std::result::Result<Option<(Vec<Command>, Vec<AfterCommit>)>, String> {
+        let was_blocked = self.blocked.is_some();
+        let (records, cmds, after) = match self.blocked.take() {
+            None => (records, cmds, after),
+            Some(mut b) => {
+                b.records.extend(records);
+                b.cmds.extend(cmds);
+                b.after.extend(after);
+                if Instant::now() < b.retry_at && !stop {
+                    self.blocked = Some(b);
+                    return Ok(None);
+                }
+                (b.records, b.cmds, b.after)
+            }
+        };
+        if records.is_empty() {
+            return Ok(Some((cmds, after)));
+        }
+        let t = Instant::now();
+        match self.journal.append(&records) {
+            Ok(()) => {
+                self.metrics
+                    .journal_append
+                    .observe(t.elapsed().as_secs_f64());
+                if was_blocked {
+                    tracing::warn!(
+                        "the journal is written again ({} records that waited): new jobs are \
+                         taken",
+                        records.len()
+                    );
+                }
+                Ok(Some((cmds, after)))
+            }
+            Err(e) => {
+                let error = e.to_string();
+                if stop || records.len() > MAX_UNWRITTEN {
+                    return Err(format!(
+                        "journal write failed with {} records waiting: {error}",
+                        records.len()
+                    ));
+                }
+                if !was_blocked {
+                    tracing::error!(
+                        "the journal cannot be written ({error}): no new job is taken and \
+                         nothing is acknowledged until it can; retrying"
+                    );
+                }
+                self.blocked = Some(Blocked {
+                    error,
+                    records,
+                    after,
+                    cmds,
+                    retry_at: Instant::now() + RETRY_APPEND,
+                });
+                Ok(None)
+            }
+        }
+    }
+
+    /// Why a new job is refused now, if it is: the journal cannot be written.
+    fn journal_refusal(&self) -> Option<Status> {
+        let b = self.blocked.as_ref()?;
+        Some(Status::unavailable(format!(
+            "the coordinator cannot write its journal {} ({}): it takes no new job until it \
+             can (free space there, or make it writable); nothing it accepted is lost",
+            self.journal.path().display(),
+            b.error
+        )))
     }
 
     /// Applies one event, collecting its journal records (the event itself when journaled,
@@ -1043,6 +1151,10 @@ impl Core {
         records: &mut Vec<JournalRecord>,
         after: &mut Vec<AfterCommit>,
     ) {
+        if let Some(refusal) = self.journal_refusal() {
+            let _ = reply.send(Err(refusal));
+            return;
+        }
         let job = self.coord.next_job_id();
         let name = spec.name.clone();
         let now = self.now();
@@ -1222,6 +1334,7 @@ impl Core {
                 bytes: self.journal.bytes(),
                 fsync: self.journal.sync_mode() == crate::journal::SyncMode::Always,
                 syncs: self.journal.syncs(),
+                error: self.blocked.as_ref().map(|b| b.error.clone()),
             }),
         }
     }

@@ -272,6 +272,10 @@ pub struct JournalStatus {
     pub fsync: bool,
     /// Appends fsync'd since the coordinator started.
     pub syncs: u64,
+    /// Why it cannot be written now (a full or read-only disk): no new job is taken until
+    /// it can.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One live worker.

@@ -151,6 +151,9 @@ pub(crate) struct Opts {
     pub(crate) remote_args: Vec<String>,
     /// The CA the kit's own client verifies the coordinator with (TLS when set).
     pub(crate) tls_ca: Option<PathBuf>,
+    /// The state folder is a tmpfs of this size (e.g. `"2m"`), mounted by the kit (root
+    /// only) and unmounted when the cluster is dropped: a disk that fills up.
+    pub(crate) state_tmpfs: Option<String>,
 }
 
 impl Cluster {
@@ -168,6 +171,15 @@ impl Cluster {
             .expect("a temporary folder");
         let state = root.path().join("state");
         std::fs::create_dir_all(root.path().join("job")).expect("job folder");
+        if let Some(size) = &opts.state_tmpfs {
+            std::fs::create_dir_all(&state).expect("state folder");
+            let ok = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(&state)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "cannot mount a tmpfs on {}", state.display());
+        }
         let (server, addr, http) = start_server(
             &state,
             "127.0.0.1:0".parse().expect("an address"),
@@ -460,6 +472,9 @@ impl Drop for Cluster {
         }
         if let Some(p) = self.server.take() {
             p.kill();
+        }
+        if self.opts.state_tmpfs.is_some() {
+            let _ = Command::new("umount").arg("-l").arg(&self.state).status();
         }
     }
 }

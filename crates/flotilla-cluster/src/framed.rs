@@ -389,6 +389,51 @@ async fn fetch_over<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// Fuzzing ([`crate::fuzz::framed`]): `data` as the bytes a client sends an object server
+/// (token `t`, holding the object `b"fuzz"`), then as the bytes a server answers a client
+/// fetching that object; neither end may panic or hang.
+pub(crate) async fn fuzz_both_ends(data: &[u8]) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::AsyncWriteExt as _;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "flotilla-fuzz-objects-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let served = async {
+        let store = ObjectStore::open(&dir).ok()?;
+        let (hash, _) = store.put_bytes(b"fuzz").ok()?;
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let gate = Gate::token("t");
+        let serve = serve_one(server, &store, &gate);
+        let talk = async {
+            let _ = client.write_all(data).await;
+            let _ = client.shutdown().await;
+            let mut sink = Vec::new();
+            let _ = client.read_to_end(&mut sink).await;
+        };
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(serve, talk) }).await;
+        Some(hash)
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let hash = served.unwrap_or_default();
+    let (client, mut server) = tokio::io::duplex(1 << 16);
+    let answer = async {
+        let mut request = vec![0u8; MAX_REQUEST + 4];
+        let _ = server.read(&mut request).await;
+        let _ = server.write_all(data).await;
+        let _ = server.shutdown().await;
+    };
+    let fetch = fetch_over(client, "fuzz", "t", &hash, 1 << 20, |_| Ok(()));
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        tokio::join!(answer, fetch)
+    })
+    .await;
+}
+
 /// Fetches `hash` over gRPC (`Objects.Fetch`) into memory, hashing it; returns the bytes.
 pub async fn fetch_grpc(from: &Remote, hash: &str) -> Result<u64> {
     let ch = from.channel().await?;

@@ -16,6 +16,8 @@ mod energy;
 pub mod error;
 pub mod fault;
 pub mod framed;
+#[doc(hidden)]
+pub mod fuzz;
 mod idle;
 pub mod journal;
 pub mod objects;

@@ -113,6 +113,10 @@ enum Bench {
     Cluster(ClusterArgs),
     /// Coordinator restart time against journal size (a finished job of N tasks).
     Restart(RestartArgs),
+    /// Many clients at once against one coordinator: one-task submissions from many
+    /// clients, watchers that never read, connections that never speak; the latency of
+    /// `status` before and during, and the coordinator's memory.
+    Flood(FloodArgs),
     /// What a task sandbox costs: /bin/true without and with bubblewrap (shared or fresh
     /// network namespace, with a cgroup), side by side.
     Isolation(IsolationArgs),
@@ -203,6 +207,28 @@ struct RestartArgs {
     /// journal's compaction, and the compaction.
     #[arg(long)]
     compaction: bool,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct FloodArgs {
+    /// Clients submitting at once.
+    #[arg(long, default_value_t = 100)]
+    clients: usize,
+    /// Jobs submitted in all (one WASM no-op task each).
+    #[arg(long, default_value_t = 10_000)]
+    jobs: usize,
+    /// Clients that follow a job's events and never read them.
+    #[arg(long, default_value_t = 20)]
+    stuck_watchers: usize,
+    /// TCP connections opened and never spoken on.
+    #[arg(long, default_value_t = 20)]
+    silent: usize,
+    /// The probe's pause between status requests.
+    #[arg(long, default_value = "20ms")]
+    probe_every: String,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -811,6 +837,47 @@ fn run_local(command: Command) -> Result<()> {
                     )
                 })?;
             }
+            Ok(())
+        }
+        Command::Bench(Bench::Flood(a)) => {
+            let cfg = flotilla::bench::flood::FloodConfig {
+                clients: a.clients,
+                jobs: a.jobs,
+                stuck_watchers: a.stuck_watchers,
+                silent: a.silent,
+                probe_every: flotilla::core::duration::parse_duration(&a.probe_every)
+                    .map_err(|e| anyhow::anyhow!("--probe-every: {e}"))?,
+            };
+            let r = tokio_runtime()?
+                .block_on(flotilla::bench::flood::run(&cfg))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            print(a.json, &r, |r| {
+                let l = |x: &flotilla::bench::flood::Latency| {
+                    format!("p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", x.p50_ms, x.p99_ms, x.max_ms)
+                };
+                format!(
+                    "flood: {} jobs from {} clients ({} stuck watchers, {} silent connections): \
+                     accepted in {:.2} s ({:.0}/s), {} refused{}, all done in {:.2} s\n  \
+                     status (cluster): idle {}; flood {}\n  status JOB: idle {}; flood {}\n  \
+                     memory: {:.0} MiB before, {:.0} MiB peak, {:.0} MiB after",
+                    r.jobs,
+                    r.clients,
+                    r.stuck_watchers,
+                    r.silent,
+                    r.submit_s,
+                    r.submissions_per_s,
+                    r.refused,
+                    r.refusal.as_deref().map(|m| format!(" ({m})")).unwrap_or_default(),
+                    r.done_s,
+                    l(&r.cluster_status_idle),
+                    l(&r.cluster_status_flood),
+                    l(&r.job_status_idle),
+                    l(&r.job_status_flood),
+                    r.rss_before_mib,
+                    r.rss_peak_mib,
+                    r.rss_after_mib
+                )
+            })?;
             Ok(())
         }
         Command::Bench(Bench::Restart(a)) => {

@@ -109,6 +109,9 @@ pub(crate) fn incoming(
                 Ok(s) => s,
                 Err(e) => return Some(Err(e)),
             };
+            // tonic sets TCP_NODELAY only on the sockets it accepts itself: without it, a
+            // reply's frames written apart wait for the client's delayed ACK (40 ms a request).
+            let _ = stream.set_nodelay(true);
             let peer = stream.peer_addr().ok().map(|a| a.ip());
             if let Some(ip) = peer {
                 let mut c = counts.lock();

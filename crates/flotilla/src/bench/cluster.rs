@@ -198,7 +198,7 @@ fn scrapers(
         .collect()
 }
 
-const NOOP_WAT: &str = "(module (memory (export \"memory\") 1) (func (export \"_start\")))\n";
+pub(crate) const NOOP_WAT: &str = "(module (memory (export \"memory\") 1) (func (export \"_start\")))\n";
 
 fn task_line(kind: &str) -> String {
     match kind {

@@ -5,6 +5,7 @@
 pub mod allreduce;
 pub mod cluster;
 pub mod copy;
+pub mod flood;
 pub mod isolation;
 pub mod linalg;
 pub mod market;

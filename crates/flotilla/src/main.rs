@@ -853,7 +853,10 @@ fn run_local(command: Command) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             print(a.json, &r, |r| {
                 let l = |x: &flotilla::bench::flood::Latency| {
-                    format!("p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms", x.p50_ms, x.p99_ms, x.max_ms)
+                    format!(
+                        "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                        x.p50_ms, x.p99_ms, x.max_ms
+                    )
                 };
                 format!(
                     "flood: {} jobs from {} clients ({} stuck watchers, {} silent connections): \
@@ -867,7 +870,10 @@ fn run_local(command: Command) -> Result<()> {
                     r.submit_s,
                     r.submissions_per_s,
                     r.refused,
-                    r.refusal.as_deref().map(|m| format!(" ({m})")).unwrap_or_default(),
+                    r.refusal
+                        .as_deref()
+                        .map(|m| format!(" ({m})"))
+                        .unwrap_or_default(),
                     r.done_s,
                     l(&r.cluster_status_idle),
                     l(&r.cluster_status_flood),

@@ -139,3 +139,22 @@ pub(crate) fn incoming(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt as _;
+
+    /// Regression: the sockets this listener accepts had Nagle's algorithm on (tonic sets
+    /// TCP_NODELAY only on those it accepts itself), so every reply waited ~40 ms for the
+    /// client's delayed ACK.
+    #[tokio::test]
+    async fn accepted_connections_have_nodelay() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut incoming = Box::pin(incoming(listener, 4));
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let accepted = incoming.next().await.unwrap().unwrap();
+        assert!(accepted.stream.nodelay().unwrap(), "TCP_NODELAY is off");
+    }
+}

@@ -198,7 +198,8 @@ fn scrapers(
         .collect()
 }
 
-pub(crate) const NOOP_WAT: &str = "(module (memory (export \"memory\") 1) (func (export \"_start\")))\n";
+pub(crate) const NOOP_WAT: &str =
+    "(module (memory (export \"memory\") 1) (func (export \"_start\")))\n";
 
 fn task_line(kind: &str) -> String {
     match kind {

@@ -144,7 +144,8 @@ pub async fn run(
     let job_dir = dir.join("job");
     std::fs::create_dir_all(&job_dir)?;
     std::fs::write(job_dir.join("noop.wat"), super::cluster::NOOP_WAT)?;
-    let text = "name = \"flood\"\n[defaults]\nretries = 0\n\n[[task]]\nid = \"t\"\nwasm = \"noop.wat\"\n";
+    let text =
+        "name = \"flood\"\n[defaults]\nretries = 0\n\n[[task]]\nid = \"t\"\nwasm = \"noop.wat\"\n";
     let dir_s = job_dir.display().to_string();
 
     let scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), dir.join("state"));

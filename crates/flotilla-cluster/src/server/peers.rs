@@ -143,7 +143,6 @@ pub(crate) fn incoming(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::StreamExt as _;
 
     /// Regression: the sockets this listener accepts had Nagle's algorithm on (tonic sets
     /// TCP_NODELAY only on those it accepts itself), so every reply waited ~40 ms for the

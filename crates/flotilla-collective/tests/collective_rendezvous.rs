@@ -58,7 +58,8 @@ fn missing_ranks_time_out() {
         msg.contains("timed out") && msg.contains("2 ranks"),
         "{msg}"
     );
-    assert!(start.elapsed() < Duration::from_secs(3));
+    // Its 300 ms timeout ended the wait (well before this bound, however loaded the machine).
+    assert!(start.elapsed() < Duration::from_secs(30));
 }
 
 #[test]

@@ -28,8 +28,10 @@ use sha2::{Digest, Sha256};
 /// The binary under test.
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_flotilla");
 
-/// The heartbeat timeout the kit's servers run with.
-pub(crate) const HEARTBEAT_TIMEOUT_MS: u64 = 1500;
+/// The heartbeat timeout the kit's servers run with: four missed heartbeats (one a second),
+/// so that a loaded machine does not lose a live worker, yet a killed one is found lost in
+/// seconds (the default is 5 s).
+pub(crate) const HEARTBEAT_TIMEOUT_MS: u64 = 4000;
 
 /// `flotilla run job.toml` on this machine (2 CPUs, no GPU) in a new temporary folder holding
 /// `toml` as its job file, with `extra` arguments and environment; the folder (kept while

@@ -48,7 +48,7 @@ impl Coordinator {
                     room.add(need, -1.0);
                 }
                 Placed::Deferred => {}
-                Placed::Blocked => break,
+                Placed::Blocked | Placed::NoRoom => break,
             }
         }
         placed

@@ -257,6 +257,15 @@ impl Coordinator {
         if set.is_empty() {
             return;
         }
+        // Journaled: a replay must rerun the same tasks (it knows nothing of the loss), or a
+        // job whose other tasks end meanwhile would replay as finished before the rerun's
+        // assignment.
+        if !self.pool.replaying {
+            self.journal.push(JournalRecord::JobReopened {
+                job,
+                tasks: set.clone(),
+            });
+        }
         // Successors assigned but not started would fetch from the lost worker.
         let mut take_back: Vec<(TaskId, WorkerId, u32)> = Vec::new();
         {

@@ -49,6 +49,9 @@ enum Placed {
     Deferred,
     /// The task fits nowhere now; neither will the rest of its class.
     Blocked,
+    /// As `Blocked`, for want of room on every worker: no task of the same resource options
+    /// fits in the rest of this pass either.
+    NoRoom,
 }
 
 /// How many names of workers that left the coordinator remembers.

@@ -19,6 +19,33 @@ struct Turn {
     class: usize,
 }
 
+/// The task shapes (resource options) that fit on no worker in this pass: placing only
+/// takes room, so a later task of the same shape would not fit either and is not tried
+/// (with thousands of queued jobs, trying each one on every event made a pass cost as many
+/// failed placements as jobs).
+#[derive(Default)]
+struct NoRoom(Vec<Vec<(Option<String>, flotilla_core::Resources)>>);
+
+impl NoRoom {
+    fn key(
+        options: &[(Option<&str>, &flotilla_core::Resources)],
+    ) -> Vec<(Option<String>, flotilla_core::Resources)> {
+        options
+            .iter()
+            .map(|(v, r)| (v.map(str::to_string), (*r).clone()))
+            .collect()
+    }
+
+    fn has(&self, options: &[(Option<&str>, &flotilla_core::Resources)]) -> bool {
+        self.0.iter().any(|k| {
+            k.len() == options.len()
+                && k.iter()
+                    .zip(options)
+                    .all(|((v, r), (w, s))| v.as_deref() == *w && r == *s)
+        })
+    }
+}
+
 /// What one turn did.
 enum Step {
     /// Placed tasks charged this much.
@@ -39,12 +66,17 @@ impl Coordinator {
             return;
         }
         let mut tenants: BTreeMap<String, Turn> = BTreeMap::new();
+        let mut no_room = NoRoom::default();
         for &job in &self.active {
             let j = &self.jobs[&job];
-            let turn = tenants.entry(j.tenant.clone()).or_insert_with(|| Turn {
-                quota: self.quotas.get(&j.tenant).cloned().unwrap_or_default(),
-                ..Turn::default()
-            });
+            if !tenants.contains_key(&j.tenant) {
+                let turn = Turn {
+                    quota: self.quotas.get(&j.tenant).cloned().unwrap_or_default(),
+                    ..Turn::default()
+                };
+                tenants.insert(j.tenant.clone(), turn);
+            }
+            let turn = tenants.get_mut(&j.tenant).expect("inserted above");
             turn.used.add(j.held, 1.0);
             turn.active += 1;
             let runs = turn
@@ -104,7 +136,7 @@ impl Coordinator {
                     .gpus
                     .map_or(f64::INFINITY, |q| q - turn.used.gpus),
             };
-            match self.step(turn, room, out) {
+            match self.step(turn, room, &mut no_room, out) {
                 Step::Placed(d) => turn.used.add(d, 1.0),
                 Step::Exhausted => turn.next = turn.jobs.len(),
                 Step::OverQuota => {
@@ -128,7 +160,13 @@ impl Coordinator {
     }
 
     /// Places the next task (or gangs) of a tenant's turn within `room`.
-    fn step(&mut self, turn: &mut Turn, room: Held, out: &mut Vec<Command>) -> Step {
+    fn step(
+        &mut self,
+        turn: &mut Turn,
+        room: Held,
+        no_room: &mut NoRoom,
+        out: &mut Vec<Command>,
+    ) -> Step {
         const SLACK: f64 = 1e-9;
         loop {
             let Some(&job) = turn.jobs.get(turn.next) else {
@@ -164,6 +202,10 @@ impl Coordinator {
             if need.cpus > room.cpus + SLACK || need.gpus > room.gpus + SLACK {
                 return Step::OverQuota;
             }
+            if no_room.has(&j.options(TaskId::new(t))) {
+                turn.class += 1;
+                continue;
+            }
             match self.place_one(job, TaskId::new(t), out) {
                 Placed::Yes => {
                     let mut d = self.jobs[&job].held;
@@ -172,6 +214,11 @@ impl Coordinator {
                 }
                 Placed::Deferred => {}
                 Placed::Blocked => turn.class += 1,
+                Placed::NoRoom => {
+                    let j = &self.jobs[&job];
+                    no_room.0.push(NoRoom::key(&j.options(TaskId::new(t))));
+                    turn.class += 1;
+                }
             }
         }
     }
@@ -291,7 +338,12 @@ impl Coordinator {
             );
         }
         let Ok(d) = decision else {
-            return Placed::Blocked;
+            // A pooled job's refusal depends on its own deadline and budget, not only on room.
+            return if pooled {
+                Placed::Blocked
+            } else {
+                Placed::NoRoom
+            };
         };
         self.assign(job, t, d, inputs, out);
         Placed::Yes

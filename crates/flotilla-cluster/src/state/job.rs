@@ -34,6 +34,24 @@ pub(crate) struct Class {
     pub(crate) explore: usize,
     /// `"<job>/<base>"`, the performance model's codelet prefix.
     pub(crate) codelet: String,
+    /// A hash of its resource options (variant names and resources): tasks of the same
+    /// shape fit the same workers (see the scheduling pass's memo of shapes with no room).
+    pub(crate) shape: u64,
+}
+
+/// The [`Class::shape`] of a task instance.
+fn shape_of(t: &flotilla_core::TaskInstance) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let options: Vec<(Option<&str>, &flotilla_core::Resources)> = match &t.kind {
+        TaskKind::Variants(vs) => vs
+            .iter()
+            .map(|v| (Some(v.name.as_str()), &v.resources))
+            .collect(),
+        _ => vec![(None, &t.resources)],
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    format!("{options:?}").hash(&mut h);
+    h.finish()
 }
 
 /// What is rarely needed, boxed to keep [`TaskRt`] small.
@@ -172,6 +190,7 @@ impl Job {
                     ready: BTreeSet::new(),
                     explore: 0,
                     codelet: format!("{name}/{}", t.base),
+                    shape: shape_of(t),
                 }),
             }
         }

@@ -19,32 +19,12 @@ struct Turn {
     class: usize,
 }
 
-/// The task shapes (resource options) that fit on no worker in this pass: placing only
-/// takes room, so a later task of the same shape would not fit either and is not tried
-/// (with thousands of queued jobs, trying each one on every event made a pass cost as many
-/// failed placements as jobs).
+/// The task shapes ([`Class::shape`](super::job::Class)) that fit on no worker in this
+/// pass: placing only takes room, so a later task of the same shape would not fit either
+/// and is not tried (with thousands of queued jobs, trying each one on every event made a
+/// pass cost as many failed placements as jobs).
 #[derive(Default)]
-struct NoRoom(Vec<Vec<(Option<String>, flotilla_core::Resources)>>);
-
-impl NoRoom {
-    fn key(
-        options: &[(Option<&str>, &flotilla_core::Resources)],
-    ) -> Vec<(Option<String>, flotilla_core::Resources)> {
-        options
-            .iter()
-            .map(|(v, r)| (v.map(str::to_string), (*r).clone()))
-            .collect()
-    }
-
-    fn has(&self, options: &[(Option<&str>, &flotilla_core::Resources)]) -> bool {
-        self.0.iter().any(|k| {
-            k.len() == options.len()
-                && k.iter()
-                    .zip(options)
-                    .all(|((v, r), (w, s))| v.as_deref() == *w && r == *s)
-        })
-    }
-}
+struct NoRoom(Vec<u64>);
 
 /// What one turn did.
 enum Step {
@@ -198,13 +178,14 @@ impl Coordinator {
                 turn.class += 1;
                 continue;
             };
+            let shape = j.classes[c].shape;
+            if no_room.0.contains(&shape) {
+                turn.class += 1;
+                continue;
+            }
             let need = j.max_charge(TaskId::new(t));
             if need.cpus > room.cpus + SLACK || need.gpus > room.gpus + SLACK {
                 return Step::OverQuota;
-            }
-            if no_room.has(&j.options(TaskId::new(t))) {
-                turn.class += 1;
-                continue;
             }
             match self.place_one(job, TaskId::new(t), out) {
                 Placed::Yes => {
@@ -215,8 +196,7 @@ impl Coordinator {
                 Placed::Deferred => {}
                 Placed::Blocked => turn.class += 1,
                 Placed::NoRoom => {
-                    let j = &self.jobs[&job];
-                    no_room.0.push(NoRoom::key(&j.options(TaskId::new(t))));
+                    no_room.0.push(shape);
                     turn.class += 1;
                 }
             }

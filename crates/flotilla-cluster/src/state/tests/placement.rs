@@ -471,3 +471,21 @@ fn an_idle_worker_steals_queued_tasks() {
     assert!(matches!(e, StateError::Conflict { .. }));
     assert_eq!(sim.state(job, &sim.name(t)), TaskState::Running);
 }
+
+/// A task shape that fits nowhere is skipped for the rest of a pass, but only that shape: a
+/// smaller task of a later job is still placed in the same pass, and the big one runs once
+/// a worker large enough joins.
+#[test]
+fn a_shape_that_fits_nowhere_does_not_block_smaller_tasks_of_later_jobs() {
+    let mut sim = Sim::new(0);
+    let big = "[[task]]\nid = \"big\"\nresources = { cpus = 4 }\ncmd = [\"x\"]\n";
+    let (b1, _) = sim.submit(big);
+    let (b2, _) = sim.submit(big);
+    let (small, _) = sim.submit("[[task]]\nid = \"small\"\ncmd = [\"x\"]\n");
+    let (_, out) = sim.join(wspec(2.0, &[]));
+    assert_eq!(names(&sim, &out), vec!["small"]);
+    assert_eq!(assigns(&out)[0].1.task.job, small);
+    let (_, out) = sim.join(wspec(8.0, &[]));
+    let jobs: Vec<_> = assigns(&out).iter().map(|(_, a)| a.task.job).collect();
+    assert_eq!(jobs, vec![b1, b2]);
+}

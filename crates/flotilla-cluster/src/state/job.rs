@@ -91,6 +91,9 @@ impl TaskRt {
 /// A job.
 #[derive(Debug)]
 pub(crate) struct Job {
+    /// Whether some of its tasks may ask for no CPU (they can be placed on workers whose
+    /// CPUs are all taken).
+    pub(crate) cpuless: bool,
     pub(crate) id: JobId,
     pub(crate) name: String,
     pub(crate) dir: String,
@@ -233,7 +236,12 @@ impl Job {
         } else {
             HashMap::new()
         };
+        let cpuless = graph.tasks().iter().any(|t| match &t.kind {
+            TaskKind::Variants(vs) => vs.iter().any(|v| v.resources.cpus <= 0.0),
+            _ => t.resources.cpus <= 0.0,
+        });
         Job {
+            cpuless,
             id,
             name,
             dir,

@@ -65,6 +65,8 @@ pub struct Coordinator {
     jobs: BTreeMap<JobId, Job>,
     /// Jobs still running, oldest first.
     active: BTreeSet<JobId>,
+    /// The active jobs with tasks that may ask for no CPU ([`Job::cpuless`]).
+    cpuless: BTreeSet<JobId>,
     next_job: u64,
     workers: BTreeMap<WorkerId, Worker>,
     /// Ids that were live (or seen in the journal) and are gone: never reused.
@@ -102,6 +104,7 @@ impl Coordinator {
             now: 0,
             jobs: BTreeMap::new(),
             active: BTreeSet::new(),
+            cpuless: BTreeSet::new(),
             next_job: 1,
             workers: BTreeMap::new(),
             retired: BTreeSet::new(),
@@ -273,6 +276,9 @@ impl Coordinator {
             now,
         );
         self.next_job = self.next_job.max(job.0 + 1);
+        if j.cpuless {
+            self.cpuless.insert(job);
+        }
         self.jobs.insert(job, j);
         self.active.insert(job);
         self.check_job_end(job, out);
@@ -344,6 +350,7 @@ impl Coordinator {
                 self.now = now;
                 self.jobs.remove(&job);
                 self.active.remove(&job);
+                self.cpuless.remove(&job);
             }
             Event::WorkerJoined {
                 worker,
@@ -528,6 +535,7 @@ impl Coordinator {
         j.state = state;
         j.finished = Some(now);
         self.active.remove(&job);
+        self.cpuless.remove(&job);
         if state != JobState::Succeeded {
             let message = format!("job {}", state.as_str());
             for i in 0..j.len() {
@@ -628,7 +636,11 @@ impl Coordinator {
         if j.state == JobState::Succeeded {
             j.state = JobState::Running;
             j.finished = None;
+            let cpuless = j.cpuless;
             self.active.insert(job);
+            if cpuless {
+                self.cpuless.insert(job);
+            }
         }
         let j = self.job(job);
         j.undo_done(&set, "rerun: its outputs were lost with their workers", out);

@@ -42,7 +42,7 @@ impl Coordinator {
     /// within its quotas; within a tenant, oldest job first, then by class priority. With
     /// one tenant this is the plain oldest-job-first order.
     pub(super) fn schedule(&mut self, out: &mut Vec<Command>) {
-        if self.workers.is_empty() {
+        if self.workers.is_empty() || self.full() {
             return;
         }
         let mut tenants: BTreeMap<String, Turn> = BTreeMap::new();
@@ -117,7 +117,12 @@ impl Coordinator {
                     .map_or(f64::INFINITY, |q| q - turn.used.gpus),
             };
             match self.step(turn, room, &mut no_room, out) {
-                Step::Placed(d) => turn.used.add(d, 1.0),
+                Step::Placed(d) => {
+                    turn.used.add(d, 1.0);
+                    if self.full() {
+                        break;
+                    }
+                }
                 Step::Exhausted => turn.next = turn.jobs.len(),
                 Step::OverQuota => {
                     let why = format!(
@@ -137,6 +142,19 @@ impl Coordinator {
                 }
             }
         }
+    }
+
+    /// Whether nothing more can be placed now: every available worker's CPUs are taken and its
+    /// queue is full, and no active job has tasks that ask for no CPU. A pass then stops (or
+    /// is not made): with thousands of queued jobs, walking them on every event made each
+    /// event cost as much as the queue is long.
+    fn full(&self) -> bool {
+        const SLACK: f64 = 1e-9;
+        let depth = self.config.queue_depth;
+        self.cpuless.is_empty()
+            && self.workers.values().all(|w| {
+                w.unavailable || (w.cap().cpus - w.used().cpus < SLACK && w.queue.len() >= depth)
+            })
     }
 
     /// Places the next task (or gangs) of a tenant's turn within `room`.

@@ -274,6 +274,9 @@ pub async fn run(
     let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), dir.join("state"));
     scfg.coordinator.queue_depth = 64;
     scfg.coordinator.chain_depth = cfg.chain_depth;
+    // Every worker of the benchmark connects from 127.0.0.1 (a session and its channels):
+    // the per-address cap that protects a real coordinator would refuse hundreds of them.
+    scfg.max_connections_per_peer = scfg.max_connections_per_peer.max(cfg.workers * 4 + 64);
     if cfg.scrapers > 0 {
         scfg.http_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     }

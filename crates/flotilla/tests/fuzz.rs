@@ -2,7 +2,7 @@
 //! corpus kept in the repository (`tests/data/fuzz/<target>/`) and must return without
 //! panicking. Each target runs `FLOTILLA_FUZZ_ITERS` inputs (500 by default, so the test
 //! suite stays quick), or for `FLOTILLA_FUZZ_SECS` seconds when that is set (`.ci/run` gives
-//! each 20 s). A seeded generator makes every run repeatable: `FLOTILLA_FUZZ_SEED` replays a
+//! each 15 s). A seeded generator makes every run repeatable: `FLOTILLA_FUZZ_SEED` replays a
 //! failing run, and the input that made a target panic is written under
 //! `target/fuzz-crashes/` (add it to the corpus and make it a unit test).
 //!

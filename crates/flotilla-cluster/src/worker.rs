@@ -927,8 +927,9 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
     for c in running {
         c.cancel();
     }
-    // The emptied cgroups kept for reuse (what is left, e.g. of attempts still stopping, is
-    // removed at the worker's next start).
+    // The emptied cgroups kept for reuse, then this process's cgroup folder with whatever
+    // still runs in it (attempts still stopping die with their worker). What a killed worker
+    // leaves is removed at the next start of a worker of its name.
     flotilla_exec::drain_cgroup_pool();
     if let Some(parent) = shared
         .sandboxing

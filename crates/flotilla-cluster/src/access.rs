@@ -263,7 +263,15 @@ pub struct Access {
     inner: RwLock<Inner>,
     /// Bumped at every revocation: open streams check their principal again.
     revoked: tokio::sync::watch::Sender<u64>,
+    /// In a group of coordinators: writes the registry on every node (see
+    /// [`Access::replicate_through`]) instead of only here.
+    replicator: RwLock<Option<Replicator>>,
 }
+
+/// Makes a new registry (the bytes of `access.json`) durable on a group's majority and
+/// written on each node; `Err`: why not.
+pub type Replicator =
+    std::sync::Arc<dyn Fn(&[u8]) -> std::result::Result<(), String> + Send + Sync>;
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -442,6 +450,7 @@ impl Access {
             path,
             inner: RwLock::new(inner),
             revoked,
+            replicator: RwLock::new(None),
         };
         if changed {
             access.save(&access.inner.read().reg)?;
@@ -449,17 +458,29 @@ impl Access {
         Ok(access)
     }
 
+    /// From now on every change is replicated by `r` (a group's leader); the registry as it
+    /// is now goes first, so the group shares its secret and tokens from the start.
+    pub fn replicate_through(&self, r: Replicator) -> Result<()> {
+        *self.replicator.write() = Some(r);
+        let reg = self.inner.read().reg.clone();
+        self.save(&reg)
+    }
+
     fn save(&self, reg: &Registry) -> Result<()> {
         let io = |e| AccessError::Io {
             path: self.path.display().to_string(),
             source: e,
         };
-        let tmp = self.path.with_extension("json.tmp");
-        let _ = std::fs::remove_file(&tmp);
         let bytes = serde_json::to_vec_pretty(reg).map_err(|e| AccessError::Corrupt {
             path: self.path.display().to_string(),
             message: e.to_string(),
         })?;
+        let replicator = self.replicator.read().clone();
+        if let Some(r) = replicator {
+            return r(&bytes).map_err(|e| io(std::io::Error::other(e)));
+        }
+        let tmp = self.path.with_extension("json.tmp");
+        let _ = std::fs::remove_file(&tmp);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)

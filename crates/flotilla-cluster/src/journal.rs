@@ -1118,7 +1118,8 @@ after = ["sim"]
             JournalRecord::Checkpoint { .. }
             | JournalRecord::CreditsGranted { .. }
             | JournalRecord::PoolWorker { .. }
-            | JournalRecord::Ledger { .. } => {}
+            | JournalRecord::Ledger { .. }
+            | JournalRecord::Replicated { .. } => {}
         }
         r
     }

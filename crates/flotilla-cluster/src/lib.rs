@@ -18,6 +18,7 @@ pub mod fault;
 pub mod framed;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod ha;
 mod idle;
 pub mod journal;
 pub mod objects;

@@ -55,11 +55,11 @@ impl Remote {
     /// The host part of `addr` (`127.0.0.1`, `[::1]`, `node7`), for other services of the
     /// same server (the rendezvous of gangs).
     pub fn host(&self) -> String {
-        let rest = self
-            .addr
+        let first = self.addrs().first().copied().unwrap_or("");
+        let rest = first
             .strip_prefix("http://")
-            .or_else(|| self.addr.strip_prefix("https://"))
-            .unwrap_or(&self.addr);
+            .or_else(|| first.strip_prefix("https://"))
+            .unwrap_or(first);
         let rest = rest.split('/').next().unwrap_or(rest);
         if rest.starts_with('[') {
             match rest.find(']') {
@@ -74,28 +74,60 @@ impl Remote {
         }
     }
 
-    fn url(&self) -> String {
-        if self.addr.starts_with("http://") || self.addr.starts_with("https://") {
-            self.addr.clone()
+    /// The addresses `addr` lists: one coordinator, or a group's (`a,b,c`).
+    pub fn addrs(&self) -> Vec<&str> {
+        self.addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .collect()
+    }
+
+    fn url(&self, addr: &str) -> String {
+        if addr.starts_with("http://") || addr.starts_with("https://") {
+            addr.to_string()
         } else if self.tls_ca.is_some() {
-            format!("https://{}", self.addr)
+            format!("https://{addr}")
         } else {
-            format!("http://{}", self.addr)
+            format!("http://{addr}")
         }
     }
 
-    /// Connects (HTTP/2, TCP_NODELAY).
+    /// Connects (HTTP/2, TCP_NODELAY). Given a group's addresses, to the first that accepts:
+    /// only the group's leader listens on its API port.
     pub async fn channel(&self) -> Result<Channel> {
-        let url = self.url();
+        let addrs = self.addrs();
+        if addrs.len() <= 1 {
+            return self.channel_to(&self.addr).await;
+        }
+        let mut why = Vec::new();
+        for a in addrs {
+            match self.channel_to(a).await {
+                Ok(c) => return Ok(c),
+                Err(ClusterError::Connect { message, .. }) => why.push(format!("{a}: {message}")),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(ClusterError::Connect {
+            addr: self.addr.clone(),
+            message: format!(
+                "no coordinator of the group accepts (none leads yet, or none runs): {}",
+                why.join("; ")
+            ),
+        })
+    }
+
+    async fn channel_to(&self, addr: &str) -> Result<Channel> {
+        let url = self.url(addr);
         let mut ep = Endpoint::from_shared(url.clone())
-            .map_err(|e| ClusterError::Config(format!("bad server address {:?}: {e}", self.addr)))?
+            .map_err(|e| ClusterError::Config(format!("bad server address {addr:?}: {e}")))?
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5))
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_while_idle(true);
         if let Some(ca) = &self.tls_ca {
             let pem = std::fs::read(ca).map_err(|e| ClusterError::io(ca, e))?;
-            let host = host_of(&self.addr);
+            let host = host_of(addr);
             ep = ep
                 .tls_config(
                     ClientTlsConfig::new()
@@ -105,7 +137,7 @@ impl Remote {
                 .map_err(|e| ClusterError::Config(format!("tls: {e}")))?;
         }
         ep.connect().await.map_err(|e| ClusterError::Connect {
-            addr: self.addr.clone(),
+            addr: addr.to_string(),
             message: error_chain(&e),
         })
     }

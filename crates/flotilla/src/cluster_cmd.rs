@@ -20,7 +20,8 @@ use tokio::sync::watch;
 /// How a client reaches the coordinator.
 #[derive(Args, Clone, Debug)]
 pub(crate) struct RemoteArgs {
-    /// The coordinator's address (host:port).
+    /// The coordinator's address (host:port), or a group's addresses (a,b,c: the one that
+    /// leads answers).
     #[arg(long, env = "FLOTILLA_SERVER", default_value = "127.0.0.1:7070")]
     pub(crate) server: String,
     /// A file holding the access token (default: FLOTILLA_TOKEN, then ./.flotilla/token).
@@ -68,9 +69,22 @@ impl RemoteArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct ServerArgs {
-    /// Where to listen.
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    listen: SocketAddr,
+    /// Where to listen [default: 127.0.0.1:7070; in a group, this node's address in
+    /// --peers].
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// This coordinator's number in a group of coordinators: its position in --peers
+    /// (the first is number one). The group elects one leader, which alone opens its API
+    /// port; the journal and the tokens are replicated on a majority before anything is
+    /// acknowledged.
+    #[arg(long, requires = "peers")]
+    node_id: Option<u64>,
+    /// Every coordinator of the group by its API address, in node-id order (the same list on
+    /// every node, and for clients and workers in --server or FLOTILLA_SERVER). Each node
+    /// also listens on its API port + 1 for the group's own traffic. Every node's state
+    /// folder must hold the same admin token (copy `token` from the first).
+    #[arg(long, value_delimiter = ',', requires = "node_id")]
+    peers: Vec<String>,
     /// The state directory (journal, token, logs).
     #[arg(long, default_value = ".flotilla")]
     state: PathBuf,
@@ -370,7 +384,33 @@ pub(crate) fn gpus_from(spec: &str) -> Result<Vec<WorkerGpu>> {
 }
 
 pub(crate) async fn server(a: ServerArgs) -> Result<()> {
-    let mut cfg = ServerConfig::new(a.listen, &a.state);
+    let group = match a.node_id {
+        Some(id) => Some(flotilla::cluster::ha::GroupConfig::new(
+            id,
+            a.peers.clone(),
+        )?),
+        None => None,
+    };
+    let listen = match (a.listen, &group) {
+        (Some(l), _) => l,
+        (None, Some(g)) => {
+            use std::net::ToSocketAddrs as _;
+            g.own_api()
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut a| a.next())
+                .with_context(|| {
+                    format!(
+                        "--peers: cannot resolve this node's address {} (or give --listen)",
+                        g.own_api()
+                    )
+                })?
+        }
+        (None, None) => SocketAddr::from(([127, 0, 0, 1], 7070)),
+    };
+    let in_group = group.is_some();
+    let mut cfg = ServerConfig::new(listen, &a.state);
+    cfg.group = group;
     cfg.heartbeat_timeout = Duration::from_millis(a.heartbeat_timeout_ms);
     cfg.fsync = a.fsync;
     cfg.recover_journal = a.recover_journal;
@@ -398,11 +438,22 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
         cfg.tls = Some(ServerTls { cert, key });
     }
     let server = Server::start(cfg).await?;
-    eprintln!(
-        "flotilla server listening on {} (token in {})",
-        server.addr(),
-        a.state.join("token").display()
-    );
+    if in_group {
+        eprintln!(
+            "flotilla server: node {} of a group of {}, following; it serves on {} when it \
+             leads (token in {})",
+            a.node_id.unwrap_or(0),
+            a.peers.len(),
+            server.addr(),
+            a.state.join("token").display()
+        );
+    } else {
+        eprintln!(
+            "flotilla server listening on {} (token in {})",
+            server.addr(),
+            a.state.join("token").display()
+        );
+    }
     if let Some(http) = server.http_addr() {
         eprintln!("flotilla server: metrics at http://{http}/metrics, dashboard at http://{http}/");
     }

@@ -1017,8 +1017,11 @@ fn print_all(bytes: &[u8]) -> Result<bool> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The group's Raft (openraft) reports every unreachable peer as an error while a node is
+    // down; our own lines say what matters (who leads, a node that stops leading).
+    // `FLOTILLA_LOG=warn,openraft=info` shows it.
     let filter = tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,openraft=off"));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

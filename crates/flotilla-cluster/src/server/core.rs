@@ -279,6 +279,10 @@ pub(super) struct Core {
     /// While the journal cannot be written (a full or read-only disk): why, and what waits
     /// for it. See [`Core::commit`].
     blocked: Option<Blocked>,
+    /// In a group of coordinators: this node (it leads while the core runs).
+    group: Option<Arc<crate::ha::Node>>,
+    /// The API address (`flotilla status` names it as the group's leader).
+    api_addr: String,
 }
 
 /// What the core holds while its journal cannot be written: the records not yet durable, and
@@ -717,8 +721,11 @@ impl Core {
         sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>>,
         access: Arc<Access>,
         metrics: Arc<super::http::Metrics>,
+        group: Option<Arc<crate::ha::Node>>,
     ) -> Result<Core> {
         let mut core = Core {
+            group,
+            api_addr: config.listen.to_string(),
             coord: Coordinator::new(config.coordinator.clone()),
             journal,
             epoch: Instant::now(),
@@ -881,11 +888,22 @@ impl Core {
     #[allow(clippy::type_complexity)]
     fn commit(
         &mut self,
-        records: Vec<JournalRecord>,
+        mut records: Vec<JournalRecord>,
         cmds: Vec<Command>,
         after: Vec<AfterCommit>,
         stop: bool,
     ) -> std::result::Result<Option<(Vec<Command>, Vec<AfterCommit>)>, String> {
+        // In a group, a majority holds the records first (then the journal here, as alone).
+        if let Some(g) = &self.group {
+            if !records.is_empty() {
+                let t = Instant::now();
+                let marker = g
+                    .commit(&records)
+                    .map_err(|e| format!("{e}: this coordinator stops leading"))?;
+                self.metrics.group_commit.observe(t.elapsed().as_secs_f64());
+                records.push(marker);
+            }
+        }
         let was_blocked = self.blocked.is_some();
         let (records, cmds, after) = match self.blocked.take() {
             None => (records, cmds, after),
@@ -1336,6 +1354,8 @@ impl Core {
                 syncs: self.journal.syncs(),
                 error: self.blocked.as_ref().map(|b| b.error.clone()),
             }),
+            leader: self.group.as_ref().map(|_| self.api_addr.clone()),
+            group: self.group.as_ref().map(|g| g.status()),
         }
     }
 

@@ -57,6 +57,8 @@ pub(crate) struct Metrics {
     pub(crate) lost_workers: Counter,
     /// Seconds per journal append (one group commit).
     pub(crate) journal_append: Histogram,
+    /// Seconds per commit on a group's majority (a group of coordinators only).
+    pub(crate) group_commit: Histogram,
     /// Seconds the core spends on one batch of requests: the state machine's events and
     /// placement, the journal and the dispatch.
     pub(crate) scheduling: Histogram,
@@ -75,6 +77,8 @@ impl Metrics {
                 jobs: Vec::new(),
                 workers: Vec::new(),
                 journal: None,
+                leader: None,
+                group: None,
             },
         });
         Arc::new(Metrics {
@@ -82,6 +86,7 @@ impl Metrics {
             transferred_bytes: Counter::default(),
             lost_workers: Counter::default(),
             journal_append: Histogram::new(SECONDS.iter().copied()),
+            group_commit: Histogram::new(SECONDS.iter().copied()),
             scheduling: Histogram::new(SECONDS.iter().copied()),
             wanted: AtomicBool::new(false),
             published: AtomicU64::new(0),
@@ -136,6 +141,11 @@ impl Metrics {
             "journal_append_seconds",
             "Time per journal append (one group commit of a batch)",
             self.journal_append.clone(),
+        );
+        r.register(
+            "group_commit_seconds",
+            "Time per commit of a batch on a majority of the group of coordinators (0 samples alone)",
+            self.group_commit.clone(),
         );
         r.register(
             "scheduling_latency_seconds",

@@ -86,6 +86,8 @@ pub struct ServerConfig {
     pub max_connections_per_peer: usize,
     /// Where to serve HTTP (`/metrics`), if anywhere.
     pub http_listen: Option<SocketAddr>,
+    /// A node of a group of coordinators (`--node-id N --peers A,B,C`); `None`: alone.
+    pub group: Option<crate::ha::GroupConfig>,
 }
 
 /// The default for [`ServerConfig::max_connections_per_peer`].
@@ -134,6 +136,7 @@ impl ServerConfig {
             max_uploads: None,
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             http_listen: None,
+            group: None,
         }
     }
 }
@@ -151,11 +154,20 @@ pub struct Server {
 }
 
 impl Server {
-    /// Opens the state directory (replaying the journal), binds, and starts serving.
+    /// Opens the state directory (replaying the journal), binds, and starts serving. In a
+    /// group ([`ServerConfig::group`]) it joins the group and returns at once; the API port
+    /// opens when this node leads (see [`crate::ha`]).
     pub async fn start(config: ServerConfig) -> Result<Server> {
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| ClusterError::io(&config.state_dir, e))?;
         let token = load_or_create_token(&config.state_dir)?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stop_tx = Arc::new(stop_tx);
+        let (done_tx, done_rx) = watch::channel(None);
+        if let Some(group) = config.group.clone() {
+            return Self::start_in_group(config, group, token, stop_tx, stop_rx, done_tx, done_rx)
+                .await;
+        }
         let access = Arc::new(
             Access::open(&config.state_dir, &token)
                 .map_err(|e| ClusterError::Config(e.to_string()))?,
@@ -171,144 +183,118 @@ impl Server {
         } else {
             SyncMode::Process
         });
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let (done_tx, done_rx) = watch::channel(None);
-        let (req_tx, req_rx) = crossbeam_channel::bounded::<Req>(config.core_queue.max(1));
-        let sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>> =
-            Arc::new(Mutex::new(HashMap::new()));
-        let metrics = http::Metrics::new();
-        let core = Core::recover(
-            &config,
-            journal,
-            sessions.clone(),
-            access.clone(),
-            metrics.clone(),
-        )?;
-        let fatal: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
-        {
-            let (fatal, stop) = (fatal.clone(), stop_tx.clone());
-            std::thread::Builder::new()
-                .name("flotilla-core".into())
-                .spawn(move || {
-                    let run = std::panic::AssertUnwindSafe(move || core.run(req_rx));
-                    let r = std::panic::catch_unwind(run).unwrap_or_else(|p| {
-                        let what = p
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| p.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "no message".into());
-                        Err(format!("the core thread panicked: {what}"))
-                    });
-                    if let Err(m) = r {
-                        tracing::error!("coordinator stopping: {m}");
-                        *fatal.lock() = Some(m);
-                        let _ = stop.send(true);
-                    }
-                })
-                .map_err(|e| ClusterError::Config(format!("cannot start the core thread: {e}")))?;
-        }
+        let served = serve(&config, access, journal, None, &stop_tx, stop_rx, done_tx).await?;
+        Ok(Server {
+            addr: served.addr,
+            http_addr: served.http_addr,
+            token,
+            stop: stop_tx,
+            done: done_rx,
+            #[cfg(test)]
+            core: served.core,
+        })
+    }
 
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|e| ClusterError::Bind {
-                addr: config.listen.to_string(),
-                source: e,
-            })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
-        let http_addr = match config.http_listen {
-            Some(at) => Some(
-                serve_http(
-                    at,
-                    http::Http {
-                        access: access.clone(),
-                        metrics,
-                        encoded: Default::default(),
-                        dashboard: Default::default(),
-                        core: dashboard::Core(req_tx.clone()),
-                    },
-                    stop_rx.clone(),
-                )
-                .await?,
-            ),
-            None => None,
-        };
-        let check = Authn::new(access.clone());
-        let store = Arc::new(crate::objects::ObjectStore::open_capped(
-            &config.state_dir.join("objects"),
-            config
-                .max_uploads
-                .map(|cap| (cap, "flotilla server --max-uploads")),
-        )?);
-        let access_for_objects = access.clone();
-        let api = Api {
-            core: req_tx.clone(),
-            sessions,
-            store: store.clone(),
-            max_job_tasks: config.max_job_tasks,
-            access,
-            stop: stop_tx.clone(),
-            streams: rpc::StreamCounts::new(config.max_streams),
-        };
-        api.send_quotas();
-        let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
-        if let Some(tls) = &config.tls {
-            builder = builder
-                .tls_config(tls.config()?)
-                .map_err(|e| ClusterError::Config(format!("tls: {e}")))?;
-        }
-        let router = builder
-            .add_service(tonic::service::interceptor::InterceptedService::new(
-                CoordinatorServer::new(api.clone())
-                    .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
-                check.clone(),
-            ))
-            .add_service(tonic::service::interceptor::InterceptedService::new(
-                AdminServer::new(api.clone()),
-                check.clone(),
-            ))
-            .add_service(tonic::service::interceptor::InterceptedService::new(
-                WorkersServer::new(api)
-                    .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
-                    .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
-                check.clone(),
-            ))
-            .add_service(crate::objects::objects_service(
-                store,
-                check,
-                access_for_objects,
+    /// [`Server::start`] as a node of a group: follows until it leads, then serves until it
+    /// no longer leads (then it stops with the reason: a supervisor restarts it).
+    #[allow(clippy::too_many_arguments)]
+    async fn start_in_group(
+        mut config: ServerConfig,
+        group: crate::ha::GroupConfig,
+        token: String,
+        stop_tx: Arc<watch::Sender<bool>>,
+        stop_rx: watch::Receiver<bool>,
+        done_tx: watch::Sender<Option<std::result::Result<(), String>>>,
+        done_rx: watch::Receiver<Option<std::result::Result<(), String>>>,
+    ) -> Result<Server> {
+        if config.listen.port() == 0 {
+            return Err(ClusterError::Config(
+                "a node of a group listens on the address --peers gives it, not on port 0".into(),
             ));
-        let mut stop_wait = stop_rx.clone();
-        let per_peer = config.max_connections_per_peer.max(1);
+        }
+        // A compaction drops the group's markers (see crate::ha): not in a group yet.
+        config.compact_journal_after = None;
+        let node = crate::ha::Node::start(
+            group,
+            &config.state_dir,
+            &token,
+            config.fsync,
+            stop_rx.clone(),
+        )
+        .await?;
+        tracing::info!(
+            "node of a group: following; the API opens on {} when this node leads",
+            config.listen
+        );
+        let addr = config.listen;
+        let stop = stop_tx.clone();
+        let token_out = token.clone();
         #[cfg(test)]
-        let core_tx = req_tx.clone();
-        let req_for_stop = req_tx;
+        let (core_tx, _) = crossbeam_channel::bounded::<Req>(1);
         tokio::spawn(async move {
-            let incoming = peers::incoming(listener, per_peer);
-            let r = router
-                .serve_with_incoming_shutdown(incoming, async move {
-                    while !*stop_wait.borrow() {
-                        if stop_wait.changed().await.is_err() {
-                            break;
+            let mut stopping = stop_rx.clone();
+            let led = async {
+                let Some(mut journal) = node.lead(&mut stopping).await? else {
+                    return Ok(None);
+                };
+                journal.set_sync(if config.fsync {
+                    SyncMode::Always
+                } else {
+                    SyncMode::Process
+                });
+                let access = Arc::new(
+                    Access::open(&config.state_dir, &token)
+                        .map_err(|e| ClusterError::Config(e.to_string()))?,
+                );
+                let n = node.clone();
+                access
+                    .replicate_through(Arc::new(move |b: &[u8]| n.commit_access(b)))
+                    .map_err(|e| ClusterError::Config(e.to_string()))?;
+                let served = serve(
+                    &config,
+                    access,
+                    journal,
+                    Some(node.clone()),
+                    &stop,
+                    stop_rx.clone(),
+                    done_tx.clone(),
+                )
+                .await?;
+                tracing::warn!(
+                    "coordinator listening on {} (this node leads the group)",
+                    served.addr
+                );
+                Ok::<_, ClusterError>(Some(served))
+            }
+            .await;
+            match led {
+                Ok(Some(served)) => {
+                    let stopping = stop_rx.clone();
+                    tokio::select! {
+                        why = node.deposed() => {
+                            tracing::error!("{why}: this coordinator stops");
+                            *served.fatal.lock() =
+                                Some(format!("{why}: this coordinator stopped leading"));
+                            let _ = stop.send(true);
                         }
+                        _ = stopped(stopping) => {}
                     }
-                })
-                .await;
-            let _ = req_for_stop.try_send(Req::Stop);
-            let r = match fatal.lock().take() {
-                Some(m) => Err(m),
-                None => r.map_err(|e| e.to_string()),
-            };
-            let _ = done_tx.send(Some(r));
+                }
+                Ok(None) => {
+                    let _ = done_tx.send(Some(Ok(())));
+                }
+                Err(e) => {
+                    let _ = stop.send(true);
+                    let _ = done_tx.send(Some(Err(e.to_string())));
+                }
+            }
+            node.shutdown().await;
         });
-        tracing::info!(%addr, "coordinator listening");
         Ok(Server {
             addr,
-            http_addr,
-            token,
-            stop: Arc::new(stop_tx),
+            http_addr: None,
+            token: token_out,
+            stop: stop_tx,
             done: done_rx,
             #[cfg(test)]
             core: core_tx,
@@ -353,11 +339,168 @@ impl Server {
     }
 }
 
+/// What [`serve`] started.
+struct Served {
+    addr: SocketAddr,
+    http_addr: Option<SocketAddr>,
+    /// Why the server stopped, when it must stop (set before `stop`).
+    fatal: Arc<Mutex<Option<String>>>,
+    #[cfg(test)]
+    core: crossbeam_channel::Sender<Req>,
+}
+
+/// Recovers the core from `journal`, starts its thread, binds, and serves until `stop`;
+/// `done` gets the outcome.
+async fn serve(
+    config: &ServerConfig,
+    access: Arc<Access>,
+    journal: Journal,
+    group: Option<Arc<crate::ha::Node>>,
+    stop_tx: &Arc<watch::Sender<bool>>,
+    stop_rx: watch::Receiver<bool>,
+    done_tx: watch::Sender<Option<std::result::Result<(), String>>>,
+) -> Result<Served> {
+    let (req_tx, req_rx) = crossbeam_channel::bounded::<Req>(config.core_queue.max(1));
+    let sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>> =
+        Arc::new(Mutex::new(HashMap::new()));
+    let metrics = http::Metrics::new();
+    let core = Core::recover(
+        config,
+        journal,
+        sessions.clone(),
+        access.clone(),
+        metrics.clone(),
+        group,
+    )?;
+    let fatal: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    {
+        let (fatal, stop) = (fatal.clone(), stop_tx.clone());
+        std::thread::Builder::new()
+            .name("flotilla-core".into())
+            .spawn(move || {
+                let run = std::panic::AssertUnwindSafe(move || core.run(req_rx));
+                let r = std::panic::catch_unwind(run).unwrap_or_else(|p| {
+                    let what = p
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "no message".into());
+                    Err(format!("the core thread panicked: {what}"))
+                });
+                if let Err(m) = r {
+                    tracing::error!("coordinator stopping: {m}");
+                    *fatal.lock() = Some(m);
+                    let _ = stop.send(true);
+                }
+            })
+            .map_err(|e| ClusterError::Config(format!("cannot start the core thread: {e}")))?;
+    }
+
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| ClusterError::Bind {
+            addr: config.listen.to_string(),
+            source: e,
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
+    let http_addr = match config.http_listen {
+        Some(at) => Some(
+            serve_http(
+                at,
+                http::Http {
+                    access: access.clone(),
+                    metrics,
+                    encoded: Default::default(),
+                    dashboard: Default::default(),
+                    core: dashboard::Core(req_tx.clone()),
+                },
+                stop_rx.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    let check = Authn::new(access.clone());
+    let store = Arc::new(crate::objects::ObjectStore::open_capped(
+        &config.state_dir.join("objects"),
+        config
+            .max_uploads
+            .map(|cap| (cap, "flotilla server --max-uploads")),
+    )?);
+    let access_for_objects = access.clone();
+    let api = Api {
+        core: req_tx.clone(),
+        sessions,
+        store: store.clone(),
+        max_job_tasks: config.max_job_tasks,
+        access,
+        stop: (**stop_tx).clone(),
+        streams: rpc::StreamCounts::new(config.max_streams),
+    };
+    api.send_quotas();
+    let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+    if let Some(tls) = &config.tls {
+        builder = builder
+            .tls_config(tls.config()?)
+            .map_err(|e| ClusterError::Config(format!("tls: {e}")))?;
+    }
+    let router = builder
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            CoordinatorServer::new(api.clone())
+                .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
+            check.clone(),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            AdminServer::new(api.clone()),
+            check.clone(),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            WorkersServer::new(api)
+                .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
+            check.clone(),
+        ))
+        .add_service(crate::objects::objects_service(
+            store,
+            check,
+            access_for_objects,
+        ));
+    let stop_wait = stop_rx.clone();
+    let per_peer = config.max_connections_per_peer.max(1);
+    #[cfg(test)]
+    let core_tx = req_tx.clone();
+    let req_for_stop = req_tx;
+    let fatal_out = fatal.clone();
+    tokio::spawn(async move {
+        let incoming = peers::incoming(listener, per_peer);
+        let r = router
+            .serve_with_incoming_shutdown(incoming, stopped(stop_wait))
+            .await;
+        let _ = req_for_stop.try_send(Req::Stop);
+        let r = match fatal.lock().take() {
+            Some(m) => Err(m),
+            None => r.map_err(|e| e.to_string()),
+        };
+        let _ = done_tx.send(Some(r));
+    });
+    tracing::info!(%addr, "coordinator listening");
+    Ok(Served {
+        addr,
+        http_addr,
+        fatal: fatal_out,
+        #[cfg(test)]
+        core: core_tx,
+    })
+}
+
 /// Binds `at` and serves the HTTP routes until `stop`; returns the bound address.
 async fn serve_http(
     at: SocketAddr,
     state: http::Http,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(at)
         .await
@@ -370,13 +513,7 @@ async fn serve_http(
         .map_err(|e| ClusterError::Config(format!("HTTP listener address: {e}")))?;
     tokio::spawn(async move {
         let served = axum::serve(listener, http::router(state))
-            .with_graceful_shutdown(async move {
-                while !*stop.borrow() {
-                    if stop.changed().await.is_err() {
-                        break;
-                    }
-                }
-            })
+            .with_graceful_shutdown(stopped(stop))
             .await;
         if let Err(e) = served {
             tracing::warn!("the HTTP listener stopped: {e}");
@@ -384,6 +521,15 @@ async fn serve_http(
     });
     tracing::info!(%addr, "HTTP (metrics) listening");
     Ok(addr)
+}
+
+/// Resolves once `stop` turns true (or its sender is gone).
+pub(crate) async fn stopped(mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            break;
+        }
+    }
 }
 
 /// Stops a [`Server`].

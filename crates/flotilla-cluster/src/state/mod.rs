@@ -717,6 +717,13 @@ pub enum JournalRecord {
         /// The tasks run again.
         tasks: Vec<TaskId>,
     },
+    /// In a group of coordinators (see [`crate::ha`]): the records before it are the group's
+    /// log up to an entry, and `state` (opaque to the state machine) says which entry and
+    /// the group's membership then. Replays as nothing.
+    Replicated {
+        /// The group's own encoding of the entry's log id and the membership.
+        state: Vec<u8>,
+    },
 }
 
 impl JournalRecord {
@@ -802,7 +809,8 @@ impl JournalRecord {
             | JournalRecord::CreditsGranted { .. }
             | JournalRecord::PoolWorker { .. }
             | JournalRecord::Ledger { .. }
-            | JournalRecord::Verdict { .. } => None,
+            | JournalRecord::Verdict { .. }
+            | JournalRecord::Replicated { .. } => None,
         }
     }
 
@@ -911,7 +919,8 @@ impl JournalRecord {
             JournalRecord::Checkpoint { .. }
             | JournalRecord::PoolWorker { .. }
             | JournalRecord::Ledger { .. }
-            | JournalRecord::Verdict { .. } => return Ok(None),
+            | JournalRecord::Verdict { .. }
+            | JournalRecord::Replicated { .. } => return Ok(None),
         }))
     }
 }

@@ -257,6 +257,12 @@ pub struct ClusterStatus {
     /// The coordinator's journal (absent in a simulation).
     #[serde(default)]
     pub journal: Option<JournalStatus>,
+    /// In a group of coordinators: the leader's API address (the one answering).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// In a group of coordinators: its members as the leader sees them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<crate::ha::GroupStatus>,
 }
 
 /// The coordinator's journal as `flotilla status` shows it.

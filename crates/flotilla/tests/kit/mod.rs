@@ -99,7 +99,7 @@ impl Drop for Proc {
 
 /// Starts `cmd` with stderr piped; a thread forwards each stderr line to the test's output
 /// (shown when a test fails) and to the returned channel, which closes at EOF.
-fn spawn_logged(mut cmd: Command, name: &str) -> (Proc, mpsc::Receiver<String>) {
+pub(crate) fn spawn_logged(mut cmd: Command, name: &str) -> (Proc, mpsc::Receiver<String>) {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

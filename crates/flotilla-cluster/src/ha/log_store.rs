@@ -1,0 +1,329 @@
+//! The group's Raft log on disk: one append-only file of framed operations (entries appended,
+//! a suffix truncated, a prefix purged, a vote, the committed id), read back whole at start.
+//!
+//! Frame: `len: u32 LE`, `crc32(body): u32 LE`, `body` (postcard of [`Op`]). A torn last
+//! frame (a crash mid-write) is cut off at open; a damaged frame before the end is an error,
+//! never silently skipped: the log is what the group promised.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{LogId, LogState, RaftLogReader, StorageError, StorageIOError, Vote};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::{Entry, NodeId, TypeConfig};
+
+/// One change to the log, as written.
+#[derive(Serialize, Deserialize)]
+enum Op {
+    Entries(Vec<Entry>),
+    /// Every entry from this index on is removed.
+    Truncate(u64),
+    /// Every entry up to this id is removed.
+    Purge(LogId<NodeId>),
+    Vote(Vote<NodeId>),
+    Committed(Option<LogId<NodeId>>),
+}
+
+struct Inner {
+    file: File,
+    path: PathBuf,
+    fsync: bool,
+    log: BTreeMap<u64, Entry>,
+    vote: Option<Vote<NodeId>>,
+    committed: Option<LogId<NodeId>>,
+    purged: Option<LogId<NodeId>>,
+}
+
+impl Inner {
+    fn write(&mut self, op: &Op) -> std::io::Result<()> {
+        let body = postcard::to_allocvec(op).map_err(std::io::Error::other)?;
+        let len = u32::try_from(body.len())
+            .map_err(|_| std::io::Error::other("a log frame over 4 GiB"))?;
+        let mut frame = Vec::with_capacity(body.len() + 8);
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        frame.extend_from_slice(&body);
+        self.file.write_all(&frame)?;
+        if self.fsync {
+            self.file.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, op: Op) {
+        match op {
+            Op::Entries(es) => {
+                for e in es {
+                    self.log.insert(e.log_id.index, e);
+                }
+            }
+            Op::Truncate(from) => {
+                self.log.split_off(&from);
+            }
+            Op::Purge(upto) => {
+                self.log = self.log.split_off(&(upto.index + 1));
+                self.purged = Some(upto);
+            }
+            Op::Vote(v) => self.vote = Some(v),
+            Op::Committed(c) => self.committed = c,
+        }
+    }
+}
+
+/// The log store ([`RaftLogStorage`]); clones share the one file.
+#[derive(Clone)]
+pub struct LogStore {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl LogStore {
+    /// Opens (or creates) the log at `path`, reading it back; `fsync`: sync every write
+    /// (survives a machine crash, not only a process crash).
+    pub fn open(path: &Path, fsync: bool) -> std::io::Result<LogStore> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(path)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let mut inner = Inner {
+            file,
+            path: path.to_path_buf(),
+            fsync,
+            log: BTreeMap::new(),
+            vote: None,
+            committed: None,
+            purged: None,
+        };
+        let mut at = 0usize;
+        while at < bytes.len() {
+            let Some(head) = bytes.get(at..at + 8) else {
+                break;
+            };
+            let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+            let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+            let Some(body) = bytes.get(at + 8..at + 8 + len) else {
+                break;
+            };
+            let last = at + 8 + len == bytes.len();
+            let op = if crc32fast::hash(body) == crc {
+                postcard::from_bytes::<Op>(body).ok()
+            } else {
+                None
+            };
+            match op {
+                Some(op) => inner.apply(op),
+                // A damaged last frame is a torn write: cut below.
+                None if last => break,
+                None => {
+                    return Err(std::io::Error::other(format!(
+                        "{}: damaged record at byte {at} (not at the end): the group's log \
+                         cannot be trusted; remove this node's state folder to have it \
+                         rebuilt from the others",
+                        path.display()
+                    )))
+                }
+            }
+            at += 8 + len;
+        }
+        if at < bytes.len() {
+            tracing::warn!(
+                "{}: cut a torn last record ({} bytes)",
+                path.display(),
+                bytes.len() - at
+            );
+            inner.file.set_len(at as u64)?;
+        }
+        Ok(LogStore {
+            inner: Arc::new(Mutex::new(inner)),
+        })
+    }
+
+    fn io(e: std::io::Error, path: &Path) -> StorageError<NodeId> {
+        StorageIOError::write_logs(&std::io::Error::other(format!("{}: {e}", path.display())))
+            .into()
+    }
+
+    #[allow(clippy::result_large_err)] // openraft's error type, returned as openraft wants it
+    fn change(&self, op: Op) -> Result<(), StorageError<NodeId>> {
+        let mut g = self.inner.lock();
+        if let Err(e) = g.write(&op) {
+            return Err(Self::io(e, &g.path));
+        }
+        g.apply(op);
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError<NodeId>> {
+        let g = self.inner.lock();
+        Ok(g.log.range(range).map(|(_, e)| e.clone()).collect())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let g = self.inner.lock();
+        let last = g.log.values().next_back().map(|e| e.log_id).or(g.purged);
+        Ok(LogState {
+            last_purged_log_id: g.purged,
+            last_log_id: last,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.change(Op::Vote(*vote))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        Ok(self.inner.lock().vote)
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<NodeId>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        // Written without its own sync: it is a hint (a restart applies less at once).
+        let mut g = self.inner.lock();
+        let fsync = std::mem::replace(&mut g.fsync, false);
+        let r = g.write(&Op::Committed(committed));
+        g.fsync = fsync;
+        if let Err(e) = r {
+            return Err(Self::io(e, &g.path));
+        }
+        g.committed = committed;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<NodeId>>, StorageError<NodeId>> {
+        Ok(self.inner.lock().committed)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let entries: Vec<Entry> = entries.into_iter().collect();
+        let mut g = self.inner.lock();
+        let op = Op::Entries(entries);
+        match g.write(&op) {
+            Ok(()) => {
+                g.apply(op);
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                let err = Self::io(std::io::Error::new(e.kind(), e.to_string()), &g.path);
+                callback.log_io_completed(Err(e));
+                Err(err)
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.change(Op::Truncate(log_id.index))
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
+        self.change(Op::Purge(log_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn entry(term: u64, index: u64) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Normal(super::super::Payload::Journal(vec![index as u8])),
+        }
+    }
+
+    #[test]
+    fn what_was_written_is_read_back_and_a_torn_tail_is_cut() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        {
+            let s = LogStore::open(&path, false).expect("open");
+            let mut g = s.inner.lock();
+            for op in [
+                Op::Vote(Vote::new(2, 1)),
+                Op::Entries((1..=5).map(|i| entry(1, i)).collect()),
+                Op::Truncate(4),
+                Op::Entries(vec![entry(2, 4)]),
+                Op::Purge(LogId::new(CommittedLeaderId::new(1, 1), 1)),
+            ] {
+                g.write(&op).expect("write");
+                g.apply(op);
+            }
+        }
+        // A torn frame at the end (a crash mid-write).
+        let mut f = OpenOptions::new().append(true).open(&path).expect("open");
+        f.write_all(&[200, 0, 0, 0, 1, 2]).expect("write");
+        drop(f);
+        let s = LogStore::open(&path, false).expect("reopen");
+        let g = s.inner.lock();
+        assert_eq!(g.vote, Some(Vote::new(2, 1)));
+        let kept: Vec<(u64, u64)> = g
+            .log
+            .values()
+            .map(|e| (e.log_id.leader_id.term, e.log_id.index))
+            .collect();
+        assert_eq!(kept, vec![(1, 2), (1, 3), (2, 4)]);
+        assert_eq!(g.purged.map(|p| p.index), Some(1));
+        drop(g);
+        let len = std::fs::metadata(&path).expect("stat").len();
+        let again = LogStore::open(&path, false).expect("reopen");
+        drop(again);
+        assert_eq!(std::fs::metadata(&path).expect("stat").len(), len);
+    }
+
+    #[test]
+    fn a_damaged_record_before_the_end_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        {
+            let s = LogStore::open(&path, false).expect("open");
+            let mut g = s.inner.lock();
+            g.write(&Op::Vote(Vote::new(1, 1))).expect("write");
+            g.write(&Op::Vote(Vote::new(2, 1))).expect("write");
+        }
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[9] ^= 0xff;
+        std::fs::write(&path, &bytes).expect("write");
+        let err = LogStore::open(&path, false).err().expect("refused");
+        assert!(
+            err.to_string().contains("damaged record at byte 0"),
+            "{err}"
+        );
+    }
+}

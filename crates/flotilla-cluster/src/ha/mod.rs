@@ -1,0 +1,416 @@
+//! A group of coordinators (`flotilla server --node-id N --peers A,B,C`): one leads and
+//! serves, the others follow; the journal is replicated with embedded Raft (openraft).
+//!
+//! # How
+//! - Each turn of the leader's core proposes its journal records as one entry
+//!   ([`Payload::Journal`]) and waits until a majority holds it; only then does it append
+//!   them to its own journal, answer and dispatch (the single coordinator's rule, "nothing
+//!   leaves before it is durable", with "durable" now meaning "on a majority").
+//! - Followers apply committed entries to their own journal (see [`state_machine`]); they
+//!   serve no API: their API port is closed, so clients and workers given the list of
+//!   addresses connect to the leader, the one that accepts.
+//! - A node that wins an election waits until it has applied every committed entry, then
+//!   replays its journal exactly as a restarted coordinator does, and opens its API port.
+//!   Workers reconnect to it, report their running attempts and re-send recent results,
+//!   which it applies at most once.
+//! - A leader that loses its leadership (or its majority) stops at once: it never answers
+//!   from a state the group may have moved past. Run it under a supervisor (systemd
+//!   `Restart=always`); it comes back as a follower.
+//! - The access registry (tokens, tenants) is replicated the same way
+//!   ([`Payload::Access`]), so every token works on whichever node leads.
+//!
+//! The group's own traffic goes to each node's *group port*, its API port + 1, and carries
+//! the admin token the nodes share (every node's `STATE/token` holds the same token).
+
+mod log_store;
+mod network;
+mod state_machine;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{InitializeError, RaftError};
+use openraft::{BasicNode, LogId, ServerState, SnapshotPolicy};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+pub use self::log_store::LogStore;
+pub use self::state_machine::StateMachine;
+use crate::error::{ClusterError, Result};
+use crate::journal::Journal;
+use crate::state::JournalRecord;
+
+openraft::declare_raft_types!(
+    /// The group's Raft types.
+    pub TypeConfig:
+        D = Payload,
+        R = (),
+        SnapshotData = std::io::Cursor<Vec<u8>>,
+);
+
+/// A node's id: its position in `--peers`, from 1.
+pub type NodeId = u64;
+/// A Raft log entry of the group.
+pub type Entry = openraft::Entry<TypeConfig>;
+/// The group's Raft.
+pub type Raft = openraft::Raft<TypeConfig>;
+
+/// What an entry carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Payload {
+    /// A turn's journal records (postcard of `Vec<JournalRecord>`).
+    Journal(Vec<u8>),
+    /// The access registry (`access.json`) after a change.
+    Access(Vec<u8>),
+}
+
+/// How a node of a group is set up.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    /// This node's id: its position in `peers`, from 1.
+    pub node_id: NodeId,
+    /// Every node's API address (`host:port`), the same list on every node and in the
+    /// clients' `FLOTILLA_SERVER`; each node's group port is its API port + 1.
+    pub peers: Vec<String>,
+    /// How often the leader sends heartbeats.
+    pub heartbeat: Duration,
+    /// Followers that hear nothing for a random time in `election` start an election.
+    pub election: (Duration, Duration),
+    /// How long a turn may wait for a majority before the leader gives up leading.
+    pub commit_timeout: Duration,
+}
+
+impl GroupConfig {
+    /// Node `node_id` of `peers`, with the default timeouts (heartbeat 100 ms, elections
+    /// after 500–900 ms of silence, a commit may wait 5 s).
+    pub fn new(node_id: NodeId, peers: Vec<String>) -> Result<GroupConfig> {
+        if peers.len() < 2 {
+            return Err(ClusterError::Config(
+                "--peers: a group needs at least two addresses (three to survive a loss)".into(),
+            ));
+        }
+        if node_id == 0 || node_id as usize > peers.len() {
+            return Err(ClusterError::Config(format!(
+                "--node-id {node_id}: the nodes are numbered 1 to {} in the order of --peers",
+                peers.len()
+            )));
+        }
+        let mut seen = BTreeSet::new();
+        for p in &peers {
+            if group_addr(p).is_none() {
+                return Err(ClusterError::Config(format!(
+                    "--peers: {p:?} is not host:port (with a port below 65535: the next port \
+                     is the node's group port)"
+                )));
+            }
+            if !seen.insert(p.as_str()) {
+                return Err(ClusterError::Config(format!(
+                    "--peers: {p} is listed twice"
+                )));
+            }
+        }
+        Ok(GroupConfig {
+            node_id,
+            peers,
+            heartbeat: Duration::from_millis(100),
+            election: (Duration::from_millis(500), Duration::from_millis(900)),
+            commit_timeout: Duration::from_secs(5),
+        })
+    }
+
+    /// This node's API address as listed.
+    pub fn own_api(&self) -> &str {
+        &self.peers[(self.node_id - 1) as usize]
+    }
+}
+
+/// The group port of the node whose API address is `api`: the same host, the next port.
+pub fn group_addr(api: &str) -> Option<String> {
+    let (host, port) = api.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    Some(format!("{host}:{}", port.checked_add(1)?))
+}
+
+/// A member of the group as `flotilla status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GroupMember {
+    /// Its node id.
+    pub id: NodeId,
+    /// Its API address.
+    pub address: String,
+    /// Whether it leads.
+    pub leader: bool,
+    /// The last log index the leader knows it holds (`None`: nothing yet, or unknown).
+    pub matched: Option<u64>,
+}
+
+/// The group as the leader sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GroupStatus {
+    /// The leader's node id.
+    pub node_id: NodeId,
+    /// The Raft term.
+    pub term: u64,
+    /// The last log index committed and applied here.
+    pub applied: Option<u64>,
+    /// Every member.
+    pub members: Vec<GroupMember>,
+}
+
+/// A running node: its Raft, its state machine and its group port.
+pub struct Node {
+    raft: Raft,
+    sm: StateMachine,
+    config: GroupConfig,
+    handle: tokio::runtime::Handle,
+}
+
+fn raft_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
+    ClusterError::Config(format!("the group: {what}: {e}"))
+}
+
+impl Node {
+    /// Opens this node's log (`STATE/group/log`) and journal, serves the group port, and
+    /// joins (initializing the group the first time its nodes start).
+    pub async fn start(
+        config: GroupConfig,
+        state_dir: &Path,
+        token: &str,
+        fsync: bool,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<Arc<Node>> {
+        let log_path = state_dir.join("group").join("log");
+        let log = LogStore::open(&log_path, fsync).map_err(|e| ClusterError::io(&log_path, e))?;
+        let sm = StateMachine::open(state_dir, fsync)?;
+        let rc = openraft::Config {
+            cluster_name: "flotilla".into(),
+            heartbeat_interval: config.heartbeat.as_millis() as u64,
+            election_timeout_min: config.election.0.as_millis() as u64,
+            election_timeout_max: config.election.1.as_millis() as u64,
+            // The whole log is kept; see ARCHITECTURE.md.
+            snapshot_policy: SnapshotPolicy::Never,
+            max_payload_entries: 64,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| raft_err("settings", e))?;
+        let raft = Raft::new(
+            config.node_id,
+            Arc::new(rc),
+            network::Net::new(token),
+            log,
+            sm.clone(),
+        )
+        .await
+        .map_err(|e| raft_err("start", e))?;
+        let own = group_addr(config.own_api()).unwrap_or_default();
+        let at: SocketAddr = tokio::net::lookup_host(&own)
+            .await
+            .ok()
+            .and_then(|mut a| a.next())
+            .ok_or_else(|| {
+                ClusterError::Config(format!("--peers: cannot resolve this node's {own}"))
+            })?;
+        let listener = tokio::net::TcpListener::bind(at)
+            .await
+            .map_err(|e| ClusterError::Bind {
+                addr: at.to_string(),
+                source: e,
+            })?;
+        let service = tonic::service::interceptor::InterceptedService::new(
+            crate::proto::group_server::GroupServer::new(network::Service { raft: raft.clone() })
+                .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
+            crate::auth::TokenCheck::new(token.to_string()),
+        );
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let stop_serving = stop.clone();
+        tokio::spawn(async move {
+            let r = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, crate::server::stopped(stop_serving))
+                .await;
+            if let Err(e) = r {
+                tracing::error!("the group port stopped: {e}");
+            }
+        });
+        tracing::info!(node = config.node_id, %at, "group port listening");
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| raft_err("state", e))?;
+        if !initialized {
+            let members: BTreeMap<NodeId, BasicNode> = config
+                .peers
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i as NodeId + 1, BasicNode::new(p)))
+                .collect();
+            // Every node initializes with the same members: whichever does first, the
+            // others' attempts are refused as already done.
+            match raft.initialize(members).await {
+                Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(raft_err("initialize", e)),
+            }
+        }
+        let _ = stop.borrow_and_update();
+        Ok(Arc::new(Node {
+            raft,
+            sm,
+            config,
+            handle: tokio::runtime::Handle::current(),
+        }))
+    }
+
+    /// Waits until this node leads and has applied everything committed before; then hands
+    /// over the journal for the coordinator to replay. `None` when `stop` came first.
+    pub async fn lead(&self, stop: &mut watch::Receiver<bool>) -> Result<Option<Journal>> {
+        let mut m = self.raft.metrics();
+        loop {
+            if *stop.borrow() {
+                return Ok(None);
+            }
+            let leads = {
+                let b = m.borrow_and_update();
+                b.state == ServerState::Leader && b.current_leader == Some(self.config.node_id)
+            };
+            if leads {
+                let ready =
+                    tokio::time::timeout(Duration::from_secs(5), self.raft.ensure_linearizable())
+                        .await;
+                if let Ok(Ok(_)) = ready {
+                    let journal = self.sm.take_journal().ok_or_else(|| {
+                        ClusterError::Config("the group: the journal was taken already".into())
+                    })?;
+                    // A leadership change is the operator's business: said at the default level.
+                    tracing::warn!(
+                        node = self.config.node_id,
+                        applied = ?self.sm.applied().map(|l| l.index),
+                        "this node leads the group"
+                    );
+                    return Ok(Some(journal));
+                }
+                continue;
+            }
+            tokio::select! {
+                r = m.changed() => {
+                    if r.is_err() {
+                        return Err(ClusterError::Config("the group's Raft stopped".into()));
+                    }
+                }
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    /// Resolves when this node no longer leads, or has not heard from a majority for two
+    /// election timeouts; says why.
+    pub async fn deposed(&self) -> String {
+        let mut m = self.raft.metrics();
+        let quiet = self.config.election.1 * 2;
+        loop {
+            {
+                let b = m.borrow_and_update();
+                if b.state != ServerState::Leader {
+                    return match b.current_leader {
+                        Some(l) if l != self.config.node_id => {
+                            format!("node {l} leads the group now")
+                        }
+                        _ => "this node no longer leads the group".into(),
+                    };
+                }
+                if let Some(ms) = b.millis_since_quorum_ack {
+                    if Duration::from_millis(ms) > quiet {
+                        return format!(
+                            "this node has not heard from a majority of the group for {ms} ms"
+                        );
+                    }
+                }
+            }
+            tokio::select! {
+                r = m.changed() => {
+                    if r.is_err() {
+                        return "the group's Raft stopped".into();
+                    }
+                }
+                _ = tokio::time::sleep(self.config.heartbeat) => {}
+            }
+        }
+    }
+
+    /// Proposes `records` and waits until a majority holds them; returns the marker to
+    /// append after them. Blocking: for the core's thread, never a runtime's.
+    pub fn commit(&self, records: &[JournalRecord]) -> std::result::Result<JournalRecord, String> {
+        let bytes = postcard::to_allocvec(records).map_err(|e| e.to_string())?;
+        let log_id = self.write_blocking(Payload::Journal(bytes))?;
+        Ok(self.sm.marker(log_id))
+    }
+
+    /// Replicates the access registry `bytes` (written to `STATE/access.json` on every node,
+    /// this one included, once committed). Blocking; from a multi-thread runtime's task.
+    pub fn commit_access(&self, bytes: &[u8]) -> std::result::Result<(), String> {
+        let write = || self.write_blocking(Payload::Access(bytes.to_vec()));
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                tokio::task::block_in_place(write).map(|_| ())
+            }
+            Ok(_) => Err("a group needs a multi-thread runtime".into()),
+            Err(_) => write().map(|_| ()),
+        }
+    }
+
+    fn write_blocking(&self, p: Payload) -> std::result::Result<LogId<NodeId>, String> {
+        let timeout = self.config.commit_timeout;
+        let raft = self.raft.clone();
+        match self
+            .handle
+            .block_on(async move { tokio::time::timeout(timeout, raft.client_write(p)).await })
+        {
+            Ok(Ok(r)) => Ok(r.log_id),
+            Ok(Err(e)) => Err(format!("the group did not commit: {e}")),
+            Err(_) => Err(format!(
+                "the group did not commit within {timeout:?} (no majority reachable)"
+            )),
+        }
+    }
+
+    /// The group as this node sees it.
+    pub fn status(&self) -> GroupStatus {
+        let m = self.raft.metrics().borrow().clone();
+        let members = m
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, n)| GroupMember {
+                id: *id,
+                address: n.addr.clone(),
+                leader: m.current_leader == Some(*id),
+                matched: if *id == self.config.node_id {
+                    m.last_log_index
+                } else {
+                    m.replication
+                        .as_ref()
+                        .and_then(|r| r.get(id).cloned().flatten())
+                        .map(|l| l.index)
+                },
+            })
+            .collect();
+        GroupStatus {
+            node_id: self.config.node_id,
+            term: m.current_term,
+            applied: m.last_applied.map(|l| l.index),
+            members,
+        }
+    }
+
+    /// Stops the node's Raft.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!("the group's Raft did not stop cleanly: {e}");
+        }
+    }
+}

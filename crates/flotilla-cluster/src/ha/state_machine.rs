@@ -1,0 +1,216 @@
+//! The group's state machine: the node's own journal (and access registry).
+//!
+//! While the node follows, applying an entry appends its records to `STATE/journal.log`,
+//! followed by a [`JournalRecord::Replicated`] marker naming the entry, in one append: the
+//! marker is how a restarted node knows what it has applied, and the two are durable
+//! together or not at all. When the node leads, its coordinator owns the journal and
+//! appends each entry's records itself once the group has committed them (with the same
+//! marker); the state machine then only keeps count. A deposed leader stops, and its restart
+//! applies from its last marker on whatever the new leader committed.
+
+use std::io::{Cursor, Write};
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    EntryPayload, LogId, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError, StorageIOError,
+    StoredMembership,
+};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::{Entry, NodeId, Payload, TypeConfig};
+use crate::access::ACCESS_FILE;
+use crate::journal::{Journal, SyncMode};
+use crate::state::JournalRecord;
+
+/// What a [`JournalRecord::Replicated`] marker holds.
+#[derive(Serialize, Deserialize)]
+struct Marker {
+    applied: LogId<NodeId>,
+    membership: StoredMembership<NodeId, openraft::BasicNode>,
+}
+
+struct Inner {
+    /// `Some` while the state machine writes the journal (the node follows).
+    journal: Option<Journal>,
+    applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, openraft::BasicNode>,
+    state_dir: PathBuf,
+}
+
+/// The state machine ([`RaftStateMachine`]); clones share it.
+#[derive(Clone)]
+pub struct StateMachine {
+    inner: Arc<Mutex<Inner>>,
+}
+
+fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
+    StorageIOError::write_state_machine(&std::io::Error::other(e.to_string())).into()
+}
+
+impl StateMachine {
+    /// Opens `STATE/journal.log`, reading what was applied from its last marker.
+    pub fn open(state_dir: &Path, fsync: bool) -> crate::error::Result<StateMachine> {
+        let path = state_dir.join("journal.log");
+        let mut journal = Journal::open(&path)?;
+        journal.set_sync(if fsync {
+            SyncMode::Always
+        } else {
+            SyncMode::Process
+        });
+        let mut applied = None;
+        let mut membership = StoredMembership::default();
+        for r in journal.replay()? {
+            if let JournalRecord::Replicated { state } = r {
+                let m: Marker = postcard::from_bytes(&state).map_err(|e| {
+                    crate::error::ClusterError::Config(format!(
+                        "{}: a group marker does not decode: {e}",
+                        path.display()
+                    ))
+                })?;
+                applied = Some(m.applied);
+                membership = m.membership;
+            }
+        }
+        Ok(StateMachine {
+            inner: Arc::new(Mutex::new(Inner {
+                journal: Some(journal),
+                applied,
+                membership,
+                state_dir: state_dir.to_path_buf(),
+            })),
+        })
+    }
+
+    /// The node leads: its coordinator takes the journal over (see the module's doc).
+    pub fn take_journal(&self) -> Option<Journal> {
+        self.inner.lock().journal.take()
+    }
+
+    /// The marker a leader appends after the records of entry `applied`.
+    pub fn marker(&self, applied: LogId<NodeId>) -> JournalRecord {
+        let membership = self.inner.lock().membership.clone();
+        let state = postcard::to_allocvec(&Marker {
+            applied,
+            membership,
+        })
+        .unwrap_or_default();
+        JournalRecord::Replicated { state }
+    }
+
+    /// The id of the last entry applied here.
+    pub fn applied(&self) -> Option<LogId<NodeId>> {
+        self.inner.lock().applied
+    }
+}
+
+/// Replaces `STATE/access.json` with `bytes` (mode 0600, atomically).
+fn write_access(state_dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let path = state_dir.join(ACCESS_FILE);
+    let tmp = path.with_extension("json.group");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = NoSnapshots;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<
+        (
+            Option<LogId<NodeId>>,
+            StoredMembership<NodeId, openraft::BasicNode>,
+        ),
+        StorageError<NodeId>,
+    > {
+        let g = self.inner.lock();
+        Ok((g.applied, g.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut g = self.inner.lock();
+        let mut out = Vec::new();
+        for e in entries {
+            out.push(());
+            g.applied = Some(e.log_id);
+            match e.payload {
+                EntryPayload::Blank => {}
+                EntryPayload::Membership(m) => {
+                    g.membership = StoredMembership::new(Some(e.log_id), m);
+                }
+                EntryPayload::Normal(Payload::Access(bytes)) => {
+                    write_access(&g.state_dir, &bytes).map_err(sm_err)?;
+                }
+                EntryPayload::Normal(Payload::Journal(bytes)) => {
+                    if g.journal.is_none() {
+                        // The coordinator here appends them itself.
+                        continue;
+                    }
+                    let mut records: Vec<JournalRecord> =
+                        postcard::from_bytes(&bytes).map_err(sm_err)?;
+                    let membership = g.membership.clone();
+                    let state = postcard::to_allocvec(&Marker {
+                        applied: e.log_id,
+                        membership,
+                    })
+                    .map_err(sm_err)?;
+                    records.push(JournalRecord::Replicated { state });
+                    if let Some(j) = g.journal.as_mut() {
+                        j.append(&records).map_err(sm_err)?;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        NoSnapshots
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        _meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        _snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        Err(sm_err(
+            "this node cannot install a snapshot: the group keeps its whole log instead",
+        ))
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        Ok(None)
+    }
+}
+
+/// The group keeps its whole log (no snapshots yet: see ARCHITECTURE.md), so none is built.
+pub struct NoSnapshots;
+
+impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        Err(sm_err("the group builds no snapshots"))
+    }
+}

@@ -166,6 +166,11 @@ impl tonic::service::Interceptor for Authn {
                 Ok(req)
             }
             None => {
+                // A client given a group's addresses asks, without a token, whether this
+                // node answers at all (see `Remote::channel`): refused, not logged.
+                if bearer(&req).is_none() && req.metadata().get(PROBE_HEADER).is_some() {
+                    return Err(Status::unauthenticated("a probe: this coordinator answers"));
+                }
                 let peer = req
                     .remote_addr()
                     .map(|a| a.to_string())
@@ -178,6 +183,9 @@ impl tonic::service::Interceptor for Authn {
         }
     }
 }
+
+/// The header of a liveness probe (a request without a token that only asks for an answer).
+pub const PROBE_HEADER: &str = "flotilla-probe";
 
 /// The principal [`Authn`] found for a request.
 pub fn principal<T>(req: &Request<T>) -> std::result::Result<crate::access::Principal, Status> {

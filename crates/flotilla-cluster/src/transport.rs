@@ -93,17 +93,25 @@ impl Remote {
         }
     }
 
-    /// Connects (HTTP/2, TCP_NODELAY). Given a group's addresses, to the first that accepts:
-    /// only the group's leader listens on its API port.
+    /// Connects (HTTP/2, TCP_NODELAY). Given a group's addresses, to the first that accepts
+    /// and answers (only the group's leader listens on its API port; a frozen one, stopped or
+    /// paused, accepts connections but answers nothing within [`GROUP_PROBE`] and is passed
+    /// over). Its connections then ping every 2 s and drop after 3 s without an answer, so
+    /// a session with a leader that freezes later moves on too.
     pub async fn channel(&self) -> Result<Channel> {
         let addrs = self.addrs();
         if addrs.len() <= 1 {
-            return self.channel_to(&self.addr).await;
+            return self.channel_to(&self.addr, false).await;
         }
         let mut why = Vec::new();
         for a in addrs {
-            match self.channel_to(a).await {
-                Ok(c) => return Ok(c),
+            match self.channel_to(a, true).await {
+                Ok(c) => {
+                    if answers(c.clone()).await {
+                        return Ok(c);
+                    }
+                    why.push(format!("{a}: accepts but answers nothing (frozen?)"));
+                }
                 Err(ClusterError::Connect { message, .. }) => why.push(format!("{a}: {message}")),
                 Err(e) => return Err(e),
             }
@@ -117,13 +125,19 @@ impl Remote {
         })
     }
 
-    async fn channel_to(&self, addr: &str) -> Result<Channel> {
+    async fn channel_to(&self, addr: &str, in_group: bool) -> Result<Channel> {
         let url = self.url(addr);
+        let (ping, patience) = if in_group {
+            (Duration::from_secs(2), Duration::from_secs(3))
+        } else {
+            (Duration::from_secs(10), Duration::from_secs(20))
+        };
         let mut ep = Endpoint::from_shared(url.clone())
             .map_err(|e| ClusterError::Config(format!("bad server address {addr:?}: {e}")))?
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(5))
-            .http2_keep_alive_interval(Duration::from_secs(10))
+            .http2_keep_alive_interval(ping)
+            .keep_alive_timeout(patience)
             .keep_alive_while_idle(true);
         if let Some(ca) = &self.tls_ca {
             let pem = std::fs::read(ca).map_err(|e| ClusterError::io(ca, e))?;
@@ -140,6 +154,27 @@ impl Remote {
             addr: addr.to_string(),
             message: error_chain(&e),
         })
+    }
+}
+
+/// How long a group member that accepted a connection has to answer a first request.
+pub const GROUP_PROBE: Duration = Duration::from_secs(2);
+
+/// Whether the server on `ch` answers a request (any answer: the probe carries no token, so a
+/// live coordinator refuses it at once) within [`GROUP_PROBE`].
+async fn answers(ch: Channel) -> bool {
+    let mut c = crate::proto::coordinator_client::CoordinatorClient::new(ch);
+    let mut req = tonic::Request::new(crate::proto::StatusRequest::default());
+    req.metadata_mut().insert(
+        crate::auth::PROBE_HEADER,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    let probe = c.status(req);
+    match tokio::time::timeout(GROUP_PROBE, probe).await {
+        Ok(Ok(_)) => true,
+        // An answer from the server, not a broken connection.
+        Ok(Err(s)) => !matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown),
+        Err(_) => false,
     }
 }
 

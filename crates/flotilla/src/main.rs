@@ -383,6 +383,14 @@ struct ClusterArgs {
     /// newest job's status and timeline on every event, as its page in a browser does.
     #[arg(long)]
     dashboards: bool,
+    /// Run the jobs through a group of this many coordinators (in this process, the journal
+    /// replicated with Raft) instead of one; 0: one alone.
+    #[arg(long, default_value_t = 0)]
+    group: usize,
+    /// Then stop the group's leader this many times, timing each failover until a new
+    /// leader answers (the stopped node is started again and catches up in between).
+    #[arg(long, default_value_t = 0)]
+    failovers: usize,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -619,18 +627,21 @@ fn run(cli: Cli) -> Result<bool> {
                 scrape_every: flotilla::core::duration::parse_duration(&a.scrape_every)
                     .map_err(|e| anyhow::anyhow!("--scrape-every: {e}"))?,
                 dashboards: a.dashboards,
+                group: a.group,
+                failovers: a.failovers,
             };
             let r = tokio_runtime()?
                 .block_on(flotilla::bench::cluster::run(&cfg))
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             print(a.json, &r, |r| {
                 format!(
-                    "cluster {} ({}) tasks={} workers={}x{}: {:.0} tasks/s, {:.3} ms/task, median {:.3} s{}{}{}",
+                    "cluster {} ({}) tasks={} workers={}x{}{}: {:.0} tasks/s, {:.3} ms/task, median {:.3} s{}{}{}{}",
                     r.workload,
                     r.kind,
                     r.tasks,
                     r.workers,
                     r.cpus_per_worker,
+                    if r.group > 0 { format!(" group={}", r.group) } else { String::new() },
                     r.tasks_per_s,
                     r.ms_per_task,
                     r.seconds,
@@ -651,6 +662,14 @@ fn run(cli: Cli) -> Result<bool> {
                             if r.dashboards { "events" } else { "scrapes" }
                         ),
                         _ => String::new(),
+                    },
+                    match r.failover_s {
+                        Some(f) => format!(
+                            "; failover median {:.0} ms of {:?}",
+                            f * 1e3,
+                            r.failovers.iter().map(|s| (s * 1e3).round() as u64).collect::<Vec<_>>()
+                        ),
+                        None => String::new(),
                     }
                 )
             })

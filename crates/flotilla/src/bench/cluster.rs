@@ -5,6 +5,11 @@
 //! Workloads: `true` (N × `/bin/true`), `wasm` (N × a WASM no-op), `chain` (N tasks, each
 //! after the previous; `--kind true|wasm`), `fanout` (N independent tasks + 1 reduce).
 //!
+//! `--group 3` runs the same jobs through a group of three coordinators (in this process,
+//! each with its own state folder and ports: the journal replicated with Raft) instead of one;
+//! `--failovers F` then stops the leader F times, timing each until a new leader answers a
+//! status request, and starts the stopped node again (it rejoins as a follower).
+//!
 //! `--restarts R` then stops the coordinator and starts it again R times on the same state
 //! folder (its journal holding every job just run), timing each start until it answers a
 //! status request: the journal replay a restart costs.
@@ -49,6 +54,10 @@ pub struct ClusterBenchConfig {
     /// The scrapers are dashboards instead: each follows `/api/events` and, on every event,
     /// fetches the newest job's status and timeline, as the job's page does.
     pub dashboards: bool,
+    /// Coordinators in a group (0: one alone).
+    pub group: usize,
+    /// Failovers timed after the runs (a group only).
+    pub failovers: usize,
 }
 
 /// One result line.
@@ -95,6 +104,12 @@ pub struct ClusterBenchResult {
     pub ratio_scraped: Option<f64>,
     /// Scrapes answered during the scraped runs, per second.
     pub scrapes_per_s: Option<f64>,
+    /// Coordinators in the group (0: one alone).
+    pub group: usize,
+    /// Median seconds from stopping the leader to a new leader's first answer.
+    pub failover_s: Option<f64>,
+    /// Every failover's seconds.
+    pub failovers: Vec<f64>,
 }
 
 /// One `GET path` with the token over a new connection; whether it answered 200, and the
@@ -280,8 +295,26 @@ pub async fn run(
     if cfg.scrapers > 0 {
         scfg.http_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     }
-    let server = Server::start(scfg.clone()).await?;
-    let remote = Remote::new(server.addr().to_string(), server.token().to_string());
+    if cfg.group > 0 && (cfg.scrapers > 0 || cfg.restarts > 0) {
+        return Err("--group runs without --scrapers and --restarts".into());
+    }
+    if cfg.failovers > 0 && cfg.group < 2 {
+        return Err("--failovers needs --group 2 or more".into());
+    }
+    let mut group = if cfg.group >= 2 {
+        Some(Group::start(cfg.group, &dir, &scfg).await?)
+    } else {
+        None
+    };
+    let server = match &group {
+        Some(_) => None,
+        None => Some(Server::start(scfg.clone()).await?),
+    };
+    let remote = match (&server, &group) {
+        (Some(s), _) => Remote::new(s.addr().to_string(), s.token().to_string()),
+        (None, Some(g)) => g.remote.clone(),
+        (None, None) => return Err("no coordinator".into()),
+    };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut handles = Vec::new();
     for w in 0..cfg.workers {
@@ -322,15 +355,15 @@ pub async fn run(
                 continue;
             }
             let (scrape_stop, scrape_rx) = watch::channel(false);
-            let clients = match (with, server.http_addr()) {
+            let clients = match (with, server.as_ref().and_then(|s| s.http_addr())) {
                 (true, Some(http)) if cfg.dashboards => {
-                    dashboards(cfg.scrapers, http, server.token().to_string(), scrape_rx)
+                    dashboards(cfg.scrapers, http, remote.token.clone(), scrape_rx)
                 }
                 (true, Some(http)) => scrapers(
                     cfg.scrapers,
                     cfg.scrape_every,
                     http,
-                    server.token().to_string(),
+                    remote.token.clone(),
                     scrape_rx,
                 ),
                 _ => Vec::new(),
@@ -354,12 +387,23 @@ pub async fn run(
             }
         }
     }
+    let mut failovers = Vec::new();
+    if let Some(g) = group.as_mut() {
+        for _ in 0..cfg.failovers {
+            failovers.push(g.failover().await?);
+        }
+    }
     let _ = stop_tx.send(true);
     for h in handles {
         let _ = h.await;
     }
-    server.stop();
-    let _ = server.wait().await;
+    if let Some(server) = server {
+        server.stop();
+        let _ = server.wait().await;
+    }
+    if let Some(g) = group {
+        g.stop().await;
+    }
     let mut restarts = Vec::new();
     for _ in 0..cfg.restarts {
         let start = Instant::now();
@@ -416,6 +460,13 @@ pub async fn run(
         ms_per_task: med * 1e3 / n_tasks as f64,
         xargs_tasks_per_s: xargs,
         ratio_to_xargs: xargs.map(|x| rate / x),
+        group: cfg.group,
+        failover_s: {
+            let mut f = failovers.clone();
+            f.sort_by(f64::total_cmp);
+            f.get(f.len() / 2).copied()
+        },
+        failovers,
         restart_s,
         journal_bytes: restart_s.and(journal_bytes),
         scrapers: cfg.scrapers,
@@ -424,6 +475,147 @@ pub async fn run(
         ratio_scraped: scraped_rate.map(|s| s / rate),
         scrapes_per_s: (scraped_s > 0.0).then(|| scrapes as f64 / scraped_s),
     })
+}
+
+/// A group of coordinators in this process.
+struct Group {
+    configs: Vec<ServerConfig>,
+    servers: Vec<Option<Server>>,
+    peers: Vec<String>,
+    remote: Remote,
+}
+
+/// A port `p` with `p + 1` free too (a node's API and group ports).
+fn free_pair(taken: &[u16]) -> std::io::Result<u16> {
+    for _ in 0..1000 {
+        let p = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        if p == u16::MAX || taken.contains(&p) || taken.contains(&(p + 1)) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return Ok(p);
+        }
+    }
+    Err(std::io::Error::other("no two free ports in a row"))
+}
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+impl Group {
+    async fn start(n: usize, dir: &std::path::Path, base: &ServerConfig) -> BenchResult<Group> {
+        let mut taken = Vec::new();
+        let mut peers = Vec::new();
+        for _ in 0..n {
+            let p = free_pair(&taken)?;
+            taken.extend([p, p + 1]);
+            peers.push(format!("127.0.0.1:{p}"));
+        }
+        let token = format!("{:032x}", rand::random::<u128>());
+        let mut configs = Vec::new();
+        for (i, p) in peers.iter().enumerate() {
+            let mut c = base.clone();
+            c.state_dir = dir.join(format!("state{}", i + 1));
+            std::fs::create_dir_all(&c.state_dir)?;
+            let tf = c.state_dir.join("token");
+            std::fs::write(&tf, &token)?;
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&tf, std::fs::Permissions::from_mode(0o600))?;
+            c.listen = p.parse()?;
+            c.group = Some(flotilla_cluster::ha::GroupConfig::new(
+                i as u64 + 1,
+                peers.clone(),
+            )?);
+            configs.push(c);
+        }
+        let mut servers = Vec::new();
+        for c in &configs {
+            servers.push(Some(Server::start(c.clone()).await?));
+        }
+        let g = Group {
+            configs,
+            servers,
+            remote: Remote::new(peers.join(","), token),
+            peers,
+        };
+        g.leader(None).await?;
+        Ok(g)
+    }
+
+    /// The leader's index once one answers that is not `not`.
+    async fn leader(&self, not: Option<usize>) -> BenchResult<usize> {
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(mut c) = Client::connect(&self.remote).await {
+                if let Ok(s) = c.cluster_status().await {
+                    let at = s
+                        .leader
+                        .and_then(|l| self.peers.iter().position(|p| *p == l));
+                    if let Some(i) = at.filter(|i| Some(*i) != not) {
+                        return Ok(i);
+                    }
+                }
+            }
+            if Instant::now() > end {
+                return Err("no leader answered within 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Stops the leader; the seconds until another node answers as leader. Then starts the
+    /// stopped node again and waits until it holds the whole log.
+    async fn failover(&mut self) -> BenchResult<f64> {
+        let old = self.leader(None).await?;
+        let server = self.servers[old]
+            .take()
+            .ok_or("the leader is not running")?;
+        let t = Instant::now();
+        server.stop();
+        self.leader(Some(old)).await?;
+        let took = t.elapsed().as_secs_f64();
+        let _ = server.wait().await;
+        // Its ports are free once its tasks end: try again briefly.
+        let end = Instant::now() + Duration::from_secs(10);
+        let again = loop {
+            match Server::start(self.configs[old].clone()).await {
+                Ok(s) => break s,
+                Err(e) if Instant::now() < end => {
+                    tracing::debug!("restarting node {}: {e}", old + 1);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        self.servers[old] = Some(again);
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut c = Client::connect(&self.remote).await?;
+            let s = c.cluster_status().await?;
+            let caught_up = s.group.is_some_and(|g| {
+                g.members
+                    .iter()
+                    .all(|m| m.matched.is_some() && m.matched >= g.applied)
+            });
+            if caught_up {
+                return Ok(took);
+            }
+            if Instant::now() > end {
+                return Err("the restarted node did not catch up within 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn stop(self) {
+        for s in self.servers.iter().flatten() {
+            s.stop();
+        }
+        for s in self.servers.into_iter().flatten() {
+            let _ = s.wait().await;
+        }
+    }
 }
 
 fn tempdir() -> std::io::Result<PathBuf> {

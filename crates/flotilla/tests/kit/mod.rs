@@ -10,6 +10,8 @@
 
 #![allow(dead_code)] // each test file uses a part of the kit
 
+pub(crate) mod group;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -78,6 +80,19 @@ impl Proc {
     /// Its process id.
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Whether it has exited (reaped if so).
+    pub(crate) fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Sends `sig` (e.g. `libc::SIGSTOP`).
+    pub(crate) fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
     }
 
     /// SIGKILL, then reap.

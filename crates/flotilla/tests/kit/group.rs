@@ -1,0 +1,286 @@
+//! A group of three coordinators (`flotilla server --node-id N --peers A,B,C`) and its
+//! workers, as processes in one temporary folder: `n<id>/` (each node's state), `job/`,
+//! `w<i>/` (each worker's). Every node holds the same admin token.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use flotilla::cluster::state::{ClusterStatus, JobStatus};
+use flotilla::cluster::{Client, Remote};
+use flotilla::core::JobId;
+
+use super::{job_id_of, spawn_logged, wait_until, Proc, BIN, HEARTBEAT_TIMEOUT_MS};
+
+/// The admin token every node of a test group holds.
+pub(crate) const TOKEN: &str = "group-test-token-0123456789abcdef";
+
+/// Three coordinators and some workers.
+pub(crate) struct Group {
+    root: tempfile::TempDir,
+    /// Each node's API address, in node-id order.
+    pub(crate) peers: Vec<String>,
+    nodes: Vec<Option<Proc>>,
+    workers: Vec<Option<Proc>>,
+    /// A runtime for the kit's clients.
+    pub(crate) rt: tokio::runtime::Runtime,
+}
+
+/// A port `p` with `p + 1` free too (the API and the group port), from the ephemeral range.
+fn free_pair(taken: &HashSet<u16>) -> u16 {
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let p = l.local_addr().expect("its address").port();
+        if p == u16::MAX || taken.contains(&p) || taken.contains(&(p + 1)) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+}
+
+impl Group {
+    /// Three nodes and `workers` workers with 2 CPUs each; returns once a leader answers
+    /// with every worker registered.
+    pub(crate) fn start(workers: usize) -> Group {
+        let root = tempfile::Builder::new()
+            .prefix("flotilla-group-test")
+            .tempdir()
+            .expect("a temporary folder");
+        let mut taken = HashSet::new();
+        let peers: Vec<String> = (0..3)
+            .map(|_| {
+                let p = free_pair(&taken);
+                taken.extend([p, p + 1]);
+                format!("127.0.0.1:{p}")
+            })
+            .collect();
+        std::fs::create_dir_all(root.path().join("job")).expect("job folder");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let mut g = Group {
+            root,
+            peers,
+            nodes: Vec::new(),
+            workers: Vec::new(),
+            rt,
+        };
+        for id in 1..=3 {
+            let state = g.state(id);
+            std::fs::create_dir_all(&state).expect("state folder");
+            let token = state.join("token");
+            std::fs::write(&token, TOKEN).expect("token");
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod");
+            let p = g.spawn_node(id);
+            g.nodes.push(Some(p));
+        }
+        for _ in 0..workers {
+            g.add_worker();
+        }
+        g.wait_workers(workers);
+        g
+    }
+
+    /// Node `id`'s state folder.
+    pub(crate) fn state(&self, id: usize) -> PathBuf {
+        self.root.path().join(format!("n{id}"))
+    }
+
+    /// The addresses as clients take them (`a,b,c`).
+    pub(crate) fn list(&self) -> String {
+        self.peers.join(",")
+    }
+
+    fn spawn_node(&self, id: usize) -> Proc {
+        let mut cmd = Command::new(BIN);
+        cmd.args([
+            "server",
+            "--node-id",
+            &id.to_string(),
+            "--peers",
+            &self.list(),
+        ])
+        .arg("--state")
+        .arg(self.state(id))
+        .args(["--heartbeat-timeout-ms", &HEARTBEAT_TIMEOUT_MS.to_string()]);
+        spawn_logged(cmd, &format!("n{id}")).0
+    }
+
+    /// Starts one more worker `w<i>` (2 CPUs); returns `i`.
+    pub(crate) fn add_worker(&mut self) -> usize {
+        let i = self.workers.len();
+        let tmp = self.root.path().join(format!("tmp-w{i}"));
+        std::fs::create_dir_all(&tmp).expect("the worker's TMPDIR");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["worker", "--server", &self.list()])
+            .args(["--cpus", "2", "--gpus", "none", "--isolation", "none"])
+            .args(["--name", &format!("w{i}")])
+            .arg("--work-dir")
+            .arg(self.root.path().join(format!("w{i}")))
+            .env("FLOTILLA_TOKEN", TOKEN)
+            // Tasks get the worker's TMPDIR (one of the few host variables they see): a
+            // test's task can say which worker ran it (`${TMPDIR##*/}` is `tmp-w<i>`).
+            .env("TMPDIR", &tmp)
+            .env_remove("FLOTILLA_SERVER");
+        self.workers
+            .push(Some(spawn_logged(cmd, &format!("w{i}")).0));
+        i
+    }
+
+    /// Worker `i`'s process, while it runs.
+    pub(crate) fn worker(&self, i: usize) -> Option<&Proc> {
+        self.workers.get(i).and_then(|w| w.as_ref())
+    }
+
+    /// SIGKILLs worker `i`.
+    pub(crate) fn kill_worker(&mut self, i: usize) {
+        if let Some(p) = self.workers.get_mut(i).and_then(|w| w.take()) {
+            p.kill();
+        }
+    }
+
+    /// Node `id`'s process, while it runs.
+    pub(crate) fn node(&self, id: usize) -> Option<&Proc> {
+        self.nodes.get(id - 1).and_then(|n| n.as_ref())
+    }
+
+    /// SIGKILLs node `id`.
+    pub(crate) fn kill_node(&mut self, id: usize) {
+        if let Some(p) = self.nodes.get_mut(id - 1).and_then(|n| n.take()) {
+            p.kill();
+        }
+    }
+
+    /// Starts node `id` again (it rejoins as a follower).
+    pub(crate) fn restart_node(&mut self, id: usize) {
+        let p = self.spawn_node(id);
+        self.nodes[id - 1] = Some(p);
+    }
+
+    /// Restarts every node whose process has ended (a leader that lost its leadership stops
+    /// by design); returns their ids.
+    pub(crate) fn restart_exited(&mut self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for id in 1..=self.nodes.len() {
+            let gone = match self.nodes[id - 1].as_mut() {
+                Some(p) => p.exited(),
+                None => false,
+            };
+            if gone {
+                self.restart_node(id);
+                out.push(id);
+            }
+        }
+        out
+    }
+
+    /// The job folder.
+    pub(crate) fn job_dir(&self) -> PathBuf {
+        self.root.path().join("job")
+    }
+
+    /// A client of whichever node leads; `None` while none answers.
+    pub(crate) fn client(&self) -> Option<Client> {
+        self.client_as(TOKEN)
+    }
+
+    /// [`Group::client`] presenting `token`.
+    pub(crate) fn client_as(&self, token: &str) -> Option<Client> {
+        let remote = Remote::new(self.list(), token);
+        self.rt.block_on(Client::connect(&remote)).ok()
+    }
+
+    /// The cluster as the leader sees it; `None` while none answers.
+    pub(crate) fn overview(&self) -> Option<ClusterStatus> {
+        let mut c = self.client()?;
+        self.rt.block_on(c.cluster_status()).ok()
+    }
+
+    /// A job's status; `None` while no leader answers.
+    pub(crate) fn status(&self, job: JobId) -> Option<JobStatus> {
+        let mut c = self.client()?;
+        self.rt.block_on(c.job_status(job)).ok()
+    }
+
+    /// Waits until `n` workers are registered with a leader.
+    pub(crate) fn wait_workers(&self, n: usize) {
+        wait_until(
+            &format!("a leader with {n} workers"),
+            Duration::from_secs(60),
+            || self.overview().filter(|s| s.workers.len() >= n),
+        );
+    }
+
+    /// The leader's node id, once one answers.
+    pub(crate) fn leader(&self) -> usize {
+        wait_until("a leader", Duration::from_secs(60), || {
+            let addr = self.overview()?.leader?;
+            self.peers.iter().position(|p| *p == addr).map(|i| i + 1)
+        })
+    }
+
+    /// Runs the CLI against the group.
+    pub(crate) fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(args)
+            .current_dir(self.job_dir())
+            .env("FLOTILLA_SERVER", self.list())
+            .env("FLOTILLA_TOKEN", TOKEN)
+            .stdin(Stdio::null())
+            .output()
+            .expect("the flotilla binary runs")
+    }
+
+    /// `flotilla submit FILE`: the job id.
+    pub(crate) fn submit(&self, file: &Path) -> JobId {
+        let out = self.cli(&["submit", &file.display().to_string()]);
+        assert!(
+            out.status.success(),
+            "submit failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        job_id_of(&out)
+    }
+
+    /// Waits until the job has a final state.
+    pub(crate) fn wait_job(&self, job: JobId, timeout: Duration) -> JobStatus {
+        wait_until(&format!("{job} to finish"), timeout, || {
+            self.status(job).filter(|s| s.finished_state().is_some())
+        })
+    }
+
+    /// SIGKILLs the leader `id`; returns how long until another node answered as leader.
+    pub(crate) fn kill_leader(&mut self, id: usize) -> Duration {
+        self.kill_node(id);
+        let t = Instant::now();
+        let new = wait_until("a new leader", Duration::from_secs(60), || {
+            let addr = self.overview()?.leader?;
+            (addr != self.peers[id - 1]).then_some(addr)
+        });
+        let took = t.elapsed();
+        eprintln!("failover: node {id} killed, {new} leads after {took:?}");
+        took
+    }
+}
+
+impl Drop for Group {
+    /// Kills the workers, then the nodes, before the folder is removed.
+    fn drop(&mut self) {
+        for w in self.workers.iter_mut() {
+            if let Some(p) = w.take() {
+                p.kill();
+            }
+        }
+        for n in self.nodes.iter_mut() {
+            if let Some(p) = n.take() {
+                p.kill();
+            }
+        }
+    }
+}

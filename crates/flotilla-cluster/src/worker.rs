@@ -914,7 +914,14 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
             _ = tokio::time::sleep(backoff) => {}
             _ = shutdown.changed() => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        // A group's next leader opens its port about a second after the last one died: ask
+        // every half second then, not every two.
+        let most = if shared.config.remote.addrs().len() > 1 {
+            Duration::from_millis(500)
+        } else {
+            Duration::from_secs(2)
+        };
+        backoff = (backoff * 2).min(most);
     }
     // Stop what still runs.
     let running: Vec<CancelHandle> = shared

@@ -156,6 +156,16 @@ impl LogStore {
             .into()
     }
 
+    /// The entries held in `range` (a state machine catching up its journal).
+    pub fn entries(&self, range: std::ops::RangeInclusive<u64>) -> Vec<Entry> {
+        self.inner
+            .lock()
+            .log
+            .range(range)
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
     #[allow(clippy::result_large_err)] // openraft's error type, returned as openraft wants it
     fn change(&self, op: Op) -> Result<(), StorageError<NodeId>> {
         let mut g = self.inner.lock();

@@ -13,9 +13,10 @@
 //!   replays its journal exactly as a restarted coordinator does, and opens its API port.
 //!   Workers reconnect to it, report their running attempts and re-send recent results,
 //!   which it applies at most once.
-//! - A leader that loses its leadership (or its majority) stops at once: it never answers
-//!   from a state the group may have moved past. Run it under a supervisor (systemd
-//!   `Restart=always`); it comes back as a follower.
+//! - A leader that loses its leadership (or its majority), or whose commit fails, steps down
+//!   at once: it closes its API port and drops its coordinator's whole state (which may hold
+//!   records the group never committed), reopens its journal, catches it up from its log,
+//!   and follows; it never answers from a state the group may have moved past.
 //! - The access registry (tokens, tenants) is replicated the same way
 //!   ([`Payload::Access`]), so every token works on whichever node leads.
 //!
@@ -84,8 +85,10 @@ pub struct GroupConfig {
 }
 
 impl GroupConfig {
-    /// Node `node_id` of `peers`, with the default timeouts (heartbeat 100 ms, elections
-    /// after 500–900 ms of silence, a commit may wait 5 s).
+    /// Node `node_id` of `peers`, with the default timeouts: heartbeats every 100 ms;
+    /// elections after 400–700 ms of silence (openraft adds a leader lease of the longest,
+    /// 700 ms, after a leader was seen: a follower starts an election 1.1–1.4 s after its
+    /// leader's last heartbeat); a commit may wait 5 s.
     pub fn new(node_id: NodeId, peers: Vec<String>) -> Result<GroupConfig> {
         if peers.len() < 2 {
             return Err(ClusterError::Config(
@@ -116,7 +119,7 @@ impl GroupConfig {
             node_id,
             peers,
             heartbeat: Duration::from_millis(100),
-            election: (Duration::from_millis(500), Duration::from_millis(900)),
+            election: (Duration::from_millis(400), Duration::from_millis(700)),
             commit_timeout: Duration::from_secs(5),
         })
     }
@@ -184,7 +187,7 @@ impl Node {
     ) -> Result<Arc<Node>> {
         let log_path = state_dir.join("group").join("log");
         let log = LogStore::open(&log_path, fsync).map_err(|e| ClusterError::io(&log_path, e))?;
-        let sm = StateMachine::open(state_dir, fsync)?;
+        let sm = StateMachine::open(state_dir, fsync, log.clone())?;
         let rc = openraft::Config {
             cluster_name: "flotilla".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
@@ -305,6 +308,12 @@ impl Node {
                 _ = stop.changed() => {}
             }
         }
+    }
+
+    /// The coordinator here stopped leading (and dropped the journal): the node follows
+    /// again, its journal caught up with what it applied meanwhile.
+    pub fn follow(&self, fsync: bool) -> Result<()> {
+        self.sm.follow(fsync)
     }
 
     /// Resolves when this node no longer leads, or has not heard from a majority for two

@@ -45,6 +45,9 @@ struct Inner {
 #[derive(Clone)]
 pub struct StateMachine {
     inner: Arc<Mutex<Inner>>,
+    /// The node's log: a journal handed back by a coordinator that stopped leading is caught
+    /// up from it.
+    log: super::LogStore,
 }
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
@@ -53,28 +56,16 @@ fn sm_err(e: impl std::fmt::Display) -> StorageError<NodeId> {
 
 impl StateMachine {
     /// Opens `STATE/journal.log`, reading what was applied from its last marker.
-    pub fn open(state_dir: &Path, fsync: bool) -> crate::error::Result<StateMachine> {
-        let path = state_dir.join("journal.log");
-        let mut journal = Journal::open(&path)?;
-        journal.set_sync(if fsync {
-            SyncMode::Always
-        } else {
-            SyncMode::Process
-        });
-        let mut applied = None;
-        let mut membership = StoredMembership::default();
-        for r in journal.replay()? {
-            if let JournalRecord::Replicated { state } = r {
-                let m: Marker = postcard::from_bytes(&state).map_err(|e| {
-                    crate::error::ClusterError::Config(format!(
-                        "{}: a group marker does not decode: {e}",
-                        path.display()
-                    ))
-                })?;
-                applied = Some(m.applied);
-                membership = m.membership;
-            }
-        }
+    pub fn open(
+        state_dir: &Path,
+        fsync: bool,
+        log: super::LogStore,
+    ) -> crate::error::Result<StateMachine> {
+        let (journal, marker) = open_journal(state_dir, fsync)?;
+        let (applied, membership) = match marker {
+            Some(m) => (Some(m.applied), m.membership),
+            None => (None, StoredMembership::default()),
+        };
         Ok(StateMachine {
             inner: Arc::new(Mutex::new(Inner {
                 journal: Some(journal),
@@ -82,7 +73,39 @@ impl StateMachine {
                 membership,
                 state_dir: state_dir.to_path_buf(),
             })),
+            log,
         })
+    }
+
+    /// The node follows again: the journal is reopened here, and the entries applied while
+    /// the coordinator owned it but that it did not append (proposed, then committed by the
+    /// next leader after this one gave up) are appended from the log.
+    pub fn follow(&self, fsync: bool) -> crate::error::Result<()> {
+        let mut g = self.inner.lock();
+        let (mut journal, marker) = open_journal(&g.state_dir, fsync)?;
+        let from = marker.map(|m| m.applied.index + 1).unwrap_or(0);
+        if let Some(to) = g.applied.map(|l| l.index).filter(|to| *to >= from) {
+            let mut caught_up = 0usize;
+            for e in self.log.entries(from..=to) {
+                if let EntryPayload::Normal(Payload::Journal(bytes)) = e.payload {
+                    let mut records: Vec<JournalRecord> = postcard::from_bytes(&bytes)
+                        .map_err(|e| crate::error::ClusterError::Config(e.to_string()))?;
+                    let state = postcard::to_allocvec(&Marker {
+                        applied: e.log_id,
+                        membership: g.membership.clone(),
+                    })
+                    .map_err(|e| crate::error::ClusterError::Config(e.to_string()))?;
+                    records.push(JournalRecord::Replicated { state });
+                    journal.append(&records)?;
+                    caught_up += 1;
+                }
+            }
+            if caught_up > 0 {
+                tracing::warn!(caught_up, "the journal caught up with the group's log");
+            }
+        }
+        g.journal = Some(journal);
+        Ok(())
     }
 
     /// The node leads: its coordinator takes the journal over (see the module's doc).
@@ -105,6 +128,30 @@ impl StateMachine {
     pub fn applied(&self) -> Option<LogId<NodeId>> {
         self.inner.lock().applied
     }
+}
+
+/// Opens `STATE/journal.log` and reads its last marker.
+fn open_journal(state_dir: &Path, fsync: bool) -> crate::error::Result<(Journal, Option<Marker>)> {
+    let path = state_dir.join("journal.log");
+    let mut journal = Journal::open(&path)?;
+    journal.set_sync(if fsync {
+        SyncMode::Always
+    } else {
+        SyncMode::Process
+    });
+    let mut last = None;
+    for r in journal.replay()? {
+        if let JournalRecord::Replicated { state } = r {
+            let m: Marker = postcard::from_bytes(&state).map_err(|e| {
+                crate::error::ClusterError::Config(format!(
+                    "{}: a group marker does not decode: {e}",
+                    path.display()
+                ))
+            })?;
+            last = Some(m);
+        }
+    }
+    Ok((journal, last))
 }
 
 /// Replaces `STATE/access.json` with `bytes` (mode 0600, atomically).

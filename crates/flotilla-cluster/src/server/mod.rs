@@ -196,7 +196,7 @@ impl Server {
     }
 
     /// [`Server::start`] as a node of a group: follows until it leads, then serves until it
-    /// no longer leads (then it stops with the reason: a supervisor restarts it).
+    /// no longer leads, then follows again (see [`lead_and_follow`]).
     #[allow(clippy::too_many_arguments)]
     async fn start_in_group(
         mut config: ServerConfig,
@@ -232,62 +232,11 @@ impl Server {
         #[cfg(test)]
         let (core_tx, _) = crossbeam_channel::bounded::<Req>(1);
         tokio::spawn(async move {
-            let mut stopping = stop_rx.clone();
-            let led = async {
-                let Some(mut journal) = node.lead(&mut stopping).await? else {
-                    return Ok(None);
-                };
-                journal.set_sync(if config.fsync {
-                    SyncMode::Always
-                } else {
-                    SyncMode::Process
-                });
-                let access = Arc::new(
-                    Access::open(&config.state_dir, &token)
-                        .map_err(|e| ClusterError::Config(e.to_string()))?,
-                );
-                let n = node.clone();
-                access
-                    .replicate_through(Arc::new(move |b: &[u8]| n.commit_access(b)))
-                    .map_err(|e| ClusterError::Config(e.to_string()))?;
-                let served = serve(
-                    &config,
-                    access,
-                    journal,
-                    Some(node.clone()),
-                    &stop,
-                    stop_rx.clone(),
-                    done_tx.clone(),
-                )
-                .await?;
-                tracing::warn!(
-                    "coordinator listening on {} (this node leads the group)",
-                    served.addr
-                );
-                Ok::<_, ClusterError>(Some(served))
+            let outcome = lead_and_follow(&config, &node, &token, &stop, stop_rx).await;
+            if outcome.is_err() {
+                let _ = stop.send(true);
             }
-            .await;
-            match led {
-                Ok(Some(served)) => {
-                    let stopping = stop_rx.clone();
-                    tokio::select! {
-                        why = node.deposed() => {
-                            tracing::error!("{why}: this coordinator stops");
-                            *served.fatal.lock() =
-                                Some(format!("{why}: this coordinator stopped leading"));
-                            let _ = stop.send(true);
-                        }
-                        _ = stopped(stopping) => {}
-                    }
-                }
-                Ok(None) => {
-                    let _ = done_tx.send(Some(Ok(())));
-                }
-                Err(e) => {
-                    let _ = stop.send(true);
-                    let _ = done_tx.send(Some(Err(e.to_string())));
-                }
-            }
+            let _ = done_tx.send(Some(outcome.map_err(|e| e.to_string())));
             node.shutdown().await;
         });
         Ok(Server {
@@ -339,12 +288,92 @@ impl Server {
     }
 }
 
+/// A node of a group, until `stop` or an error: waits until it leads, serves (the core
+/// replays its journal), and when it no longer leads (or its core stops on a failed commit)
+/// closes its API port, drops its whole state and follows again, from its journal. A
+/// `flotilla shutdown` sent to it stops the node.
+async fn lead_and_follow(
+    config: &ServerConfig,
+    node: &Arc<crate::ha::Node>,
+    token: &str,
+    stop: &Arc<watch::Sender<bool>>,
+    stop_rx: watch::Receiver<bool>,
+) -> Result<()> {
+    let mut stopping = stop_rx.clone();
+    loop {
+        let Some(mut journal) = node.lead(&mut stopping).await? else {
+            return Ok(());
+        };
+        journal.set_sync(if config.fsync {
+            SyncMode::Always
+        } else {
+            SyncMode::Process
+        });
+        let access = Arc::new(
+            Access::open(&config.state_dir, token)
+                .map_err(|e| ClusterError::Config(e.to_string()))?,
+        );
+        let n = node.clone();
+        access
+            .replicate_through(Arc::new(move |b: &[u8]| n.commit_access(b)))
+            .map_err(|e| ClusterError::Config(e.to_string()))?;
+        // This term's serving stops on its own signal: the node goes on.
+        let (term_tx, term_rx) = watch::channel(false);
+        let term_tx = Arc::new(term_tx);
+        let (term_done_tx, mut term_done) = watch::channel(None);
+        let served = serve(
+            config,
+            access,
+            journal,
+            Some(node.clone()),
+            &term_tx,
+            term_rx,
+            term_done_tx,
+        )
+        .await?;
+        tracing::warn!(
+            "coordinator listening on {} (this node leads the group)",
+            served.addr
+        );
+        let why = tokio::select! {
+            why = node.deposed() => Some(why),
+            _ = stopped(served.core_done.clone()) => served.fatal.lock().clone(),
+            _ = stopped(stop_rx.clone()) => None,
+        };
+        let _ = term_tx.send(true);
+        // The core has dropped the journal and the API port is closed before the node
+        // follows again.
+        stopped(served.core_done.clone()).await;
+        while term_done.borrow().is_none() {
+            if term_done.changed().await.is_err() {
+                break;
+            }
+        }
+        if *stop_rx.borrow() {
+            return Ok(());
+        }
+        match why {
+            Some(why) => {
+                tracing::error!("{why}: this coordinator steps down and follows the group");
+                node.follow(config.fsync)?;
+            }
+            // `flotilla shutdown`: the node stops.
+            None => {
+                let _ = stop.send(true);
+                return Ok(());
+            }
+        }
+    }
+}
+
 /// What [`serve`] started.
 struct Served {
     addr: SocketAddr,
     http_addr: Option<SocketAddr>,
     /// Why the server stopped, when it must stop (set before `stop`).
     fatal: Arc<Mutex<Option<String>>>,
+    /// Turns true when the core's thread has ended (its journal closed).
+    core_done: watch::Receiver<bool>,
     #[cfg(test)]
     core: crossbeam_channel::Sender<Req>,
 }
@@ -373,11 +402,20 @@ async fn serve(
         group,
     )?;
     let fatal: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let (core_done_tx, core_done) = watch::channel(false);
     {
         let (fatal, stop) = (fatal.clone(), stop_tx.clone());
         std::thread::Builder::new()
             .name("flotilla-core".into())
             .spawn(move || {
+                // Sent when the thread ends, whatever ends it (the core dropped by then).
+                struct Done(watch::Sender<bool>);
+                impl Drop for Done {
+                    fn drop(&mut self) {
+                        let _ = self.0.send(true);
+                    }
+                }
+                let _done = Done(core_done_tx);
                 let run = std::panic::AssertUnwindSafe(move || core.run(req_rx));
                 let r = std::panic::catch_unwind(run).unwrap_or_else(|p| {
                     let what = p
@@ -480,7 +518,7 @@ async fn serve(
             .serve_with_incoming_shutdown(incoming, stopped(stop_wait))
             .await;
         let _ = req_for_stop.try_send(Req::Stop);
-        let r = match fatal.lock().take() {
+        let r = match fatal.lock().clone() {
             Some(m) => Err(m),
             None => r.map_err(|e| e.to_string()),
         };
@@ -491,6 +529,7 @@ async fn serve(
         addr,
         http_addr,
         fatal: fatal_out,
+        core_done,
         #[cfg(test)]
         core: core_tx,
     })

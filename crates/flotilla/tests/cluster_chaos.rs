@@ -17,7 +17,7 @@ use std::time::Duration;
 use flotilla::cluster::state::{JobStatus, TaskState};
 use flotilla::core::JobId;
 use kit::group::Group;
-use kit::{assert_succeeded, wait_until, HashDag};
+use kit::{assert_succeeded, now_ns, wait_until, HashDag};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -69,18 +69,7 @@ fn run(seed: u64) {
     let dag = HashDag::random(TASKS, seed);
     let mut g = Group::start(3);
     let dir = g.job_dir();
-    let file = dag.write(&dir, "chaos", Some("0.05"));
-    let toml = std::fs::read_to_string(&file).unwrap();
-    let mut stamped = toml.clone();
-    for i in 0..TASKS {
-        let id = HashDag::id(i);
-        stamped = stamped.replace(
-            &format!("echo {id} >> runs/{id}"),
-            &format!("echo {id} ${{TMPDIR##*/}} $(date +%s%N) >> runs/{id}"),
-        );
-    }
-    assert_ne!(stamped, toml);
-    std::fs::write(&file, stamped).unwrap();
+    let file = dag.write_stamped(&dir, "chaos", Some("0.05"));
     let job = g.submit(&file);
     // When a coordinator failed, and the tasks done then: none may complete again.
     let mut settled: Vec<(u128, HashSet<String>)> = Vec::new();
@@ -186,16 +175,9 @@ fn run(seed: u64) {
         else {
             continue;
         };
-        let lines = std::fs::read_to_string(dir.join("runs").join(&id)).unwrap();
-        for l in lines.lines() {
-            let mut f = l.split_whitespace();
-            let (_, who, when) = (f.next(), f.next().unwrap_or("?"), f.next());
-            assert!(
-                who.starts_with("tmp-w"),
-                "{id}: a run line that does not say its worker: {l:?}"
-            );
-            let when: u128 = when.and_then(|w| w.parse().ok()).unwrap_or(0);
-            if when > at && !frozen.contains(who) {
+        for (who, when) in dag.runs_of(&dir, i) {
+            assert!(who.starts_with("tmp-w"), "{id}: run by {who:?}");
+            if when > at && !frozen.contains(&who) {
                 again.push(format!("{id} by {who} at {when} (settled at {at})"));
             }
         }
@@ -204,14 +186,6 @@ fn run(seed: u64) {
         again.is_empty(),
         "seed {seed:#x}: tasks done before a coordinator fault completed again: {again:?}"
     );
-}
-
-/// Now, in nanoseconds since the epoch (as `date +%s%N` prints it).
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
 }
 
 #[test]

@@ -11,6 +11,7 @@
 #![allow(dead_code)] // each test file uses a part of the kit
 
 pub(crate) mod group;
+pub(crate) mod relay;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -263,6 +264,13 @@ impl Cluster {
         self.add_worker_full(cpus, extra, &token, env)
     }
 
+    /// Starts one more worker that reaches the coordinator at `server` (a relay's address),
+    /// with more environment variables; returns `i`. Does not wait for it to register.
+    pub(crate) fn add_worker_at(&mut self, cpus: u32, server: &str, env: &[(&str, &str)]) -> usize {
+        let token = self.token.clone();
+        self.add_worker_through(cpus, &[], &token, env, server)
+    }
+
     fn add_worker_full(
         &mut self,
         cpus: u32,
@@ -270,10 +278,22 @@ impl Cluster {
         token: &str,
         env: &[(&str, &str)],
     ) -> usize {
+        let server = self.addr.to_string();
+        self.add_worker_through(cpus, extra, token, env, &server)
+    }
+
+    fn add_worker_through(
+        &mut self,
+        cpus: u32,
+        extra: &[&str],
+        token: &str,
+        env: &[(&str, &str)],
+        server: &str,
+    ) -> usize {
         let i = self.workers.len();
         let work = self.root.path().join(format!("w{i}"));
         let mut cmd = Command::new(BIN);
-        cmd.args(["worker", "--server", &self.addr.to_string()])
+        cmd.args(["worker", "--server", server])
             .args(["--cpus", &cpus.to_string(), "--gpus", "none"])
             .args(["--name", &format!("w{i}")])
             .arg("--work-dir")
@@ -696,6 +716,45 @@ impl HashDag {
         );
     }
 
+    /// [`HashDag::write`], each task also saying in `runs/<id>` which worker ran it (the
+    /// last part of its worker's TMPDIR, one of the few host variables a task sees) and when
+    /// (`date +%s%N`); see [`HashDag::runs_of`].
+    pub(crate) fn write_stamped(&self, dir: &Path, name: &str, sleep: Option<&str>) -> PathBuf {
+        let file = self.write(dir, name, sleep);
+        let toml = std::fs::read_to_string(&file).expect("the job file");
+        let mut stamped = toml.clone();
+        for i in 0..self.parents.len() {
+            let id = Self::id(i);
+            stamped = stamped.replace(
+                &format!("echo {id} >> runs/{id}"),
+                &format!("echo {id} ${{TMPDIR##*/}} $(date +%s%N) >> runs/{id}"),
+            );
+        }
+        assert_ne!(stamped, toml, "no run line to stamp");
+        std::fs::write(&file, stamped).expect("write the job file");
+        file
+    }
+
+    /// Task `i`'s completions in a job written by [`HashDag::write_stamped`]: who (the name of
+    /// its worker's TMPDIR; empty where the worker has none) and when (ns since the epoch).
+    pub(crate) fn runs_of(&self, dir: &Path, i: usize) -> Vec<(String, u128)> {
+        let id = Self::id(i);
+        let text = std::fs::read_to_string(dir.join("runs").join(&id)).unwrap_or_default();
+        text.lines()
+            .map(|l| {
+                // `id who when`; `who` is empty for a worker without a TMPDIR.
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let (who, when) = match f[..] {
+                    [_, who, when] => (who, when),
+                    [_, when] => ("", when),
+                    _ => panic!("{id}: a run line without its time: {l:?}"),
+                };
+                let when = when.parse().unwrap_or_else(|_| panic!("{id}: {l:?}"));
+                (who.to_string(), when)
+            })
+            .collect()
+    }
+
     /// How many times each task completed (lines of `runs/<id>`).
     pub(crate) fn completed_runs(&self, dir: &Path) -> Vec<usize> {
         (0..self.parents.len())
@@ -706,6 +765,14 @@ impl HashDag {
             })
             .collect()
     }
+}
+
+/// Now, in nanoseconds since the epoch (as `date +%s%N` prints it).
+pub(crate) fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
 }
 
 /// The last line of a successful command's stdout (where `flotilla admin ... add` prints a

@@ -420,9 +420,11 @@ struct LinalgArgs {
     /// Matrix size.
     #[arg(long, default_value_t = 2048)]
     n: usize,
-    /// Tile size (must divide n).
-    #[arg(long, default_value_t = 256)]
-    tile: usize,
+    /// Tile size (must divide n). Default: chosen for this machine: each candidate tile
+    /// (128 to 1024, 8 to 48 tiles per side) is timed once on this n, and the fastest is
+    /// remembered in FLOTILLA_HOME/tiles.json for this CPU, its workers, n and precision.
+    #[arg(long)]
+    tile: Option<usize>,
     /// The units that run tasks: cpu, opencl, cuda, or a comma list (cpu,cuda). Without
     /// cpu in the list no CPU worker runs tasks (`--devices cuda` is the GPU alone).
     #[arg(long, default_value = "cpu")]
@@ -544,7 +546,7 @@ fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce(&T) -> Strin
 fn linalg_config(a: &LinalgArgs) -> linalg::LinalgConfig {
     linalg::LinalgConfig {
         n: a.n,
-        tile: a.tile,
+        tile: a.tile.unwrap_or(linalg::AUTO_TILE),
         devices: a.devices.clone(),
         cpus: a.cpus,
         policy: a.policy,
@@ -557,10 +559,11 @@ fn linalg_config(a: &LinalgArgs) -> linalg::LinalgConfig {
 
 fn human_linalg(r: &linalg::LinalgResult) -> String {
     format!(
-        "{} n={} tile={} {:?} devices={} policy={} cpus={}: {:.2} GFLOP/s (best {:.3} s, median {:.3} s), residual {}, tasks {:?}",
+        "{} n={} tile={} ({}) {:?} devices={} policy={} cpus={}: {:.2} GFLOP/s (best {:.3} s, median {:.3} s), residual {}, tasks {:?}",
         r.bench,
         r.n,
         r.tile,
+        r.tile_choice,
         r.precision,
         r.devices,
         r.policy,

@@ -59,7 +59,8 @@ impl std::str::FromStr for Precision {
 pub struct LinalgConfig {
     /// Matrix size.
     pub n: usize,
-    /// Tile size (must divide `n`).
+    /// Tile size (must divide `n`); [`AUTO_TILE`]: chosen for this machine (see
+    /// [`resolve_tile`]).
     pub tile: usize,
     /// The units that run tasks, as `cpu,opencl,cuda`; without `cpu` there are no CPU
     /// workers unless `cpus` says otherwise (`cuda` alone is the GPU alone).
@@ -105,6 +106,142 @@ pub struct LinalgResult {
     pub residual: Option<f64>,
     /// Tasks run per unit kind in the timed runs, e.g. {"cpu": 1200, "opencl": 300}.
     pub tasks_per_kind: std::collections::BTreeMap<String, u64>,
+    /// How the tile was chosen: `given`, `measured here: …`, `remembered in FILE`.
+    pub tile_choice: String,
+}
+
+/// A [`LinalgConfig::tile`] of 0: the tile is chosen for this machine.
+pub const AUTO_TILE: usize = 0;
+
+/// The tiles tried for `n`: those of 128–1024 that divide it into 8 to 48 tiles per side
+/// (fewer starve the cores of parallel work, more drown them in small tasks); at least one.
+fn tile_candidates(n: usize) -> Vec<usize> {
+    let c: Vec<usize> = [128, 192, 256, 384, 512, 768, 1024]
+        .into_iter()
+        .filter(|t| n.is_multiple_of(*t) && (8..=48).contains(&(n / t)))
+        .collect();
+    if !c.is_empty() {
+        return c;
+    }
+    // A size none of them fits: its largest divisor up to 512 (n itself when small).
+    (1..=n.min(512))
+        .rev()
+        .find(|t| n.is_multiple_of(*t))
+        .into_iter()
+        .collect()
+}
+
+/// This CPU's model name (`/proc/cpuinfo`), part of what a remembered tile is keyed by.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// What a remembered tile is filed under: the benchmark, precision, n, devices, CPU workers
+/// and the CPU's model.
+fn tile_key(cfg: &LinalgConfig, bench: &str) -> String {
+    let cpus = cfg
+        .cpus
+        .map(|c| c.to_string())
+        .unwrap_or_else(|| "default".into());
+    format!(
+        "{bench} {:?} n={} devices={} cpus={cpus} cpu={}",
+        cfg.precision,
+        cfg.n,
+        cfg.devices,
+        cpu_model()
+    )
+}
+
+/// The tile `cfg` runs with, and how it was chosen. A given tile is kept. Otherwise, the
+/// choice remembered for this machine (its CPU model, the CPU workers, the devices), this
+/// benchmark, `n` and precision is taken from `FLOTILLA_HOME/tiles.json`; failing that,
+/// each candidate tile is timed once on this `n` (after one untimed run, as the benchmark
+/// itself runs), the fastest is chosen and remembered. Measured rather than predicted: on
+/// this machine kind the best tile depends on the CPU's caches and vector width (tile 256
+/// beat 512 by 1.2× on an AVX2-only CPU, and lost to it on an AVX-512 one), which the
+/// kernels' performance models only learn by running them.
+pub fn resolve_tile(cfg: &LinalgConfig, bench: &str) -> Result<(usize, String), RuntimeError> {
+    resolve_tile_in(cfg, bench, flotilla_core::host::flotilla_home())
+}
+
+/// [`resolve_tile`] with the home folder given.
+fn resolve_tile_in(
+    cfg: &LinalgConfig,
+    bench: &str,
+    home: Option<std::path::PathBuf>,
+) -> Result<(usize, String), RuntimeError> {
+    if cfg.tile != AUTO_TILE {
+        return Ok((cfg.tile, "given".into()));
+    }
+    let candidates = tile_candidates(cfg.n);
+    if candidates.len() == 1 {
+        return Ok((candidates[0], "the only candidate for this n".into()));
+    }
+    let key = tile_key(cfg, bench);
+    let file = home.map(|h| h.join("tiles.json"));
+    let mut known: serde_json::Map<String, serde_json::Value> = file
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok())
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    if let Some(t) = known
+        .get(&key)
+        .and_then(|v| v.get("tile"))
+        .and_then(|t| t.as_u64())
+        .map(|t| t as usize)
+        .filter(|t| candidates.contains(t))
+    {
+        let from = file.map(|f| f.display().to_string()).unwrap_or_default();
+        return Ok((t, format!("remembered in {from}")));
+    }
+    let mut timed = Vec::new();
+    for t in candidates {
+        let c = LinalgConfig {
+            tile: t,
+            reps: 1,
+            no_check: true,
+            trace: None,
+            ..cfg.clone()
+        };
+        let r = match bench {
+            "gemm" => run_gemm(&c)?,
+            _ => run_cholesky(&c)?,
+        };
+        timed.push((t, r.seconds));
+    }
+    let best = timed
+        .iter()
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(t, _)| *t)
+        .unwrap_or(cfg.n);
+    known.insert(
+        key,
+        serde_json::json!({ "tile": best, "measured_seconds": timed }),
+    );
+    if let Some(f) = &file {
+        let written = f
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| {
+                std::fs::write(f, serde_json::to_vec_pretty(&known).unwrap_or_default())
+            });
+        if let Err(e) = written {
+            tracing::warn!("cannot remember the tile in {}: {e}", f.display());
+        }
+    }
+    let how: Vec<String> = timed
+        .iter()
+        .map(|(t, s)| format!("{t}: {s:.3} s"))
+        .collect();
+    Ok((best, format!("measured here ({})", how.join(", "))))
 }
 
 fn build_runtime(cfg: &LinalgConfig) -> Result<Runtime, RuntimeError> {
@@ -154,20 +291,34 @@ fn tasks_per_kind(rt: &Runtime, before: &[u64]) -> std::collections::BTreeMap<St
     out
 }
 
-/// Runs the tiled Cholesky benchmark.
+/// Runs the tiled Cholesky benchmark (the tile chosen first when not given).
 pub fn run_cholesky(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> {
-    match cfg.precision.mode() {
+    let (tile, how) = resolve_tile(cfg, "cholesky")?;
+    let cfg = &LinalgConfig {
+        tile,
+        ..cfg.clone()
+    };
+    let mut r = match cfg.precision.mode() {
         None => cholesky_t::<f64>(cfg, cholesky),
         Some(mode) => cholesky_t::<f32>(cfg, move |rt, a| cholesky_mixed(rt, a, mode)),
-    }
+    }?;
+    r.tile_choice = how;
+    Ok(r)
 }
 
-/// Runs the tiled GEMM benchmark.
+/// Runs the tiled GEMM benchmark (the tile chosen first when not given).
 pub fn run_gemm(cfg: &LinalgConfig) -> Result<LinalgResult, RuntimeError> {
-    match cfg.precision.mode() {
+    let (tile, how) = resolve_tile(cfg, "gemm")?;
+    let cfg = &LinalgConfig {
+        tile,
+        ..cfg.clone()
+    };
+    let mut r = match cfg.precision.mode() {
         None => gemm_t::<f64>(cfg, gemm),
         Some(mode) => gemm_t::<f32>(cfg, move |rt, a, b, c| gemm_mixed(rt, a, b, c, mode)),
-    }
+    }?;
+    r.tile_choice = how;
+    Ok(r)
 }
 
 fn cholesky_t<T: Element>(
@@ -239,6 +390,7 @@ fn result(
         median_seconds: times[times.len() / 2],
         residual,
         tasks_per_kind,
+        tile_choice: String::new(),
     }
 }
 
@@ -362,4 +514,59 @@ fn gemm_t<T: Element>(
         residual,
         per_kind,
     ))
+}
+
+#[cfg(test)]
+mod tile_tests {
+    use super::*;
+
+    fn cfg(n: usize) -> LinalgConfig {
+        LinalgConfig {
+            n,
+            tile: AUTO_TILE,
+            devices: "cpu".into(),
+            cpus: Some(2),
+            policy: None,
+            precision: Precision::F64,
+            reps: 1,
+            no_check: true,
+            trace: None,
+        }
+    }
+
+    #[test]
+    fn candidates_split_n_into_8_to_48_tiles_per_side() {
+        assert_eq!(tile_candidates(8192), vec![256, 512, 1024]);
+        assert_eq!(tile_candidates(4096), vec![128, 256, 512]);
+        assert_eq!(tile_candidates(2048), vec![128, 256]);
+        // None fits: the largest divisor up to 512.
+        assert_eq!(tile_candidates(100), vec![100]);
+        assert_eq!(tile_candidates(3000), vec![500]);
+    }
+
+    #[test]
+    fn a_given_tile_is_kept_and_a_remembered_one_is_reused_without_measuring() {
+        let c = LinalgConfig {
+            tile: 64,
+            ..cfg(256)
+        };
+        assert_eq!(
+            resolve_tile_in(&c, "cholesky", None).unwrap(),
+            (64, "given".into())
+        );
+        let home = tempfile::tempdir().unwrap();
+        let c = cfg(8192);
+        let known = serde_json::json!({ tile_key(&c, "cholesky"): { "tile": 512 } });
+        std::fs::write(home.path().join("tiles.json"), known.to_string()).unwrap();
+        // Measuring would factor 8192² three times; remembered, nothing runs.
+        let (t, how) = resolve_tile_in(&c, "cholesky", Some(home.path().into())).unwrap();
+        assert_eq!(t, 512);
+        assert!(how.starts_with("remembered in"), "{how}");
+        // Another precision is another key.
+        let f32c = LinalgConfig {
+            precision: Precision::F32,
+            ..cfg(2048)
+        };
+        assert_ne!(tile_key(&f32c, "cholesky"), tile_key(&c, "cholesky"));
+    }
 }

@@ -9,29 +9,13 @@
 
 mod kit;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use flotilla::cluster::state::TaskState;
-use flotilla::core::WorkerId;
 use kit::relay::Relay;
-use kit::{assert_succeeded, now_ns, wait_until, Cluster, HashDag};
+use kit::{assert_succeeded, cut, now_ns, wait_until, Cluster, HashDag};
 
 const TASKS: usize = 80;
-
-/// The id of the live worker named `name`, once it is registered.
-fn worker_id(c: &Cluster, name: &str) -> WorkerId {
-    wait_until(
-        &format!("{name} registered"),
-        Duration::from_secs(60),
-        || {
-            c.live_workers()
-                .into_iter()
-                .find(|(_, n)| n == name)
-                .map(|(id, _)| id)
-        },
-    )
-}
 
 #[test]
 fn a_partitioned_worker_is_found_lost_its_work_placed_again_and_its_late_results_discarded() {
@@ -48,7 +32,7 @@ fn a_partitioned_worker_is_found_lost_its_work_placed_again_and_its_late_results
         &[("TMPDIR", far_tmp.to_str().unwrap())],
     );
     c.wait_workers(2);
-    let far = worker_id(&c, "w1");
+    let far = cut::worker_id(&c, "w1");
     let dir = c.job_dir();
     // A slow link first: 50 ms on every chunk each way is no reason to lose a worker.
     relay.slow(Duration::from_millis(50));
@@ -74,82 +58,20 @@ fn a_partitioned_worker_is_found_lost_its_work_placed_again_and_its_late_results
         "the slow link failed a task"
     );
 
-    // The link goes silent.
+    // The link goes silent; then it heals, and the worker rejoins (a new session, a new id)
+    // and re-sends what it finished meanwhile: none of it changes the job.
     let cut_ns = now_ns();
     relay.black_hole();
-    let cut = Instant::now();
-    wait_until(
-        "the far worker declared lost",
-        Duration::from_secs(60),
-        || (!c.live_workers().contains_key(&far)).then_some(()),
-    );
-    eprintln!(
-        "a silent worker was declared lost {:?} after its link was cut (heartbeat timeout {} ms)",
-        cut.elapsed(),
-        kit::HEARTBEAT_TIMEOUT_MS
-    );
-    let s = c.wait_job(job, Duration::from_secs(180));
-    assert_succeeded(&s);
-    dag.check_outputs(&dir);
-    let settled: HashMap<String, (Option<WorkerId>, u32)> = s
-        .tasks
-        .iter()
-        .map(|t| (t.name.clone(), (t.worker, t.attempts)))
-        .collect();
-    // What the partitioned worker finished after the cut never counts: a task credited to
-    // it completed there before the cut.
-    let mut late = 0;
-    for i in 0..TASKS {
-        let id = HashDag::id(i);
-        let far_runs: Vec<u128> = dag
-            .runs_of(&dir, i)
-            .into_iter()
-            .filter(|(who, _)| who == "far-tmp")
-            .map(|(_, when)| when)
-            .collect();
-        late += far_runs.iter().filter(|t| **t > cut_ns).count();
-        if settled[&id].0 == Some(far) {
-            assert!(
-                far_runs.iter().any(|t| *t < cut_ns),
-                "{id} is credited to the partitioned worker, which completed it only after the \
-                 cut: {:?}",
-                dag.runs_of(&dir, i)
-            );
-        }
-    }
-    eprintln!("the partitioned worker completed {late} tasks after the cut (not counted)");
-
-    // The link heals: the worker rejoins (a new session, a new id) and re-sends what it
-    // finished meanwhile; none of it changes the job.
+    cut::wait_lost(&c, far, Instant::now(), "a silent worker");
+    let settled = cut::settle(&c, job, &dag, &dir, far, "far-tmp", cut_ns);
     relay.heal();
-    wait_until("the far worker back", Duration::from_secs(120), || {
-        c.live_workers().values().any(|n| n == "w1").then_some(())
-    });
-    let after = c.status(job).unwrap();
-    assert_succeeded(&after);
-    for t in &after.tasks {
-        assert_eq!(
-            settled[&t.name],
-            (t.worker, t.attempts),
-            "{} changed after the partitioned worker came back",
-            t.name
-        );
-    }
+    cut::rejoined_and_unchanged(&c, job, "w1", &settled);
 
     // Reset: every connection of the link closed and new ones refused. The session closes,
     // so the worker is lost at once, not after the heartbeat timeout.
-    let back = worker_id(&c, "w1");
+    let back = cut::worker_id(&c, "w1");
     relay.reset();
-    let cut = Instant::now();
-    wait_until(
-        "the reset worker declared lost",
-        Duration::from_secs(60),
-        || (!c.live_workers().contains_key(&back)).then_some(()),
-    );
-    eprintln!(
-        "a worker whose link was reset was declared lost after {:?}",
-        cut.elapsed()
-    );
+    cut::wait_lost(&c, back, Instant::now(), "a worker whose link was reset");
     relay.heal();
     wait_until("the reset worker back", Duration::from_secs(120), || {
         c.live_workers().values().any(|n| n == "w1").then_some(())

@@ -10,6 +10,7 @@
 
 #![allow(dead_code)] // each test file uses a part of the kit
 
+pub(crate) mod cut;
 pub(crate) mod group;
 pub(crate) mod relay;
 
@@ -172,6 +173,8 @@ pub(crate) struct Opts {
     /// The state folder is a tmpfs of this size (e.g. `"2m"`), mounted by the kit (root
     /// only) and unmounted when the cluster is dropped: a disk that fills up.
     pub(crate) state_tmpfs: Option<String>,
+    /// Where the coordinator listens (default `127.0.0.1:0`).
+    pub(crate) listen: Option<SocketAddr>,
 }
 
 impl Cluster {
@@ -200,7 +203,8 @@ impl Cluster {
         }
         let (server, addr, http) = start_server(
             &state,
-            "127.0.0.1:0".parse().expect("an address"),
+            opts.listen
+                .unwrap_or_else(|| "127.0.0.1:0".parse().expect("an address")),
             &opts.server_args,
         );
         let token = std::fs::read_to_string(state.join("token"))
@@ -268,7 +272,19 @@ impl Cluster {
     /// with more environment variables; returns `i`. Does not wait for it to register.
     pub(crate) fn add_worker_at(&mut self, cpus: u32, server: &str, env: &[(&str, &str)]) -> usize {
         let token = self.token.clone();
-        self.add_worker_through(cpus, &[], &token, env, server)
+        self.add_worker_through(cpus, &[], &token, env, server, &[])
+    }
+
+    /// Starts one more worker through `wrap` (e.g. `ip netns exec NS`: the wrapper execs the
+    /// worker, so its pid is the worker's), with more environment variables; returns `i`.
+    pub(crate) fn add_worker_wrapped(
+        &mut self,
+        cpus: u32,
+        wrap: &[&str],
+        env: &[(&str, &str)],
+    ) -> usize {
+        let (token, server) = (self.token.clone(), self.addr.to_string());
+        self.add_worker_through(cpus, &[], &token, env, &server, wrap)
     }
 
     fn add_worker_full(
@@ -279,7 +295,7 @@ impl Cluster {
         env: &[(&str, &str)],
     ) -> usize {
         let server = self.addr.to_string();
-        self.add_worker_through(cpus, extra, token, env, &server)
+        self.add_worker_through(cpus, extra, token, env, &server, &[])
     }
 
     fn add_worker_through(
@@ -289,10 +305,18 @@ impl Cluster {
         token: &str,
         env: &[(&str, &str)],
         server: &str,
+        wrap: &[&str],
     ) -> usize {
         let i = self.workers.len();
         let work = self.root.path().join(format!("w{i}"));
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match wrap {
+            [program, args @ ..] => {
+                let mut c = Command::new(program);
+                c.args(args).arg(BIN);
+                c
+            }
+            [] => Command::new(BIN),
+        };
         cmd.args(["worker", "--server", server])
             .args(["--cpus", &cpus.to_string(), "--gpus", "none"])
             .args(["--name", &format!("w{i}")])

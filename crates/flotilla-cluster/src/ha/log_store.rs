@@ -166,6 +166,15 @@ impl LogStore {
             .collect()
     }
 
+    /// Appends `e` as a leader's log would (tests of the state machine).
+    #[cfg(test)]
+    pub(crate) fn push_for_test(&self, e: Entry) {
+        let mut g = self.inner.lock();
+        let op = Op::Entries(vec![e]);
+        g.write(&op).expect("write the log");
+        g.apply(op);
+    }
+
     #[allow(clippy::result_large_err)] // openraft's error type, returned as openraft wants it
     fn change(&self, op: Op) -> Result<(), StorageError<NodeId>> {
         let mut g = self.inner.lock();

@@ -261,3 +261,96 @@ impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
         Err(sm_err("the group builds no snapshots"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_core::JobId;
+    use openraft::{CommittedLeaderId, Entry as RaftEntry};
+
+    fn entry(index: u64, job: u64) -> Entry {
+        let records = vec![JournalRecord::JobCancelled {
+            job: JobId::new(job),
+        }];
+        RaftEntry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Payload::Journal(
+                postcard::to_allocvec(&records).expect("encode"),
+            )),
+        }
+    }
+
+    fn cancelled(records: &[JournalRecord]) -> Vec<u64> {
+        records
+            .iter()
+            .filter_map(|r| match r {
+                JournalRecord::JobCancelled { job } => Some(job.0),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_follower_appends_each_entry_with_its_marker_and_reads_it_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = super::super::LogStore::open(&dir.path().join("group/log"), false).expect("log");
+        let mut sm = StateMachine::open(dir.path(), false, log.clone()).expect("open");
+        futures::executor::block_on(sm.apply(vec![entry(1, 10), entry(2, 20)])).expect("apply");
+        assert_eq!(sm.applied().map(|l| l.index), Some(2));
+        drop(sm);
+        // Reopened: what it applied is read from the journal's last marker.
+        let sm = StateMachine::open(dir.path(), false, log).expect("reopen");
+        assert_eq!(sm.applied().map(|l| l.index), Some(2));
+        let mut j = sm.take_journal().expect("the journal");
+        let records = j.replay().expect("replay");
+        assert_eq!(cancelled(&records), vec![10, 20]);
+        let markers = records
+            .iter()
+            .filter(|r| matches!(r, JournalRecord::Replicated { .. }))
+            .count();
+        assert_eq!(markers, 2);
+    }
+
+    #[test]
+    fn a_leader_that_steps_down_catches_its_journal_up_from_the_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = super::super::LogStore::open(&dir.path().join("group/log"), false).expect("log");
+        let mut sm = StateMachine::open(dir.path(), false, log.clone()).expect("open");
+        futures::executor::block_on(sm.apply(vec![entry(1, 10)])).expect("apply");
+        // The node leads: its core owns the journal and appends entry 2 itself...
+        let mut core_journal = sm.take_journal().expect("the journal");
+        let e2 = entry(2, 20);
+        log.push_for_test(e2.clone());
+        futures::executor::block_on(sm.apply(vec![e2])).expect("apply");
+        core_journal
+            .append(&[
+                JournalRecord::JobCancelled {
+                    job: JobId::new(20),
+                },
+                sm.marker(LogId::new(CommittedLeaderId::new(1, 1), 2)),
+            ])
+            .expect("append");
+        // ...then proposes entries 3 and 4, gives up before they commit, and drops its core;
+        // the next leader commits them, and they are applied here while the journal is away.
+        for e in [entry(3, 30), entry(4, 40)] {
+            log.push_for_test(e.clone());
+            futures::executor::block_on(sm.apply(vec![e])).expect("apply");
+        }
+        drop(core_journal);
+        sm.follow(false).expect("follow");
+        let mut j = sm.take_journal().expect("the journal");
+        assert_eq!(
+            cancelled(&j.replay().expect("replay")),
+            vec![10, 20, 30, 40]
+        );
+        // Following again applies into the journal directly.
+        drop(j);
+        sm.follow(false).expect("follow");
+        futures::executor::block_on(sm.apply(vec![entry(5, 50)])).expect("apply");
+        let mut j = sm.take_journal().expect("the journal");
+        assert_eq!(
+            cancelled(&j.replay().expect("replay")),
+            vec![10, 20, 30, 40, 50]
+        );
+    }
+}

@@ -131,32 +131,20 @@ fn tile_candidates(n: usize) -> Vec<usize> {
         .collect()
 }
 
-/// This CPU's model name (`/proc/cpuinfo`), part of what a remembered tile is keyed by.
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|m| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
 /// What a remembered tile is filed under: the benchmark, precision, n, devices, CPU workers
-/// and the CPU's model.
+/// and the machine's hardware class (CPU model and cores, as the cluster's performance models
+/// name it).
 fn tile_key(cfg: &LinalgConfig, bench: &str) -> String {
     let cpus = cfg
         .cpus
         .map(|c| c.to_string())
         .unwrap_or_else(|| "default".into());
     format!(
-        "{bench} {:?} n={} devices={} cpus={cpus} cpu={}",
+        "{bench} {:?} n={} devices={} cpus={cpus} hw={}",
         cfg.precision,
         cfg.n,
         cfg.devices,
-        cpu_model()
+        flotilla_cluster::worker::default_hw_class()
     )
 }
 

@@ -117,8 +117,9 @@ pub(crate) struct Job {
     /// Transfer staging: the task declaring each output path (not patterns), so an input
     /// made by an ancestor that is not a direct predecessor is staged too.
     pub(crate) producers: HashMap<String, TaskId>,
-    /// Attempts of gang members cancelled because their gang broke (another member failed
-    /// or was lost): whatever they report, they go back to `Ready`, counting no failure.
+    /// Attempts cancelled for a reason outside them (their gang broke: another member
+    /// failed or was lost; or, in a pool, an input they read was found wrong): whatever
+    /// they report, they go back to `Ready`, counting no failure.
     pub(crate) broken: HashSet<(TaskId, u32)>,
     /// CPUs and GPUs its assigned and running tasks are charged (its tenant's share).
     pub(crate) held: Held,

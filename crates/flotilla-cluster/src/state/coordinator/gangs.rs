@@ -185,26 +185,41 @@ impl Coordinator {
             if !active || !matches!(state, TaskState::Assigned | TaskState::Running) {
                 continue;
             }
-            let tref = TaskRef { job, task: m };
-            match owner.and_then(|w| self.workers.get_mut(&w)) {
-                Some(w) => {
-                    if let Some(slot) = w.slots.get_mut(&(tref, attempt)) {
-                        slot.cancel_sent = true;
-                    }
-                    let wid = w.id;
-                    out.push(Command::Cancel {
-                        worker: wid,
-                        task: tref,
-                        attempt,
-                    });
-                    self.job(job).broken.insert((m, attempt));
+            let why = format!("gang restarts: {message}");
+            self.break_attempt(TaskRef { job, task: m }, attempt, owner, &why, out);
+        }
+    }
+
+    /// Stops the current attempt of `task` (on `owner`) for a reason outside it: cancelled
+    /// on a live worker and remembered as broken, so its report, whatever it says, counts
+    /// nothing and puts the task back to `Ready`/`Waiting`; on a worker that is gone, back
+    /// at once with `why`.
+    pub(super) fn break_attempt(
+        &mut self,
+        task: TaskRef,
+        attempt: u32,
+        owner: Option<WorkerId>,
+        why: &str,
+        out: &mut Vec<Command>,
+    ) {
+        match owner.and_then(|w| self.workers.get_mut(&w)) {
+            Some(w) => {
+                if let Some(slot) = w.slots.get_mut(&(task, attempt)) {
+                    slot.cancel_sent = true;
                 }
-                None => {
-                    self.ghosts.remove(&tref);
-                    let j = self.job(job);
-                    j.tasks[m.index()].worker = None;
-                    j.runnable(m, Some(format!("gang restarts: {message}")), out);
-                }
+                let wid = w.id;
+                out.push(Command::Cancel {
+                    worker: wid,
+                    task,
+                    attempt,
+                });
+                self.job(task.job).broken.insert((task.task, attempt));
+            }
+            None => {
+                self.ghosts.remove(&task);
+                let j = self.job(task.job);
+                j.tasks[task.task.index()].worker = None;
+                j.runnable(task.task, Some(why.to_string()), out);
             }
         }
     }

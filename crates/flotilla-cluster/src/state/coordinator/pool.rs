@@ -116,6 +116,9 @@ pub(crate) struct JobPool {
     pub(crate) replicas: HashMap<TaskId, Vec<Replica>>,
     /// Tasks verified again with a quorum of two (their provider was caught cheating).
     pub(crate) requorum: HashSet<TaskId>,
+    /// Of those, the ones that had been done: the result hash they had (when the new
+    /// verdict differs, every task that consumed it runs again).
+    pub(crate) suspect: HashMap<TaskId, String>,
     /// Providers that may not run a task again (they disagreed with its accepted result).
     pub(crate) excluded: HashMap<TaskId, Vec<String>>,
     /// What each task cost so far.
@@ -137,6 +140,7 @@ impl JobPool {
             paused: None,
             replicas: HashMap::new(),
             requorum: HashSet::new(),
+            suspect: HashMap::new(),
             excluded: HashMap::new(),
             cost: HashMap::new(),
             rejected: 0,
@@ -1187,6 +1191,7 @@ impl Coordinator {
                     return;
                 };
                 let rs = p.replicas.remove(&task.task).unwrap_or_default();
+                let stale = p.suspect.remove(&task.task).filter(|old| old != hash);
                 p.requorum.remove(&task.task);
                 p.rejected += rejected.len() as u64;
                 p.excluded
@@ -1212,6 +1217,9 @@ impl Coordinator {
                     if current {
                         self.accept_result(task, r, &holders, out);
                     }
+                }
+                if stale.is_some() {
+                    self.rerun_consumers(task, out);
                 }
                 for &k in reverify {
                     self.reverify(task_of_key(k), rejected, out);
@@ -1313,19 +1321,96 @@ impl Coordinator {
         if !j.is_active() || task.task.index() >= j.len() {
             return;
         }
+        let done = j.tasks[task.task.index()].state == TaskState::Done;
+        let had = j
+            .outputs
+            .get(&task.task)
+            .filter(|_| done)
+            .map(|o| result_hash(o));
         if let Some(p) = j.pool.as_deref_mut() {
             p.requorum.insert(task.task);
             p.excluded
                 .entry(task.task)
                 .or_default()
                 .extend(caught.iter().cloned());
+            if let Some(h) = had {
+                p.suspect.insert(task.task, h);
+            }
         }
-        if j.tasks[task.task.index()].state == TaskState::Done {
+        if done {
             j.undo_done(
                 &[task.task],
                 "verified again: its provider was caught returning wrong results",
                 out,
             );
         }
+    }
+
+    /// Task `task`'s result, verified again, differs from the one its successors read: every
+    /// task downstream of it that ran on the wrong one runs again (done ones are put back,
+    /// running ones are cancelled and rerun, results waiting for a verdict are dropped and
+    /// their holds given back). A task that has not started reads the new result anyway.
+    fn rerun_consumers(&mut self, task: TaskRef, out: &mut Vec<Command>) {
+        let Some(j) = self.jobs.get(&task.job) else {
+            return;
+        };
+        if !j.is_active() {
+            return;
+        }
+        let mut seen: HashSet<TaskId> = HashSet::new();
+        let mut stack = vec![task.task];
+        let mut done = Vec::new();
+        let mut running = Vec::new();
+        let mut waiting = Vec::new();
+        while let Some(t) = stack.pop() {
+            for &s in j.graph.succs(t) {
+                if !seen.insert(s) {
+                    continue;
+                }
+                stack.push(s);
+                let rt = &j.tasks[s.index()];
+                match rt.state {
+                    TaskState::Done => done.push(s),
+                    TaskState::Assigned | TaskState::Running => {
+                        running.push((s, rt.attempt, rt.worker))
+                    }
+                    _ => {}
+                }
+                if j.pool
+                    .as_deref()
+                    .is_some_and(|p| p.replicas.contains_key(&s))
+                {
+                    waiting.push(s);
+                }
+            }
+        }
+        let why = format!(
+            "runs again: {} was verified again and its result differs from the one it read",
+            j.graph.task(task.task).name
+        );
+        for s in waiting {
+            let rs = self
+                .jobs
+                .get_mut(&task.job)
+                .and_then(|j| j.pool.as_deref_mut())
+                .and_then(|p| p.replicas.remove(&s))
+                .unwrap_or_default();
+            let tref = TaskRef {
+                job: task.job,
+                task: s,
+            };
+            for r in rs {
+                self.release_attempt((tref, r.attempt));
+            }
+        }
+        for (s, attempt, owner) in running {
+            let tref = TaskRef {
+                job: task.job,
+                task: s,
+            };
+            self.break_attempt(tref, attempt, owner, &why, out);
+        }
+        done.sort_unstable();
+        self.job(task.job).undo_done(&done, &why, out);
     }
 }

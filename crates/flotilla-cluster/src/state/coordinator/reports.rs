@@ -253,16 +253,17 @@ impl Coordinator {
             .get_mut(&task.job)
             .expect("callers checked the job");
         let active = j.is_active();
-        let gang = j.graph.task(t).gang;
-        if gang.is_some() && j.broken.remove(&(t, attempt)) {
-            // Its gang broke while it ran: whatever it says, it reruns with the gang.
+        if j.broken.remove(&(t, attempt)) {
+            // Its gang broke while it ran, or an input it read was wrong: whatever it says,
+            // it runs again.
+            let why = if j.graph.task(t).gang.is_some() {
+                "stopped with its gang"
+            } else {
+                "stopped: an input it read was computed again"
+            };
             j.tasks[t.index()].worker = None;
             if active {
-                j.runnable(
-                    t,
-                    Some(format!("attempt {attempt} stopped with its gang")),
-                    out,
-                );
+                j.runnable(t, Some(format!("attempt {attempt} {why}")), out);
             } else {
                 j.set_state(t, TaskState::Cancelled, None, out);
             }

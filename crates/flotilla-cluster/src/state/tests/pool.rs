@@ -423,6 +423,127 @@ fn a_preempted_attempt_resumes_elsewhere_from_its_checkpoint_and_its_provider_is
     assert!(assigns(&out).iter().any(|(w, _)| *w == first));
 }
 
+/// What a task's run returns in [`a_wrong_result_found_late_reruns_every_task_that_read_it`]:
+/// `mallory` lies about task `a`; every other result is a function of the task and the
+/// inputs it was given, so a task that read a wrong input returns a wrong result too.
+fn derived(p: &Pooled, w: WorkerId, bad: WorkerId, a: &Assignment) -> String {
+    let name = p.sim.name(a.task);
+    if w == bad && name == "a" {
+        return "lie".into();
+    }
+    let read: Vec<&str> = a.inputs.iter().map(|(o, _)| o.hash.as_str()).collect();
+    format!("{name}({})", read.join(","))
+}
+
+#[test]
+fn a_wrong_result_found_late_reruns_every_task_that_read_it() {
+    let mut p = Pooled::new();
+    p.grant(100_000);
+    // mallory: the cheapest, one CPU; alice and bob: dearer, four CPUs each.
+    let (bad, _) = p.join(provider("mallory", 1.0, "1"));
+    p.join(provider("alice", 4.0, "2"));
+    p.join(provider("bob", 4.0, "3"));
+    // mallory earns trust honestly first.
+    let mut guard = 0;
+    while p.sim.c.reputation("mallory").streak < 5 {
+        guard += 1;
+        assert!(guard < 10, "mallory earns a streak");
+        let (warm, mut out) = p.submit("t", &pool_job(4, "verify = 2"));
+        while p.sim.c.job_summary(warm).unwrap().state == JobState::Running {
+            assert!(!assigns(&out).is_empty(), "the warm-up job runs");
+            out = p.round(&out, WorkerId(u32::MAX));
+        }
+    }
+    // A chain a -> b -> c, adaptive: a goes to mallory, trusted now, which lies about it and
+    // is believed alone; b and c need two CPUs, so they run on alice and bob, honestly but
+    // on the lie.
+    let chain = "name = \"chain\"\nstaging = \"transfer\"\n[pool]\nverify = \"adaptive\"\n\
+        [[task]]\nid = \"a\"\ncmd = [\"a\"]\noutputs = [\"a.txt\"]\ntimeout = \"10s\"\n\
+        [[task]]\nid = \"b\"\ncmd = [\"b\"]\nafter = [\"a\"]\ninputs = [\"a.txt\"]\n\
+        outputs = [\"b.txt\"]\ntimeout = \"10s\"\nresources = { cpus = 2 }\n\
+        [[task]]\nid = \"c\"\ncmd = [\"c\"]\nafter = [\"b\"]\ninputs = [\"b.txt\"]\n\
+        outputs = [\"c.txt\"]\ntimeout = \"10s\"\nresources = { cpus = 2 }\n";
+    let (job, out) = p.submit("t", chain);
+    let (w, a) = assigns(&out).pop().expect("a placed");
+    assert_eq!(w, bad, "the cheapest");
+    let h = derived(&p, w, bad, &a);
+    let mut out = p.done(w, a.task, a.attempt, &h, 1.0);
+    assert_eq!(
+        p.sim.state(job, "a"),
+        TaskState::Done,
+        "the lie believed alone"
+    );
+    // b runs on the lie and is verified (alice and bob agree: they were given the same
+    // input); c starts and is left running.
+    while p.sim.state(job, "c") != TaskState::Assigned {
+        let next = assigns(&out);
+        assert!(!next.is_empty(), "b runs: {:?}", p.sim.c.job_status(job));
+        let mut more = Vec::new();
+        for (w, a) in next {
+            if p.sim.name(a.task) == "c" {
+                continue;
+            }
+            let h = derived(&p, w, bad, &a);
+            more.extend(p.done(w, a.task, a.attempt, &h, 1.0));
+        }
+        out = more;
+    }
+    assert_eq!(p.sim.state(job, "b"), TaskState::Done);
+    let c_first = p.sim.c.job_status(job).unwrap().tasks[2].attempts;
+    // mallory is caught on another job (verify = 2, outvoted): a, which it was trusted with
+    // alone, is verified again, its new result differs, and everything that read the lie
+    // runs again: b (done) is put back, c (running) is cancelled.
+    let (_, mut out) = p.submit("t", &pool_job(1, "verify = 2"));
+    let mut cancelled = Vec::new();
+    guard = 0;
+    while p.sim.c.job_summary(job).unwrap().state == JobState::Running {
+        guard += 1;
+        assert!(guard < 50, "the chain ends: {:?}", p.sim.c.job_status(job));
+        let mut more = Vec::new();
+        for (w, t, attempt) in cancels_of(&out) {
+            cancelled.push(p.sim.name(t));
+            more.extend(p.sim.ev(Event::TaskFinished {
+                worker: w,
+                task: t,
+                attempt,
+                result: AttemptResult {
+                    outcome: AttemptOutcome::Cancelled,
+                    usage: Usage::default(),
+                    outputs: Vec::new(),
+                    variant: None,
+                },
+            }));
+        }
+        for (w, a) in assigns(&out) {
+            let h = if a.task.job == job {
+                derived(&p, w, bad, &a)
+            } else if w == bad {
+                "wrong".into()
+            } else {
+                "right".into()
+            };
+            more.extend(p.done(w, a.task, a.attempt, &h, 1.0));
+        }
+        assert!(!more.is_empty(), "something happens");
+        out = more;
+    }
+    assert_eq!(p.sim.c.job_summary(job).unwrap().state, JobState::Succeeded);
+    assert_eq!(cancelled, vec!["c".to_string()], "c was stopped mid-run");
+    let s = p.sim.c.job_status(job).unwrap();
+    assert!(s.tasks[2].attempts > c_first, "c ran again");
+    assert!(s.tasks.iter().all(|t| t.failures == 0), "nothing counted");
+    // Every accepted result is the honest chain's.
+    let outputs = |t: &str| {
+        let (id, _, _) = s.task_by_name(t).expect("a task");
+        p.sim.c.jobs_map()[&job].outputs[&id].clone()
+    };
+    assert_eq!(outputs("a")[0].hash, "a()");
+    assert_eq!(outputs("b")[0].hash, "b(a())");
+    assert_eq!(outputs("c")[0].hash, "c(b(a()))");
+    assert_eq!(p.balance(Account::Escrow("t".into())), Credits::ZERO);
+    assert_eq!(p.sim.c.ledger().total(), Credits::whole(100_000));
+}
+
 mod props {
     //! Random pool histories: providers joining, leaving and reclaimed, jobs with budgets
     //! and verification, results right, wrong, failed, cancelled, preempted and repeated,

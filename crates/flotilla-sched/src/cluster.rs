@@ -206,12 +206,6 @@ fn place_plain<'w>(
     workers: impl Iterator<Item = Node<'w>> + Clone,
     predict: &dyn Fn(Option<usize>, &str) -> Prediction,
 ) -> Option<Decision> {
-    struct Fit<'w> {
-        worker: Node<'w>,
-        gpus: GpuShares,
-        bytes: u64,
-        free: f64,
-    }
     let mut best: Option<Fit<'_>> = None;
     for w in workers.clone() {
         let Some(gpus) = w.ledger.fit_free(need) else {
@@ -231,39 +225,8 @@ fn place_plain<'w>(
             });
         }
     }
-    if let Some(Fit {
-        worker: w,
-        gpus,
-        bytes,
-        free,
-    }) = best
-    {
-        let predicted_s = predict(None, w.hw_class).seconds();
-        let (policy, why) = if bytes > 0 {
-            ("locality", format!("{} holds {bytes} input bytes", w.id))
-        } else {
-            (
-                "eager",
-                format!(
-                    "{}: most free cpus ({free} of {})",
-                    w.id,
-                    w.ledger.cap().cpus
-                ),
-            )
-        };
-        return Some(Decision {
-            worker: w.id,
-            variant: None,
-            gpus,
-            reserved: true,
-            explored: false,
-            reason: Reason {
-                policy: policy.into(),
-                predicted_s,
-                alternatives: Vec::new(),
-                why,
-            },
-        });
+    if let Some(fit) = best {
+        return Some(fit.decision(predict));
     }
     let mut best: Option<(Node<'_>, u64, usize)> = None;
     for w in workers {
@@ -279,8 +242,167 @@ fn place_plain<'w>(
             best = Some((w, bytes, q));
         }
     }
-    let (w, bytes, q) = best?;
-    Some(Decision {
+    let (w, bytes, _) = best?;
+    Some(queued_decision(w, bytes, predict))
+}
+
+/// The workers a plain task may go to, each list in the order of preference of [`place`]'s
+/// rule for a plain task, for [`place_plain_ranked`].
+pub struct Ranked<I, F, Q> {
+    /// The available workers holding some of its input bytes (any order; few).
+    pub holders: I,
+    /// Every available worker (with GPUs only, for a task that asks for some): most free
+    /// CPUs first, then lowest id.
+    pub by_free: F,
+    /// Every available worker: shortest queue first, then lowest id.
+    pub by_queue: Q,
+}
+
+/// [`place`] for a plain task (one option, no variant name) over workers given in
+/// preference order ([`Ranked`]): the same decision as [`place`] over the same workers (up to
+/// CPU amounts within 1e-9 of each other), found at the first worker that fits instead of
+/// after weighing every one. With most free CPUs first, the walk stops at the first worker
+/// with too few free CPUs, and with shortest queues first at the first full queue: a
+/// placement costs the holders plus the workers passed over for memory or GPUs.
+pub fn place_plain_ranked<'w, I, F, Q>(
+    p: &Problem<'_>,
+    need: &Resources,
+    ranked: Ranked<I, F, Q>,
+    predict: &dyn Fn(Option<usize>, &str) -> Prediction,
+) -> Option<Decision>
+where
+    I: Iterator<Item = Node<'w>> + Clone,
+    F: Iterator<Item = Node<'w>>,
+    Q: Iterator<Item = Node<'w>>,
+{
+    // Holders first: any input bytes beat none; then most bytes, most free CPUs, lowest id.
+    let mut best: Option<Fit<'_>> = None;
+    for w in ranked.holders.clone() {
+        let bytes = local(p, w.id);
+        if bytes == 0 {
+            continue;
+        }
+        let Some(gpus) = w.ledger.fit_free(need) else {
+            continue;
+        };
+        let free = w.ledger.free_cpus();
+        let better = match &best {
+            None => true,
+            Some(b) => {
+                bytes > b.bytes
+                    || (bytes == b.bytes
+                        && (free > b.free + 1e-9 || (free >= b.free - 1e-9 && w.id < b.worker.id)))
+            }
+        };
+        if better {
+            best = Some(Fit {
+                worker: w,
+                gpus,
+                bytes,
+                free,
+            });
+        }
+    }
+    if let Some(fit) = best {
+        return Some(fit.decision(predict));
+    }
+    for w in ranked.by_free {
+        let free = w.ledger.free_cpus();
+        if free + 1e-6 < need.cpus {
+            break; // every one after it has fewer free CPUs still
+        }
+        if let Some(gpus) = w.ledger.fit_free(need) {
+            let fit = Fit {
+                worker: w,
+                gpus,
+                bytes: 0,
+                free,
+            };
+            return Some(fit.decision(predict));
+        }
+    }
+    let mut best: Option<(Node<'_>, u64, usize)> = None;
+    for w in ranked.holders {
+        let (bytes, q) = (local(p, w.id), w.queued);
+        if bytes == 0 || !w.can_queue(need, p.queue_depth) {
+            continue;
+        }
+        let better = match &best {
+            None => true,
+            Some((b, bb, bq)) => {
+                bytes > *bb || (bytes == *bb && (q < *bq || (q == *bq && w.id < b.id)))
+            }
+        };
+        if better {
+            best = Some((w, bytes, q));
+        }
+    }
+    if let Some((w, bytes, _)) = best {
+        return Some(queued_decision(w, bytes, predict));
+    }
+    for w in ranked.by_queue {
+        if w.queued >= p.queue_depth {
+            break; // every one after it is as full
+        }
+        if w.can_queue(need, p.queue_depth) {
+            return Some(queued_decision(w, 0, predict));
+        }
+    }
+    None
+}
+
+/// A plain task fits in a worker's free resources.
+struct Fit<'w> {
+    worker: Node<'w>,
+    gpus: GpuShares,
+    bytes: u64,
+    free: f64,
+}
+
+impl Fit<'_> {
+    fn decision(self, predict: &dyn Fn(Option<usize>, &str) -> Prediction) -> Decision {
+        let Fit {
+            worker: w,
+            gpus,
+            bytes,
+            free,
+        } = self;
+        let predicted_s = predict(None, w.hw_class).seconds();
+        let (policy, why) = if bytes > 0 {
+            ("locality", format!("{} holds {bytes} input bytes", w.id))
+        } else {
+            (
+                "eager",
+                format!(
+                    "{}: most free cpus ({free} of {})",
+                    w.id,
+                    w.ledger.cap().cpus
+                ),
+            )
+        };
+        Decision {
+            worker: w.id,
+            variant: None,
+            gpus,
+            reserved: true,
+            explored: false,
+            reason: Reason {
+                policy: policy.into(),
+                predicted_s,
+                alternatives: Vec::new(),
+                why,
+            },
+        }
+    }
+}
+
+/// A plain task queued on `w` (no worker has it fit in its free resources).
+fn queued_decision(
+    w: Node<'_>,
+    bytes: u64,
+    predict: &dyn Fn(Option<usize>, &str) -> Prediction,
+) -> Decision {
+    Decision {
         worker: w.id,
         variant: None,
         gpus: Vec::new(),
@@ -291,11 +413,11 @@ fn place_plain<'w>(
             predicted_s: predict(None, w.hw_class).seconds(),
             alternatives: Vec::new(),
             why: format!(
-                "{}: queued behind {q} (no worker has free resources; it holds {bytes} input bytes)",
-                w.id
+                "{}: queued behind {} (no worker has free resources; it holds {bytes} input bytes)",
+                w.id, w.queued
             ),
         },
-    })
+    }
 }
 
 struct Pair<'w> {
@@ -534,5 +656,103 @@ mod tests {
             ..c(&one, true, 0)
         };
         assert_eq!(chain(&off, ns[0]), None, "chaining off");
+    }
+
+    mod ranked {
+        //! `place_plain_ranked` over workers in preference order decides as `place` does
+        //! over every worker.
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// A worker: CPUs, GPUs, CPUs and GPUs reserved, queued attempts, input bytes held.
+        type W = (u8, u8, u8, u8, u8, u8);
+
+        fn worker() -> impl Strategy<Value = W> {
+            // Reserved CPUs often reach the capacity, so queues are weighed too.
+            (1u8..9, 0u8..3, 0u8..24, 0u8..3, 0u8..4, 0u8..3)
+        }
+
+        proptest! {
+            #[test]
+            fn decides_as_the_full_walk(
+                ws in prop::collection::vec(worker(), 1..24),
+                need_cpus in 0u8..6,
+                need_gpus in 0u8..3,
+                depth in 0usize..4,
+            ) {
+                let mut ledgers = Vec::new();
+                for &(c, g, uc, ug, _, _) in &ws {
+                    let mut l = ledger(f64::from(c) / 2.0, f64::from(g));
+                    let r = res((f64::from(uc) / 2.0).min(f64::from(c) / 2.0), 0.0);
+                    l.reserve(&r, &[]);
+                    if ug > 0 && g > 0 {
+                        let take = ug.min(g);
+                        let shares: Vec<(usize, f64)> =
+                            (0..usize::from(take)).map(|i| (i, 1.0)).collect();
+                        l.reserve(&res(0.0, f64::from(take)), &shares);
+                    }
+                    ledgers.push(l);
+                }
+                let nodes: Vec<Node<'_>> = ledgers
+                    .iter()
+                    .zip(&ws)
+                    .enumerate()
+                    .map(|(i, (l, w))| Node {
+                        id: WorkerId::new(i as u32 + 1),
+                        hw_class: "cpu",
+                        ledger: l,
+                        queued: usize::from(w.4),
+                    })
+                    .collect();
+                let local: HashMap<WorkerId, u64> = nodes
+                    .iter()
+                    .zip(&ws)
+                    .filter(|(_, w)| w.5 > 0)
+                    .map(|(n, w)| (n.id, u64::from(w.5) * 100))
+                    .collect();
+                let need = res(f64::from(need_cpus) / 2.0, f64::from(need_gpus) / 2.0);
+                let problem = Problem {
+                    options: vec![(None, &need)],
+                    local_bytes: &local,
+                    queue_depth: depth,
+                    explore: 0,
+                };
+                let predict = |_: Option<usize>, _: &str| Prediction::Unknown;
+                let full = place(&problem, nodes.iter().copied(), &predict);
+                let mut by_free: Vec<Node<'_>> = nodes
+                    .iter()
+                    .copied()
+                    .filter(|n| need.gpus <= 0.0 || n.ledger.cap().gpus > 0.0)
+                    .collect();
+                by_free.sort_by(|a, b| {
+                    b.ledger
+                        .free_cpus()
+                        .total_cmp(&a.ledger.free_cpus())
+                        .then(a.id.cmp(&b.id))
+                });
+                let mut by_queue = nodes.clone();
+                by_queue.sort_by_key(|n| (n.queued, n.id));
+                // Holders in reverse id order: their order must not matter.
+                let holders: Vec<Node<'_>> = nodes
+                    .iter()
+                    .rev()
+                    .copied()
+                    .filter(|n| local.contains_key(&n.id))
+                    .collect();
+                let ranked = place_plain_ranked(
+                    &problem,
+                    &need,
+                    Ranked {
+                        holders: holders.into_iter(),
+                        by_free: by_free.into_iter(),
+                        by_queue: by_queue.into_iter(),
+                    },
+                    &predict,
+                );
+                prop_assert_eq!(full, ranked);
+            }
+        }
     }
 }

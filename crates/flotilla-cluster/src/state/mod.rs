@@ -103,6 +103,7 @@ mod coordinator;
 mod job;
 mod status;
 mod worker;
+mod workers;
 
 #[cfg(test)]
 mod chain_tests;

@@ -371,6 +371,9 @@ impl World {
 
 /// The invariants, checked against the coordinator's internals.
 fn check(c: &Coordinator) {
+    if let Err(e) = c.check_worker_index() {
+        panic!("{e}");
+    }
     for w in c.workers_map().values() {
         // Reserved slots fit the capacity (recomputed from the slots, not from `used`).
         let (mut cpus, mut mem, mut lic) = (0.0, 0u64, 0.0);

@@ -138,7 +138,13 @@ impl Coordinator {
                 thief.incoming = thief.incoming.saturating_sub(1);
             }
         }
-        for other in self.workers.values_mut() {
+        // A thief's retractions are of queued attempts: only workers with a queue hold any.
+        self.workers.refresh();
+        let queued: Vec<WorkerId> = self.workers.longest_queues().map(|w| w.id).collect();
+        for other in queued {
+            let Some(other) = self.workers.get_mut(&other) else {
+                continue;
+            };
             for s in other.slots.values_mut() {
                 if s.thief == Some(id) {
                     s.thief = None;

@@ -14,6 +14,7 @@ use flotilla_sched::PerfModel;
 
 use super::job::{Held, Job};
 use super::worker::Worker;
+use super::workers::Workers;
 use super::{
     AssignedKind, Assignment, AttemptOutcome, AttemptResult, Command, Config, Event,
     GangAssignment, JobState, JournalRecord, Millis, Notification, ObjectRef, Placement, Quota,
@@ -68,7 +69,8 @@ pub struct Coordinator {
     /// The active jobs with tasks that may ask for no CPU ([`Job::cpuless`]).
     cpuless: BTreeSet<JobId>,
     next_job: u64,
-    workers: BTreeMap<WorkerId, Worker>,
+    /// Live workers, indexed by free capacity ([`Workers`]).
+    workers: Workers,
     /// Ids that were live (or seen in the journal) and are gone: never reused.
     retired: BTreeSet<WorkerId>,
     /// The names of the workers that left, for the status of the tasks they ran (the most
@@ -106,7 +108,7 @@ impl Coordinator {
             active: BTreeSet::new(),
             cpuless: BTreeSet::new(),
             next_job: 1,
-            workers: BTreeMap::new(),
+            workers: Workers::default(),
             retired: BTreeSet::new(),
             left_names: BTreeMap::new(),
             next_worker: 1,
@@ -660,6 +662,15 @@ impl Coordinator {
 
     pub(crate) fn workers_map(&self) -> &BTreeMap<WorkerId, Worker> {
         &self.workers
+    }
+
+    /// Whether the workers' indexes, brought up to date, are what indexing every worker
+    /// afresh gives (tests).
+    #[cfg(test)]
+    pub(crate) fn check_worker_index(&self) -> std::result::Result<(), String> {
+        let mut w = self.workers.clone();
+        w.refresh();
+        w.check()
     }
 
     /// The name of a worker, live or gone (`None`: gone before a restart, or long ago).

@@ -76,11 +76,8 @@ impl Coordinator {
             }
             self.jobs.get_mut(&job).expect("active").quota_wait = wait;
         }
-        let total = self.workers.values().fold(Held::default(), |mut h, w| {
-            h.cpus += w.cap().cpus;
-            h.gpus += w.cap().gpus;
-            h
-        });
+        let (cpus, gpus) = self.workers.total();
+        let total = Held { cpus, gpus };
         let share = |u: &Held| {
             let c = if total.cpus > 0.0 {
                 u.cpus / total.cpus
@@ -148,13 +145,10 @@ impl Coordinator {
     /// queue is full, and no active job has tasks that ask for no CPU. A pass then stops (or
     /// is not made): with thousands of queued jobs, walking them on every event made each
     /// event cost as much as the queue is long.
-    fn full(&self) -> bool {
+    fn full(&mut self) -> bool {
         const SLACK: f64 = 1e-9;
-        let depth = self.config.queue_depth;
-        self.cpuless.is_empty()
-            && self.workers.values().all(|w| {
-                w.unavailable || (w.cap().cpus - w.used().cpus < SLACK && w.queue.len() >= depth)
-            })
+        self.workers.refresh();
+        self.cpuless.is_empty() && self.workers.all_full(self.config.queue_depth, SLACK)
     }
 
     /// Places the next task (or gangs) of a tenant's turn within `room`.
@@ -306,6 +300,7 @@ impl Coordinator {
             Ok(x) => x,
             Err(p) => return p,
         };
+        self.workers.refresh();
         let pooled = self.jobs[&job].pool.is_some() || self.provider_workers > 0;
         if pooled {
             self.refresh_ratios();
@@ -323,8 +318,29 @@ impl Coordinator {
             queue_depth: self.config.queue_depth,
             explore: j.classes[c].explore,
         };
+        let plain = match problem.options.as_slice() {
+            [(None, need)] => Some(*need),
+            _ => None,
+        };
         let decision = if pooled {
             self.pooled_decision(j, t, &problem, &predict)
+        } else if let Some(need) = plain {
+            // The workers in order of preference: the first that fits is the one a walk
+            // over all of them would choose (O(log workers), not O(workers)).
+            let workers = &self.workers;
+            let holders = local_bytes
+                .keys()
+                .filter_map(|id| workers.get(id))
+                .filter(|w| !w.unavailable)
+                .map(Worker::node);
+            let ranked = sched::Ranked {
+                holders,
+                by_free: workers
+                    .by_free(need.gpus > 0.0 || need.gpu_mem > 0)
+                    .map(Worker::node),
+                by_queue: workers.by_queue().map(Worker::node),
+            };
+            sched::place_plain_ranked(&problem, need, ranked, &predict).ok_or(Refusal::Other)
         } else {
             let live = self.workers.values().filter(|w| !w.unavailable);
             sched::place(&problem, live.map(Worker::node), &predict).ok_or(Refusal::Other)
@@ -489,17 +505,19 @@ impl Coordinator {
         if self.config.queue_depth == 0 || self.workers.len() < 2 {
             return;
         }
-        let idle: Vec<WorkerId> = self
-            .workers
-            .values()
-            .filter(|w| w.is_idle() && w.incoming == 0 && !w.unavailable)
-            .map(|w| w.id)
-            .collect();
+        self.workers.refresh();
+        let idle = self.workers.idle();
         for thief in idle {
+            self.workers.refresh();
             let thief_worker = &self.workers[&thief];
-            // Victim: the longest queue of tasks that fit the thief.
+            // Victim: the longest queue of tasks that fit the thief (then the lowest id),
+            // looked for among the longest queues first: a queue no longer than the best
+            // found so far cannot hold more.
             let mut best: Option<(WorkerId, Vec<(TaskRef, u32)>)> = None;
-            for v in self.workers.values() {
+            for v in self.workers.longest_queues() {
+                if best.as_ref().is_some_and(|b| v.queue.len() < b.1.len()) {
+                    break;
+                }
                 if v.id == thief || v.queue.is_empty() {
                     continue;
                 }
@@ -517,7 +535,9 @@ impl Coordinator {
                     .copied()
                     .collect();
                 if !stealable.is_empty()
-                    && best.as_ref().is_none_or(|b| stealable.len() > b.1.len())
+                    && best.as_ref().is_none_or(|b| {
+                        stealable.len() > b.1.len() || (stealable.len() == b.1.len() && v.id < b.0)
+                    })
                 {
                     best = Some((v.id, stealable));
                 }

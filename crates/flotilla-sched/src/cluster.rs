@@ -206,26 +206,7 @@ fn place_plain<'w>(
     workers: impl Iterator<Item = Node<'w>> + Clone,
     predict: &dyn Fn(Option<usize>, &str) -> Prediction,
 ) -> Option<Decision> {
-    let mut best: Option<Fit<'_>> = None;
-    for w in workers.clone() {
-        let Some(gpus) = w.ledger.fit_free(need) else {
-            continue;
-        };
-        let (bytes, free) = (local(p, w.id), w.ledger.free_cpus());
-        let better = match &best {
-            None => true,
-            Some(b) => bytes > b.bytes || (bytes == b.bytes && free > b.free + 1e-9),
-        };
-        if better {
-            best = Some(Fit {
-                worker: w,
-                gpus,
-                bytes,
-                free,
-            });
-        }
-    }
-    if let Some(fit) = best {
+    if let Some(fit) = best_fit(p, need, workers.clone()) {
         return Some(fit.decision(predict));
     }
     let mut best: Option<(Node<'_>, u64, usize)> = None;
@@ -275,35 +256,9 @@ where
     F: Iterator<Item = Node<'w>>,
     Q: Iterator<Item = Node<'w>>,
 {
-    // Holders first: any input bytes beat none; then most bytes, most free CPUs, lowest id.
-    let mut best: Option<Fit<'_>> = None;
-    for w in ranked.holders.clone() {
-        let bytes = local(p, w.id);
-        if bytes == 0 {
-            continue;
-        }
-        let Some(gpus) = w.ledger.fit_free(need) else {
-            continue;
-        };
-        let free = w.ledger.free_cpus();
-        let better = match &best {
-            None => true,
-            Some(b) => {
-                bytes > b.bytes
-                    || (bytes == b.bytes
-                        && (free > b.free + 1e-9 || (free >= b.free - 1e-9 && w.id < b.worker.id)))
-            }
-        };
-        if better {
-            best = Some(Fit {
-                worker: w,
-                gpus,
-                bytes,
-                free,
-            });
-        }
-    }
-    if let Some(fit) = best {
+    // Holders first: any input bytes beat none.
+    let holders = ranked.holders.clone().filter(|w| local(p, w.id) > 0);
+    if let Some(fit) = best_fit(p, need, holders) {
         return Some(fit.decision(predict));
     }
     for w in ranked.by_free {
@@ -349,6 +304,39 @@ where
         }
     }
     None
+}
+
+/// Where a plain task fits in the free resources: most input bytes, then most free CPUs,
+/// then lowest id.
+fn best_fit<'w>(
+    p: &Problem<'_>,
+    need: &Resources,
+    workers: impl Iterator<Item = Node<'w>>,
+) -> Option<Fit<'w>> {
+    let mut best: Option<Fit<'w>> = None;
+    for w in workers {
+        let Some(gpus) = w.ledger.fit_free(need) else {
+            continue;
+        };
+        let (bytes, free) = (local(p, w.id), w.ledger.free_cpus());
+        let better = match &best {
+            None => true,
+            Some(b) => {
+                bytes > b.bytes
+                    || (bytes == b.bytes
+                        && (free > b.free + 1e-9 || (free >= b.free - 1e-9 && w.id < b.worker.id)))
+            }
+        };
+        if better {
+            best = Some(Fit {
+                worker: w,
+                gpus,
+                bytes,
+                free,
+            });
+        }
+    }
+    best
 }
 
 /// A plain task fits in a worker's free resources.

@@ -114,9 +114,16 @@ pub struct ClusterSim {
     /// matches `ending` is stale (the attempt was killed).
     heap: BinaryHeap<Reverse<(Millis, u64, WorkerId, Attempt)>>,
     ending: HashMap<Attempt, (Millis, AttemptOutcome, SimRun)>,
+    /// The attempts in `ending`, by worker.
+    running_on: HashMap<WorkerId, std::collections::BTreeSet<Attempt>>,
     seq: u64,
     ran_on: HashMap<TaskRef, WorkerId>,
     runs: Vec<SimRun>,
+    /// Wall time spent in the coordinator's `handle` (a measurement only: nothing in the
+    /// run depends on it).
+    busy: std::time::Duration,
+    /// Events handed to the coordinator.
+    events: u64,
 }
 
 impl ClusterSim {
@@ -129,27 +136,59 @@ impl ClusterSim {
             out: Vec::new(),
             heap: BinaryHeap::new(),
             ending: HashMap::new(),
+            running_on: HashMap::new(),
             seq: 0,
             ran_on: HashMap::new(),
             runs: Vec::new(),
+            busy: std::time::Duration::ZERO,
+            events: 0,
         }
+    }
+
+    /// Hands one event to the coordinator, timing it.
+    fn handle(&mut self, event: Event) -> Result<(), SimError> {
+        let t = std::time::Instant::now();
+        let r = self.coord.handle(self.now, event, &mut self.out);
+        self.busy += t.elapsed();
+        self.events += 1;
+        Ok(r?)
+    }
+
+    /// Wall time the coordinator spent handling events so far, and how many it handled.
+    pub fn coordinator_time(&self) -> (std::time::Duration, u64) {
+        (self.busy, self.events)
+    }
+
+    /// The worker is lost (its host went away without a word): the coordinator is told, and
+    /// every attempt running there ends with it. Returns those runs, ended now: their work
+    /// is wasted.
+    pub fn lose(&mut self, worker: WorkerId) -> Result<Vec<SimRun>, SimError> {
+        self.agents.remove(&worker);
+        let mut lost = Vec::new();
+        for key in self.running_on.remove(&worker).unwrap_or_default() {
+            if let Some((_, _, mut run)) = self.ending.remove(&key) {
+                run.end = self.now;
+                lost.push(run);
+            }
+        }
+        self.handle(Event::WorkerLost {
+            worker,
+            reason: "its host went away".into(),
+        })?;
+        Ok(lost)
     }
 
     /// Adds a worker; its agent keeps a ledger of `spec`'s offer.
     pub fn add_worker(&mut self, spec: WorkerSpec) -> Result<WorkerId, SimError> {
         let ledger = spec.ledger()?;
         let id = self.coord.next_worker_id();
-        self.coord.handle(
-            self.now,
-            Event::WorkerJoined {
-                worker: id,
-                spec,
-                running: Vec::new(),
-                held: Vec::new(),
-                previous: None,
-            },
-            &mut self.out,
-        )?;
+        self.handle(Event::WorkerJoined {
+            worker: id,
+            spec,
+            running: Vec::new(),
+            held: Vec::new(),
+            previous: None,
+        })?;
         self.agents.insert(id, Agent::new(ledger));
         Ok(id)
     }
@@ -166,29 +205,21 @@ impl ClusterSim {
         tenant: &str,
     ) -> Result<JobId, SimError> {
         let job = self.coord.next_job_id();
-        self.coord.handle(
-            self.now,
-            Event::JobSubmitted {
-                job,
-                spec,
-                dir: "/sim".into(),
-                tenant: tenant.into(),
-            },
-            &mut self.out,
-        )?;
+        self.handle(Event::JobSubmitted {
+            job,
+            spec,
+            dir: "/sim".into(),
+            tenant: tenant.into(),
+        })?;
         Ok(job)
     }
 
     /// Hands `tenant` credits.
     pub fn grant(&mut self, tenant: &str, amount: flotilla_pool::Credits) -> Result<(), SimError> {
-        self.coord.handle(
-            self.now,
-            Event::CreditsGranted {
-                tenant: tenant.into(),
-                amount,
-            },
-            &mut self.out,
-        )?;
+        self.handle(Event::CreditsGranted {
+            tenant: tenant.into(),
+            amount,
+        })?;
         Ok(())
     }
 
@@ -201,25 +232,20 @@ impl ClusterSim {
         checkpoint: &mut dyn FnMut(&SimRun, Millis) -> Vec<crate::state::ObjectRef>,
         duration: &mut Duration<'_>,
     ) -> Result<(), SimError> {
-        self.coord.handle(
-            self.now,
-            Event::WorkerAvailability {
-                worker,
-                available: false,
-            },
-            &mut self.out,
-        )?;
+        self.handle(Event::WorkerAvailability {
+            worker,
+            available: false,
+        })?;
         let Some(agent) = self.agents.get_mut(&worker) else {
             return Ok(());
         };
         let back = agent.reclaim();
         self.up(worker, back, duration)?;
         let running: Vec<Attempt> = self
-            .ending
-            .iter()
-            .filter(|(_, (_, _, run))| run.worker == worker)
-            .map(|(k, _)| *k)
-            .collect();
+            .running_on
+            .get(&worker)
+            .map(|s| s.iter().copied().collect())
+            .unwrap_or_default();
         for key in running {
             if let Some((_, _, run)) = self.ending.remove(&key) {
                 let files = checkpoint(&run, self.now);
@@ -235,14 +261,10 @@ impl ClusterSim {
         if let Some(a) = self.agents.get_mut(&worker) {
             a.resume();
         }
-        self.coord.handle(
-            self.now,
-            Event::WorkerAvailability {
-                worker,
-                available: true,
-            },
-            &mut self.out,
-        )?;
+        self.handle(Event::WorkerAvailability {
+            worker,
+            available: true,
+        })?;
         Ok(())
     }
 
@@ -269,7 +291,7 @@ impl ClusterSim {
                     self.seq += 1;
                     self.heap.push(Reverse((end, self.seq, worker, key)));
                     self.now = self.now.max(until);
-                    self.coord.handle(self.now, Event::Tick, &mut self.out)?;
+                    self.handle(Event::Tick)?;
                     if self.out.is_empty() {
                         return Ok(());
                     }
@@ -277,14 +299,14 @@ impl ClusterSim {
                 }
                 None => {
                     self.now = self.now.max(until);
-                    self.coord.handle(self.now, Event::Tick, &mut self.out)?;
+                    self.handle(Event::Tick)?;
                     if self.out.is_empty() {
                         return Ok(());
                     }
                     continue;
                 }
             }
-            self.coord.handle(self.now, Event::Tick, &mut self.out)?;
+            self.handle(Event::Tick)?;
         }
         Err(SimError::Hung(max_steps))
     }
@@ -329,7 +351,7 @@ impl ClusterSim {
                     self.now += 1_000;
                 }
             }
-            self.coord.handle(self.now, Event::Tick, &mut self.out)?;
+            self.handle(Event::Tick)?;
         }
         Err(SimError::Hung(max_steps))
     }
@@ -353,6 +375,9 @@ impl ClusterSim {
         let Some((end, outcome, mut run)) = self.ending.remove(&key) else {
             return Ok(());
         };
+        if let Some(s) = self.running_on.get_mut(&worker) {
+            s.remove(&key);
+        }
         run.end = end;
         if outcome == AttemptOutcome::Succeeded {
             self.ran_on.insert(key.0, worker);
@@ -486,7 +511,7 @@ impl ClusterSim {
                     continue;
                 }
             };
-            self.coord.handle(self.now, ev, &mut self.out)?;
+            self.handle(ev)?;
         }
         Ok(())
     }
@@ -502,6 +527,7 @@ impl ClusterSim {
         self.seq += 1;
         self.heap.push(Reverse((end, self.seq, worker, key)));
         self.ending.insert(key, (end, outcome, run));
+        self.running_on.entry(worker).or_default().insert(key);
     }
 }
 

@@ -132,6 +132,11 @@ enum Bench {
     /// preemption with many providers that come and go, on the workflow traces; credits,
     /// deadlines met, wasted work and energy per objective, with and without checkpoints.
     Market(MarketArgs),
+    /// The coordinator at scale in virtual time: 10,000 to 100,000 workers coming and going
+    /// as volunteer hosts do, the workflow traces as a stream of jobs up to a million tasks;
+    /// the coordinator's time per event and per placement, makespan against the lower
+    /// bound, work lost with lost workers.
+    Churn(ChurnArgs),
     /// Host <-> device copies from pageable and pinned memory, and device -> device.
     Copy(CopyArgs),
     /// One rank of `bench allreduce` (FLOTILLA_RANK, FLOTILLA_WORLD_SIZE, FLOTILLA_RENDEZVOUS
@@ -164,6 +169,37 @@ struct MarketArgs {
     /// Seeds, one market each (the figures are summed over them).
     #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
     seeds: Vec<u64>,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ChurnArgs {
+    /// Hosts, one worker each while on (a list runs each in turn).
+    #[arg(long, value_delimiter = ',', default_value = "10000")]
+    workers: Vec<usize>,
+    /// CPUs per worker.
+    #[arg(long, default_value_t = 2.0)]
+    cpus: f64,
+    /// Tasks submitted in all (copies of the workflow traces, a job each).
+    #[arg(long, default_value_t = 1_000_000)]
+    tasks: usize,
+    /// Mean seconds a host stays on (exponential).
+    #[arg(long, default_value_t = 7200.0)]
+    on_mean: f64,
+    /// Mean seconds a host stays off (exponential).
+    #[arg(long, default_value_t = 3600.0)]
+    off_mean: f64,
+    /// Hosts never go off.
+    #[arg(long)]
+    no_churn: bool,
+    /// Tasks submitted and not yet done kept at this times the cores online.
+    #[arg(long, default_value_t = 2.0)]
+    backlog: f64,
+    /// Seeds the on/off draws.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -811,6 +847,45 @@ fn run_local(command: Command) -> Result<()> {
                         sum(&|r| r.mean_makespan_s) / reports.len().max(1) as f64,
                     );
                 }
+            }
+            Ok(())
+        }
+        Command::Bench(Bench::Churn(a)) => {
+            let traces = flotilla::bench::market::traces()?;
+            for &workers in &a.workers {
+                let cfg = flotilla::bench::churn::ChurnConfig {
+                    workers,
+                    cpus: a.cpus,
+                    tasks: a.tasks,
+                    churn: (!a.no_churn).then_some((a.on_mean, a.off_mean)),
+                    backlog: a.backlog,
+                    seed: a.seed,
+                };
+                let r = flotilla::bench::churn::run(&cfg, &traces)?;
+                print(a.json, &r, |r| {
+                    format!(
+                        "churn {} workers x {} CPUs{}: {} tasks in {} jobs ({} succeeded), makespan {:.0} s = {:.3}x the bound {:.0} s ({:.0} cores on average); {} workers lost, {} attempts, wasted {:.0} CPU-s of {:.0}; coordinator {:.1} us/event, {:.1} us/placement over {} events; {:.1} s wall, {:.0} MB peak",
+                        r.workers,
+                        r.cpus,
+                        r.on_off_s.map_or(" (no churn)".to_string(), |(on, off)| format!(" (on {on:.0} s / off {off:.0} s)")),
+                        r.tasks,
+                        r.jobs,
+                        r.succeeded,
+                        r.makespan_s,
+                        r.ratio_to_bound,
+                        r.lower_bound_s,
+                        r.mean_cores,
+                        r.lost_workers,
+                        r.attempts,
+                        r.wasted_cpu_s,
+                        r.useful_cpu_s + r.wasted_cpu_s,
+                        r.us_per_event,
+                        r.us_per_placement,
+                        r.events,
+                        r.wall_s,
+                        r.peak_mb,
+                    )
+                })?;
             }
             Ok(())
         }

@@ -3,6 +3,7 @@
 //! run where the peer is a Rust crate.
 
 pub mod allreduce;
+pub mod churn;
 pub mod cluster;
 pub mod copy;
 pub mod flood;

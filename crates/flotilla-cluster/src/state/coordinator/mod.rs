@@ -68,6 +68,11 @@ pub struct Coordinator {
     active: BTreeSet<JobId>,
     /// The active jobs with tasks that may ask for no CPU ([`Job::cpuless`]).
     cpuless: BTreeSet<JobId>,
+    /// The active jobs with `Ready` tasks, kept from the state changes each event notifies
+    /// ([`Coordinator::note_ready`]), and how many of them each tenant has: a pass with one
+    /// tenant placing and no quotas walks these, not every active job.
+    ready_jobs: BTreeSet<JobId>,
+    ready_tenants: BTreeMap<String, usize>,
     next_job: u64,
     /// Live workers, indexed by free capacity ([`Workers`]).
     workers: Workers,
@@ -107,6 +112,8 @@ impl Coordinator {
             jobs: BTreeMap::new(),
             active: BTreeSet::new(),
             cpuless: BTreeSet::new(),
+            ready_jobs: BTreeSet::new(),
+            ready_tenants: BTreeMap::new(),
             next_job: 1,
             workers: Workers::default(),
             retired: BTreeSet::new(),
@@ -131,6 +138,12 @@ impl Coordinator {
     /// Sets the tenants' quotas (applied from the next scheduling pass).
     pub fn set_quotas(&mut self, quotas: BTreeMap<String, Quota>) {
         self.quotas = quotas;
+        if self.quotas.is_empty() {
+            // A pass without quotas sets no job's wait (see `schedule`).
+            for j in self.jobs.values_mut() {
+                j.quota_wait = None;
+            }
+        }
     }
 
     /// The id the next submitted job should get (ids are never reused, even after a restart:
@@ -182,7 +195,10 @@ impl Coordinator {
     ) -> Result<()> {
         self.pool.replaying = true;
         if record.is_pool_record() {
-            return self.replay_pool(record, out);
+            let mark = out.len();
+            let r = self.replay_pool(record, out);
+            self.note_ready(&out[mark..]);
+            return r;
         }
         if let JournalRecord::TaskFinished { worker, .. }
         | JournalRecord::TaskFinishedMetered { worker, .. } = &record
@@ -237,6 +253,54 @@ impl Coordinator {
             self.grace.push(Reverse((due, *t, g.attempt)));
         }
         self.grace_until = Some(due);
+        // Rebuilt once, whatever the replay noted.
+        self.ready_jobs.clear();
+        self.ready_tenants.clear();
+        let active: Vec<JobId> = self.active.iter().copied().collect();
+        for job in active {
+            self.recheck_ready(job);
+        }
+    }
+
+    /// Keeps `ready_jobs` up to date with the task state changes in `cmds`.
+    fn note_ready(&mut self, cmds: &[Command]) {
+        let mut last = None;
+        for c in cmds {
+            if let Command::Notify(Notification::TaskState { task, .. }) = c {
+                if last != Some(task.job) {
+                    last = Some(task.job);
+                    self.recheck_ready(task.job);
+                }
+            }
+        }
+    }
+
+    /// Whether `job` is active with `Ready` tasks, recorded in `ready_jobs`.
+    fn recheck_ready(&mut self, job: JobId) {
+        let ready = self.active.contains(&job)
+            && self
+                .jobs
+                .get(&job)
+                .is_some_and(|j| j.counts[TaskState::Ready.index()] > 0);
+        if ready == self.ready_jobs.contains(&job) {
+            return;
+        }
+        let Some(tenant) = self.jobs.get(&job).map(|j| j.tenant.clone()) else {
+            self.ready_jobs.remove(&job);
+            return;
+        };
+        if ready {
+            self.ready_jobs.insert(job);
+            *self.ready_tenants.entry(tenant).or_default() += 1;
+        } else {
+            self.ready_jobs.remove(&job);
+            if let Some(n) = self.ready_tenants.get_mut(&tenant) {
+                *n -= 1;
+                if *n == 0 {
+                    self.ready_tenants.remove(&tenant);
+                }
+            }
+        }
     }
 
     /// Whether attempt `attempt` of `task` is the task's current one and was given to
@@ -284,6 +348,7 @@ impl Coordinator {
         self.jobs.insert(job, j);
         self.active.insert(job);
         self.check_job_end(job, out);
+        self.recheck_ready(job);
         Ok(())
     }
 
@@ -350,8 +415,9 @@ impl Coordinator {
                     });
                 }
                 self.now = now;
-                self.jobs.remove(&job);
                 self.active.remove(&job);
+                self.recheck_ready(job);
+                self.jobs.remove(&job);
                 self.cpuless.remove(&job);
             }
             Event::WorkerJoined {
@@ -485,8 +551,11 @@ impl Coordinator {
         }
         self.run_timers(out);
         self.sweep_holds(&out[mark.min(out.len())..]);
+        self.note_ready(&out[mark.min(out.len())..]);
+        let placing = out.len();
         self.schedule(out);
         self.steal(out);
+        self.note_ready(&out[placing..]);
         for (worker, tasks) in std::mem::take(&mut self.pending) {
             out.push(Command::Assign { worker, tasks });
         }
@@ -670,7 +739,25 @@ impl Coordinator {
     pub(crate) fn check_worker_index(&self) -> std::result::Result<(), String> {
         let mut w = self.workers.clone();
         w.refresh();
-        w.check()
+        w.check()?;
+        // And the jobs with ready tasks, per tenant.
+        let ready: BTreeSet<JobId> = self
+            .active
+            .iter()
+            .copied()
+            .filter(|j| self.jobs[j].counts[TaskState::Ready.index()] > 0)
+            .collect();
+        let mut tenants: BTreeMap<String, usize> = BTreeMap::new();
+        for j in &ready {
+            *tenants.entry(self.jobs[j].tenant.clone()).or_default() += 1;
+        }
+        if ready != self.ready_jobs || tenants != self.ready_tenants {
+            return Err(format!(
+                "ready jobs {:?} ({:?}) kept as {:?} ({:?})",
+                ready, tenants, self.ready_jobs, self.ready_tenants
+            ));
+        }
+        Ok(())
     }
 
     /// The name of a worker, live or gone (`None`: gone before a restart, or long ago).

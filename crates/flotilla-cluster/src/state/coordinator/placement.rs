@@ -45,6 +45,29 @@ impl Coordinator {
         if self.workers.is_empty() || self.full() {
             return;
         }
+        if self.quotas.is_empty() && self.ready_tenants.len() <= 1 {
+            // One tenant placing, no quotas: its jobs with ready tasks, oldest first (what
+            // the turns below come to), without a walk over every active job.
+            let mut no_room = NoRoom::default();
+            let mut from = 0;
+            while let Some(&job) = self.ready_jobs.range(JobId::new(from)..).next() {
+                from = job.0 + 1;
+                let mut turn = Turn {
+                    jobs: vec![job],
+                    ..Turn::default()
+                };
+                let unlimited = Held {
+                    cpus: f64::INFINITY,
+                    gpus: f64::INFINITY,
+                };
+                while let Step::Placed(_) = self.step(&mut turn, unlimited, &mut no_room, out) {
+                    if self.full() {
+                        return;
+                    }
+                }
+            }
+            return;
+        }
         let mut tenants: BTreeMap<String, Turn> = BTreeMap::new();
         let mut no_room = NoRoom::default();
         for &job in &self.active {

@@ -427,6 +427,10 @@ struct ClusterArgs {
     /// leader answers (the stopped node is started again and catches up in between).
     #[arg(long, default_value_t = 0)]
     failovers: usize,
+    /// Before any job, keep the workers connected and idle this long while the coordinator's
+    /// CPU time is measured: what heartbeats alone cost (e.g. 20s; 0: not measured).
+    #[arg(long, default_value = "0s")]
+    idle: String,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -668,13 +672,15 @@ fn run(cli: Cli) -> Result<bool> {
                 dashboards: a.dashboards,
                 group: a.group,
                 failovers: a.failovers,
+                idle: flotilla::core::duration::parse_duration(&a.idle)
+                    .map_err(|e| anyhow::anyhow!("--idle: {e}"))?,
             };
             let r = tokio_runtime()?
                 .block_on(flotilla::bench::cluster::run(&cfg))
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             print(a.json, &r, |r| {
                 format!(
-                    "cluster {} ({}) tasks={} workers={}x{}{}: {:.0} tasks/s, {:.3} ms/task, median {:.3} s{}{}{}{}",
+                    "cluster {} ({}) tasks={} workers={}x{}{}: {:.0} tasks/s, {:.3} ms/task, median {:.3} s{}{}{}{}{}",
                     r.workload,
                     r.kind,
                     r.tasks,
@@ -709,6 +715,13 @@ fn run(cli: Cli) -> Result<bool> {
                             r.failovers.iter().map(|s| (s * 1e3).round() as u64).collect::<Vec<_>>()
                         ),
                         None => String::new(),
+                    },
+                    match (r.heartbeat_core_us, r.heartbeat_process_us, r.idle_core_share) {
+                        (Some(c), Some(p), Some(s)) => format!(
+                            "; idle: {c:.1} us of the core thread and {p:.1} us of the process per heartbeat, the core thread at {:.2} % of a core",
+                            s * 100.0
+                        ),
+                        _ => String::new(),
                     }
                 )
             })

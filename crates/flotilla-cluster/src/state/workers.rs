@@ -30,6 +30,8 @@ struct Key {
     queued: usize,
     /// Nothing assigned or running, no retraction pending on its behalf.
     idle: bool,
+    /// Queued attempts an idle worker may take (not started, no cancel or retraction sent).
+    stealable: usize,
 }
 
 impl Key {
@@ -41,6 +43,15 @@ impl Key {
             gpus: w.cap().gpus > 0.0,
             queued: w.queue.len(),
             idle: w.is_idle() && w.incoming == 0,
+            stealable: w
+                .queue
+                .values()
+                .filter(|k| {
+                    w.slots
+                        .get(k)
+                        .is_some_and(|s| s.thief.is_none() && !s.cancel_sent && !s.started)
+                })
+                .count(),
         }
     }
 }
@@ -61,6 +72,9 @@ pub(crate) struct Workers {
     by_queue: BTreeSet<(usize, WorkerId)>,
     /// Every worker with a queue, longest first, then lowest id.
     queues: BTreeSet<(Reverse<usize>, WorkerId)>,
+    /// Every worker with stealable attempts, most first, then lowest id, and their sum.
+    stealable: BTreeSet<(Reverse<usize>, WorkerId)>,
+    stealable_total: usize,
     /// Available idle workers.
     idle: BTreeSet<WorkerId>,
     /// Every worker's capacity summed: CPUs, GPUs.
@@ -133,6 +147,10 @@ impl Workers {
         if k.queued > 0 {
             self.queues.insert((Reverse(k.queued), id));
         }
+        if k.stealable > 0 {
+            self.stealable.insert((Reverse(k.stealable), id));
+            self.stealable_total += k.stealable;
+        }
         if !k.available {
             return;
         }
@@ -148,6 +166,9 @@ impl Workers {
 
     fn unindex(&mut self, id: WorkerId, k: Key) {
         self.queues.remove(&(Reverse(k.queued), id));
+        if self.stealable.remove(&(Reverse(k.stealable), id)) {
+            self.stealable_total -= k.stealable;
+        }
         self.by_free.remove(&(Reverse(k.free), id));
         self.gpu_by_free.remove(&(Reverse(k.free), id));
         self.by_queue.remove(&(k.queued, id));
@@ -189,6 +210,18 @@ impl Workers {
         self.queues.iter().map(|(_, id)| &self.map[id])
     }
 
+    /// Workers with stealable attempts (queued, not started, nothing sent about them),
+    /// most first, then lowest id; and how many there are in all. Call
+    /// [`Workers::refresh`] first.
+    pub(crate) fn most_stealable(&self) -> (impl Iterator<Item = (usize, &Worker)> + '_, usize) {
+        self.fresh();
+        let it = self
+            .stealable
+            .iter()
+            .map(|(Reverse(n), id)| (*n, &self.map[id]));
+        (it, self.stealable_total)
+    }
+
     /// Available workers with nothing assigned, running or incoming, by id. Call
     /// [`Workers::refresh`] first.
     pub(crate) fn idle(&self) -> Vec<WorkerId> {
@@ -220,6 +253,8 @@ impl Workers {
             && self.gpu_by_free == again.gpu_by_free
             && self.by_queue == again.by_queue
             && self.queues == again.queues
+            && self.stealable == again.stealable
+            && self.stealable_total == again.stealable_total
             && self.idle == again.idle
             && (self.total.0 - again.total.0).abs() < 1e-6
             && (self.total.1 - again.total.1).abs() < 1e-6;

@@ -58,6 +58,9 @@ pub struct ClusterBenchConfig {
     pub group: usize,
     /// Failovers timed after the runs (a group only).
     pub failovers: usize,
+    /// Before any job: how long the workers stay connected and idle while the coordinator's
+    /// CPU time is measured (heartbeats alone; zero: not measured).
+    pub idle: Duration,
 }
 
 /// One result line.
@@ -110,6 +113,37 @@ pub struct ClusterBenchResult {
     pub failover_s: Option<f64>,
     /// Every failover's seconds.
     pub failovers: Vec<f64>,
+    /// With `--idle`: the coordinator's core thread's CPU microseconds per heartbeat (its
+    /// bookkeeping of who was heard from, and the timeout check), idle workers only.
+    pub heartbeat_core_us: Option<f64>,
+    /// With `--idle`: the whole process's CPU microseconds per heartbeat (both ends of each
+    /// heartbeat: the workers' agents sending, gRPC, the coordinator receiving).
+    pub heartbeat_process_us: Option<f64>,
+    /// With `--idle`: the share of one core the coordinator's core thread used.
+    pub idle_core_share: Option<f64>,
+}
+
+/// CPU seconds used so far by this process and by its thread named `flotilla-core` (Linux;
+/// `None` elsewhere, or without such a thread).
+fn cpu_seconds() -> Option<(f64, f64)> {
+    // utime and stime, fields 14 and 15 of a stat line, after the command in parentheses.
+    fn ticks(stat: &str) -> Option<f64> {
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+    }
+    // The kernel's clock ticks per second (USER_HZ) is 100 on Linux.
+    const HZ: f64 = 100.0;
+    let process = ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)? / HZ;
+    let mut core = None;
+    for e in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if comm.trim() == "flotilla-core" {
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            core = Some(ticks(&stat)? / HZ);
+        }
+    }
+    Some((process, core?))
 }
 
 /// One `GET path` with the token over a new connection; whether it answered 200, and the
@@ -341,6 +375,22 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Heartbeats alone: every worker connected, nothing to run.
+    let mut idle = (None, None, None);
+    if !cfg.idle.is_zero() {
+        let before = cpu_seconds();
+        let start = Instant::now();
+        tokio::time::sleep(cfg.idle).await;
+        let secs = start.elapsed().as_secs_f64();
+        if let (Some((p0, c0)), Some((p1, c1))) = (before, cpu_seconds()) {
+            let beats = cfg.workers as f64 * secs / scfg.heartbeat.as_secs_f64();
+            idle = (
+                Some((c1 - c0) * 1e6 / beats),
+                Some((p1 - p0) * 1e6 / beats),
+                Some((c1 - c0) / secs),
+            );
+        }
+    }
     // One warm-up job (small), then the timed ones.
     let warm = job_text(&cfg.workload, &cfg.kind, cfg.tasks.min(50))?;
     let dir_s = job_dir.display().to_string();
@@ -467,6 +517,9 @@ pub async fn run(
             f.get(f.len() / 2).copied()
         },
         failovers,
+        heartbeat_core_us: idle.0,
+        heartbeat_process_us: idle.1,
+        idle_core_share: idle.2,
         restart_s,
         journal_bytes: restart_s.and(journal_bytes),
         scrapers: cfg.scrapers,

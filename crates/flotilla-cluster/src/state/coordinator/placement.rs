@@ -529,16 +529,23 @@ impl Coordinator {
             return;
         }
         self.workers.refresh();
+        if self.workers.most_stealable().1 == 0 {
+            return; // nothing to steal anywhere, however many are idle
+        }
         let idle = self.workers.idle();
         for thief in idle {
             self.workers.refresh();
+            let (victims, left) = self.workers.most_stealable();
+            if left == 0 {
+                break;
+            }
             let thief_worker = &self.workers[&thief];
-            // Victim: the longest queue of tasks that fit the thief (then the lowest id),
-            // looked for among the longest queues first: a queue no longer than the best
-            // found so far cannot hold more.
+            // Victim: the most queued tasks that fit the thief (then the lowest id), looked
+            // for among the most stealable queues first: one with fewer stealable tasks than
+            // the best found so far cannot hold more that fit.
             let mut best: Option<(WorkerId, Vec<(TaskRef, u32)>)> = None;
-            for v in self.workers.longest_queues() {
-                if best.as_ref().is_some_and(|b| v.queue.len() < b.1.len()) {
+            for (n, v) in victims {
+                if best.as_ref().is_some_and(|b| n < b.1.len()) {
                     break;
                 }
                 if v.id == thief || v.queue.is_empty() {

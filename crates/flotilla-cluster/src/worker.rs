@@ -1340,7 +1340,7 @@ fn execute(
         (Some(w), true) => Some(w.watch(&root, cancel)),
         _ => None,
     };
-    let meter = crate::energy::Meter::start();
+    let meter = crate::energy::Meter::start(&a.gpu_indices);
     let outcome = if !a.wasm_module.is_empty() {
         let Some(runner) = &sh.wasm else {
             return failed("this worker cannot run wasm tasks".into(), false);

@@ -102,13 +102,12 @@ impl Nvml {
             // preconditions; nvmlInit_v2 takes no arguments and may be called from any thread.
             unsafe {
                 let lib = libloading::Library::new("libnvidia-ml.so.1").ok()?;
-                let init: libloading::Symbol<'_, unsafe extern "C" fn() -> i32> =
-                    lib.get(b"nvmlInit_v2\0").ok()?;
-                if init() != 0 {
-                    return None;
-                }
-                drop(init);
-                Some(Nvml { lib })
+                let started = {
+                    let init: libloading::Symbol<'_, unsafe extern "C" fn() -> i32> =
+                        lib.get(b"nvmlInit_v2\0").ok()?;
+                    init() == 0
+                };
+                started.then_some(Nvml { lib })
             }
         })
         .as_ref()

@@ -592,3 +592,90 @@ fn a_status_page_keeps_the_counts_failures_and_worker_totals_whole() {
     let past = sim.c.job_status_range(job, 100, 5).unwrap();
     assert!(past.tasks.is_empty() && past.failed.len() == 1);
 }
+
+/// A worker cut off from the coordinator but not from its peers keeps its object server up
+/// and may still hold outputs; once it is declared lost, nothing it holds is ever handed out
+/// again: its outputs are made anew elsewhere, the next task's inputs name their new holder,
+/// and when it rejoins (proving its old id) its old copies are not credited back, even for a
+/// task whose output it still has. Peers only fetch from the holders an assignment names,
+/// and check each object's hash, so a stale copy is never read.
+#[test]
+fn a_worker_declared_lost_is_never_again_a_source_of_its_old_outputs() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        "staging = \"transfer\"\n[[task]]\nid = \"a\"\ncmd = [\"a\"]\noutputs = [\"a.out\"]\n\
+         [[task]]\nid = \"b\"\ncmd = [\"b\"]\nafter = [\"a\"]\nresources = { cpus = 2 }\n",
+    );
+    let far_spec = WorkerSpec {
+        data_addr: "far:1".into(),
+        ..wspec(1.0, &[])
+    };
+    let (far, out) = sim.join(far_spec.clone());
+    let (w, a) = assigns(&out).pop().expect("a placed on the only worker");
+    assert_eq!(w, far);
+    let old = ObjectRef {
+        path: "a.out".into(),
+        hash: "old".into(),
+        size: 3,
+    };
+    sim.finish_with(
+        far,
+        a.task,
+        a.attempt,
+        AttemptOutcome::Succeeded,
+        vec![old.clone()],
+        None,
+        1.0,
+    );
+    // The link to the coordinator goes silent: declared lost. b (two CPUs) could not run
+    // there anyway; its input now has no live holder.
+    sim.ev(Event::WorkerLost {
+        worker: far,
+        reason: "no heartbeat".into(),
+    });
+    let near_spec = WorkerSpec {
+        data_addr: "near:1".into(),
+        ..wspec(2.0, &[])
+    };
+    let (near, out) = sim.join(near_spec);
+    // a is made again on the live worker (lineage), with another output (not deterministic).
+    let (w, a2) = assigns(&out).pop().expect("a made again");
+    assert_eq!((w, a2.task), (near, a.task));
+    let new = ObjectRef {
+        path: "a.out".into(),
+        hash: "new".into(),
+        size: 3,
+    };
+    let out = sim.finish_with(
+        near,
+        a2.task,
+        a2.attempt,
+        AttemptOutcome::Succeeded,
+        vec![new.clone()],
+        None,
+        1.0,
+    );
+    let (w, b) = assigns(&out).pop().expect("b placed");
+    assert_eq!(w, near);
+    assert_eq!(
+        b.inputs,
+        vec![(new.clone(), "near:1".to_string())],
+        "only the new copy, from its maker"
+    );
+    // Then the far worker's link heals: it rejoins as its old self, claiming its old copy.
+    let back = sim.c.next_worker_id();
+    sim.ev(Event::WorkerJoined {
+        worker: back,
+        spec: far_spec,
+        running: Vec::new(),
+        held: vec![(a.task, old.clone())],
+        previous: Some(far),
+    });
+    let j = &sim.c.jobs_map()[&job];
+    assert_eq!(
+        j.holders[&a.task.task],
+        vec![near],
+        "the old copy is never credited back"
+    );
+    assert_eq!(j.outputs[&a.task.task], vec![new]);
+}

@@ -115,3 +115,20 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
     let s1 = g.status(job).expect("the first job's status");
     assert_succeeded(&s1);
 }
+
+/// Found under load (`bench/stress-tests.sh`): a node just elected whose first commit of the
+/// term failed (its leadership lost again at once) exited, and with the old leader killed the
+/// group was left without a majority. Now it steps down and follows, as a deposed leader
+/// does. Here every node fails the first commit of its first two terms (a test hook): the
+/// group still serves, no node exits, and a job runs through.
+#[test]
+fn a_leader_whose_first_commit_fails_steps_down_and_stays_in_the_group() {
+    let dag = HashDag::random(20, 0x4a_0003);
+    let mut g = Group::start_with(1, &[("FLOTILLA_FAULT", "lead-commit-fails:2")]);
+    let dir = g.job_dir();
+    let job = g.submit(&dag.write(&dir, "shaky", None));
+    let s = g.wait_job(job, JOB_TIMEOUT);
+    assert_succeeded(&s);
+    dag.check_outputs(&dir);
+    assert_eq!(g.exited_nodes(), Vec::<usize>::new(), "a node exited");
+}

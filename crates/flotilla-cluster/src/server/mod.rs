@@ -300,6 +300,16 @@ async fn lead_and_follow(
     stop_rx: watch::Receiver<bool>,
 ) -> Result<()> {
     let mut stopping = stop_rx.clone();
+    // Test hook: `FLOTILLA_FAULT=lead-commit-fails:N` fails the first commit of this node's
+    // first N terms, as a leadership lost at once does.
+    let mut failing = std::env::var(crate::fault::FAULT_VAR)
+        .ok()
+        .and_then(|v| {
+            v.trim()
+                .strip_prefix("lead-commit-fails:")
+                .and_then(|n| n.parse::<u32>().ok())
+        })
+        .unwrap_or(0);
     loop {
         let Some(mut journal) = node.lead(&mut stopping).await? else {
             return Ok(());
@@ -314,9 +324,24 @@ async fn lead_and_follow(
                 .map_err(|e| ClusterError::Config(e.to_string()))?,
         );
         let n = node.clone();
-        access
-            .replicate_through(Arc::new(move |b: &[u8]| n.commit_access(b)))
-            .map_err(|e| ClusterError::Config(e.to_string()))?;
+        let first = if failing > 0 {
+            failing -= 1;
+            Err("the group did not commit: a test hook (FLOTILLA_FAULT)".to_string())
+        } else {
+            access
+                .replicate_through(Arc::new(move |b: &[u8]| n.commit_access(b)))
+                .map_err(|e| e.to_string())
+        };
+        if let Err(e) = first {
+            // The first commit of this term failed: leadership was lost again at once, or no
+            // majority answers (found under load: a node that exited here left the group
+            // without a majority). Step down as a deposed leader does, and try again.
+            drop(access);
+            drop(journal);
+            tracing::error!("{e}: this coordinator steps down and follows the group");
+            node.follow(config.fsync)?;
+            continue;
+        }
         // This term's serving stops on its own signal: the node goes on.
         let (term_tx, term_rx) = watch::channel(false);
         let term_tx = Arc::new(term_tx);

@@ -23,6 +23,8 @@ pub(crate) struct Group {
     pub(crate) peers: Vec<String>,
     nodes: Vec<Option<Proc>>,
     workers: Vec<Option<Proc>>,
+    /// Extra environment of every node (test hooks).
+    node_env: Vec<(String, String)>,
     /// A runtime for the kit's clients.
     pub(crate) rt: tokio::runtime::Runtime,
 }
@@ -45,6 +47,11 @@ impl Group {
     /// Three nodes and `workers` workers with 2 CPUs each; returns once a leader answers
     /// with every worker registered.
     pub(crate) fn start(workers: usize) -> Group {
+        Group::start_with(workers, &[])
+    }
+
+    /// [`Group::start`] with `env` set on every node (started now or later).
+    pub(crate) fn start_with(workers: usize, env: &[(&str, &str)]) -> Group {
         let root = tempfile::Builder::new()
             .prefix("flotilla-group-test")
             .tempdir()
@@ -67,6 +74,10 @@ impl Group {
             peers,
             nodes: Vec::new(),
             workers: Vec::new(),
+            node_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             rt,
         };
         for id in 1..=3 {
@@ -109,7 +120,21 @@ impl Group {
         .arg("--state")
         .arg(self.state(id))
         .args(["--heartbeat-timeout-ms", &HEARTBEAT_TIMEOUT_MS.to_string()]);
+        for (k, v) in &self.node_env {
+            cmd.env(k, v);
+        }
         spawn_logged(cmd, &format!("n{id}")).0
+    }
+
+    /// The nodes started and not killed by the test that have exited on their own.
+    pub(crate) fn exited_nodes(&mut self) -> Vec<usize> {
+        let mut gone = Vec::new();
+        for (i, n) in self.nodes.iter_mut().enumerate() {
+            if n.as_mut().is_some_and(Proc::exited) {
+                gone.push(i + 1);
+            }
+        }
+        gone
     }
 
     /// Starts one more worker `w<i>` (2 CPUs); returns `i`.

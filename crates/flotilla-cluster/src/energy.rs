@@ -6,8 +6,9 @@
 //! - **GPUs**: measured where NVIDIA's management library is installed (`libnvidia-ml.so.1`,
 //!   loaded at run time as the CUDA libraries are): each GPU the attempt held, its total
 //!   energy counter (`nvmlDeviceGetTotalEnergyConsumption`, millijoules, Volta and later)
-//!   read at the start and the end, times the share of the GPU the attempt held. GPU indices
-//!   are the worker's (PCI bus order, as NVML counts them).
+//!   read at the start and the end, times the share of the GPU the attempt held. Each GPU is
+//!   found in NVML by its PCI address (NVML numbers GPUs in its own order, CUDA in another);
+//!   a GPU whose address the worker does not know is estimated.
 //! - Otherwise estimated, and marked so: the attempt's CPU time at the worker's watts per CPU,
 //!   300 W per GPU held.
 
@@ -20,21 +21,21 @@ pub(crate) const GPU_WATTS: f64 = 300.0;
 /// A reading at an attempt's start.
 pub(crate) struct Meter {
     start: Option<(f64, f64)>,
-    /// The GPUs it holds (device indices) and their energy counters (millijoules), when
+    /// The GPUs it holds (PCI addresses) and their energy counters (millijoules), when
     /// every one could be read.
-    gpus: Option<(Vec<u32>, Vec<u64>)>,
+    gpus: Option<(Vec<String>, Vec<u64>)>,
 }
 
 impl Meter {
     /// Reads the packages' energy, the machine's busy CPU time and the energy counters of
-    /// the GPUs `gpu_indices` now (nothing where they cannot be read).
-    pub(crate) fn start(gpu_indices: &[u32]) -> Meter {
-        let gpus = if gpu_indices.is_empty() {
+    /// the GPUs at the PCI addresses `gpus` now (nothing where they cannot be read).
+    pub(crate) fn start(gpus: &[String]) -> Meter {
+        let gpus = if gpus.is_empty() {
             None
         } else {
             Nvml::get()
-                .and_then(|n| n.energy_mj(gpu_indices))
-                .map(|e| (gpu_indices.to_vec(), e))
+                .and_then(|n| n.energy_mj(gpus))
+                .map(|e| (gpus.to_vec(), e))
         };
         Meter {
             start: reading(),
@@ -113,25 +114,27 @@ impl Nvml {
         .as_ref()
     }
 
-    /// The total energy counter of each GPU (millijoules since the driver loaded); `None`
-    /// when one cannot be read (an older GPU, a bad index).
-    fn energy_mj(&self, indices: &[u32]) -> Option<Vec<u64>> {
-        // SAFETY: the symbols have the signatures of NVML's C API (nvml.h); the device handle
-        // is written by nvmlDeviceGetHandleByIndex_v2 before it is used, and the library is
-        // initialized (`get`) and never unloaded while the process runs.
+    /// The total energy counter of each GPU (millijoules since the driver loaded), by PCI
+    /// address; `None` when one cannot be read (an older GPU, an unknown address).
+    fn energy_mj(&self, pci: &[String]) -> Option<Vec<u64>> {
+        // SAFETY: the symbols have the signatures of NVML's C API (nvml.h); the address is a
+        // NUL-terminated string that outlives the call; the device handle is written by
+        // nvmlDeviceGetHandleByPciBusId_v2 before it is used, and the library is initialized
+        // (`get`) and never unloaded while the process runs.
         unsafe {
-            let by_index: libloading::Symbol<
+            let by_pci: libloading::Symbol<
                 '_,
-                unsafe extern "C" fn(u32, *mut NvmlDevice) -> i32,
-            > = self.lib.get(b"nvmlDeviceGetHandleByIndex_v2\0").ok()?;
+                unsafe extern "C" fn(*const std::ffi::c_char, *mut NvmlDevice) -> i32,
+            > = self.lib.get(b"nvmlDeviceGetHandleByPciBusId_v2\0").ok()?;
             let energy: libloading::Symbol<'_, unsafe extern "C" fn(NvmlDevice, *mut u64) -> i32> =
                 self.lib
                     .get(b"nvmlDeviceGetTotalEnergyConsumption\0")
                     .ok()?;
-            let mut out = Vec::with_capacity(indices.len());
-            for &i in indices {
+            let mut out = Vec::with_capacity(pci.len());
+            for id in pci {
+                let id = std::ffi::CString::new(id.as_str()).ok()?;
                 let mut dev: NvmlDevice = std::ptr::null_mut();
-                if by_index(i, &mut dev) != 0 || dev.is_null() {
+                if by_pci(id.as_ptr(), &mut dev) != 0 || dev.is_null() {
                     return None;
                 }
                 let mut mj = 0u64;
@@ -231,7 +234,7 @@ mod tests {
             eprintln!("skipped: NVML is installed here (the GPU machine measures instead)");
             return;
         }
-        let m = Meter::start(&[0]);
+        let m = Meter::start(&["0000:01:00.0".to_string()]);
         assert!(m.gpus.is_none());
         let (_, estimated) = m.finish(0.0, 1.0, 1.0, 12.0);
         assert!(estimated);

@@ -44,6 +44,9 @@ pub struct WorkerGpu {
     pub model: String,
     /// Its memory in bytes.
     pub mem_bytes: u64,
+    /// Its PCI address as the driver writes it (`0000:1b:00.0`), when known: how its energy
+    /// counter is found in NVML, which numbers GPUs its own way.
+    pub pci_bus_id: Option<String>,
 }
 
 /// How a worker is set up.
@@ -1340,7 +1343,19 @@ fn execute(
         (Some(w), true) => Some(w.watch(&root, cancel)),
         _ => None,
     };
-    let meter = crate::energy::Meter::start(&a.gpu_indices);
+    // The held GPUs by PCI address (all of them, or none measured).
+    let pci: Option<Vec<String>> = a
+        .gpu_indices
+        .iter()
+        .map(|i| {
+            sh.config
+                .gpus
+                .iter()
+                .find(|g| g.index == *i)
+                .and_then(|g| g.pci_bus_id.clone())
+        })
+        .collect();
+    let meter = crate::energy::Meter::start(pci.as_deref().unwrap_or(&[]));
     let outcome = if !a.wasm_module.is_empty() {
         let Some(runner) = &sh.wasm else {
             return failed("this worker cannot run wasm tasks".into(), false);

@@ -364,6 +364,7 @@ pub(crate) fn gpus_from(spec: &str) -> Result<Vec<WorkerGpu>> {
         index: i as u32,
         model: d.info().name.clone(),
         mem_bytes: d.info().global_mem,
+        pci_bus_id: d.info().topology.as_ref().map(|t| t.pci_bus_id.clone()),
     })
     .collect();
     if spec == "all" {

@@ -36,7 +36,9 @@ struct Key {
 
 impl Key {
     fn of(w: &Worker) -> Key {
-        let free = (w.cap().cpus - w.used().cpus).max(0.0);
+        // Never negative, and never -0.0 (whose bits would sort before every other amount).
+        let d = w.cap().cpus - w.used().cpus;
+        let free = if d > 0.0 { d } else { 0.0 };
         Key {
             available: !w.unavailable,
             free: free.to_bits(),

@@ -165,6 +165,7 @@ impl Coordinator {
                 continue;
             }
             rt.worker = None;
+            j.broken.remove(&(tref.task, attempt));
             let slot = &w.slots[&(tref, attempt)];
             if let (Some(start), false, true) = (
                 slot.started_at,

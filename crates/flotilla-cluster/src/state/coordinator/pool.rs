@@ -1198,6 +1198,11 @@ impl Coordinator {
                     .entry(task.task)
                     .or_default()
                     .extend(rejected.iter().cloned());
+                if stale.is_some() {
+                    // Before the task is done again (which may end the job): its consumers
+                    // that read the old result go back first.
+                    self.rerun_consumers(task, out);
+                }
                 let mut winner: Option<Replica> = None;
                 let mut holders = Vec::new();
                 for r in rs {
@@ -1217,9 +1222,6 @@ impl Coordinator {
                     if current {
                         self.accept_result(task, r, &holders, out);
                     }
-                }
-                if stale.is_some() {
-                    self.rerun_consumers(task, out);
                 }
                 for &k in reverify {
                     self.reverify(task_of_key(k), rejected, out);

@@ -89,6 +89,7 @@ impl Coordinator {
             t.incoming = t.incoming.saturating_sub(1);
         }
         let j = self.job(task.job);
+        j.broken.remove(&(task.task, attempt));
         let rt = &mut j.tasks[task.task.index()];
         if rt.state == TaskState::Assigned && rt.attempt == attempt && rt.worker == Some(worker) {
             rt.worker = None;

@@ -435,15 +435,14 @@ fn derived(p: &Pooled, w: WorkerId, bad: WorkerId, a: &Assignment) -> String {
     format!("{name}({})", read.join(","))
 }
 
-#[test]
-fn a_wrong_result_found_late_reruns_every_task_that_read_it() {
+/// A pool where `mallory` (the cheapest, one CPU) has earned trust honestly; `alice` and
+/// `bob` are dearer, with four CPUs each. Returns mallory's worker.
+fn trusted_mallory() -> (Pooled, WorkerId) {
     let mut p = Pooled::new();
     p.grant(100_000);
-    // mallory: the cheapest, one CPU; alice and bob: dearer, four CPUs each.
     let (bad, _) = p.join(provider("mallory", 1.0, "1"));
     p.join(provider("alice", 4.0, "2"));
     p.join(provider("bob", 4.0, "3"));
-    // mallory earns trust honestly first.
     let mut guard = 0;
     while p.sim.c.reputation("mallory").streak < 5 {
         guard += 1;
@@ -454,54 +453,27 @@ fn a_wrong_result_found_late_reruns_every_task_that_read_it() {
             out = p.round(&out, WorkerId(u32::MAX));
         }
     }
-    // A chain a -> b -> c, adaptive: a goes to mallory, trusted now, which lies about it and
-    // is believed alone; b and c need two CPUs, so they run on alice and bob, honestly but
-    // on the lie.
-    let chain = "name = \"chain\"\nstaging = \"transfer\"\n[pool]\nverify = \"adaptive\"\n\
-        [[task]]\nid = \"a\"\ncmd = [\"a\"]\noutputs = [\"a.txt\"]\ntimeout = \"10s\"\n\
-        [[task]]\nid = \"b\"\ncmd = [\"b\"]\nafter = [\"a\"]\ninputs = [\"a.txt\"]\n\
-        outputs = [\"b.txt\"]\ntimeout = \"10s\"\nresources = { cpus = 2 }\n\
-        [[task]]\nid = \"c\"\ncmd = [\"c\"]\nafter = [\"b\"]\ninputs = [\"b.txt\"]\n\
-        outputs = [\"c.txt\"]\ntimeout = \"10s\"\nresources = { cpus = 2 }\n";
-    let (job, out) = p.submit("t", chain);
-    let (w, a) = assigns(&out).pop().expect("a placed");
-    assert_eq!(w, bad, "the cheapest");
-    let h = derived(&p, w, bad, &a);
-    let mut out = p.done(w, a.task, a.attempt, &h, 1.0);
-    assert_eq!(
-        p.sim.state(job, "a"),
-        TaskState::Done,
-        "the lie believed alone"
-    );
-    // b runs on the lie and is verified (alice and bob agree: they were given the same
-    // input); c starts and is left running.
-    while p.sim.state(job, "c") != TaskState::Assigned {
-        let next = assigns(&out);
-        assert!(!next.is_empty(), "b runs: {:?}", p.sim.c.job_status(job));
-        let mut more = Vec::new();
-        for (w, a) in next {
-            if p.sim.name(a.task) == "c" {
-                continue;
-            }
-            let h = derived(&p, w, bad, &a);
-            more.extend(p.done(w, a.task, a.attempt, &h, 1.0));
-        }
-        out = more;
-    }
-    assert_eq!(p.sim.state(job, "b"), TaskState::Done);
-    let c_first = p.sim.c.job_status(job).unwrap().tasks[2].attempts;
-    // mallory is caught on another job (verify = 2, outvoted): a, which it was trusted with
-    // alone, is verified again, its new result differs, and everything that read the lie
-    // runs again: b (done) is put back, c (running) is cancelled.
-    let (_, mut out) = p.submit("t", &pool_job(1, "verify = 2"));
-    let mut cancelled = Vec::new();
-    guard = 0;
-    while p.sim.c.job_summary(job).unwrap().state == JobState::Running {
+    (p, bad)
+}
+
+/// Runs what `out` assigns and cancels until `stop` holds: cancels end cancelled, an
+/// assignment `hold` picks is kept in `held` (not run), others end with [`derived`] results
+/// (for the chain's job `job`) or right ones (`wrong` on `bad`, for any other job).
+fn drive(
+    p: &mut Pooled,
+    mut out: Vec<Command>,
+    (job, bad): (JobId, WorkerId),
+    stop: &dyn Fn(&Pooled) -> bool,
+    hold: &dyn Fn(&Pooled, &Assignment) -> bool,
+    held: &mut Vec<(WorkerId, Assignment)>,
+) -> Vec<Command> {
+    let mut guard = 0;
+    while !stop(p) {
         guard += 1;
-        assert!(guard < 50, "the chain ends: {:?}", p.sim.c.job_status(job));
+        assert!(guard < 100, "it gets there: {:?}", p.sim.c.job_status(job));
         let mut more = Vec::new();
         for (w, t, attempt) in cancels_of(&out) {
-            cancelled.push(p.sim.name(t));
+            held.retain(|(_, a)| (a.task, a.attempt) != (t, attempt));
             more.extend(p.sim.ev(Event::TaskFinished {
                 worker: w,
                 task: t,
@@ -515,8 +487,12 @@ fn a_wrong_result_found_late_reruns_every_task_that_read_it() {
             }));
         }
         for (w, a) in assigns(&out) {
+            if hold(p, &a) {
+                held.push((w, a));
+                continue;
+            }
             let h = if a.task.job == job {
-                derived(&p, w, bad, &a)
+                derived(p, w, bad, &a)
             } else if w == bad {
                 "wrong".into()
             } else {
@@ -524,13 +500,147 @@ fn a_wrong_result_found_late_reruns_every_task_that_read_it() {
             };
             more.extend(p.done(w, a.task, a.attempt, &h, 1.0));
         }
-        assert!(!more.is_empty(), "something happens");
+        assert!(!more.is_empty() || stop(p), "something happens");
         out = more;
     }
+    out
+}
+
+#[test]
+fn a_wrong_result_found_late_reruns_its_readers_even_when_it_is_the_job_s_last_task() {
+    let (mut p, bad) = trusted_mallory();
+    // a -> b, and x beside them (two CPUs each but a): a goes to mallory, which lies and is
+    // believed; b runs on the lie; x is kept running.
+    let text = "name = \"late\"\nstaging = \"transfer\"\n[pool]\nverify = \"adaptive\"\n\
+        [[task]]\nid = \"a\"\ncmd = [\"a\"]\noutputs = [\"a.txt\"]\ntimeout = \"10s\"\n\
+        [[task]]\nid = \"b\"\ncmd = [\"b\"]\nafter = [\"a\"]\ninputs = [\"a.txt\"]\n\
+        outputs = [\"b.txt\"]\ntimeout = \"10s\"\nresources = { cpus = 2 }\n\
+        [[task]]\nid = \"x\"\ncmd = [\"x\"]\noutputs = [\"x.txt\"]\ntimeout = \"10s\"\n\
+        resources = { cpus = 2 }\n";
+    let (job, out) = p.submit("t", text);
+    let mut held = Vec::new();
+    let is = |name: &'static str| {
+        move |p: &Pooled, a: &Assignment| a.task.job == job && p.sim.name(a.task) == name
+    };
+    let out = drive(
+        &mut p,
+        out,
+        (job, bad),
+        &|p| p.sim.state(job, "b") == TaskState::Done,
+        &is("x"),
+        &mut held,
+    );
+    assert_eq!(p.sim.state(job, "a"), TaskState::Done, "the lie believed");
+    // mallory is caught on another job; a is verified again (its runs held for now).
+    let (catch, more) = p.submit("t", &pool_job(1, "verify = 2"));
+    let mut out2 = out;
+    out2.extend(more);
+    let out = drive(
+        &mut p,
+        out2,
+        (job, bad),
+        &|p| p.sim.c.job_summary(catch).unwrap().state != JobState::Running,
+        &|_, a| a.task.job == job,
+        &mut held,
+    );
+    assert!(p.sim.c.reputation("mallory").rejected > 0, "mallory caught");
+    // x ends: every task but a is done now (b with the lie).
+    let (xs, rest): (Vec<_>, Vec<_>) = held.drain(..).partition(|(_, a)| p.sim.name(a.task) == "x");
+    held = rest;
+    let mut out3 = out;
+    for (w, a) in xs {
+        let h = derived(&p, w, bad, &a);
+        out3.extend(p.done(w, a.task, a.attempt, &h, 1.0));
+    }
+    let out = drive(
+        &mut p,
+        out3,
+        (job, bad),
+        &|p| p.sim.state(job, "x") == TaskState::Done,
+        &is("a"),
+        &mut held,
+    );
+    assert_eq!(p.sim.state(job, "b"), TaskState::Done);
+    // Now a's runs end with the honest result, which differs: b, which read the lie, runs
+    // again instead of the job ending with it.
+    let mut out4 = out;
+    for (w, a) in held.drain(..) {
+        let h = derived(&p, w, bad, &a);
+        out4.extend(p.done(w, a.task, a.attempt, &h, 1.0));
+    }
+    drive(
+        &mut p,
+        out4,
+        (job, bad),
+        &|p| p.sim.c.job_summary(job).unwrap().state != JobState::Running,
+        &|_, _| false,
+        &mut held,
+    );
     assert_eq!(p.sim.c.job_summary(job).unwrap().state, JobState::Succeeded);
-    assert_eq!(cancelled, vec!["c".to_string()], "c was stopped mid-run");
     let s = p.sim.c.job_status(job).unwrap();
-    assert!(s.tasks[2].attempts > c_first, "c ran again");
+    let (b, _, _) = s.task_by_name("b").expect("b");
+    assert_eq!(
+        p.sim.c.jobs_map()[&job].outputs[&b][0].hash,
+        "b(a())",
+        "b's accepted result read the honest a"
+    );
+    assert_eq!(p.sim.c.ledger().total(), Credits::whole(100_000));
+}
+
+#[test]
+fn a_wrong_result_found_late_reruns_every_task_that_read_it() {
+    let (mut p, bad) = trusted_mallory();
+    // A chain a -> b -> c, adaptive: a goes to mallory, trusted now, which lies about it and
+    // is believed alone; b and c need two CPUs, so they run on alice and bob, honestly but
+    // on the lie.
+    let chain = "name = \"chain\"\nstaging = \"transfer\"\n[pool]\nverify = \"adaptive\"\n\
+        [[task]]\nid = \"a\"\ncmd = [\"a\"]\noutputs = [\"a.txt\"]\ntimeout = \"10s\"\n\
+        [[task]]\nid = \"b\"\ncmd = [\"b\"]\nafter = [\"a\"]\ninputs = [\"a.txt\"]\n\
+        outputs = [\"b.txt\"]\ntimeout = \"10s\"\nresources = { cpus = 2 }\n\
+        [[task]]\nid = \"c\"\ncmd = [\"c\"]\nafter = [\"b\"]\ninputs = [\"b.txt\"]\n\
+        outputs = [\"c.txt\"]\ntimeout = \"10s\"\nresources = { cpus = 2 }\n";
+    let (job, out) = p.submit("t", chain);
+    let (w, a) = assigns(&out).pop().expect("a placed");
+    assert_eq!(w, bad, "the cheapest");
+    let h = derived(&p, w, bad, &a);
+    let out = p.done(w, a.task, a.attempt, &h, 1.0);
+    assert_eq!(
+        p.sim.state(job, "a"),
+        TaskState::Done,
+        "the lie believed alone"
+    );
+    // b runs on the lie and is verified (alice and bob agree: they were given the same
+    // input).
+    let mut held = Vec::new();
+    let out = drive(
+        &mut p,
+        out,
+        (job, bad),
+        &|p| p.sim.state(job, "b") == TaskState::Done,
+        &|_, _| false,
+        &mut held,
+    );
+    // mallory is caught on another job (verify = 2, outvoted): a, which it was trusted with
+    // alone, is verified again, its new result differs, and everything that read the lie
+    // runs again: b (done) is put back, c (its first run kept running) is cancelled.
+    let (_, more) = p.submit("t", &pool_job(1, "verify = 2"));
+    let mut out = out;
+    out.extend(more);
+    drive(
+        &mut p,
+        out,
+        (job, bad),
+        &|p| p.sim.c.job_summary(job).unwrap().state != JobState::Running,
+        &|p, a| a.task.job == job && p.sim.name(a.task) == "c" && a.attempt == 1,
+        &mut held,
+    );
+    assert_eq!(p.sim.c.job_summary(job).unwrap().state, JobState::Succeeded);
+    assert!(
+        held.is_empty(),
+        "c's first run was cancelled mid-run: {held:?}"
+    );
+    let s = p.sim.c.job_status(job).unwrap();
+    assert!(s.tasks[2].attempts > 1, "c ran again");
     assert!(s.tasks.iter().all(|t| t.failures == 0), "nothing counted");
     // Every accepted result is the honest chain's.
     let outputs = |t: &str| {

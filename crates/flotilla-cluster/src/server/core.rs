@@ -1374,7 +1374,6 @@ impl Core {
         self.metrics.publish(self.cluster_status(&Scope::All));
     }
 
-    /// A new watcher: the job's state now, then (while it runs) its events.
     /// Answers a status request: a job's status page or trace, or the cluster's overview.
     fn answer_status(
         &mut self,
@@ -1403,6 +1402,7 @@ impl Core {
         });
     }
 
+    /// A new watcher: the job's state now, then (while it runs) its events.
     fn on_watch(&mut self, job: JobId, tx: Watcher) {
         let Some(s) = self.coord.job_summary(job) else {
             let _ = tx.try_send(Err(no_job(job)));

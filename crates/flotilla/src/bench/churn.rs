@@ -17,15 +17,13 @@
 //! max(longest critical path, total work / cores online on average), the CPU-seconds lost
 //! with lost workers, and the peak memory of the process.
 
-use std::collections::HashMap;
-
 use flotilla_cluster::sim::{ClusterSim, SimError, Start};
 use flotilla_cluster::state::{AttemptOutcome, Config, WorkerSpec};
 use flotilla_core::{Resources, WorkerId};
 use flotilla_pool::sim::Rng;
 use serde::Serialize;
 
-use super::wfcommons::TraceJob;
+use super::wfcommons::{TraceJob, TraceRuntimes};
 
 /// How a run is set up.
 #[derive(Clone, Debug)]
@@ -147,25 +145,9 @@ pub fn run(cfg: &ChurnConfig, traces: &[(String, TraceJob)]) -> anyhow::Result<C
     for (name, tj) in traces {
         specs.push(flotilla_core::parse_job(&tj.toml, name)?);
     }
-    let runtime: HashMap<(String, String), f64> = traces
-        .iter()
-        .flat_map(|(name, tj)| {
-            tj.runtimes
-                .iter()
-                .map(move |(id, c)| ((name.clone(), id.clone()), *c))
-        })
-        .collect();
+    let runtime = TraceRuntimes::new(traces);
     let mut duration = |s: &Start<'_>| -> Result<(u64, AttemptOutcome), SimError> {
-        let base = s
-            .assignment
-            .name
-            .split('[')
-            .next()
-            .unwrap_or(&s.assignment.name);
-        let secs = runtime
-            .get(&(s.assignment.job_name.clone(), base.to_string()))
-            .copied()
-            .unwrap_or(1.0);
+        let secs = runtime.of(&s.assignment.job_name, &s.assignment.name);
         Ok(((secs * 1000.0).ceil() as u64, AttemptOutcome::Succeeded))
     };
     let step_ms: u64 = 10_000;

@@ -30,7 +30,7 @@ use flotilla_pool::sim::Rng;
 use flotilla_pool::{Credits, Price, Windows};
 use serde::Serialize;
 
-use super::wfcommons::{job_from_trace, TraceJob};
+use super::wfcommons::{job_from_trace, TraceJob, TraceRuntimes};
 
 /// How a market run is set up.
 #[derive(Clone, Debug)]
@@ -256,30 +256,10 @@ pub fn run(cfg: &MarketConfig, traces: &[(String, TraceJob)]) -> anyhow::Result<
         arrivals.push((t, j % traces.len()));
         t += rng.exp(cfg.arrival_s);
     }
-    let runtime: HashMap<(usize, String), f64> = traces
-        .iter()
-        .enumerate()
-        .flat_map(|(i, (_, tj))| tj.runtimes.iter().map(move |(id, c)| ((i, id.clone()), *c)))
-        .collect();
-    // A job is named after its trace.
-    let trace_of: HashMap<String, usize> = traces
-        .iter()
-        .enumerate()
-        .map(|(i, (name, _))| (name.clone(), i))
-        .collect();
+    let runtime = TraceRuntimes::new(traces);
     // Per attempt: preempted work lost (CPU-seconds) and energy.
     let mut duration = |s: &Start<'_>| -> Result<(u64, AttemptOutcome), SimError> {
-        let trace = trace_of.get(&s.assignment.job_name).copied().unwrap_or(0);
-        let base = s
-            .assignment
-            .name
-            .split('[')
-            .next()
-            .unwrap_or(&s.assignment.name);
-        let work = runtime
-            .get(&(trace, base.to_string()))
-            .copied()
-            .unwrap_or(1.0);
+        let work = runtime.of(&s.assignment.job_name, &s.assignment.name);
         let carried: f64 = s
             .assignment
             .resume

@@ -63,6 +63,33 @@ impl TraceJob {
     }
 }
 
+/// Each trace task's (scaled) runtime, by the trace's name (its job's name) and the task's id:
+/// what a simulated attempt of it takes.
+pub struct TraceRuntimes(HashMap<String, HashMap<String, f64>>);
+
+impl TraceRuntimes {
+    /// From traces named as their jobs are.
+    pub fn new(traces: &[(String, TraceJob)]) -> TraceRuntimes {
+        TraceRuntimes(
+            traces
+                .iter()
+                .map(|(name, tj)| (name.clone(), tj.runtimes.iter().cloned().collect()))
+                .collect(),
+        )
+    }
+
+    /// The runtime of task instance `task` (`"id"` or `"id[i]"`) of job `job`, seconds;
+    /// one second for a task no trace names.
+    pub fn of(&self, job: &str, task: &str) -> f64 {
+        let base = task.split('[').next().unwrap_or(task);
+        self.0
+            .get(job)
+            .and_then(|t| t.get(base))
+            .copied()
+            .unwrap_or(1.0)
+    }
+}
+
 fn sanitize(name: &str) -> String {
     name.chars()
         .map(|c| {

@@ -1051,28 +1051,26 @@ impl Core {
                 from,
                 reply,
             } => {
-                let answer = move |core: &mut Core| {
-                    core.answer_status(job, &scope, trace, (limit, from), reply)
-                };
-                // A read after changes of this turn waits for them to be durable: a client
-                // is never shown what a crash could take back (found under load: a job seen
-                // succeeded, the coordinator killed, and the job running again after its
-                // restart). While the journal cannot be written, reads are answered as they
-                // are (the overview says why nothing is acknowledged).
-                if records.is_empty() || self.blocked.is_some() {
-                    answer(self);
-                } else {
-                    after.push(Box::new(answer));
-                }
+                let json = |doc: Option<String>, j: JobId| doc.ok_or_else(|| no_job(j));
+                let _ = reply.send(match (trace, job, limit) {
+                    (true, Some(j), _) => json(
+                        self.coord
+                            .job_trace_last(j, limit.unwrap_or(usize::MAX))
+                            .and_then(|t| serde_json::to_string(&t).ok()),
+                        j,
+                    ),
+                    (true, None, _) => Err(Status::invalid_argument("a trace is of one job")),
+                    (false, Some(j), n) => json(
+                        self.coord
+                            .job_status_range(j, from, n.unwrap_or(state::STATUS_TASKS))
+                            .and_then(|s| serde_json::to_string(&s).ok()),
+                        j,
+                    ),
+                    (false, None, _) => self.on_cluster_status(&scope),
+                });
             }
             Req::Outputs { job, reply, .. } => self.on_outputs(job, reply, cmds, records, after),
-            Req::Watch { job, tx, .. } => {
-                if records.is_empty() || self.blocked.is_some() {
-                    self.on_watch(job, tx);
-                } else {
-                    after.push(Box::new(move |core: &mut Core| core.on_watch(job, tx)));
-                }
-            }
+            Req::Watch { job, tx, .. } => self.on_watch(job, tx),
             Req::LogInfo {
                 job, task, reply, ..
             } => {
@@ -1372,34 +1370,6 @@ impl Core {
         }
         self.published_at = Instant::now();
         self.metrics.publish(self.cluster_status(&Scope::All));
-    }
-
-    /// Answers a status request: a job's status page or trace, or the cluster's overview.
-    fn answer_status(
-        &mut self,
-        job: Option<JobId>,
-        scope: &Scope,
-        trace: bool,
-        (limit, from): (Option<usize>, usize),
-        reply: Reply<String>,
-    ) {
-        let json = |doc: Option<String>, j: JobId| doc.ok_or_else(|| no_job(j));
-        let _ = reply.send(match (trace, job, limit) {
-            (true, Some(j), _) => json(
-                self.coord
-                    .job_trace_last(j, limit.unwrap_or(usize::MAX))
-                    .and_then(|t| serde_json::to_string(&t).ok()),
-                j,
-            ),
-            (true, None, _) => Err(Status::invalid_argument("a trace is of one job")),
-            (false, Some(j), n) => json(
-                self.coord
-                    .job_status_range(j, from, n.unwrap_or(state::STATUS_TASKS))
-                    .and_then(|s| serde_json::to_string(&s).ok()),
-                j,
-            ),
-            (false, None, _) => self.on_cluster_status(scope),
-        });
     }
 
     /// A new watcher: the job's state now, then (while it runs) its events.

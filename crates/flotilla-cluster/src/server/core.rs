@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Receiver;
 use flotilla_core::{JobId, TaskId, WorkerId};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
@@ -804,7 +803,7 @@ impl Core {
 
     /// Serves requests until stopped; `Err` when it must stop because the journal cannot be
     /// written.
-    pub(super) fn run(mut self, rx: Receiver<Req>) -> std::result::Result<(), String> {
+    pub(super) fn run(mut self, rx: super::queue::Inbox) -> std::result::Result<(), String> {
         let tick = Duration::from_millis(50);
         let mut last_tick = Instant::now();
         loop {

@@ -24,7 +24,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use bytes::Bytes;
-use crossbeam_channel::Sender;
 use flotilla_core::JobId;
 use futures::Stream;
 use parking_lot::Mutex;
@@ -81,7 +80,7 @@ impl IntoResponse for Refused {
 
 /// The dashboard's side of [`Http`]: the core's queue.
 #[derive(Clone)]
-pub(crate) struct Core(pub(crate) Sender<Req>);
+pub(crate) struct Core(pub(crate) super::queue::CoreQueue);
 
 fn scope_key(s: &Scope) -> String {
     match s {

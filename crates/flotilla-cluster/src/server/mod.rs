@@ -150,7 +150,7 @@ pub struct Server {
     done: watch::Receiver<Option<std::result::Result<(), String>>>,
     /// The core's queue, for tests that inject a request.
     #[cfg(test)]
-    core: crossbeam_channel::Sender<Req>,
+    core: queue::CoreQueue,
 }
 
 impl Server {
@@ -230,7 +230,7 @@ impl Server {
         let stop = stop_tx.clone();
         let token_out = token.clone();
         #[cfg(test)]
-        let (core_tx, _) = crossbeam_channel::bounded::<Req>(1);
+        let (core_tx, _) = queue::queue(1);
         tokio::spawn(async move {
             let outcome = lead_and_follow(&config, &node, &token, &stop, stop_rx).await;
             if outcome.is_err() {
@@ -400,7 +400,7 @@ struct Served {
     /// Turns true when the core's thread has ended (its journal closed).
     core_done: watch::Receiver<bool>,
     #[cfg(test)]
-    core: crossbeam_channel::Sender<Req>,
+    core: queue::CoreQueue,
 }
 
 /// Recovers the core from `journal`, starts its thread, binds, and serves until `stop`;
@@ -414,7 +414,7 @@ async fn serve(
     stop_rx: watch::Receiver<bool>,
     done_tx: watch::Sender<Option<std::result::Result<(), String>>>,
 ) -> Result<Served> {
-    let (req_tx, req_rx) = crossbeam_channel::bounded::<Req>(config.core_queue.max(1));
+    let (req_tx, req_rx) = queue::queue(config.core_queue);
     let sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>> =
         Arc::new(Mutex::new(HashMap::new()));
     let metrics = http::Metrics::new();
@@ -611,6 +611,7 @@ mod core;
 mod dashboard;
 mod http;
 mod peers;
+mod queue;
 mod rpc;
 #[cfg(test)]
 mod tests;

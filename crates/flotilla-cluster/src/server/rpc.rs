@@ -7,7 +7,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
 use flotilla_core::{JobId, WorkerId};
 use futures::Stream;
 use parking_lot::Mutex;
@@ -23,11 +22,12 @@ use crate::proto::workers_server::Workers;
 use crate::proto::{self};
 
 use super::core::{Reply, Req};
+use super::queue::CoreQueue;
 
 /// The gRPC handlers.
 #[derive(Clone)]
 pub(super) struct Api {
-    pub(super) core: Sender<Req>,
+    pub(super) core: CoreQueue,
     pub(super) sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>>,
     /// Files uploaded with transfer jobs, served to workers by `Objects.Fetch`.
     pub(super) store: Arc<crate::objects::ObjectStore>,
@@ -98,7 +98,7 @@ impl Drop for StreamSlot {
 
 /// Queues `req` for the core, or refuses it when the queue is full: a client is told to
 /// retry, nothing already accepted is lost.
-pub(super) fn offer(core: &Sender<Req>, req: Req) -> std::result::Result<(), Status> {
+pub(super) fn offer(core: &CoreQueue, req: Req) -> std::result::Result<(), Status> {
     core.try_send(req).map_err(|e| match e {
         crossbeam_channel::TrySendError::Full(_) => Status::resource_exhausted(
             "the coordinator is busy (its request queue is full): retry shortly",
@@ -112,7 +112,7 @@ pub(super) fn offer(core: &Sender<Req>, req: Req) -> std::result::Result<(), Sta
 /// Queues `req` for the core, waiting while the queue is full (a worker's session: its
 /// stream is not read meanwhile, which pushes back on the worker). `false` once the core is
 /// gone.
-async fn offer_patiently(core: &Sender<Req>, mut req: Req) -> bool {
+async fn offer_patiently(core: &CoreQueue, mut req: Req) -> bool {
     let mut wait = Duration::from_micros(100);
     loop {
         match core.try_send(req) {

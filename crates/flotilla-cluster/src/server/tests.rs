@@ -14,7 +14,7 @@ async fn a_panic_in_the_core_stops_the_server_with_an_error() {
     let server = Server::start(ServerConfig::new(listen, dir.path()))
         .await
         .expect("starts");
-    server.core.send(Req::Panic).expect("the core is up");
+    assert!(server.core.try_send(Req::Panic).is_ok(), "the core is up");
     let e = server.wait().await.expect_err("a failed core is an error");
     assert!(
         e.to_string()
@@ -40,7 +40,7 @@ async fn a_stopped_server_ends_without_error() {
 async fn a_full_request_queue_refuses_new_requests_as_busy() {
     use crate::proto::coordinator_server::Coordinator as _;
     let dir = tempfile::tempdir().expect("a temporary folder");
-    let (core, _rx) = crossbeam_channel::bounded::<Req>(1);
+    let (core, _rx) = queue::queue(1);
     let (stop, _) = watch::channel(false);
     let api = rpc::Api {
         core,

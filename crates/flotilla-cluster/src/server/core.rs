@@ -282,6 +282,12 @@ pub(super) struct Core {
     group: Option<Arc<crate::ha::Node>>,
     /// The API address (`flotilla status` names it as the group's leader).
     api_addr: String,
+    /// Reads of this turn that came after its changes: answered once the turn is written
+    /// (or, when the journal cannot be written, as they are).
+    reads: Vec<AfterCommit>,
+    /// Called before each journal append (tests of what leaves the core before it).
+    #[cfg(test)]
+    pub(super) before_append: Option<Box<dyn FnMut() + Send>>,
 }
 
 /// What the core holds while its journal cannot be written: the records not yet durable, and
@@ -761,6 +767,9 @@ impl Core {
             compact_after: config.compact_journal_after,
             compaction: None,
             compaction_failed: None,
+            reads: Vec::new(),
+            #[cfg(test)]
+            before_append: None,
         };
         let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
         let rdv_err = |e| {
@@ -851,15 +860,20 @@ impl Core {
                 self.handle(Event::Tick, &mut cmds, &mut records);
             }
             let busy = !cmds.is_empty() || !records.is_empty();
+            let reads = std::mem::take(&mut self.reads);
             let Some((cmds, after)) = self.commit(records, cmds, after, stop)? else {
-                // The journal cannot be written: all of it waits (see `commit`).
+                // The journal cannot be written: all of it waits (see `commit`), but reads
+                // are answered as they are.
+                for f in reads {
+                    f(&mut self);
+                }
                 self.publish();
                 if stop {
                     return Ok(());
                 }
                 continue;
             };
-            for f in after {
+            for f in after.into_iter().chain(reads) {
                 f(&mut self);
             }
             self.dispatch(cmds);
@@ -919,6 +933,10 @@ impl Core {
         };
         if records.is_empty() {
             return Ok(Some((cmds, after)));
+        }
+        #[cfg(test)]
+        if let Some(hook) = &mut self.before_append {
+            hook();
         }
         let t = Instant::now();
         match self.journal.append(&records) {
@@ -1050,26 +1068,29 @@ impl Core {
                 from,
                 reply,
             } => {
-                let json = |doc: Option<String>, j: JobId| doc.ok_or_else(|| no_job(j));
-                let _ = reply.send(match (trace, job, limit) {
-                    (true, Some(j), _) => json(
-                        self.coord
-                            .job_trace_last(j, limit.unwrap_or(usize::MAX))
-                            .and_then(|t| serde_json::to_string(&t).ok()),
-                        j,
-                    ),
-                    (true, None, _) => Err(Status::invalid_argument("a trace is of one job")),
-                    (false, Some(j), n) => json(
-                        self.coord
-                            .job_status_range(j, from, n.unwrap_or(state::STATUS_TASKS))
-                            .and_then(|s| serde_json::to_string(&s).ok()),
-                        j,
-                    ),
-                    (false, None, _) => self.on_cluster_status(&scope),
-                });
+                let answer = move |core: &mut Core| {
+                    core.answer_status(job, &scope, trace, (limit, from), reply)
+                };
+                // A read after changes of this turn waits for them to be durable: a client
+                // is never shown what a crash could take back (found under load: a job seen
+                // succeeded, the coordinator killed, and the job running again after its
+                // restart). While the journal cannot be written, reads are answered as they
+                // are (the overview says why nothing is acknowledged).
+                if records.is_empty() || self.blocked.is_some() {
+                    answer(self);
+                } else {
+                    self.reads.push(Box::new(answer));
+                }
             }
             Req::Outputs { job, reply, .. } => self.on_outputs(job, reply, cmds, records, after),
-            Req::Watch { job, tx, .. } => self.on_watch(job, tx),
+            Req::Watch { job, tx, .. } => {
+                if records.is_empty() || self.blocked.is_some() {
+                    self.on_watch(job, tx);
+                } else {
+                    self.reads
+                        .push(Box::new(move |core: &mut Core| core.on_watch(job, tx)));
+                }
+            }
             Req::LogInfo {
                 job, task, reply, ..
             } => {
@@ -1369,6 +1390,34 @@ impl Core {
         }
         self.published_at = Instant::now();
         self.metrics.publish(self.cluster_status(&Scope::All));
+    }
+
+    /// Answers a status request: a job's status page or trace, or the cluster's overview.
+    fn answer_status(
+        &mut self,
+        job: Option<JobId>,
+        scope: &Scope,
+        trace: bool,
+        (limit, from): (Option<usize>, usize),
+        reply: Reply<String>,
+    ) {
+        let json = |doc: Option<String>, j: JobId| doc.ok_or_else(|| no_job(j));
+        let _ = reply.send(match (trace, job, limit) {
+            (true, Some(j), _) => json(
+                self.coord
+                    .job_trace_last(j, limit.unwrap_or(usize::MAX))
+                    .and_then(|t| serde_json::to_string(&t).ok()),
+                j,
+            ),
+            (true, None, _) => Err(Status::invalid_argument("a trace is of one job")),
+            (false, Some(j), n) => json(
+                self.coord
+                    .job_status_range(j, from, n.unwrap_or(state::STATUS_TASKS))
+                    .and_then(|s| serde_json::to_string(&s).ok()),
+                j,
+            ),
+            (false, None, _) => self.on_cluster_status(scope),
+        });
     }
 
     /// A new watcher: the job's state now, then (while it runs) its events.

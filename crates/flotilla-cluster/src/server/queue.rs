@@ -77,10 +77,11 @@ impl Drop for Inbox {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn ask() -> (
+    /// A request for the cluster's overview, and where its answer comes.
+    pub(in crate::server) fn ask() -> (
         Req,
         tokio::sync::oneshot::Receiver<Result<String, tonic::Status>>,
     ) {

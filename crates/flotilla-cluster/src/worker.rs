@@ -127,13 +127,29 @@ pub const DEFAULT_WASM_MAX_MEMORY: u64 = 4 << 30;
 /// The default for [`WorkerConfig::wasm_max_time`]: 24 hours.
 pub const DEFAULT_WASM_MAX_TIME: Duration = Duration::from_secs(24 * 3600);
 
+/// The machine a worker reports: its Kubernetes node (`FLOTILLA_NODE_NAME`, from the
+/// Downward API's `spec.nodeName`) in a pod, else its hostname. Workers on one host share its
+/// disks and network: `flotilla status` shows it beside each worker.
+pub fn worker_host() -> String {
+    env_name("FLOTILLA_NODE_NAME").unwrap_or_else(flotilla_core::host::hostname)
+}
+
+/// A non-empty environment variable.
+fn env_name(var: &str) -> Option<String> {
+    std::env::var(var)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
 impl WorkerConfig {
-    /// A config with this machine's defaults: all cores, no GPUs, work dir under the temp dir.
+    /// A config with this machine's defaults: all cores, no GPUs, work dir under the temp dir,
+    /// named as its pod (`FLOTILLA_POD_NAME`) or else its host.
     pub fn local(remote: Remote) -> Self {
-        let host = flotilla_core::host::hostname();
+        let host = worker_host();
         Self {
             remote,
-            name: host.clone(),
+            name: env_name("FLOTILLA_POD_NAME").unwrap_or_else(|| host.clone()),
             cpus: std::thread::available_parallelism()
                 .map(|n| n.get() as f64)
                 .unwrap_or(1.0),
@@ -1020,7 +1036,7 @@ async fn session(
         .register(proto::RegisterRequest {
             protocol_version: proto::PROTOCOL_VERSION,
             name: cfg.name.clone(),
-            hostname: flotilla_core::host::hostname(),
+            hostname: worker_host(),
             hw_class: cfg.hw_class.clone(),
             resources: Some(convert::resources_to_proto(&cfg.offer())),
             gpus: cfg

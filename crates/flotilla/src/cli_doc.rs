@@ -164,3 +164,67 @@ fn cell(s: &str) -> String {
         .join(" ")
         .replace('|', "\\|")
 }
+
+/// Writes a man page for every visible command into `dir` (`flotilla.1`,
+/// `flotilla-admin-tenant-add.1`, ...), as `flotilla man --out DIR` does for the packages;
+/// returns the files written.
+pub(crate) fn man_pages(
+    cli: &Command,
+    dir: &std::path::Path,
+) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut cli = cli.clone();
+    cli.build();
+    std::fs::create_dir_all(dir)?;
+    let mut index = Vec::new();
+    collect(&cli, &mut Vec::new(), &mut index);
+    let mut written = Vec::new();
+    for (path, cmd) in index {
+        let name = path.replace(' ', "-");
+        // The page's title is the whole command, as `man flotilla-admin-tenant-add` finds it.
+        let page = cmd.clone().name(name.clone()).bin_name(path);
+        let mut text = Vec::new();
+        clap_mangen::Man::new(page).render(&mut text)?;
+        let file = dir.join(format!("{name}.1"));
+        std::fs::write(&file, text)?;
+        written.push(file);
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_visible_command_has_a_man_page() {
+        let cli = Command::new("flotilla").about("the runtime").subcommand(
+            Command::new("admin")
+                .about("administration")
+                .subcommand(
+                    Command::new("tenant")
+                        .about("tenants")
+                        .subcommand(Command::new("add").about("Add a tenant")),
+                )
+                .subcommand(Command::new("secret").hide(true)),
+        );
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let written = man_pages(&cli, dir.path()).expect("written");
+        let names: Vec<String> = written
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "flotilla.1",
+                "flotilla-admin.1",
+                "flotilla-admin-tenant.1",
+                "flotilla-admin-tenant-add.1"
+            ]
+        );
+        let page = std::fs::read_to_string(dir.path().join("flotilla-admin-tenant-add.1"))
+            .expect("a page");
+        assert!(page.contains(".TH flotilla-admin-tenant-add 1"), "{page}");
+        assert!(page.contains("Add a tenant"), "{page}");
+    }
+}

@@ -170,7 +170,7 @@ pub(crate) struct WorkerArgs {
     /// GPUs to offer: all, none, or indices (0,1).
     #[arg(long, default_value = "all")]
     gpus: String,
-    /// A name (default: the hostname).
+    /// A name (default: FLOTILLA_POD_NAME in a Kubernetes pod, else the hostname).
     #[arg(long)]
     name: Option<String>,
     /// Work directory (logs, sandboxes, held outputs).
@@ -460,12 +460,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     }
     let stop = server.stop_handle();
     tokio::spawn(async move {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending::<()>().await } } => {}
-        }
+        interrupted().await;
         stop.stop();
     });
     server.wait().await?;
@@ -536,12 +531,33 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     }
     cfg.data_listen = a.data_listen;
     let (tx, rx) = watch::channel(false);
+    // SIGTERM (systemd's stop, a pod's eviction or a node's drain) as SIGINT: running tasks
+    // get --grace to write their checkpoints and resume elsewhere. Before, only SIGINT was
+    // heard and SIGTERM killed the worker at once (found writing the Kubernetes manifests).
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        interrupted().await;
         let _ = tx.send(true);
     });
     run_worker(cfg, rx).await?;
     Ok(())
+}
+
+/// Resolves at the first SIGINT or SIGTERM.
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let term = async {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
 }
 
 /// Follows a job with a progress bar (or plain lines when stdout is not a terminal);
@@ -875,6 +891,7 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
     let mut workers = crate::table::new(&[
         "WORKER",
         "NAME",
+        "HOST",
         ">CPUS",
         ">CPUS USED",
         ">GPUS",
@@ -888,6 +905,7 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         workers.add_row([
             w.id.to_string(),
             w.name.clone(),
+            w.hostname.clone(),
             w.resources.cpus.to_string(),
             w.used.cpus.to_string(),
             w.resources.gpus.to_string(),

@@ -99,6 +99,13 @@ enum Command {
     /// Print the command-line reference as Markdown (docs/cli.md is this output).
     #[command(hide = true)]
     CliReference,
+    /// Write the man pages (one per command) into a folder: the packages ship them.
+    #[command(hide = true)]
+    Man {
+        /// The folder (made when missing).
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -653,6 +660,12 @@ fn run(cli: Cli) -> Result<bool> {
         Command::CliReference => {
             let text = cli_doc::markdown(&<Cli as clap::CommandFactory>::command());
             print_all(text.as_bytes())
+        }
+        Command::Man { out } => {
+            let pages = cli_doc::man_pages(&<Cli as clap::CommandFactory>::command(), &out)
+                .with_context(|| format!("cannot write the man pages into {}", out.display()))?;
+            eprintln!("{} man pages written into {}", pages.len(), out.display());
+            Ok(true)
         }
         Command::Bench(Bench::Cluster(a)) => {
             let cfg = flotilla::bench::cluster::ClusterBenchConfig {

@@ -218,3 +218,55 @@ cmd = ["sh", "-c", "echo $$ > pid.txt; exec sleep 600"]
     );
     let _ = job;
 }
+
+/// SIGTERM to a worker (systemd stopping it, a pod evicted, a node drained) is a drain: its
+/// running task gets SIGTERM and the grace period, writes its checkpoint, and resumes
+/// elsewhere from it; the worker leaves and exits on its own. Before, only SIGINT was heard
+/// and SIGTERM killed the worker at once (found writing the Kubernetes manifests).
+#[test]
+fn a_worker_sent_sigterm_drains_and_its_task_resumes_elsewhere_from_its_checkpoint() {
+    let mut c = Cluster::start(1, 1);
+    let progress = c.root().join("progress");
+    let job = format!(
+        "name = \"resumable\"\nstaging = \"transfer\"\n\
+         [[task]]\nid = \"sim\"\ntimeout = \"1h\"\ncheckpoint = [\"state/*.ckpt\"]\n\
+         outputs = [\"out.txt\"]\ncmd = [\"sh\", \"-c\", \"mkdir -p state; \
+         n=$(cat state/n.ckpt 2>/dev/null || echo 0); from=$n; \
+         trap 'echo $n > state/n.ckpt; exit 143' TERM; \
+         while [ $n -lt 60 ]; do n=$((n+1)); [ $n -eq $((from+5)) ] && touch {}; sleep 0.1; done; \
+         echo resumed-from=$from > out.txt\"]\n",
+        progress.display()
+    );
+    let id = c.submit_toml("resumable.toml", &job);
+    wait_until("the task to make progress", Duration::from_secs(60), || {
+        progress.exists().then_some(())
+    });
+    c.add_worker(1);
+    c.wait_workers(2);
+    c.signal_worker(0, libc::SIGTERM);
+    let s = c.wait_job(id, Duration::from_secs(120));
+    assert_succeeded(&s);
+    let t = &s.tasks[0];
+    assert_eq!(t.attempts, 2, "{t:?}");
+    assert_eq!(t.failures, 0, "a preemption is no failure: {t:?}");
+    let status = wait_until("the worker to exit", Duration::from_secs(120), || {
+        c.worker_status(0)
+    });
+    assert!(status.success(), "it left cleanly, not killed: {status:?}");
+    let out = c.cli(&["wait", &id.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = std::fs::read_to_string(c.job_dir().join("out.txt")).expect("the output");
+    let from: u32 = got
+        .trim()
+        .strip_prefix("resumed-from=")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{got:?}"));
+    assert!(
+        from >= 5,
+        "it resumed from its checkpoint, not from 0: {got:?}"
+    );
+}

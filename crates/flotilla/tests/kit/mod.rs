@@ -89,6 +89,11 @@ impl Proc {
         matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
+    /// Its exit status once it has exited (reaped then).
+    pub(crate) fn status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Sends `sig` (e.g. `libc::SIGSTOP`).
     pub(crate) fn signal(&self, sig: i32) {
         // SAFETY: kill(2) on our own child's pid.
@@ -369,6 +374,21 @@ impl Cluster {
     /// The process id of worker `i`, while it runs.
     pub(crate) fn worker_pid(&self, i: usize) -> Option<u32> {
         self.workers.get(i).and_then(Option::as_ref).map(Proc::pid)
+    }
+
+    /// Worker `i`'s exit status once it has exited by itself.
+    pub(crate) fn worker_status(&mut self, i: usize) -> Option<std::process::ExitStatus> {
+        self.workers
+            .get_mut(i)
+            .and_then(Option::as_mut)
+            .and_then(Proc::status)
+    }
+
+    /// Sends `sig` to worker `i`.
+    pub(crate) fn signal_worker(&self, i: usize, sig: i32) {
+        if let Some(p) = self.workers.get(i).and_then(Option::as_ref) {
+            p.signal(sig);
+        }
     }
 
     /// The coordinator's process id, while it runs.

@@ -127,6 +127,52 @@ pub const DEFAULT_WASM_MAX_MEMORY: u64 = 4 << 30;
 /// The default for [`WorkerConfig::wasm_max_time`]: 24 hours.
 pub const DEFAULT_WASM_MAX_TIME: Duration = Duration::from_secs(24 * 3600);
 
+/// The coordinator's addresses as `host:port` (no scheme).
+fn coordinator_addrs(remote: &Remote) -> Vec<String> {
+    remote
+        .addrs()
+        .into_iter()
+        .map(|a| {
+            a.trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .trim_end_matches('/')
+                .to_string()
+        })
+        .collect()
+}
+
+/// The address other workers fetch this one's outputs from: the bound one, or, bound to
+/// every interface (`--data-listen 0.0.0.0:7071`, as in a pod or under systemd), this
+/// machine's address on the route to the coordinator (a UDP socket's `connect` picks it;
+/// nothing is sent). Before, `0.0.0.0:7071` itself was advertised, which no peer can reach.
+async fn advertised(bound: std::net::SocketAddr, coordinator: &[String]) -> std::net::SocketAddr {
+    if !bound.ip().is_unspecified() {
+        return bound;
+    }
+    for addr in coordinator {
+        let Ok(found) = tokio::net::lookup_host(addr.as_str()).await else {
+            continue;
+        };
+        for to in found {
+            let any = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" };
+            let Ok(socket) = std::net::UdpSocket::bind(any) else {
+                continue;
+            };
+            if socket.connect(to).is_ok() {
+                if let Ok(local) = socket.local_addr() {
+                    return std::net::SocketAddr::new(local.ip(), bound.port());
+                }
+            }
+        }
+    }
+    tracing::warn!(
+        "the object server listens on {bound}, and no route to the coordinator names this \
+         machine's address: other workers cannot fetch from here (give --data-listen an \
+         address)"
+    );
+    bound
+}
+
 /// The machine a worker reports: its Kubernetes node (`FLOTILLA_NODE_NAME`, from the
 /// Downward API's `spec.nodeName`) in a pod, else its hostname. Workers on one host share its
 /// disks and network: `flotilla status` shows it beside each worker.
@@ -859,7 +905,9 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         data_tls,
     )
     .await?;
-    let data_addr = data.to_string();
+    let data_addr = advertised(data, &coordinator_addrs(&config.remote))
+        .await
+        .to_string();
     let sandbox_watch = match config.max_sandbox {
         Some(cap) => Some(crate::sandbox_watch::SandboxWatch::start(cap).map_err(|e| {
             ClusterError::Config(format!("cannot start the sandbox size watcher: {e}"))
@@ -1574,5 +1622,27 @@ fn execute(
             retryable: matches!(e, ClusterError::StoreFull { .. }),
             message: e.to_string(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_worker_bound_to_every_interface_advertises_its_address_toward_the_coordinator() {
+        let at = |s: &str| s.parse::<std::net::SocketAddr>().expect("an address");
+        let coordinator =
+            coordinator_addrs(&Remote::new("http://127.0.0.1:7070/, 127.0.0.1:7071", "t"));
+        assert_eq!(coordinator, ["127.0.0.1:7070", "127.0.0.1:7071"]);
+        assert_eq!(
+            advertised(at("0.0.0.0:5005"), &coordinator).await,
+            at("127.0.0.1:5005")
+        );
+        // An address given is advertised as it is.
+        assert_eq!(
+            advertised(at("127.0.0.2:5005"), &coordinator).await,
+            at("127.0.0.2:5005")
+        );
     }
 }

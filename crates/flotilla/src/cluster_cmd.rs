@@ -176,7 +176,8 @@ pub(crate) struct WorkerArgs {
     /// Work directory (logs, sandboxes, held outputs).
     #[arg(long)]
     work_dir: Option<PathBuf>,
-    /// Where to serve held outputs to other workers.
+    /// Where to serve held outputs to other workers. Bound to every interface (0.0.0.0:7071),
+    /// the worker advertises its address on the route to the coordinator.
     #[arg(long, default_value = "127.0.0.1:0")]
     data_listen: SocketAddr,
     /// Sandbox process tasks (bubblewrap): auto (when this machine can, else a warning),

@@ -195,7 +195,14 @@ fn a_client_waits_for_a_restarting_coordinator_and_says_where_it_looked() {
     // The overview is a table with its headers.
     let out = c.cli(&["status"]);
     let table = String::from_utf8_lossy(&out.stdout);
-    for h in ["JOB", "DONE/TOTAL", "WORKER", "HOST", "CPUS USED", "HW CLASS"] {
+    for h in [
+        "JOB",
+        "DONE/TOTAL",
+        "WORKER",
+        "HOST",
+        "CPUS USED",
+        "HW CLASS",
+    ] {
         assert!(table.contains(h), "{h} missing from\n{table}");
     }
     assert!(table.contains("quick"), "{table}");

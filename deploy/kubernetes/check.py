@@ -1,0 +1,577 @@
+"""Checks the rendered Kubernetes manifests offline (run by check.sh, in its venv).
+
+usage: check.py K8S_VERSION REPO_ROOT NAME=RENDERED.yaml ...
+
+NAME is the overlay (and components) a file was rendered from: "cpu-only", "gpu", or one of
+those followed by "+component" for each component added ("cpu-only+autoscale-keda").
+
+Every object is validated against the Kubernetes API schemas of K8S_VERSION (strict: unknown
+fields are errors) with kubernetes-validate. The custom resources (KEDA's ScaledObject,
+prometheus-operator's ServiceMonitor) have no schema there: their fields are checked here
+against the fields those CRDs define, and their references against the other objects. Then
+come the checks of what the manifests mean for Flotilla: the flags exist (docs/cli.md, made
+from the program), the metric the autoscaler queries exists (the coordinator's http.rs), the
+selectors select, the ports resolve, the worker's grace fits the pod's, and each overlay holds
+what it should.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+NAMESPACE = "flotilla"
+ADMIN_SECRET = "flotilla-admin-token"
+WORKER_SECRET = "flotilla-worker-token"
+METRICS_SECRET = "flotilla-metrics-token"
+STATE_DIR = "/var/lib/flotilla"
+# The worker waits --grace + this long for its tasks after it is asked to leave (worker.rs).
+WORKER_LEAVE_SLACK_S = 15
+NON_NAMESPACED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
+
+results = []  # (ok, text)
+
+
+def check(ok, text):
+    results.append((bool(ok), text))
+    print(("ok    " if ok else "FAIL  ") + text)
+    return bool(ok)
+
+
+# --- what the program says ---------------------------------------------------------------
+
+
+def cli_flags(repo):
+    """Flags per command from docs/cli.md ("## flotilla server" -> "server")."""
+    text = (repo / "docs" / "cli.md").read_text()
+    flags, section = {}, None
+    for line in text.splitlines():
+        m = re.match(r"^## flotilla(?: (.*))?$", line)
+        if m:
+            section = m.group(1) or ""
+            flags.setdefault(section, set())
+            continue
+        if section is not None:
+            for f in re.findall(r"`(--[a-z0-9-]+)", line):
+                if line.startswith("| `--"):
+                    flags[section].add(f)
+    return flags
+
+
+def metric_names(repo):
+    """The metrics the coordinator exports (registered with the prefix flotilla_)."""
+    src = (repo / "crates" / "flotilla-cluster" / "src" / "server" / "http.rs").read_text()
+    names = {"flotilla_" + n for n in re.findall(r'r\.register\(\s*"([a-z_]+)"', src)}
+    states = set(re.findall(r'\("([a-z]+)", c\.[a-z_]+\)', src))
+    return names, states
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def labels_match(selector, labels):
+    ml = (selector or {}).get("matchLabels", {}) or {}
+    if (selector or {}).get("matchExpressions"):
+        raise ValueError("matchExpressions are not evaluated by this check")
+    return all(labels.get(k) == v for k, v in ml.items())
+
+
+def pod_templates(objs):
+    for o in objs:
+        if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+            yield o, o["spec"]["template"]
+
+
+def container_env(c):
+    return {e["name"]: e for e in c.get("env", []) or []}
+
+
+def flag_values(args, flag):
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag] + [
+        a.split("=", 1)[1] for a in args if a.startswith(flag + "=")
+    ]
+
+
+def duration_s(text):
+    m = re.fullmatch(r"(\d+)(ms|s|m|h)?", text)
+    if not m:
+        raise ValueError(f"not a duration: {text}")
+    n, unit = int(m.group(1)), m.group(2) or "s"
+    return n / 1000 if unit == "ms" else n * {"s": 1, "m": 60, "h": 3600}[unit]
+
+
+def quantity(q):
+    """A Kubernetes quantity as a float (enough for comparisons here)."""
+    q = str(q)
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    for u, f in units.items():
+        if q.endswith(u):
+            return float(q[: -len(u)]) * f
+    return float(q)
+
+
+def flotilla_args(c):
+    """(subcommand, args after it) of a container running flotilla, else (None, [])."""
+    words = list(c.get("command", []) or []) + list(c.get("args", []) or [])
+    if "flotilla" in words:
+        words = words[words.index("flotilla") + 1 :]
+    elif c.get("command"):
+        return None, []
+    return (words[0], words[1:]) if words else (None, [])
+
+
+# --- custom resources --------------------------------------------------------------------
+
+# The fields KEDA's ScaledObject CRD (keda.sh/v1alpha1, KEDA 2.x) defines.
+SO_SPEC = {"scaleTargetRef", "pollingInterval", "cooldownPeriod", "initialCooldownPeriod", "idleReplicaCount",
+           "minReplicaCount", "maxReplicaCount", "fallback", "advanced", "triggers"}
+SO_TRIGGER = {"type", "name", "metadata", "authenticationRef", "metricType", "useCachedMetrics"}
+SO_ADVANCED = {"restoreToOriginalReplicaCount", "horizontalPodAutoscalerConfig", "scalingModifiers"}
+SO_HPA_CONFIG = {"name", "behavior"}
+# The prometheus scaler's parameters (keda.sh/docs/latest/scalers/prometheus).
+PROM_TRIGGER_META = {"serverAddress", "query", "threshold", "activationThreshold", "namespace", "customHeaders",
+                     "ignoreNullValues", "queryParameters", "unsafeSsl", "timeout"}
+# prometheus-operator's ServiceMonitor (monitoring.coreos.com/v1), the fields used here.
+SM_SPEC = {"selector", "endpoints", "namespaceSelector", "jobLabel", "targetLabels", "podTargetLabels",
+           "sampleLimit", "scrapeProtocols", "attachMetadata", "labelLimit", "fallbackScrapeProtocol"}
+SM_ENDPOINT = {"port", "targetPort", "path", "scheme", "interval", "scrapeTimeout", "authorization",
+               "bearerTokenSecret", "tlsConfig", "basicAuth", "oauth2", "honorLabels", "honorTimestamps",
+               "relabelings", "metricRelabelings", "params", "followRedirects", "enableHttp2", "proxyUrl"}
+
+
+def int_field(d, k):
+    return k not in d or (isinstance(d[k], int) and not isinstance(d[k], bool))
+
+
+def check_behavior(where, b):
+    ok = True
+    for side in ("scaleUp", "scaleDown"):
+        rules = (b or {}).get(side)
+        if rules is None:
+            continue
+        ok &= set(rules) <= {"policies", "selectPolicy", "stabilizationWindowSeconds"}
+        ok &= 0 <= rules.get("stabilizationWindowSeconds", 0) <= 3600
+        for p in rules.get("policies", []):
+            ok &= set(p) == {"type", "value", "periodSeconds"} and p["type"] in ("Pods", "Percent")
+            ok &= isinstance(p["value"], int) and p["value"] > 0 and 0 < p["periodSeconds"] <= 1800
+    return check(ok, f"{where}: HPA behavior (scaleUp/scaleDown policies) well formed")
+
+
+def check_scaledobject(name, o, objs, metrics, states):
+    where = f"{name}: ScaledObject/{o['metadata']['name']}"
+    spec = o.get("spec", {})
+    check(o["apiVersion"] == "keda.sh/v1alpha1", f"{where}: apiVersion keda.sh/v1alpha1")
+    check(set(spec) <= SO_SPEC, f"{where}: only fields the CRD defines (extra: {sorted(set(spec) - SO_SPEC)})")
+    check(all(int_field(spec, k) for k in ("pollingInterval", "cooldownPeriod", "minReplicaCount", "maxReplicaCount")),
+          f"{where}: counts and periods are integers")
+    check(0 <= spec.get("minReplicaCount", 0) <= spec.get("maxReplicaCount", 100),
+          f"{where}: 0 <= minReplicaCount <= maxReplicaCount")
+    ref = spec.get("scaleTargetRef", {})
+    target = [x for x in objs if x["kind"] == ref.get("kind", "Deployment") and x["metadata"]["name"] == ref.get("name")]
+    check(ref.get("apiVersion", "apps/v1") == "apps/v1" and len(target) == 1,
+          f"{where}: scaleTargetRef names a {ref.get('kind', 'Deployment')} of this render ({ref.get('name')})")
+    adv = spec.get("advanced", {})
+    check(set(adv) <= SO_ADVANCED and set(adv.get("horizontalPodAutoscalerConfig", {})) <= SO_HPA_CONFIG,
+          f"{where}: advanced.* fields the CRD defines")
+    check_behavior(where, adv.get("horizontalPodAutoscalerConfig", {}).get("behavior"))
+    triggers = spec.get("triggers", [])
+    check(isinstance(triggers, list) and len(triggers) >= 1, f"{where}: at least one trigger")
+    for t in triggers:
+        tw = f"{where}: trigger {t.get('type')}"
+        check(set(t) <= SO_TRIGGER and "type" in t and isinstance(t.get("metadata"), dict),
+              f"{tw}: type and metadata, no field the CRD lacks")
+        meta = t.get("metadata", {})
+        check(all(isinstance(v, str) for v in meta.values()), f"{tw}: metadata values are strings (CRD: map of string)")
+        check(t.get("metricType", "AverageValue") in ("AverageValue", "Value"), f"{tw}: metricType AverageValue or Value")
+        if t.get("type") == "prometheus":
+            check({"serverAddress", "query", "threshold"} <= set(meta) and set(meta) <= PROM_TRIGGER_META,
+                  f"{tw}: serverAddress, query, threshold; no unknown parameter")
+            check(re.match(r"^https?://", meta.get("serverAddress", "")), f"{tw}: serverAddress is an http(s) URL")
+            try:
+                check(float(meta.get("threshold", "x")) > 0, f"{tw}: threshold is a positive number")
+            except ValueError:
+                check(False, f"{tw}: threshold is a positive number")
+            check_query(tw, meta.get("query", ""), metrics, states)
+
+
+def check_query(where, query, metrics, states):
+    used = set(re.findall(r"\bflotilla_[a-z_]+\b", query))
+    check(used and used <= metrics, f"{where}: queries metrics the coordinator exports ({', '.join(sorted(used))})")
+    for m in re.finditer(r'state=~?"([^"]*)"', query):
+        vals = set(m.group(1).split("|"))
+        check(vals <= states, f"{where}: state values {sorted(vals)} are states the coordinator labels")
+
+
+def check_servicemonitor(name, o, objs):
+    where = f"{name}: ServiceMonitor/{o['metadata']['name']}"
+    spec = o.get("spec", {})
+    check(o["apiVersion"] == "monitoring.coreos.com/v1", f"{where}: apiVersion monitoring.coreos.com/v1")
+    check(set(spec) <= SM_SPEC, f"{where}: only fields the CRD defines (extra: {sorted(set(spec) - SM_SPEC)})")
+    services = [s for s in objs if s["kind"] == "Service" and labels_match(spec.get("selector"), s["metadata"].get("labels", {}))]
+    check(len(services) == 1 and services[0]["metadata"]["name"] == "flotilla-coordinator",
+          f"{where}: selector selects the coordinator's Service")
+    port_names = {p.get("name") for s in services for p in s["spec"].get("ports", [])}
+    for e in spec.get("endpoints", []):
+        check(set(e) <= SM_ENDPOINT, f"{where}: endpoint fields the CRD defines")
+        check(e.get("port") in port_names, f"{where}: endpoint port {e.get('port')!r} is a named port of the Service")
+        check(e.get("path") == "/metrics", f"{where}: path /metrics")
+        auth = e.get("authorization", {})
+        check(auth.get("type") == "Bearer" and auth.get("credentials", {}).get("name") == METRICS_SECRET
+              and auth.get("credentials", {}).get("key"), f"{where}: Bearer token from Secret {METRICS_SECRET}")
+
+
+# --- the objects -------------------------------------------------------------------------
+
+
+def check_schemas(name, objs, version):
+    for o in objs:
+        ident = f"{o.get('kind')}/{o.get('metadata', {}).get('name')}"
+        if o["kind"] in ("ScaledObject", "ServiceMonitor"):
+            print(f"note  {name}: {ident}: a custom resource, not in the API schemas: checked field by field below")
+            continue
+        try:
+            kubernetes_validate.validate(o, version, strict=True)
+            check(True, f"{name}: {ident} valid against the Kubernetes {version} schema (strict)")
+        except kubernetes_validate.SchemaNotFoundError as e:
+            check(False, f"{name}: {ident}: {e.message}")
+        except kubernetes_validate.ValidationError as e:
+            path = "/".join(str(p) for p in e.absolute_path)
+            check(False, f"{name}: {ident} at {path}: {e.message}")
+
+
+def check_common(name, objs):
+    seen = set()
+    for o in objs:
+        key = (o["kind"], o["metadata"]["name"])
+        check(key not in seen, f"{name}: {key[0]}/{key[1]} appears once")
+        seen.add(key)
+        if o["kind"] not in NON_NAMESPACED:
+            check(o["metadata"].get("namespace") == NAMESPACE, f"{name}: {key[0]}/{key[1]} in namespace {NAMESPACE}")
+        check(o["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") == "flotilla",
+              f"{name}: {key[0]}/{key[1]} labelled app.kubernetes.io/part-of=flotilla")
+
+
+def check_pods(name, objs, flags):
+    for o, t in pod_templates(objs):
+        where = f"{name}: {o['kind']}/{o['metadata']['name']}"
+        spec, labels = t["spec"], t["metadata"].get("labels", {})
+        check(labels_match(o["spec"]["selector"], labels), f"{where}: selector matches its pod template")
+        sc = spec.get("securityContext", {})
+        check(sc.get("runAsNonRoot") is True and sc.get("runAsUser", 0) != 0,
+              f"{where}: pod runs as non-root (runAsUser {sc.get('runAsUser')})")
+        check(sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{where}: seccomp RuntimeDefault")
+        check(spec.get("automountServiceAccountToken") is False, f"{where}: no service account token mounted")
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        claims = {c["metadata"]["name"] for c in o["spec"].get("volumeClaimTemplates", [])}
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            cw = f"{where}: container {c['name']}"
+            csc = c.get("securityContext", {})
+            check(csc.get("allowPrivilegeEscalation") is False and csc.get("readOnlyRootFilesystem") is True
+                  and "ALL" in csc.get("capabilities", {}).get("drop", []),
+                  f"{cw}: read-only root filesystem, no privilege escalation, all capabilities dropped")
+            res = c.get("resources", {})
+            check({"cpu", "memory"} <= set(res.get("requests", {})) and {"cpu", "memory"} <= set(res.get("limits", {})),
+                  f"{cw}: cpu and memory requests and limits")
+            for r, lim in res.get("limits", {}).items():
+                req = res.get("requests", {}).get(r)
+                if req is not None:
+                    check(quantity(req) <= quantity(lim), f"{cw}: {r} request {req} <= limit {lim}")
+            check(c.get("image") and not c["image"].endswith(":latest") and "/" in c["image"],
+                  f"{cw}: image set by the overlay ({c.get('image')})")
+            for m in c.get("volumeMounts", []):
+                check(m["name"] in volumes or m["name"] in claims, f"{cw}: volume {m['name']} is defined")
+            env = container_env(c)
+            words = list(c.get("command", []) or []) + list(c.get("args", []) or [])
+            refs = {r for w in words for r in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", w)}
+            check(refs <= set(env), f"{cw}: every $(VAR) in its command is in its env ({', '.join(sorted(refs)) or 'none'})")
+            ports = {p.get("name") for p in c.get("ports", [])}
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                p = c.get(probe)
+                if p:
+                    port = (p.get("tcpSocket") or p.get("httpGet") or {}).get("port")
+                    check(port in ports or isinstance(port, int), f"{cw}: {probe} port {port!r} is one of its ports")
+            sub, args = flotilla_args(c)
+            if sub in ("server", "worker"):
+                known = flags.get(sub, set()) | flags.get("", set())
+                used = {a.split("=", 1)[0] for a in args if a.startswith("--")}
+                check(used <= known, f"{cw}: `flotilla {sub}` flags exist in docs/cli.md "
+                      f"(unknown: {', '.join(sorted(used - known)) or 'none'})")
+        for v in volumes.values():
+            if "secret" in v:
+                check(v["secret"]["secretName"] in (ADMIN_SECRET, WORKER_SECRET),
+                      f"{where}: Secret {v['secret']['secretName']} is one docs/kubernetes.md says to create")
+
+
+def coordinator(objs):
+    return [o for o in objs if o["kind"] == "StatefulSet"
+            and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "coordinator"]
+
+
+def workers(objs):
+    return [o for o in objs if o["kind"] == "Deployment"
+            and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"]
+
+
+def check_coordinator(name, objs):
+    sts = coordinator(objs)
+    if not check(len(sts) == 1, f"{name}: one coordinator StatefulSet"):
+        return
+    s = sts[0]
+    where = f"{name}: StatefulSet/{s['metadata']['name']}"
+    spec = s["spec"]["template"]["spec"]
+    check(s["spec"].get("replicas") == 1, f"{where}: one replica (a state folder takes one coordinator)")
+    c = spec["containers"][0]
+    sub, args = flotilla_args(c)
+    check(sub == "server", f"{where}: runs `flotilla server`")
+    check(flag_values(args, "--listen") == ["0.0.0.0:7070"], f"{where}: --listen 0.0.0.0:7070")
+    check(flag_values(args, "--http-listen") == ["0.0.0.0:9090"], f"{where}: --http-listen 0.0.0.0:9090 (dashboard, /metrics)")
+    check(flag_values(args, "--state") == [STATE_DIR], f"{where}: --state {STATE_DIR}")
+    claims = {t["metadata"]["name"] for t in s["spec"].get("volumeClaimTemplates", [])}
+    mounted = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+    check(mounted.get(STATE_DIR) in claims, f"{where}: {STATE_DIR} is a PersistentVolumeClaim template")
+    inits = spec.get("initContainers", [])
+    secret_vols = {v["name"] for v in spec.get("volumes", []) if v.get("secret", {}).get("secretName") == ADMIN_SECRET}
+    ok = any(f"{STATE_DIR}/token" in " ".join(i.get("command", []) + i.get("args", []))
+             and {m["name"] for m in i.get("volumeMounts", [])} >= secret_vols | {mounted.get(STATE_DIR)}
+             and secret_vols for i in inits)
+    check(ok, f"{where}: an init container installs Secret {ADMIN_SECRET} as {STATE_DIR}/token")
+    # The Service the workers name.
+    svc = [x for x in objs if x["kind"] == "Service" and x["metadata"]["name"] == s["spec"]["serviceName"]]
+    if check(len(svc) == 1, f"{where}: its serviceName {s['spec']['serviceName']} is a Service here"):
+        sv = svc[0]["spec"]
+        check(sv.get("clusterIP") == "None", f"{name}: Service/{svc[0]['metadata']['name']} is headless")
+        check(labels_match({"matchLabels": sv["selector"]}, s["spec"]["template"]["metadata"]["labels"]),
+              f"{name}: Service/{svc[0]['metadata']['name']} selects the coordinator pod")
+        ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+        for p in sv["ports"]:
+            tp = p.get("targetPort", p["port"])
+            check(tp in ports or tp in ports.values(), f"{name}: Service port {p['name']} -> container port {tp}")
+
+
+def check_workers(name, objs):
+    ws = workers(objs)
+    check(len(ws) >= 1, f"{name}: at least one worker Deployment")
+    coord = coordinator(objs)
+    svc = coord[0]["spec"]["serviceName"] if coord else None
+    for d in ws:
+        where = f"{name}: Deployment/{d['metadata']['name']}"
+        spec = d["spec"]["template"]["spec"]
+        c = spec["containers"][0]
+        sub, args = flotilla_args(c)
+        env = container_env(c)
+        check(sub == "worker", f"{where}: runs `flotilla worker`")
+        check(flag_values(args, "--name") == ["$(FLOTILLA_POD_NAME)"], f"{where}: --name $(FLOTILLA_POD_NAME)")
+        for var, path in (("FLOTILLA_POD_NAME", "metadata.name"), ("FLOTILLA_NODE_NAME", "spec.nodeName"),
+                          ("FLOTILLA_POD_IP", "status.podIP")):
+            got = env.get(var, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+            check(got == path, f"{where}: env {var} from the Downward API {path}")
+        dl = flag_values(args, "--data-listen")
+        check(dl == ["$(FLOTILLA_POD_IP):7071"],
+              f"{where}: --data-listen binds the pod IP on 7071 (the bound address is the one advertised)")
+        server = (flag_values(args, "--server") or [env.get("FLOTILLA_SERVER", {}).get("value", "")])[0]
+        check(svc and server.split(":")[0] in (svc, f"{svc}.{NAMESPACE}", f"{svc}.{NAMESPACE}.svc")
+              and server.endswith(":7070"), f"{where}: reaches the coordinator at its Service name ({server})")
+        tf = flag_values(args, "--token-file")
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        vols = {v["name"]: v for v in spec.get("volumes", [])}
+        tok_vol = vols.get(mounts.get(str(Path(tf[0]).parent))) if tf else None
+        check(tok_vol and tok_vol.get("secret", {}).get("secretName") == WORKER_SECRET
+              and any(i["path"] == Path(tf[0]).name for i in tok_vol["secret"].get("items", [])),
+              f"{where}: --token-file is Secret {WORKER_SECRET} (an enrolment token, not the admin's)")
+        grace = flag_values(args, "--grace")
+        g = duration_s(grace[0]) if grace else 30
+        tgps = spec.get("terminationGracePeriodSeconds", 30)
+        check(tgps >= g + WORKER_LEAVE_SLACK_S,
+              f"{where}: terminationGracePeriodSeconds {tgps} >= --grace {g:g}s + {WORKER_LEAVE_SLACK_S}s")
+        pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+        check(any("kill -INT 1" in w for w in pre), f"{where}: preStop asks the worker to leave (SIGINT)")
+        req = c.get("resources", {}).get("requests", {})
+        cpus = env.get("FLOTILLA_CPUS", {}).get("valueFrom", {}).get("resourceFieldRef", {})
+        check(flag_values(args, "--cpus") == ["$(FLOTILLA_CPUS)"] and cpus.get("resource") == "requests.cpu"
+              and "cpu" in req, f"{where}: offers the CPUs it requests")
+        mem = env.get("FLOTILLA_MEM", {}).get("valueFrom", {}).get("resourceFieldRef", {})
+        check(flag_values(args, "--mem") == ["$(FLOTILLA_MEM)"] and mem.get("resource") == "requests.memory"
+              and mem.get("divisor") in ("1", 1), f"{where}: offers the memory it requests, in bytes")
+        wd = flag_values(args, "--work-dir")
+        check(wd and wd[0] in mounts and "emptyDir" in vols.get(mounts[wd[0]], {}), f"{where}: --work-dir is an emptyDir")
+
+
+def gpu_containers(objs):
+    out = []
+    for o, t in pod_templates(objs):
+        for c in t["spec"]["containers"]:
+            lim = c.get("resources", {}).get("limits", {})
+            if "nvidia.com/gpu" in lim or "nvidia.com/gpu" in c.get("resources", {}).get("requests", {}):
+                out.append((o, t, c))
+    return out
+
+
+def check_network_policies(name, objs):
+    pols = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    pods = [(o, t["metadata"]["labels"], t["spec"]["containers"][0]) for o, t in pod_templates(objs)]
+    for p in pols:
+        sel = p["spec"]["podSelector"]
+        check(any(labels_match(sel, lab) for _, lab, _ in pods),
+              f"{name}: NetworkPolicy/{p['metadata']['name']} selects pods of this render")
+    worker_labels = [lab for o, lab, _ in pods if lab.get("app.kubernetes.io/component") == "worker"]
+    coord = [(lab, c) for o, lab, c in pods if lab.get("app.kubernetes.io/component") == "coordinator"]
+
+    def allowed(target_labels, from_labels, port):
+        """Whether some policy selecting target admits pods labelled from_labels on port."""
+        for p in pols:
+            if not labels_match(p["spec"]["podSelector"], target_labels):
+                continue
+            for rule in p["spec"].get("ingress", []):
+                peers = [f for f in rule.get("from", []) if "namespaceSelector" not in f and "ipBlock" not in f]
+                if any(labels_match(f.get("podSelector"), from_labels) for f in peers):
+                    ports = rule.get("ports")
+                    if not ports or any(x.get("port") == port for x in ports):
+                        return True
+        return False
+
+    for wl in worker_labels:
+        kind = wl.get("flotilla.io/worker-kind")
+        check(any(labels_match(p["spec"]["podSelector"], wl) for p in pols), f"{name}: {kind} workers are under a NetworkPolicy")
+        for other in worker_labels:
+            check(allowed(wl, other, "data"),
+                  f"{name}: {other.get('flotilla.io/worker-kind')} workers may reach {kind} workers' data port")
+        if coord:
+            check(allowed(coord[0][0], wl, "api"), f"{name}: {kind} workers may reach the coordinator's API port")
+    if coord:
+        check(any(labels_match(p["spec"]["podSelector"], coord[0][0]) for p in pols),
+              f"{name}: the coordinator is under a NetworkPolicy")
+        scrape = [r for p in pols if labels_match(p["spec"]["podSelector"], coord[0][0])
+                  for r in p["spec"].get("ingress", [])
+                  if any("namespaceSelector" in f for f in r.get("from", []))]
+        check(scrape and all([x.get("port") for x in r.get("ports", [])] == ["http"] for r in scrape),
+              f"{name}: the scraper's rule opens the coordinator's HTTP port only")
+
+
+def check_overlay(name, objs, metrics, states):
+    base, *components = name.split("+")
+    kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objs)
+    expected = {"Service/flotilla-coordinator", "StatefulSet/flotilla-coordinator", "Deployment/flotilla-worker-cpu",
+                "NetworkPolicy/flotilla-coordinator", "NetworkPolicy/flotilla-worker"}
+    if base == "gpu":
+        expected.add("Deployment/flotilla-worker-gpu")
+    if "autoscale-keda" in components:
+        expected.add("ScaledObject/flotilla-worker-cpu")
+    if "autoscale-hpa" in components:
+        expected.add("HorizontalPodAutoscaler/flotilla-worker-cpu")
+    if "prometheus-servicemonitor" in components:
+        expected.add("ServiceMonitor/flotilla-coordinator")
+    check(set(kinds) == expected, f"{name}: holds exactly {', '.join(sorted(expected))}"
+          + ("" if set(kinds) == expected else f" (got {', '.join(kinds)})"))
+    gpus = gpu_containers(objs)
+    if base == "cpu-only":
+        check(not gpus, f"{name}: no container requests nvidia.com/gpu")
+    if base == "gpu":
+        if check(gpus, f"{name}: a container requests nvidia.com/gpu"):
+            for o, t, c in gpus:
+                where = f"{name}: {o['kind']}/{o['metadata']['name']}"
+                res = c["resources"]
+                n = res.get("limits", {}).get("nvidia.com/gpu")
+                check(n is not None and int(n) >= 1 and res.get("requests", {}).get("nvidia.com/gpu", n) == n,
+                      f"{where}: nvidia.com/gpu limit {n} (= its request)")
+                _, args = flotilla_args(c)
+                check(flag_values(args, "--gpus") not in (["none"],), f"{where}: offers its GPUs (--gpus {flag_values(args, '--gpus')})")
+                check(any(x.get("key") == "nvidia.com/gpu" for x in t["spec"].get("tolerations", [])),
+                      f"{where}: tolerates the nvidia.com/gpu taint")
+                check(c["image"].endswith("-cuda"), f"{where}: runs the image with the CUDA libraries ({c['image']})")
+    for o, t in pod_templates(objs):
+        if o not in [g[0] for g in gpus]:
+            for c in t["spec"]["containers"]:
+                sub, args = flotilla_args(c)
+                if sub == "worker":
+                    check(flag_values(args, "--gpus") == ["none"], f"{name}: {o['metadata']['name']}: --gpus none without a GPU")
+    for o in objs:
+        if o["kind"] == "HorizontalPodAutoscaler":
+            where = f"{name}: HorizontalPodAutoscaler/{o['metadata']['name']}"
+            ref = o["spec"]["scaleTargetRef"]
+            check(any(x["kind"] == ref["kind"] and x["metadata"]["name"] == ref["name"] for x in objs),
+                  f"{where}: scaleTargetRef names a {ref['kind']} of this render")
+            check_behavior(where, o["spec"].get("behavior"))
+        if o["kind"] in ("HorizontalPodAutoscaler", "ScaledObject"):
+            ref = o["spec"]["scaleTargetRef"]
+            target = [x for x in objs if x["kind"] == ref.get("kind", "Deployment") and x["metadata"]["name"] == ref["name"]]
+            check(target and "replicas" not in target[0]["spec"],
+                  f"{name}: {ref['name']}, scaled by {o['kind']}/{o['metadata']['name']}, leaves replicas to it")
+        if o["kind"] == "ScaledObject":
+            check_scaledobject(name, o, objs, metrics, states)
+        if o["kind"] == "ServiceMonitor":
+            check_servicemonitor(name, o, objs)
+
+
+def check_adapter_values(repo, here, metrics, states):
+    path = here / "components" / "autoscale-hpa" / "prometheus-adapter-values.yaml"
+    where = f"components/autoscale-hpa/{path.name}"
+    values = yaml.safe_load(path.read_text())
+    rules = values.get("rules", {}).get("external", [])
+    hpa = yaml.safe_load((here / "components" / "autoscale-hpa" / "hpa.yaml").read_text())
+    wanted = {m["external"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "External"}
+    names = {r.get("name", {}).get("as") for r in rules}
+    check(wanted <= names, f"{where}: defines the External metric the HPA uses ({', '.join(sorted(wanted))})")
+    for r in rules:
+        check_query(f"{where}: rule {r.get('name', {}).get('as')}", r.get("metricsQuery", ""), metrics, states)
+
+
+def check_containerfile(repo, objs_all):
+    path = repo / "Containerfile"
+    where = "Containerfile (static checks; not built here)"
+    if not check(path.exists(), f"{where}: exists"):
+        return
+    text = path.read_text()
+    froms = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M | re.I)
+    check(any("rust:" in f and "bookworm" in f and a == "builder" for f, a in froms), f"{where}: a rust:*-bookworm builder stage")
+    check(re.search(r"cargo build --release --locked -p flotilla\b", text), f"{where}: cargo build --release --locked -p flotilla")
+    check(any("debian:bookworm-slim" in f for f, _ in froms), f"{where}: a debian:bookworm-slim runtime stage")
+    check(froms and froms[-1][1] == "runtime", f"{where}: the last stage (the default target) is the runtime, not cuda")
+    for pkg in ("ca-certificates", "bubblewrap", "ocl-icd-libopencl1", "tini"):
+        check(re.search(rf"\b{re.escape(pkg)}\b", text), f"{where}: installs {pkg}")
+    check(re.search(r"flotilla-enter", text), f"{where}: installs flotilla-enter beside flotilla (the sandbox holder's door)")
+    uid = re.search(r"useradd[^\n]*--uid\s+(\d+)", text)
+    check(uid and uid.group(1) == "10001" and re.search(r"^USER\s+10001", text, re.M), f"{where}: user flotilla, uid 10001, numeric USER")
+    check(re.search(r'^ENTRYPOINT \["flotilla"\]', text, re.M), f'{where}: ENTRYPOINT ["flotilla"]')
+    uids = {t["spec"].get("securityContext", {}).get("runAsUser") for objs in objs_all for _, t in pod_templates(objs)}
+    check(uids == {10001}, f"{where}: the manifests run as the image's uid ({uids})")
+
+
+def main():
+    version, repo = sys.argv[1], Path(sys.argv[2])
+    here = repo / "deploy" / "kubernetes"
+    flags = cli_flags(repo)
+    check(flags.get("server") and flags.get("worker"), "docs/cli.md: the server's and worker's flags found")
+    metrics, states = metric_names(repo)
+    check({"flotilla_tasks", "flotilla_ready_queue_depth"} <= metrics,
+          f"http.rs: the coordinator's metrics found ({len(metrics)})")
+    rendered = {}
+    for arg in sys.argv[3:]:
+        name, file = arg.split("=", 1)
+        rendered[name] = [o for o in yaml.safe_load_all(Path(file).read_text()) if o]
+    for name, objs in rendered.items():
+        print(f"--- {name}: {len(objs)} objects")
+        check_schemas(name, objs, version)
+        check_common(name, objs)
+        check_pods(name, objs, flags)
+        check_coordinator(name, objs)
+        check_workers(name, objs)
+        check_network_policies(name, objs)
+        check_overlay(name, objs, metrics, states)
+    print("--- outside the renders")
+    check_adapter_values(repo, here, metrics, states)
+    check_containerfile(repo, list(rendered.values()))
+    failed = [t for ok, t in results if not ok]
+    print()
+    if failed:
+        print(f"kubernetes manifests: {len(failed)} of {len(results)} checks FAILED:")
+        for t in failed:
+            print(f"  {t}")
+        sys.exit(1)
+    print(f"kubernetes manifests: all {len(results)} checks passed "
+          f"({', '.join(rendered)}; Kubernetes {version} schemas)")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,7 @@
 //! tell that apart from any other failure, so it reports what happened (`Exited`/`Signaled`).
 
 use std::io;
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::process::CommandExt as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -212,6 +213,45 @@ impl TaskEnv<'_> {
     }
 }
 
+/// A close-on-exec pipe (read end, write end) for bwrap's `--info-fd`; `None` if none can be
+/// made (the task then runs as before, SIGTERM reaching bwrap).
+fn info_pipe() -> Option<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`, which we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: both descriptors were just made by pipe2 and are owned by nothing else.
+    Some(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The sandbox's first process, from bwrap's `--info-fd` JSON (`"child-pid": N`): it leads
+/// the session and process group the task runs in. Reads until the object is complete (the
+/// pipe stays open while the task runs) or bwrap closes it (it failed to start).
+fn sandbox_child(read: OwnedFd) -> Option<libc::pid_t> {
+    use std::io::Read as _;
+    let mut file = std::fs::File::from(read);
+    let mut text = Vec::with_capacity(256);
+    let mut buf = [0u8; 256];
+    while !text.contains(&b'}') && text.len() < 4096 {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => text.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    child_pid(&String::from_utf8_lossy(&text))
+}
+
+/// `N` from `"child-pid": N` in bwrap's info JSON.
+fn child_pid(json: &str) -> Option<libc::pid_t> {
+    let rest = &json[json.find("\"child-pid\"")? + "\"child-pid\"".len()..];
+    let rest = rest.trim_start().strip_prefix(':')?.trim_start();
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().filter(|&p| p > 1)
+}
+
 fn stdio(opened: Opened) -> Stdio {
     match opened {
         Opened::Null => Stdio::null(),
@@ -255,6 +295,12 @@ pub fn run_process_guarded(
         .sandbox
         .as_ref()
         .and_then(|sb| sb.holder_for_task().map(|h| (sb, h)));
+    // A sandbox of its own: bwrap reports its child's pid on a pipe (`--info-fd`), whose
+    // process group is the task's (see `Attempt::set_inner`).
+    let info = match (&spec.sandbox, holder) {
+        (Some(_), None) => info_pipe(),
+        _ => None,
+    };
     let mut command = match (&spec.sandbox, holder) {
         (_, Some((sb, h))) => {
             let procs = cgroup.as_ref().map(Cgroup::procs_paths).unwrap_or_default();
@@ -265,6 +311,9 @@ pub fn run_process_guarded(
         }
         (Some(sb), None) => {
             let mut c = Command::new(&sb.bwrap);
+            if let Some((_, write)) = &info {
+                c.arg("--info-fd").arg(write.as_raw_fd().to_string());
+            }
             c.args(sb.command_line(&spec.cmd, &spec.cwd));
             c
         }
@@ -298,12 +347,30 @@ pub fn run_process_guarded(
         }
     }
 
+    if let Some((_, write)) = &info {
+        let fd = write.as_raw_fd();
+        // SAFETY: fcntl is async-signal-safe; the hook allocates nothing. The pipe is made
+        // close-on-exec (no other spawn inherits it) and opened here for bwrap alone.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
     let start = Instant::now();
     let child = command
         .spawn()
         .map_err(|source| spawn_error(spec, program, source))?;
     // Close our copies of the output files now; the child has its own.
     drop(command);
+    let inner = info.and_then(|(read, write)| {
+        drop(write);
+        sandbox_child(read)
+    });
     let pid = child.id() as libc::pid_t;
     // Dropping a std Child neither kills nor reaps it: from here on we wait with libc.
     drop(child);
@@ -312,6 +379,9 @@ pub fn run_process_guarded(
     }
 
     let attempt = Attempt::new(pid, spec.kill_grace);
+    if let Some(inner) = inner {
+        attempt.set_inner(inner);
+    }
     cancel.attach(&attempt);
     let armed = match spec.timeout {
         Some(timeout) => attempt.arm_timeout(start + timeout),
@@ -497,6 +567,69 @@ mod tests {
 
     fn run(spec: &ProcessSpec) -> Outcome {
         run_process(spec, &CancelHandle::new()).expect("the command starts")
+    }
+
+    #[test]
+    fn bwraps_info_names_the_sandbox_s_first_process() {
+        let json = "{\n    \"child-pid\": 16146,\n    \"mnt-namespace\": 4026532179\n}\n";
+        assert_eq!(child_pid(json), Some(16146));
+        assert_eq!(child_pid("{\"child-pid\":1}"), None);
+        assert_eq!(child_pid("{}"), None);
+        assert_eq!(child_pid(""), None);
+    }
+
+    /// A task in a bubblewrap sandbox of its own (a non-root worker's, or a network or GPU
+    /// task's) gets SIGTERM and its grace period when stopped, and writes its checkpoint.
+    /// Before, SIGTERM went to bwrap's process group only: bwrap died, and its
+    /// `--die-with-parent` SIGKILLed the task, which is in a session of its own (found
+    /// packaging the systemd units: a drained non-root worker's task resumed from 0).
+    #[test]
+    fn a_task_in_a_sandbox_of_its_own_gets_sigterm_and_its_grace() {
+        let bwrap = crate::sandbox::find_bwrap().filter(|b| crate::sandbox::probe(b).is_ok());
+        let Some(bwrap) = bwrap else {
+            assert!(
+                std::env::var_os("FLOTILLA_REQUIRE_SANDBOX").is_none(),
+                "FLOTILLA_REQUIRE_SANDBOX is set but no sandbox can be made"
+            );
+            eprintln!("skipped: bubblewrap cannot make a sandbox here");
+            return;
+        };
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let mut spec = sh(
+            "trap 'echo saved > ckpt; exit 143' TERM; touch started; \
+             while :; do sleep 0.05; done",
+            dir.path(),
+        );
+        spec.kill_grace = Duration::from_secs(60);
+        spec.sandbox = Some(crate::SandboxSpec {
+            bwrap,
+            writable: dir.path().to_path_buf(),
+            network: false,
+            netns: None,
+            devices: Vec::new(),
+            etc: None,
+            holder: None,
+        });
+        let cancel = CancelHandle::new();
+        let stopper = {
+            let cancel = cancel.clone();
+            let started = dir.path().join("started");
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while !started.exists() {
+                    assert!(Instant::now() < deadline, "the task never started");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                cancel.cancel();
+            })
+        };
+        let out = run_process(&spec, &cancel).expect("the command starts");
+        stopper.join().expect("the stopper");
+        assert_eq!(
+            fs::read_to_string(dir.path().join("ckpt")).ok().as_deref(),
+            Some("saved\n"),
+            "the task got SIGTERM and wrote its checkpoint: {out:?}"
+        );
     }
 
     /// Whether `pid` no longer runs (gone, or a zombie nobody has reaped yet), waiting up to

@@ -46,6 +46,10 @@ enum Action {
 #[derive(Debug)]
 pub(crate) struct Attempt {
     pgid: libc::pid_t,
+    /// In a bubblewrap sandbox of its own, the task's process group (bwrap's `--new-session`
+    /// puts it in a session of its own); 0 when none. SIGTERM goes to it alone: SIGTERM to
+    /// bwrap would kill bwrap, and with it (`--die-with-parent`) the task, with no grace.
+    inner: std::sync::atomic::AtomicI32,
     grace: Duration,
     state: Mutex<AttemptState>,
 }
@@ -63,9 +67,17 @@ impl Attempt {
     pub(crate) fn new(pgid: libc::pid_t, grace: Duration) -> Arc<Self> {
         Arc::new(Attempt {
             pgid,
+            inner: std::sync::atomic::AtomicI32::new(0),
             grace,
             state: Mutex::new(AttemptState::default()),
         })
+    }
+
+    /// The task's own process group inside a bubblewrap sandbox (see `inner`).
+    pub(crate) fn set_inner(&self, pgid: libc::pid_t) {
+        if pgid > 1 {
+            self.inner.store(pgid, Ordering::Release);
+        }
     }
 
     /// Stops the attempt with [`StopReason::TimedOut`] at `at`.
@@ -121,8 +133,21 @@ impl Attempt {
         }
     }
 
-    /// Sends `sig` to the whole group. Callers hold the state lock with `done == false`.
+    /// Sends `sig` to the whole group (SIGTERM and SIGCONT to the sandboxed task's group
+    /// alone, when it has one). Callers hold the state lock with `done == false`.
     fn signal(&self, sig: libc::c_int) {
+        let inner = self.inner.load(Ordering::Acquire);
+        if inner > 1 {
+            // SAFETY: killpg has no memory-safety preconditions. The inner group is led by
+            // the sandbox's init, a child of bwrap, which leads `pgid` and has not exited
+            // (`done` is false); once the init exits, bwrap exits with it.
+            unsafe {
+                libc::killpg(inner, sig);
+            }
+            if sig != libc::SIGKILL {
+                return;
+            }
+        }
         // SAFETY: killpg has no memory-safety preconditions; the group id is still ours (see
         // the module doc). ESRCH (the group is gone) is fine to ignore.
         unsafe {

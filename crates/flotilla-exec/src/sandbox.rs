@@ -255,6 +255,12 @@ const ETC: &[&str] = &[
     "/etc/mime.types",
 ];
 
+/// Folders under [`ETC`] a task never sees: private keys. Hidden under an empty tmpfs when
+/// `/etc` is bound file by file, left out of [`prepare_etc`]'s copy (as is anything others
+/// may not read). Found packaging the systemd units: a root worker's sandboxed task read
+/// `/etc/ssl/private/ssl-cert-snakeoil.key`.
+const HIDDEN: &[&str] = &["/etc/ssl/private"];
+
 impl SandboxSpec {
     /// The bubblewrap arguments that put `cmd`, run in `cwd`, in this sandbox.
     pub fn command_line(&self, cmd: &[String], cwd: &Path) -> Vec<String> {
@@ -312,6 +318,11 @@ impl SandboxSpec {
                 for f in ETC {
                     push(&["--ro-bind-try", f, f]);
                 }
+                for h in HIDDEN {
+                    if Path::new(h).is_dir() {
+                        push(&["--tmpfs", h]);
+                    }
+                }
             }
         }
         push(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
@@ -340,7 +351,14 @@ pub fn prepare_etc(dir: &Path) -> io::Result<()> {
 }
 
 fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
     let md = std::fs::symlink_metadata(src)?;
+    // Private keys, and whatever others may not read, stay out of the tasks' `/etc`.
+    let others_read = md.permissions().mode() & 0o004 != 0;
+    if HIDDEN.iter().any(|h| Path::new(h) == src) || (!md.file_type().is_symlink() && !others_read)
+    {
+        return Ok(());
+    }
     if md.file_type().is_symlink() {
         std::os::unix::fs::symlink(std::fs::read_link(src)?, dst)
     } else if md.is_dir() {
@@ -438,4 +456,62 @@ pub(crate) fn join_netns(fd: RawFd) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[test]
+    fn what_others_may_not_read_stays_out_of_the_tasks_etc() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("sub")).expect("folders");
+        std::fs::write(src.join("public.conf"), "x").expect("a file");
+        std::fs::write(src.join("sub").join("secret.key"), "k").expect("a file");
+        std::fs::set_permissions(
+            src.join("sub").join("secret.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )
+        .expect("chmod");
+        std::fs::create_dir_all(src.join("closed")).expect("a folder");
+        std::fs::write(src.join("closed").join("inside"), "i").expect("a file");
+        std::fs::set_permissions(src.join("closed"), std::fs::Permissions::from_mode(0o710))
+            .expect("chmod");
+        let dst = dir.path().join("dst");
+        copy_tree(&src, &dst).expect("copied");
+        assert!(dst.join("public.conf").is_file());
+        assert!(dst.join("sub").is_dir());
+        assert!(!dst.join("sub").join("secret.key").exists());
+        assert!(!dst.join("closed").exists());
+    }
+
+    #[test]
+    fn private_keys_are_hidden_when_etc_is_bound_file_by_file() {
+        let spec = SandboxSpec {
+            bwrap: "bwrap".into(),
+            writable: "/tmp".into(),
+            network: false,
+            netns: None,
+            devices: Vec::new(),
+            etc: None,
+            holder: None,
+        };
+        let args = spec.command_line(&["true".into()], Path::new("/tmp"));
+        let bound = args
+            .windows(2)
+            .position(|w| w == ["--ro-bind-try", "/etc/ssl"]);
+        let hidden = args
+            .windows(2)
+            .position(|w| w == ["--tmpfs", "/etc/ssl/private"]);
+        if Path::new("/etc/ssl/private").is_dir() {
+            assert!(
+                matches!((bound, hidden), (Some(b), Some(h)) if h > b),
+                "hidden after /etc/ssl is bound: {args:?}"
+            );
+        } else {
+            assert_eq!(hidden, None);
+        }
+    }
 }

@@ -47,6 +47,7 @@
 //! # let _ = cpu;
 //! ```
 
+pub mod alloc;
 pub mod cholesky;
 pub mod cluster;
 pub mod dag;

@@ -1,0 +1,293 @@
+//! How many worker allocations to ask a batch system (Slurm) for, and which to give back:
+//! the policy of `flotilla alloc`, pure so that the simulator (`flotilla bench alloc`) and
+//! the coordinator's allocator decide alike.
+//!
+//! An allocation is `workers_per_alloc` workers for at most `time_limit_s`, which start only
+//! after waiting in the batch system's queue. Two rules:
+//!
+//! - [`Rule::Reactive`] (HyperQueue's): while tasks wait that no connected worker can take,
+//!   keep up to `backlog` allocations queued, never more than the waiting tasks can use.
+//!   It asks only once the queue has already stalled.
+//! - [`Rule::Predictive`]: size the whole fleet from what is left to do. The work not yet
+//!   done (ready, blocked behind dependencies, and the rest of what runs), timed by the
+//!   learned performance models, over the time one allocation can give (its time limit
+//!   less the learned wait in the batch queue), gives the workers the backlog needs; the
+//!   jobs' average parallelism caps it (no more workers than the work can use at once), and
+//!   a deadline raises it. Allocations that end (time limit) before a new one could start
+//!   are replaced ahead; queued allocations beyond the need are cancelled, so none starts
+//!   only to sit idle.
+
+/// One allocation queue's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AllocParams {
+    /// Workers started by one allocation.
+    pub workers_per_alloc: u32,
+    /// CPUs each of those workers offers.
+    pub cpus_per_worker: f64,
+    /// The most allocations queued and running at once.
+    pub max_allocs: u32,
+    /// The most allocations waiting in the batch queue at once.
+    pub backlog: u32,
+    /// An allocation's time limit, seconds.
+    pub time_limit_s: f64,
+}
+
+impl AllocParams {
+    /// CPUs one allocation brings.
+    pub fn cpus_per_alloc(&self) -> f64 {
+        self.workers_per_alloc.max(1) as f64 * self.cpus_per_worker.max(1e-9)
+    }
+}
+
+/// Which rule sizes the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Rule {
+    /// Ask while tasks wait that no worker can take (HyperQueue's autoalloc).
+    Reactive,
+    /// Ask for what the remaining work needs, before the queue stalls.
+    #[default]
+    Predictive,
+}
+
+/// The allocations of one queue as the allocator sees them now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Fleet {
+    /// Waiting in the batch queue.
+    pub queued: u32,
+    /// Running, each with the seconds left before its time limit.
+    pub running_left_s: Vec<f64>,
+}
+
+/// What is left to do, as the coordinator knows it now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Demand {
+    /// Ready tasks that no connected worker can take now, in CPUs they ask.
+    pub waiting_cpus: f64,
+    /// CPU-seconds of the work not done yet (ready, blocked, the rest of what runs),
+    /// estimated from the performance models.
+    pub remaining_cpu_s: f64,
+    /// The longest chain of work left, seconds (the jobs' critical paths from now).
+    pub critical_path_s: f64,
+    /// Seconds until the earliest deadline of the work left, if any.
+    pub deadline_s: Option<f64>,
+    /// The learned wait of an allocation in the batch queue, seconds.
+    pub queue_wait_s: f64,
+}
+
+/// What the allocator does now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Allocations to submit.
+    pub submit: u32,
+    /// Queued allocations to cancel (not yet started: nothing is lost).
+    pub cancel_queued: u32,
+}
+
+/// Decides for one queue.
+pub fn decide(rule: Rule, params: &AllocParams, fleet: &Fleet, demand: &Demand) -> Decision {
+    let running = fleet.running_left_s.len() as u32;
+    let in_flight = fleet.queued + running;
+    let room = params
+        .max_allocs
+        .saturating_sub(in_flight)
+        .min(params.backlog.saturating_sub(fleet.queued));
+    let per_alloc = params.cpus_per_alloc();
+    match rule {
+        Rule::Reactive => {
+            if demand.waiting_cpus <= 0.0 {
+                return Decision::default();
+            }
+            // No more than the waiting tasks can use, counting what is already queued.
+            let useful = (demand.waiting_cpus / per_alloc).ceil() as u32;
+            Decision {
+                submit: room.min(useful.saturating_sub(fleet.queued)),
+                cancel_queued: 0,
+            }
+        }
+        Rule::Predictive => {
+            let need = predicted_need(params, demand);
+            // Running allocations that end before a new one could start count as gone.
+            let lasting = fleet
+                .running_left_s
+                .iter()
+                .filter(|&&left| left > demand.queue_wait_s)
+                .count() as u32;
+            let supply = fleet.queued + lasting;
+            if need > supply {
+                Decision {
+                    submit: room.min(need - supply),
+                    cancel_queued: 0,
+                }
+            } else {
+                Decision {
+                    submit: 0,
+                    cancel_queued: fleet.queued.min(supply - need),
+                }
+            }
+        }
+    }
+}
+
+/// The allocations the remaining work needs (before the caps on what may be in flight).
+pub fn predicted_need(params: &AllocParams, demand: &Demand) -> u32 {
+    if demand.remaining_cpu_s <= 0.0 && demand.waiting_cpus <= 0.0 {
+        return 0;
+    }
+    let per_alloc = params.cpus_per_alloc();
+    // The time one allocation gives: its limit, less the time a new one waits to start.
+    let mut span = (params.time_limit_s - demand.queue_wait_s).max(params.time_limit_s * 0.1);
+    if let Some(deadline) = demand.deadline_s {
+        // Work due sooner must be done by then, whatever the limit.
+        span = span.min((deadline - demand.queue_wait_s).max(1.0));
+    }
+    let by_work = demand.remaining_cpu_s / (per_alloc * span.max(1.0));
+    // The work cannot use more CPUs at once than its average parallelism.
+    let width = demand.remaining_cpu_s / demand.critical_path_s.max(1.0);
+    let by_width = width.max(demand.waiting_cpus) / per_alloc;
+    let need = by_work.max(1.0).min(by_width.max(1.0)).ceil();
+    need.min(params.max_allocs as f64) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn params() -> AllocParams {
+        AllocParams {
+            workers_per_alloc: 2,
+            cpus_per_worker: 4.0,
+            max_allocs: 10,
+            backlog: 3,
+            time_limit_s: 3600.0,
+        }
+    }
+
+    #[test]
+    fn reactive_asks_only_while_tasks_wait_and_no_more_than_they_use() {
+        let p = params();
+        let idle = Demand {
+            remaining_cpu_s: 1e6,
+            critical_path_s: 100.0,
+            ..Demand::default()
+        };
+        assert_eq!(
+            decide(Rule::Reactive, &p, &Fleet::default(), &idle).submit,
+            0
+        );
+        let waiting = Demand {
+            waiting_cpus: 12.0,
+            ..idle.clone()
+        };
+        // 12 CPUs wait: two allocations of 8.
+        assert_eq!(
+            decide(Rule::Reactive, &p, &Fleet::default(), &waiting).submit,
+            2
+        );
+        // One already queued: one more.
+        let one = Fleet {
+            queued: 1,
+            ..Fleet::default()
+        };
+        assert_eq!(decide(Rule::Reactive, &p, &one, &waiting).submit, 1);
+        // Many waiting: the backlog caps it.
+        let many = Demand {
+            waiting_cpus: 1000.0,
+            ..idle
+        };
+        assert_eq!(
+            decide(Rule::Reactive, &p, &Fleet::default(), &many).submit,
+            3
+        );
+    }
+
+    #[test]
+    fn predictive_asks_ahead_for_blocked_work_and_gives_back_what_it_does_not_need() {
+        let p = params();
+        // Nothing waits yet (all blocked behind one task), but 16 h of CPU work is coming,
+        // wide enough for 64 CPUs: allocations are asked before the queue stalls.
+        let coming = Demand {
+            waiting_cpus: 0.0,
+            remaining_cpu_s: 16.0 * 3600.0,
+            critical_path_s: 900.0,
+            queue_wait_s: 600.0,
+            deadline_s: None,
+        };
+        let d = decide(Rule::Predictive, &p, &Fleet::default(), &coming);
+        assert_eq!(d.submit, 3, "the backlog caps the first request: {d:?}");
+        assert_eq!(predicted_need(&p, &coming), 3, "16 h / (8 CPUs × 50 min)");
+        // Little work left: the queued allocations beyond the need are cancelled.
+        let little = Demand {
+            remaining_cpu_s: 600.0,
+            critical_path_s: 600.0,
+            ..coming.clone()
+        };
+        let fleet = Fleet {
+            queued: 3,
+            running_left_s: vec![3000.0],
+        };
+        assert_eq!(
+            decide(Rule::Predictive, &p, &fleet, &little),
+            Decision {
+                submit: 0,
+                cancel_queued: 3
+            }
+        );
+        // A running allocation about to hit its limit is replaced ahead.
+        let ending = Fleet {
+            queued: 0,
+            running_left_s: vec![60.0],
+        };
+        assert_eq!(decide(Rule::Predictive, &p, &ending, &little).submit, 1);
+    }
+
+    #[test]
+    fn a_deadline_raises_the_need() {
+        let p = params();
+        let d = Demand {
+            remaining_cpu_s: 8.0 * 3600.0,
+            critical_path_s: 60.0,
+            queue_wait_s: 0.0,
+            ..Demand::default()
+        };
+        assert_eq!(predicted_need(&p, &d), 1, "8 CPU-hours fit one 8-CPU hour");
+        let due = Demand {
+            deadline_s: Some(900.0),
+            ..d
+        };
+        assert_eq!(predicted_need(&p, &due), 4, "in 15 minutes: four");
+    }
+
+    proptest! {
+        /// Whatever the state, a decision never exceeds the caps, never both submits and
+        /// cancels, and cancels only what is queued.
+        #[test]
+        fn decisions_respect_the_caps(
+            queued in 0u32..20,
+            running in proptest::collection::vec(0.0f64..7200.0, 0..20),
+            waiting in 0.0f64..1e4,
+            remaining in 0.0f64..1e7,
+            path in 0.0f64..1e5,
+            wait in 0.0f64..7200.0,
+            deadline in proptest::option::of(0.0f64..1e5),
+            predictive in any::<bool>(),
+        ) {
+            let p = params();
+            let fleet = Fleet { queued, running_left_s: running };
+            let demand = Demand {
+                waiting_cpus: waiting,
+                remaining_cpu_s: remaining,
+                critical_path_s: path,
+                deadline_s: deadline,
+                queue_wait_s: wait,
+            };
+            let rule = if predictive { Rule::Predictive } else { Rule::Reactive };
+            let d = decide(rule, &p, &fleet, &demand);
+            let in_flight = queued + fleet.running_left_s.len() as u32;
+            prop_assert!(d.submit == 0 || d.cancel_queued == 0);
+            prop_assert!(d.cancel_queued <= queued);
+            prop_assert!(in_flight + d.submit <= p.max_allocs.max(in_flight));
+            prop_assert!(queued + d.submit <= p.backlog.max(queued));
+        }
+    }
+}

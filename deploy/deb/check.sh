@@ -19,7 +19,8 @@
 #      gzip and renders with `man -l`; the shell completions are there;
 #   4. systemd-analyze verify on the extracted units, their ExecStart= pointed at the
 #      extracted binary and MANPATH at the extracted pages (so Documentation=man:... is
-#      checked too); the template against flotilla-worker.service; systemd-analyze security
+#      checked too); the workers stop with SIGTERM to the worker alone (KillMode=mixed); the
+#      template against flotilla-worker.service; systemd-analyze security
 #      --offline exposure within a bound (no hardening dropped unnoticed);
 #   5. dpkg --root=SCRATCH --force-script-chrootless -i, a reinstall (the upgrade path), -r
 #      and --purge in an empty dpkg database: the maintainer scripts run on this machine
@@ -237,6 +238,17 @@ for u in flotilla-server.service flotilla-worker.service flotilla-worker@.servic
         ok "$u: ExecStart=/usr/bin/flotilla (a path the package holds)"
     else
         fail "$u: ExecStart does not run /usr/bin/flotilla"
+    fi
+done
+# Stopping a worker is a drain: SIGTERM (which `flotilla worker` drains on) to the worker
+# alone (KillMode=mixed: it signals its tasks itself, each in its sandbox, and gives them
+# --grace), within a stop timeout above the default --grace 30s + 15 s.
+for u in flotilla-worker.service flotilla-worker@.service; do
+    stop="$(grep -E '^(KillSignal|KillMode|TimeoutStopSec)=' "$units/$u" | sort | tr '\n' ' ')"
+    if [ "$stop" = "KillMode=mixed KillSignal=SIGTERM TimeoutStopSec=120 " ]; then
+        ok "$u: stops with SIGTERM to the worker alone (KillMode=mixed), TimeoutStopSec=120"
+    else
+        fail "$u: stop settings are '$stop', not KillMode=mixed KillSignal=SIGTERM TimeoutStopSec=120"
     fi
 done
 v="$work/verify"

@@ -29,6 +29,8 @@ METRICS_SECRET = "flotilla-metrics-token"
 STATE_DIR = "/var/lib/flotilla"
 # The worker waits --grace + this long for its tasks after it is asked to leave (worker.rs).
 WORKER_LEAVE_SLACK_S = 15
+# What the pod's grace period keeps beyond that, for the checkpoints' upload and the exit.
+WORKER_LEAVE_MARGIN_S = 10
 NON_NAMESPACED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 
 results = []  # (ok, text)
@@ -369,7 +371,8 @@ def check_workers(name, objs):
             check(got == path, f"{where}: env {var} from the Downward API {path}")
         dl = flag_values(args, "--data-listen")
         check(dl == ["$(FLOTILLA_POD_IP):7071"],
-              f"{where}: --data-listen binds the pod IP on 7071 (the bound address is the one advertised)")
+              f"{where}: --data-listen binds the pod IP on 7071 (advertised as bound; 0.0.0.0 would"
+              " depend on resolving the coordinator at the worker's start)")
         server = (flag_values(args, "--server") or [env.get("FLOTILLA_SERVER", {}).get("value", "")])[0]
         check(svc and server.split(":")[0] in (svc, f"{svc}.{NAMESPACE}", f"{svc}.{NAMESPACE}.svc")
               and server.endswith(":7070"), f"{where}: reaches the coordinator at its Service name ({server})")
@@ -380,13 +383,25 @@ def check_workers(name, objs):
         check(tok_vol and tok_vol.get("secret", {}).get("secretName") == WORKER_SECRET
               and any(i["path"] == Path(tf[0]).name for i in tok_vol["secret"].get("items", [])),
               f"{where}: --token-file is Secret {WORKER_SECRET} (an enrolment token, not the admin's)")
+        # The kubelet's SIGTERM drains the worker (tini forwards it): the pod's grace period
+        # must cover what the worker waits after it, --grace + 15 s, with a margin for the
+        # checkpoints' upload.
         grace = flag_values(args, "--grace")
         g = duration_s(grace[0]) if grace else 30
         tgps = spec.get("terminationGracePeriodSeconds", 30)
-        check(tgps >= g + WORKER_LEAVE_SLACK_S,
-              f"{where}: terminationGracePeriodSeconds {tgps} >= --grace {g:g}s + {WORKER_LEAVE_SLACK_S}s")
-        pre = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
-        check(any("kill -INT 1" in w for w in pre), f"{where}: preStop asks the worker to leave (SIGINT)")
+        check(tgps >= g + WORKER_LEAVE_SLACK_S + WORKER_LEAVE_MARGIN_S,
+              f"{where}: terminationGracePeriodSeconds {tgps} >= --grace {g:g}s + {WORKER_LEAVE_SLACK_S}s"
+              f" + {WORKER_LEAVE_MARGIN_S}s margin")
+        check(c.get("command", [])[:2] == ["tini", "--"],
+              f"{where}: tini as PID 1 (reaps orphans, forwards SIGTERM to the worker)")
+        # The preStop hook that sent SIGINT (from before the worker drained on SIGTERM) must
+        # not come back: a hook signalling the worker would only race the kubelet's SIGTERM.
+        hooks = c.get("lifecycle", {}) or {}
+        pre = hooks.get("preStop", {}) or {}
+        words = " ".join(pre.get("exec", {}).get("command", []) or [])
+        check(not re.search(r"\bkill\b|SIGINT|-INT\b", words),
+              f"{where}: no preStop hook signalling the worker (SIGTERM drains it)"
+              + (f" (got: {words})" if words else ""))
         req = c.get("resources", {}).get("requests", {})
         cpus = env.get("FLOTILLA_CPUS", {}).get("valueFrom", {}).get("resourceFieldRef", {})
         check(flag_values(args, "--cpus") == ["$(FLOTILLA_CPUS)"] and cpus.get("resource") == "requests.cpu"

@@ -178,6 +178,11 @@ impl ClusterSim {
         Ok(lost)
     }
 
+    /// How many attempts run on `worker` now.
+    pub fn running_count(&self, worker: WorkerId) -> usize {
+        self.running_on.get(&worker).map_or(0, |s| s.len())
+    }
+
     /// Adds a worker; its agent keeps a ledger of `spec`'s offer.
     pub fn add_worker(&mut self, spec: WorkerSpec) -> Result<WorkerId, SimError> {
         let ledger = spec.ledger()?;

@@ -10,10 +10,10 @@
 //!   It asks only once the queue has already stalled.
 //! - [`Rule::Predictive`]: size the whole fleet from what is left to do. The work not yet
 //!   done (ready, blocked behind dependencies, and the rest of what runs), timed by the
-//!   learned performance models, over the time one allocation can give (its time limit
-//!   less the learned wait in the batch queue), gives the workers the backlog needs; the
-//!   jobs' average parallelism caps it (no more workers than the work can use at once), and
-//!   a deadline raises it. Allocations that end (time limit) before a new one could start
+//!   learned performance models, over the least time it can take (its critical path, or
+//!   what one allocation gives after its learned queue wait when that is shorter, or its
+//!   deadline), gives the CPUs the backlog needs, and never fewer than the tasks already
+//!   waiting ask. Allocations that end (time limit) before a new one could start
 //!   are replaced ahead; queued allocations beyond the need are cancelled, so none starts
 //!   only to sit idle.
 
@@ -128,23 +128,24 @@ pub fn decide(rule: Rule, params: &AllocParams, fleet: &Fleet, demand: &Demand) 
     }
 }
 
-/// The allocations the remaining work needs (before the caps on what may be in flight).
+/// The allocations the remaining work needs (before the caps on what may be in flight):
+/// enough CPUs to do it in the least time it can take (its critical path, when one
+/// allocation lasts that long; else within one allocation's time after its queue wait; by
+/// its deadline when it has one), and at least enough for the tasks already waiting.
 pub fn predicted_need(params: &AllocParams, demand: &Demand) -> u32 {
     if demand.remaining_cpu_s <= 0.0 && demand.waiting_cpus <= 0.0 {
         return 0;
     }
     let per_alloc = params.cpus_per_alloc();
     // The time one allocation gives: its limit, less the time a new one waits to start.
-    let mut span = (params.time_limit_s - demand.queue_wait_s).max(params.time_limit_s * 0.1);
+    let lasts = (params.time_limit_s - demand.queue_wait_s).max(params.time_limit_s * 0.1);
+    let mut span = demand.critical_path_s.max(60.0).min(lasts);
     if let Some(deadline) = demand.deadline_s {
-        // Work due sooner must be done by then, whatever the limit.
+        // Work due sooner must be done by then.
         span = span.min((deadline - demand.queue_wait_s).max(1.0));
     }
-    let by_work = demand.remaining_cpu_s / (per_alloc * span.max(1.0));
-    // The work cannot use more CPUs at once than its average parallelism.
-    let width = demand.remaining_cpu_s / demand.critical_path_s.max(1.0);
-    let by_width = width.max(demand.waiting_cpus) / per_alloc;
-    let need = by_work.max(1.0).min(by_width.max(1.0)).ceil();
+    let cpus = (demand.remaining_cpu_s / span.max(1.0)).max(demand.waiting_cpus);
+    let need = (cpus / per_alloc).ceil().max(1.0);
     need.min(params.max_allocs as f64) as u32
 }
 
@@ -215,7 +216,11 @@ mod tests {
         };
         let d = decide(Rule::Predictive, &p, &Fleet::default(), &coming);
         assert_eq!(d.submit, 3, "the backlog caps the first request: {d:?}");
-        assert_eq!(predicted_need(&p, &coming), 3, "16 h / (8 CPUs × 50 min)");
+        assert_eq!(
+            predicted_need(&p, &coming),
+            8,
+            "16 CPU-hours done in the 15 minutes of the critical path: 64 CPUs"
+        );
         // Little work left: the queued allocations beyond the need are cancelled.
         let little = Demand {
             remaining_cpu_s: 600.0,
@@ -246,11 +251,15 @@ mod tests {
         let p = params();
         let d = Demand {
             remaining_cpu_s: 8.0 * 3600.0,
-            critical_path_s: 60.0,
+            critical_path_s: 3600.0,
             queue_wait_s: 0.0,
             ..Demand::default()
         };
-        assert_eq!(predicted_need(&p, &d), 1, "8 CPU-hours fit one 8-CPU hour");
+        assert_eq!(
+            predicted_need(&p, &d),
+            1,
+            "8 CPU-hours along a one-hour path fit one 8-CPU allocation"
+        );
         let due = Demand {
             deadline_s: Some(900.0),
             ..d

@@ -144,6 +144,10 @@ enum Bench {
     /// the coordinator's time per event and per placement, makespan against the lower
     /// bound, work lost with lost workers.
     Churn(ChurnArgs),
+    /// Workers only through batch allocations (Slurm), asked for by the reactive and the
+    /// predictive rule, in virtual time: makespan, time to the first task, idle allocation
+    /// CPU-hours.
+    Alloc(AllocBenchArgs),
     /// Host <-> device copies from pageable and pinned memory, and device -> device.
     Copy(CopyArgs),
     /// One rank of `bench allreduce` (FLOTILLA_RANK, FLOTILLA_WORLD_SIZE, FLOTILLA_RENDEZVOUS
@@ -207,6 +211,46 @@ struct ChurnArgs {
     /// Seeds the on/off draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// One JSON object per line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct AllocBenchArgs {
+    /// Rules to compare: reactive, predictive.
+    #[arg(long, value_delimiter = ',', default_value = "reactive,predictive")]
+    rules: Vec<String>,
+    /// Workers per allocation.
+    #[arg(long, default_value_t = 4)]
+    workers_per_alloc: u32,
+    /// CPUs per worker.
+    #[arg(long, default_value_t = 8.0)]
+    cpus: f64,
+    /// The most allocations queued and running at once.
+    #[arg(long, default_value_t = 16)]
+    max_allocs: u32,
+    /// The most allocations waiting in the batch queue at once.
+    #[arg(long, default_value_t = 4)]
+    backlog: u32,
+    /// An allocation's time limit, seconds.
+    #[arg(long, default_value_t = 3600.0)]
+    time_limit: f64,
+    /// Seconds a worker waits with nothing to run before it leaves.
+    #[arg(long, default_value_t = 300.0)]
+    idle_timeout: f64,
+    /// Mean seconds an allocation waits in the batch queue (exponential; a list runs each).
+    #[arg(long, value_delimiter = ',', default_value = "60,600")]
+    queue_wait: Vec<f64>,
+    /// Times the workflow traces are submitted.
+    #[arg(long, default_value_t = 3)]
+    waves: usize,
+    /// Seconds between waves.
+    #[arg(long, default_value_t = 10_800.0)]
+    gap: f64,
+    /// Seeds the queue waits (a list runs each).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    seeds: Vec<u64>,
     /// One JSON object per line.
     #[arg(long)]
     json: bool,
@@ -912,6 +956,58 @@ fn run_local(command: Command) -> Result<()> {
                         r.peak_mb,
                     )
                 })?;
+            }
+            Ok(())
+        }
+        Command::Bench(Bench::Alloc(a)) => {
+            use flotilla::sched::alloc::{AllocParams, Rule};
+            let traces = flotilla::bench::market::traces()?;
+            for &wait in &a.queue_wait {
+                for &seed in &a.seeds {
+                    for rule in &a.rules {
+                        let rule = match rule.as_str() {
+                            "reactive" => Rule::Reactive,
+                            "predictive" => Rule::Predictive,
+                            other => {
+                                anyhow::bail!("--rules {other}: expected reactive or predictive")
+                            }
+                        };
+                        let cfg = flotilla::bench::alloc::AllocConfig {
+                            rule,
+                            params: AllocParams {
+                                workers_per_alloc: a.workers_per_alloc,
+                                cpus_per_worker: a.cpus,
+                                max_allocs: a.max_allocs,
+                                backlog: a.backlog,
+                                time_limit_s: a.time_limit,
+                            },
+                            idle_timeout_s: a.idle_timeout,
+                            queue_wait_s: wait,
+                            waves: a.waves,
+                            gap_s: a.gap,
+                            seed,
+                        };
+                        let r = flotilla::bench::alloc::run(&cfg, &traces)?;
+                        print(a.json, &r, |r| {
+                            format!(
+                                "alloc {} (queue wait {wait:.0} s, seed {seed}): {} jobs ({} succeeded), {} tasks; makespan {:.0} s, first task at {:.0} s; {} allocations ({} cancelled queued), {:.1} CPU-h held, {:.1} idle, {:.1} cut at limits, {:.1} useful; {:.1} idle worker-hours",
+                                r.rule,
+                                r.jobs,
+                                r.succeeded,
+                                r.tasks,
+                                r.makespan_s,
+                                r.first_task_s,
+                                r.allocations,
+                                r.cancelled,
+                                r.cpu_hours,
+                                r.idle_cpu_hours,
+                                r.cut_cpu_hours,
+                                r.useful_cpu_hours,
+                                r.idle_worker_hours,
+                            )
+                        })?;
+                    }
+                }
             }
             Ok(())
         }

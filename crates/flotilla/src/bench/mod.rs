@@ -2,6 +2,7 @@
 //! print it as a table line or one JSON line, and each measures its peer (rayon) in the same
 //! run where the peer is a Rust crate.
 
+pub mod alloc;
 pub mod allreduce;
 pub mod churn;
 pub mod cluster;

@@ -25,8 +25,8 @@
 use std::collections::HashMap;
 
 use flotilla_cluster::sim::{ClusterSim, SimError, Start};
-use flotilla_cluster::state::{AttemptOutcome, Config, WorkerSpec};
-use flotilla_core::{JobId, Resources, WorkerId};
+use flotilla_cluster::state::{AttemptOutcome, Config};
+use flotilla_core::{JobId, WorkerId};
 use flotilla_pool::sim::Rng;
 use flotilla_sched::alloc::{decide, AllocParams, Demand, Fleet, Rule};
 use serde::Serialize;
@@ -95,20 +95,6 @@ struct Allocation {
     started: bool,
 }
 
-fn spec(alloc: usize, i: u32, cpus: f64) -> WorkerSpec {
-    WorkerSpec {
-        name: format!("a{alloc}w{i}"),
-        hostname: format!("a{alloc}w{i}"),
-        hw_class: "node".into(),
-        resources: Resources {
-            cpus,
-            ..Resources::zero()
-        },
-        data_addr: String::new(),
-        ..WorkerSpec::default()
-    }
-}
-
 /// Runs one simulation.
 pub fn run(cfg: &AllocConfig, traces: &[(String, TraceJob)]) -> anyhow::Result<AllocReport> {
     anyhow::ensure!(!traces.is_empty(), "no workflow traces");
@@ -164,7 +150,11 @@ pub fn run(cfg: &AllocConfig, traces: &[(String, TraceJob)]) -> anyhow::Result<A
                 observed_waits.push(secs - submitted_at[n]);
                 for i in 0..p.workers_per_alloc {
                     let w = sim
-                        .add_worker(spec(n, i, p.cpus_per_worker))
+                        .add_worker(super::wfcommons::sim_worker(
+                            format!("a{n}w{i}"),
+                            "node",
+                            p.cpus_per_worker,
+                        ))
                         .map_err(sim_err)?;
                     a.workers.push((w, secs));
                 }

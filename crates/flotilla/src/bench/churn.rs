@@ -19,7 +19,7 @@
 
 use flotilla_cluster::sim::{ClusterSim, SimError, Start};
 use flotilla_cluster::state::{AttemptOutcome, Config, WorkerSpec};
-use flotilla_core::{Resources, WorkerId};
+use flotilla_core::WorkerId;
 use flotilla_pool::sim::Rng;
 use serde::Serialize;
 
@@ -97,17 +97,7 @@ struct Host {
 }
 
 fn spec(i: usize, cpus: f64) -> WorkerSpec {
-    WorkerSpec {
-        name: format!("h{i}"),
-        hostname: format!("h{i}"),
-        hw_class: "host".into(),
-        resources: Resources {
-            cpus,
-            ..Resources::zero()
-        },
-        data_addr: String::new(),
-        ..WorkerSpec::default()
-    }
+    super::wfcommons::sim_worker(format!("h{i}"), "host", cpus)
 }
 
 /// Peak resident memory of this process (VmHWM), MB.

@@ -215,6 +215,26 @@ fn toml_str(s: &str) -> String {
     out
 }
 
+/// A simulated worker named `name` (its host too) of hardware class `hw_class` offering
+/// `cpus` CPUs, for the benchmarks in virtual time.
+pub(crate) fn sim_worker(
+    name: String,
+    hw_class: &str,
+    cpus: f64,
+) -> flotilla_cluster::state::WorkerSpec {
+    flotilla_cluster::state::WorkerSpec {
+        hostname: name.clone(),
+        name,
+        hw_class: hw_class.into(),
+        resources: flotilla_core::Resources {
+            cpus,
+            ..flotilla_core::Resources::zero()
+        },
+        data_addr: String::new(),
+        ..flotilla_cluster::state::WorkerSpec::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,14 +8,16 @@
 //! - [`Rule::Reactive`] (HyperQueue's): while tasks wait that no connected worker can take,
 //!   keep up to `backlog` allocations queued, never more than the waiting tasks can use.
 //!   It asks only once the queue has already stalled.
-//! - [`Rule::Predictive`]: size the whole fleet from what is left to do. The work not yet
-//!   done (ready, blocked behind dependencies, and the rest of what runs), timed by the
-//!   learned performance models, over the least time it can take (its critical path, or
-//!   what one allocation gives after its learned queue wait when that is shorter, or its
-//!   deadline), gives the CPUs the backlog needs, and never fewer than the tasks already
-//!   waiting ask. Allocations that end (time limit) before a new one could start
-//!   are replaced ahead; queued allocations beyond the need are cancelled, so none starts
-//!   only to sit idle.
+//! - [`Rule::Predictive`]: ask now for what the work will use when a new allocation would
+//!   start. The work left (ready, blocked behind dependencies, the rest of what runs), timed
+//!   by the learned performance models, is laid out as soon as its dependencies allow
+//!   ([`mean_width`]); the CPUs that layout uses between the learned queue wait and a little
+//!   after are what to have then, raised by deadlines. Allocations that end (time limit)
+//!   before a new one could start are replaced ahead. Twice the shortfall waits in the batch
+//!   queue ([`HEDGE`]: its waits vary widely, and the first to start are used); once the
+//!   need is met the rest is cancelled while still queued, which costs nothing, so none
+//!   starts only to sit idle. Running ones with nothing to do leave after their idle
+//!   timeout.
 
 /// One allocation queue's settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,15 +65,51 @@ pub struct Fleet {
 pub struct Demand {
     /// Ready tasks that no connected worker can take now, in CPUs they ask.
     pub waiting_cpus: f64,
-    /// CPU-seconds of the work not done yet (ready, blocked, the rest of what runs),
-    /// estimated from the performance models.
+    /// The CPUs the work left uses, laid out as soon as possible, over the window a new
+    /// allocation would serve ([`mean_width`] from the queue wait on).
+    pub future_cpus: f64,
+    /// CPU-seconds of the work not done yet, estimated from the performance models.
     pub remaining_cpu_s: f64,
-    /// The longest chain of work left, seconds (the jobs' critical paths from now).
-    pub critical_path_s: f64,
     /// Seconds until the earliest deadline of the work left, if any.
     pub deadline_s: Option<f64>,
     /// The learned wait of an allocation in the batch queue, seconds.
     pub queue_wait_s: f64,
+}
+
+/// One task left to do, for [`mean_width`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Left {
+    /// CPUs it asks.
+    pub cpus: f64,
+    /// Seconds it still needs (the model's estimate, less what it has run).
+    pub secs: f64,
+    /// Its predecessors among the tasks left: indices of earlier entries.
+    pub preds: Vec<usize>,
+}
+
+/// The CPUs `left` (in topological order) uses on average between `from` and `to` seconds
+/// from now, each task starting as soon as its predecessors end (as many workers as it
+/// takes).
+pub fn mean_width(left: &[Left], from: f64, to: f64) -> f64 {
+    if to <= from {
+        return 0.0;
+    }
+    let mut finish = vec![0.0f64; left.len()];
+    let mut used = 0.0;
+    for (i, t) in left.iter().enumerate() {
+        let start = t
+            .preds
+            .iter()
+            .filter(|&&p| p < i)
+            .map(|&p| finish[p])
+            .fold(0.0, f64::max);
+        finish[i] = start + t.secs.max(0.0);
+        let overlap = finish[i].min(to) - start.max(from);
+        if overlap > 0.0 {
+            used += overlap * t.cpus;
+        }
+    }
+    used / (to - from)
 }
 
 /// What the allocator does now.
@@ -112,40 +150,42 @@ pub fn decide(rule: Rule, params: &AllocParams, fleet: &Fleet, demand: &Demand) 
                 .iter()
                 .filter(|&&left| left > demand.queue_wait_s)
                 .count() as u32;
-            let supply = fleet.queued + lasting;
-            if need > supply {
+            // Twice the shortfall is kept queued (batch queue waits vary widely: the first
+            // to start are used), and what is still queued once it is met is cancelled,
+            // which costs nothing.
+            let short = need.saturating_sub(lasting);
+            let keep = params.backlog.min(short.saturating_mul(HEDGE));
+            if fleet.queued < keep {
                 Decision {
-                    submit: room.min(need - supply),
+                    submit: room.min(keep - fleet.queued),
                     cancel_queued: 0,
                 }
             } else {
                 Decision {
                     submit: 0,
-                    cancel_queued: fleet.queued.min(supply - need),
+                    cancel_queued: fleet.queued - keep,
                 }
             }
         }
     }
 }
 
-/// The allocations the remaining work needs (before the caps on what may be in flight):
-/// enough CPUs to do it in the least time it can take (its critical path, when one
-/// allocation lasts that long; else within one allocation's time after its queue wait; by
-/// its deadline when it has one), and at least enough for the tasks already waiting.
+/// Allocations kept queued per allocation short (see [`decide`]).
+pub const HEDGE: u32 = 2;
+
+/// The allocations the work needs when a new one would start (before the caps on what may
+/// be in flight): its [`Demand::future_cpus`], or more when a deadline asks for it.
 pub fn predicted_need(params: &AllocParams, demand: &Demand) -> u32 {
-    if demand.remaining_cpu_s <= 0.0 && demand.waiting_cpus <= 0.0 {
-        return 0;
-    }
-    let per_alloc = params.cpus_per_alloc();
-    // The time one allocation gives: its limit, less the time a new one waits to start.
-    let lasts = (params.time_limit_s - demand.queue_wait_s).max(params.time_limit_s * 0.1);
-    let mut span = demand.critical_path_s.max(60.0).min(lasts);
+    let mut cpus = demand.future_cpus.max(0.0);
     if let Some(deadline) = demand.deadline_s {
         // Work due sooner must be done by then.
-        span = span.min((deadline - demand.queue_wait_s).max(1.0));
+        let span = (deadline - demand.queue_wait_s).max(1.0);
+        cpus = cpus.max(demand.remaining_cpu_s / span);
     }
-    let cpus = (demand.remaining_cpu_s / span.max(1.0)).max(demand.waiting_cpus);
-    let need = (cpus / per_alloc).ceil().max(1.0);
+    if cpus <= 0.0 {
+        return 0;
+    }
+    let need = (cpus / params.cpus_per_alloc()).ceil();
     need.min(params.max_allocs as f64) as u32
 }
 
@@ -169,7 +209,7 @@ mod tests {
         let p = params();
         let idle = Demand {
             remaining_cpu_s: 1e6,
-            critical_path_s: 100.0,
+            future_cpus: 100.0,
             ..Demand::default()
         };
         assert_eq!(
@@ -203,28 +243,56 @@ mod tests {
     }
 
     #[test]
+    fn the_width_of_the_work_left_laid_out_as_soon_as_possible() {
+        // a (10 s) then b (10 s); c (20 s) beside them; d (2 CPUs, 5 s) after b and c.
+        let left = [
+            Left {
+                cpus: 1.0,
+                secs: 10.0,
+                preds: vec![],
+            },
+            Left {
+                cpus: 1.0,
+                secs: 10.0,
+                preds: vec![0],
+            },
+            Left {
+                cpus: 1.0,
+                secs: 20.0,
+                preds: vec![],
+            },
+            Left {
+                cpus: 2.0,
+                secs: 5.0,
+                preds: vec![1, 2],
+            },
+        ];
+        assert_eq!(mean_width(&left, 0.0, 20.0), 2.0);
+        assert_eq!(mean_width(&left, 20.0, 25.0), 2.0);
+        assert_eq!(mean_width(&left, 10.0, 30.0), 1.5);
+        assert_eq!(mean_width(&left, 25.0, 100.0), 0.0);
+        assert_eq!(mean_width(&[], 0.0, 10.0), 0.0);
+    }
+
+    #[test]
     fn predictive_asks_ahead_for_blocked_work_and_gives_back_what_it_does_not_need() {
         let p = params();
-        // Nothing waits yet (all blocked behind one task), but 16 h of CPU work is coming,
-        // wide enough for 64 CPUs: allocations are asked before the queue stalls.
+        // Nothing waits yet (all blocked behind one task), but when a new allocation would
+        // start the work will use 64 CPUs: allocations are asked before the queue stalls.
         let coming = Demand {
             waiting_cpus: 0.0,
+            future_cpus: 64.0,
             remaining_cpu_s: 16.0 * 3600.0,
-            critical_path_s: 900.0,
             queue_wait_s: 600.0,
             deadline_s: None,
         };
         let d = decide(Rule::Predictive, &p, &Fleet::default(), &coming);
         assert_eq!(d.submit, 3, "the backlog caps the first request: {d:?}");
-        assert_eq!(
-            predicted_need(&p, &coming),
-            8,
-            "16 CPU-hours done in the 15 minutes of the critical path: 64 CPUs"
-        );
-        // Little work left: the queued allocations beyond the need are cancelled.
+        assert_eq!(predicted_need(&p, &coming), 8);
+        // Little work by then: the queued allocations beyond the need are cancelled.
         let little = Demand {
+            future_cpus: 1.0,
             remaining_cpu_s: 600.0,
-            critical_path_s: 600.0,
             ..coming.clone()
         };
         let fleet = Fleet {
@@ -238,33 +306,51 @@ mod tests {
                 cancel_queued: 3
             }
         );
-        // A running allocation about to hit its limit is replaced ahead.
+        // A running allocation about to hit its limit is replaced ahead (two queued for
+        // the one needed: the second to start is cancelled).
         let ending = Fleet {
             queued: 0,
             running_left_s: vec![60.0],
         };
-        assert_eq!(decide(Rule::Predictive, &p, &ending, &little).submit, 1);
+        assert_eq!(decide(Rule::Predictive, &p, &ending, &little).submit, 2);
+        let replaced = Fleet {
+            queued: 1,
+            running_left_s: vec![60.0, 3600.0],
+        };
+        assert_eq!(
+            decide(Rule::Predictive, &p, &replaced, &little),
+            Decision {
+                submit: 0,
+                cancel_queued: 1
+            }
+        );
+        // Nothing left by then: nothing asked.
+        let done = Demand {
+            future_cpus: 0.0,
+            ..little
+        };
+        assert_eq!(predicted_need(&p, &done), 0);
     }
 
     #[test]
     fn a_deadline_raises_the_need() {
         let p = params();
         let d = Demand {
+            future_cpus: 8.0,
             remaining_cpu_s: 8.0 * 3600.0,
-            critical_path_s: 3600.0,
             queue_wait_s: 0.0,
             ..Demand::default()
         };
-        assert_eq!(
-            predicted_need(&p, &d),
-            1,
-            "8 CPU-hours along a one-hour path fit one 8-CPU allocation"
-        );
+        assert_eq!(predicted_need(&p, &d), 1);
         let due = Demand {
             deadline_s: Some(900.0),
             ..d
         };
-        assert_eq!(predicted_need(&p, &due), 4, "in 15 minutes: four");
+        assert_eq!(
+            predicted_need(&p, &due),
+            4,
+            "8 CPU-hours in 15 minutes: 32 CPUs"
+        );
     }
 
     proptest! {
@@ -275,8 +361,8 @@ mod tests {
             queued in 0u32..20,
             running in proptest::collection::vec(0.0f64..7200.0, 0..20),
             waiting in 0.0f64..1e4,
+            future in 0.0f64..1e4,
             remaining in 0.0f64..1e7,
-            path in 0.0f64..1e5,
             wait in 0.0f64..7200.0,
             deadline in proptest::option::of(0.0f64..1e5),
             predictive in any::<bool>(),
@@ -285,8 +371,8 @@ mod tests {
             let fleet = Fleet { queued, running_left_s: running };
             let demand = Demand {
                 waiting_cpus: waiting,
+                future_cpus: future,
                 remaining_cpu_s: remaining,
-                critical_path_s: path,
                 deadline_s: deadline,
                 queue_wait_s: wait,
             };

@@ -28,7 +28,7 @@ use flotilla_cluster::sim::{ClusterSim, SimError, Start};
 use flotilla_cluster::state::{AttemptOutcome, Config};
 use flotilla_core::{JobId, WorkerId};
 use flotilla_pool::sim::Rng;
-use flotilla_sched::alloc::{decide, AllocParams, Demand, Fleet, Rule};
+use flotilla_sched::alloc::{decide, mean_width, AllocParams, Demand, Fleet, Left, Rule};
 use serde::Serialize;
 
 use super::wfcommons::{TraceJob, TraceRuntimes};
@@ -102,8 +102,11 @@ pub fn run(cfg: &AllocConfig, traces: &[(String, TraceJob)]) -> anyhow::Result<A
     let sim_err = |e: SimError| anyhow::anyhow!("{e}");
     let mut sim = ClusterSim::new(Config::default());
     let mut specs = Vec::with_capacity(traces.len());
+    let mut graphs = Vec::with_capacity(traces.len());
     for (name, tj) in traces {
-        specs.push(flotilla_core::parse_job(&tj.toml, name)?);
+        let spec = flotilla_core::parse_job(&tj.toml, name)?;
+        graphs.push(spec.expand()?);
+        specs.push(spec);
     }
     let runtime = TraceRuntimes::new(traces);
     let mut duration = |s: &Start<'_>| -> Result<(u64, AttemptOutcome), SimError> {
@@ -183,15 +186,25 @@ pub fn run(cfg: &AllocConfig, traces: &[(String, TraceJob)]) -> anyhow::Result<A
         // What the allocator knows, and its decision.
         let summaries = sim.coordinator().jobs();
         let waiting_cpus: f64 = summaries.iter().map(|j| j.counts.ready as f64).sum();
-        let mut remaining = 0.0;
-        let mut path: f64 = 0.0;
-        for (i, total, done) in jobs.values() {
-            let left = (total - done).max(0.0);
-            remaining += left;
-            if *total > 0.0 {
-                path = path.max(traces[*i].1.critical_path * left / total);
-            }
-        }
+        let remaining: f64 = jobs
+            .values()
+            .map(|(_, total, done)| (total - done).max(0.0))
+            .sum();
+        let queue_wait_s = if observed_waits.is_empty() {
+            0.0
+        } else {
+            observed_waits.iter().sum::<f64>() / observed_waits.len() as f64
+        };
+        // The work left laid out as soon as possible: what it uses over the window a new
+        // allocation would serve (from its start, as long again as the wait, at least 5
+        // minutes). Only the predictive rule reads it.
+        let future_cpus = if cfg.rule == Rule::Predictive {
+            let left = work_left(&sim, &summaries, &jobs, &graphs, traces, &runtime);
+            let from = queue_wait_s;
+            mean_width(&left, from, from + 300.0)
+        } else {
+            0.0
+        };
         let fleet = Fleet {
             queued: allocs.iter().filter(|a| a.starts_at.is_some()).count() as u32,
             running_left_s: allocs
@@ -202,14 +215,10 @@ pub fn run(cfg: &AllocConfig, traces: &[(String, TraceJob)]) -> anyhow::Result<A
         };
         let demand = Demand {
             waiting_cpus,
+            future_cpus,
             remaining_cpu_s: remaining,
-            critical_path_s: path,
             deadline_s: None,
-            queue_wait_s: if observed_waits.is_empty() {
-                0.0
-            } else {
-                observed_waits.iter().sum::<f64>() / observed_waits.len() as f64
-            },
+            queue_wait_s,
         };
         let d = decide(cfg.rule, p, &fleet, &demand);
         for _ in 0..d.submit {
@@ -293,6 +302,66 @@ pub fn run(cfg: &AllocConfig, traces: &[(String, TraceJob)]) -> anyhow::Result<A
         cut_cpu_hours: cut_cpu_s / 3600.0,
         useful_cpu_hours: busy_cpu_s / 3600.0,
     })
+}
+
+/// Every unfinished job's tasks not done, in topological order with their predecessors
+/// among them, timed by the traces' runtimes (standing for the learned models; a running
+/// task counts whole).
+fn work_left(
+    sim: &ClusterSim,
+    summaries: &[flotilla_cluster::state::JobSummary],
+    jobs: &HashMap<JobId, (usize, f64, f64)>,
+    graphs: &[flotilla_core::TaskGraph],
+    traces: &[(String, TraceJob)],
+    runtime: &TraceRuntimes,
+) -> Vec<Left> {
+    use flotilla_cluster::state::{JobState, TaskState};
+    let mut left = Vec::new();
+    for summary in summaries {
+        if summary.state != JobState::Running {
+            continue;
+        }
+        let Some(&(trace, _, _)) = jobs.get(&summary.id) else {
+            continue;
+        };
+        let Some(status) = sim
+            .coordinator()
+            .job_status_range(summary.id, 0, usize::MAX)
+        else {
+            continue;
+        };
+        let graph = &graphs[trace];
+        let name = &traces[trace].0;
+        let mut at: HashMap<flotilla_core::TaskId, usize> = HashMap::new();
+        let mut ended = vec![true; graph.len()];
+        for t in &status.tasks {
+            if let Some(e) = ended.get_mut(t.id.index()) {
+                *e = matches!(
+                    t.state,
+                    TaskState::Done | TaskState::Failed | TaskState::Cancelled
+                );
+            }
+        }
+        let done = |id: flotilla_core::TaskId| ended.get(id.index()).is_none_or(|&e| e);
+        for &id in graph.topological_order() {
+            if done(id) {
+                continue;
+            }
+            let task = graph.task(id);
+            let preds = graph
+                .preds(id)
+                .iter()
+                .filter_map(|p| at.get(p).copied())
+                .collect();
+            at.insert(id, left.len());
+            left.push(Left {
+                cpus: task.resources.cpus.max(0.0),
+                secs: runtime.of(name, &task.name),
+                preds,
+            });
+        }
+    }
+    left
 }
 
 #[cfg(test)]

@@ -115,6 +115,13 @@ pub struct WorkerConfig {
     /// at start instead of building their own (see `flotilla_exec::Holder`). `None`: each
     /// task gets its own bubblewrap sandbox.
     pub enter: Option<PathBuf>,
+    /// Leave, as drained, after this long with nothing to run or queued (`--idle-timeout`):
+    /// a worker of a batch allocation gives its machine back. `None`: never.
+    pub idle_timeout: Option<Duration>,
+    /// Leave, as drained, at this instant at the latest (`--time-limit`, counted from the
+    /// start: its allocation's end), starting --grace + 15 s before it so that its tasks
+    /// are preempted with their grace, not cut. `None`: no limit.
+    pub leave_at: Option<Instant>,
 }
 
 /// The WASM memory a module gets when its job does not say: 1 GiB.
@@ -215,6 +222,8 @@ impl WorkerConfig {
             fault: crate::fault::Fault::None,
             max_sandbox: None,
             enter: None,
+            idle_timeout: None,
+            leave_at: None,
             wasm_max_time: DEFAULT_WASM_MAX_TIME,
             grace: DEFAULT_GRACE,
             preemptible: false,
@@ -1158,6 +1167,9 @@ async fn session(
     let mut look = tokio::time::interval(Duration::from_millis(500));
     // Leaving (drained, SIGTERM): until when it waits for its tasks and the coordinator.
     let mut leaving: Option<tokio::time::Instant> = None;
+    // Since when it has had nothing to run or queued (`--idle-timeout`).
+    let mut idle_since: Option<Instant> = None;
+    let margin = cfg.grace + Duration::from_secs(15);
     let mut said_leaving = false;
     loop {
         if let Some(deadline) = leaving {
@@ -1204,11 +1216,28 @@ async fn session(
                 }
             }
             _ = look.tick(), if leaving.is_none() => {
-                let paused = shared.local.lock().agent.is_paused();
+                let (paused, idle) = {
+                    let l = shared.local.lock();
+                    (l.agent.is_paused(), l.runs.is_empty() && l.agent.is_idle())
+                };
                 match owner.may_work(shared) {
                     Err(why) if !paused => reclaim(shared, &why),
                     Ok(()) if paused => give_work(shared),
                     _ => {}
+                }
+                idle_since = if idle { idle_since.or(Some(Instant::now())) } else { None };
+                let why = match (cfg.idle_timeout, cfg.leave_at) {
+                    (Some(t), _) if idle_since.is_some_and(|s| s.elapsed() >= t) => {
+                        Some(format!("nothing to run for {}", flotilla_core::duration::format_duration(t)))
+                    }
+                    (_, Some(at)) if Instant::now() + margin >= at => {
+                        Some("its time limit is near (--time-limit)".to_string())
+                    }
+                    _ => None,
+                };
+                if let Some(why) = why {
+                    reclaim(shared, &why);
+                    leaving = Some(tokio::time::Instant::now() + margin);
                 }
             }
             _ = beat.tick() => {

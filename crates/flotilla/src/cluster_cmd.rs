@@ -246,6 +246,15 @@ pub(crate) struct WorkerArgs {
     /// is killed (drain, SIGTERM to the worker, a window's end, the owner's return).
     #[arg(long, default_value = "30s")]
     grace: String,
+    /// Leave (as drained, exit 0) after this long with nothing to run, e.g. 5m: a worker of
+    /// a batch allocation gives its machine back.
+    #[arg(long)]
+    idle_timeout: Option<String>,
+    /// Leave (as drained, exit 0) within this long from the start, e.g. 1h (the batch
+    /// allocation's time limit): it starts leaving --grace + 15 s before, so that its tasks
+    /// are preempted with their grace and resume elsewhere rather than being cut.
+    #[arg(long)]
+    time_limit: Option<String>,
     /// Watts one busy CPU of this machine draws: energy is estimated from it where RAPL
     /// cannot be read, and `objective = "energy"` compares machines by it.
     #[arg(long, default_value_t = flotilla::cluster::worker::DEFAULT_CPU_WATTS)]
@@ -502,6 +511,17 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     cfg.cpu_watts = a.cpu_watts;
     cfg.grace = flotilla::core::duration::parse_duration(&a.grace)
         .with_context(|| format!("--grace {}", a.grace))?;
+    if let Some(t) = &a.idle_timeout {
+        cfg.idle_timeout = Some(
+            flotilla::core::duration::parse_duration(t)
+                .with_context(|| format!("--idle-timeout {t}"))?,
+        );
+    }
+    if let Some(t) = &a.time_limit {
+        let limit = flotilla::core::duration::parse_duration(t)
+            .with_context(|| format!("--time-limit {t}"))?;
+        cfg.leave_at = Some(std::time::Instant::now() + limit);
+    }
     // The guard that kills this worker's tasks if it dies: this same binary.
     cfg.guard = flotilla::guard_command();
     // Sandboxed tasks enter one holder through the program installed beside this one.

@@ -270,3 +270,31 @@ fn a_worker_sent_sigterm_drains_and_its_task_resumes_elsewhere_from_its_checkpoi
         "it resumed from its checkpoint, not from 0: {got:?}"
     );
 }
+
+/// `--idle-timeout`: a worker with nothing to run leaves on its own (a batch allocation's
+/// worker gives its machine back) once its work is done, and the coordinator forgets it;
+/// `--time-limit`: a worker leaves before its allocation's end, exit 0.
+#[test]
+fn workers_leave_when_idle_or_when_their_time_limit_is_near() {
+    let mut c = Cluster::start(0, 1);
+    c.add_worker_with(1, &["--idle-timeout", "1s"]);
+    c.wait_workers(1);
+    let id = c.submit_toml(
+        "short.toml",
+        "name = \"short\"\n[[task]]\nid = \"t\"\ncmd = [\"true\"]\n",
+    );
+    assert_succeeded(&c.wait_job(id, Duration::from_secs(60)));
+    let status = wait_until("the idle worker to leave", Duration::from_secs(120), || {
+        c.worker_status(0)
+    });
+    assert!(status.success(), "it left cleanly: {status:?}");
+    c.wait_until_workers(0);
+    // 16 s: --grace 1s + 15 s, so it starts leaving at once.
+    c.add_worker_with(1, &["--time-limit", "16s", "--grace", "1s"]);
+    let status = wait_until(
+        "the time-limited worker to leave",
+        Duration::from_secs(120),
+        || c.worker_status(1),
+    );
+    assert!(status.success(), "it left cleanly: {status:?}");
+}

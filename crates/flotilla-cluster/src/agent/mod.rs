@@ -180,6 +180,11 @@ impl<P> Agent<P> {
         &self.ledger
     }
 
+    /// Whether nothing runs or waits here.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.queue.is_empty()
+    }
+
     /// The running attempts.
     #[cfg(test)]
     pub(crate) fn running(&self) -> impl Iterator<Item = &Attempt> + '_ {

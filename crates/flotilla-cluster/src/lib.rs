@@ -9,6 +9,7 @@
 
 pub mod access;
 mod agent;
+pub mod alloc;
 pub mod auth;
 pub mod client;
 mod convert;

@@ -1,0 +1,248 @@
+//! Slurm's side of `flotilla alloc`: the batch script that starts a queue's workers, and
+//! the parsing of what `sbatch --parsable`, `squeue` and `sacct` print. Pure text in and
+//! out, so it is tested without a Slurm; the allocator runs the commands.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// What a Slurm allocation queue asks for (`flotilla alloc add slurm ...`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlurmQueue {
+    /// The partition (`--partition`).
+    pub partition: String,
+    /// The allocation's time limit (`--time`).
+    pub time_limit: Duration,
+    /// Workers per allocation: one per node (`--nodes`).
+    pub workers_per_alloc: u32,
+    /// Seconds a worker waits with nothing to run before it gives its node back.
+    pub idle_timeout: Duration,
+    /// More `sbatch` arguments, as given after `--`.
+    pub extra: Vec<String>,
+}
+
+/// How the script starts a worker: the program and the coordinator it joins.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerLaunch {
+    /// The `flotilla` program on the nodes (an absolute path).
+    pub program: String,
+    /// The coordinator's address(es) as workers reach them.
+    pub server: String,
+    /// A file holding the workers' enrolment token, readable on the nodes.
+    pub token_file: String,
+    /// A folder for the workers' work folders and the allocation's logs, on the nodes.
+    pub work_dir: String,
+}
+
+/// The batch script of one allocation of `queue`, named `name` (its job name in Slurm).
+/// Each node runs one worker (`srun`), named after the job and the node, that leaves when
+/// idle for the queue's idle timeout and before the time limit (`--time-limit`, counted
+/// from its start: slightly inside Slurm's own).
+pub fn batch_script(queue: &SlurmQueue, launch: &WorkerLaunch, name: &str) -> String {
+    let mut s = String::from("#!/bin/sh\n");
+    let _ = writeln!(s, "#SBATCH --job-name={}", shell_word(name));
+    let _ = writeln!(s, "#SBATCH --partition={}", shell_word(&queue.partition));
+    let _ = writeln!(s, "#SBATCH --time={}", slurm_time(queue.time_limit));
+    let _ = writeln!(s, "#SBATCH --nodes={}", queue.workers_per_alloc.max(1));
+    let _ = writeln!(s, "#SBATCH --ntasks-per-node=1");
+    let _ = writeln!(
+        s,
+        "#SBATCH --output={}/%x-%j.log",
+        shell_word(&launch.work_dir)
+    );
+    let _ = writeln!(s, "set -eu");
+    // One worker per node; `sh -c` so that each expands its own node number.
+    let _ = writeln!(
+        s,
+        "exec srun --kill-on-bad-exit=0 sh -c {}",
+        shell_word(&worker_command(queue, launch, name))
+    );
+    s
+}
+
+/// The command one node runs (through `sh -c`, with Slurm's `SLURM_JOB_ID` and
+/// `SLURM_NODEID` set): a worker named and housed after the job and the node, leaving when
+/// idle for the queue's idle timeout and before the time limit (60 s inside Slurm's own,
+/// counted from its start).
+pub fn worker_command(queue: &SlurmQueue, launch: &WorkerLaunch, name: &str) -> String {
+    let inside = queue.time_limit.saturating_sub(Duration::from_secs(60));
+    format!(
+        "exec {} worker --server {} --token-file {} --name {}-\"$SLURM_JOB_ID-$SLURM_NODEID\" \
+         --work-dir {}/\"$SLURM_JOB_ID-$SLURM_NODEID\" --data-listen 0.0.0.0:0 \
+         --idle-timeout {}s --time-limit {}s",
+        shell_word(&launch.program),
+        shell_word(&launch.server),
+        shell_word(&launch.token_file),
+        shell_word(name),
+        shell_word(&launch.work_dir),
+        queue.idle_timeout.as_secs().max(1),
+        inside.as_secs().max(1),
+    )
+}
+
+/// `HH:MM:SS` (days folded into hours), as `sbatch --time` takes it.
+pub fn slurm_time(d: Duration) -> String {
+    let s = d.as_secs().max(60);
+    format!("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60)
+}
+
+/// Single-quotes `w` for the shell unless it is plain.
+fn shell_word(w: &str) -> String {
+    let plain = !w.is_empty()
+        && w.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:,=@%+".contains(c));
+    if plain {
+        w.to_string()
+    } else {
+        format!("'{}'", w.replace('\'', "'\\''"))
+    }
+}
+
+/// The job id `sbatch --parsable` printed (`12345` or `12345;cluster`).
+pub fn parse_sbatch(stdout: &str) -> Option<String> {
+    let line = stdout.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let id = line.split(';').next()?.trim();
+    (!id.is_empty() && id.chars().all(|c| c.is_ascii_digit())).then(|| id.to_string())
+}
+
+/// Where an allocation stands in Slurm.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlurmState {
+    /// Waiting to start (PENDING, CONFIGURING, REQUEUED...), with Slurm's reason.
+    Queued(String),
+    /// Its nodes are up.
+    Running,
+    /// Ended as asked (COMPLETED), or by its own workers leaving.
+    Ended,
+    /// Ended by a failure or by Slurm (FAILED, TIMEOUT, NODE_FAIL, CANCELLED by another,
+    /// OUT_OF_MEMORY, BOOT_FAIL, DEADLINE), with the state and reason.
+    Failed(String),
+}
+
+/// Maps one Slurm job state (and its reason) to ours.
+pub fn state_of(state: &str, reason: &str) -> SlurmState {
+    let state = state.trim().trim_end_matches('+');
+    // sacct prints "CANCELLED by 0".
+    let word = state.split_whitespace().next().unwrap_or("");
+    match word {
+        "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESIZING"
+        | "SUSPENDED" => SlurmState::Queued(reason.trim().to_string()),
+        "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" => SlurmState::Running,
+        "COMPLETED" => SlurmState::Ended,
+        _ => {
+            let reason = reason.trim();
+            SlurmState::Failed(if reason.is_empty() || reason == "None" {
+                state.to_string()
+            } else {
+                format!("{state} ({reason})")
+            })
+        }
+    }
+}
+
+/// `squeue -h -o '%i|%T|%r' -j IDS`: job id → state.
+pub fn parse_squeue(stdout: &str) -> HashMap<String, SlurmState> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.trim().splitn(3, '|');
+            let id = f.next()?.trim();
+            let state = f.next()?;
+            let reason = f.next().unwrap_or("");
+            (!id.is_empty()).then(|| (id.to_string(), state_of(state, reason)))
+        })
+        .collect()
+}
+
+/// `sacct -n -P -X -o JobIDRaw,State,Reason -j IDS`: job id → state (for jobs `squeue` no
+/// longer shows).
+pub fn parse_sacct(stdout: &str) -> HashMap<String, SlurmState> {
+    parse_squeue(stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue() -> SlurmQueue {
+        SlurmQueue {
+            partition: "debug".into(),
+            time_limit: Duration::from_secs(3600),
+            workers_per_alloc: 2,
+            idle_timeout: Duration::from_secs(300),
+            extra: vec![],
+        }
+    }
+
+    fn launch() -> WorkerLaunch {
+        WorkerLaunch {
+            program: "/usr/bin/flotilla".into(),
+            server: "head:7070".into(),
+            token_file: "/etc/flotilla/worker token".into(),
+            work_dir: "/scratch/flotilla".into(),
+        }
+    }
+
+    #[test]
+    fn the_batch_script_asks_for_the_queue_and_starts_one_worker_per_node() {
+        let s = batch_script(&queue(), &launch(), "flotilla-q1-7");
+        assert!(s.starts_with("#!/bin/sh\n"), "{s}");
+        for line in [
+            "#SBATCH --job-name=flotilla-q1-7",
+            "#SBATCH --partition=debug",
+            "#SBATCH --time=1:00:00",
+            "#SBATCH --nodes=2",
+            "#SBATCH --ntasks-per-node=1",
+        ] {
+            assert!(s.lines().any(|l| l == line), "{line} in {s}");
+        }
+        assert!(s.contains("exec srun --kill-on-bad-exit=0 sh -c '"), "{s}");
+        // What a node runs, with Slurm's variables (the program an echo here).
+        let echo = WorkerLaunch {
+            program: "echo".into(),
+            ..launch()
+        };
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(worker_command(&queue(), &echo, "flotilla-q1-7"))
+            .env("SLURM_JOB_ID", "4242")
+            .env("SLURM_NODEID", "1")
+            .output()
+            .expect("sh runs");
+        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(
+            line,
+            "worker --server head:7070 --token-file /etc/flotilla/worker token \
+             --name flotilla-q1-7-4242-1 --work-dir /scratch/flotilla/4242-1 \
+             --data-listen 0.0.0.0:0 --idle-timeout 300s --time-limit 3540s"
+        );
+    }
+
+    #[test]
+    fn slurm_times_and_sbatch_ids() {
+        assert_eq!(slurm_time(Duration::from_secs(90 * 60)), "1:30:00");
+        assert_eq!(slurm_time(Duration::from_secs(30 * 3600 + 5)), "30:00:05");
+        assert_eq!(slurm_time(Duration::from_secs(5)), "0:01:00");
+        assert_eq!(parse_sbatch("12345\n").as_deref(), Some("12345"));
+        assert_eq!(parse_sbatch("678;cluster\n").as_deref(), Some("678"));
+        assert_eq!(parse_sbatch("sbatch: error: invalid partition\n"), None);
+        assert_eq!(parse_sbatch(""), None);
+    }
+
+    #[test]
+    fn squeue_and_sacct_states() {
+        let q =
+            parse_squeue("101|PENDING|Priority\n102|RUNNING|None\n103|PENDING|PartitionConfig\n\n");
+        assert_eq!(q["101"], SlurmState::Queued("Priority".into()));
+        assert_eq!(q["102"], SlurmState::Running);
+        assert_eq!(q["103"], SlurmState::Queued("PartitionConfig".into()));
+        let a = parse_sacct("104|COMPLETED|None\n105|TIMEOUT|None\n106|CANCELLED by 0|None\n107|FAILED|NonZeroExitCode\n");
+        assert_eq!(a["104"], SlurmState::Ended);
+        assert_eq!(a["105"], SlurmState::Failed("TIMEOUT".into()));
+        assert_eq!(a["106"], SlurmState::Failed("CANCELLED by 0".into()));
+        assert_eq!(
+            a["107"],
+            SlurmState::Failed("FAILED (NonZeroExitCode)".into())
+        );
+    }
+}

@@ -646,7 +646,9 @@ struct Shared {
     objects: Arc<ObjectStore>,
     /// Watches the size of transfer sandboxes (`--max-sandbox`).
     sandbox_watch: Option<Arc<crate::sandbox_watch::SandboxWatch>>,
-    data_addr: String,
+    /// Where its object server listens (advertised as [`advertised`] says, at each
+    /// registration: a coordinator's name may resolve only later, as in a pod).
+    data_bound: std::net::SocketAddr,
     /// The fingerprint of its object server's TLS certificate (`""`: plain TCP).
     data_cert: String,
     /// The coordinator's rendezvous port for gangs (0 before registering or when none).
@@ -914,9 +916,6 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         data_tls,
     )
     .await?;
-    let data_addr = advertised(data, &coordinator_addrs(&config.remote))
-        .await
-        .to_string();
     let sandbox_watch = match config.max_sandbox {
         Some(cap) => Some(crate::sandbox_watch::SandboxWatch::start(cap).map_err(|e| {
             ClusterError::Config(format!("cannot start the sandbox size watcher: {e}"))
@@ -957,7 +956,7 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         wasm,
         objects,
         sandbox_watch,
-        data_addr,
+        data_bound: data,
         data_cert,
         rendezvous_port: std::sync::atomic::AtomicU32::new(0),
         rendezvous_cert: Mutex::new(String::new()),
@@ -1105,7 +1104,9 @@ async fn session(
                     mem_bytes: g.mem_bytes,
                 })
                 .collect(),
-            data_addr: shared.data_addr.clone(),
+            data_addr: advertised(shared.data_bound, &coordinator_addrs(&cfg.remote))
+                .await
+                .to_string(),
             data_cert: shared.data_cert.clone(),
             price: cfg.price.to_string(),
             availability: cfg.availability(),

@@ -15,6 +15,31 @@ use crate::error::{ClusterError, Result};
 /// The token file's name inside a server's state directory.
 pub const TOKEN_FILE: &str = "token";
 
+/// Reads the admin token a server was given in `path` (`flotilla server --admin-token-file`):
+/// a Kubernetes Secret or a systemd credential, which may be readable by a group (a Secret
+/// mounted with an `fsGroup` is 0440) but never by others.
+pub fn read_admin_token_file(path: &Path) -> Result<String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let md = std::fs::metadata(path).map_err(|e| ClusterError::io(path, e))?;
+    let mode = md.permissions().mode() & 0o777;
+    if mode & 0o007 != 0 {
+        return Err(ClusterError::Config(format!(
+            "{}: readable by others (mode {mode:o}): anyone who reads it controls the \
+             cluster; make it private (chmod o-rwx)",
+            path.display()
+        )));
+    }
+    let t = std::fs::read_to_string(path).map_err(|e| ClusterError::io(path, e))?;
+    let t = t.trim().to_string();
+    if t.len() < 16 || !t.is_ascii() || t.chars().any(char::is_whitespace) {
+        return Err(ClusterError::Config(format!(
+            "{}: not a token (one word of at least 16 ASCII characters)",
+            path.display()
+        )));
+    }
+    Ok(t)
+}
+
 /// Reads the server's token, creating a random one (mode 0600) if there is none.
 pub fn load_or_create_token(state_dir: &Path) -> Result<String> {
     let path = state_dir.join(TOKEN_FILE);
@@ -224,6 +249,28 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn an_admin_token_file_may_be_group_readable_but_not_world_readable() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let path = dir.path().join("token");
+        let set = |mode: u32| {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod")
+        };
+        std::fs::write(&path, "a-secret-token-0123456789\n").expect("written");
+        set(0o440);
+        assert_eq!(
+            read_admin_token_file(&path).expect("read"),
+            "a-secret-token-0123456789"
+        );
+        set(0o444);
+        let e = read_admin_token_file(&path).expect_err("world-readable");
+        assert!(e.to_string().contains("readable by others"), "{e}");
+        set(0o400);
+        std::fs::write(&path, "short").expect("written");
+        assert!(read_admin_token_file(&path).is_err());
+        assert!(read_admin_token_file(&dir.path().join("missing")).is_err());
+    }
 
     #[test]
     fn the_token_is_private_and_a_readable_one_is_refused() {

@@ -88,6 +88,11 @@ pub(crate) struct ServerArgs {
     /// The state directory (journal, token, logs).
     #[arg(long, default_value = ".flotilla")]
     state: PathBuf,
+    /// Take the admin token from this file (a Kubernetes Secret, a systemd credential; it may
+    /// be readable by its group, never by others) instead of STATE/token, which is then
+    /// neither read nor written.
+    #[arg(long, env = "FLOTILLA_ADMIN_TOKEN_FILE")]
+    admin_token_file: Option<PathBuf>,
     /// TLS certificate (PEM); with --tls-key, the server speaks TLS only.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -421,6 +426,11 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     };
     let in_group = group.is_some();
     let mut cfg = ServerConfig::new(listen, &a.state);
+    cfg.admin_token_file = a.admin_token_file.clone();
+    let token_at = a
+        .admin_token_file
+        .clone()
+        .unwrap_or_else(|| a.state.join("token"));
     cfg.group = group;
     cfg.heartbeat_timeout = Duration::from_millis(a.heartbeat_timeout_ms);
     cfg.fsync = a.fsync;
@@ -456,13 +466,13 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
             a.node_id.unwrap_or(0),
             a.peers.len(),
             server.addr(),
-            a.state.join("token").display()
+            token_at.display()
         );
     } else {
         eprintln!(
             "flotilla server listening on {} (token in {})",
             server.addr(),
-            a.state.join("token").display()
+            token_at.display()
         );
     }
     if let Some(http) = server.http_addr() {

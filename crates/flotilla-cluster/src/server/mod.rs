@@ -49,6 +49,9 @@ pub struct ServerConfig {
     pub state_dir: PathBuf,
     /// TLS certificate and key; plain TCP when `None`.
     pub tls: Option<ServerTls>,
+    /// Take the admin token from this file (a mounted Secret, a systemd credential) instead
+    /// of `STATE/token`, which is then neither read nor written.
+    pub admin_token_file: Option<PathBuf>,
     /// How often workers must send something.
     pub heartbeat: Duration,
     /// How long a silent worker has before it is declared lost.
@@ -121,6 +124,7 @@ impl ServerConfig {
             listen,
             state_dir: state_dir.into(),
             tls: None,
+            admin_token_file: None,
             heartbeat: Duration::from_secs(1),
             heartbeat_timeout: Duration::from_secs(5),
             coordinator: state::Config::default(),
@@ -160,7 +164,10 @@ impl Server {
     pub async fn start(config: ServerConfig) -> Result<Server> {
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| ClusterError::io(&config.state_dir, e))?;
-        let token = load_or_create_token(&config.state_dir)?;
+        let token = match &config.admin_token_file {
+            Some(file) => crate::auth::read_admin_token_file(file)?,
+            None => load_or_create_token(&config.state_dir)?,
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
         let stop_tx = Arc::new(stop_tx);
         let (done_tx, done_rx) = watch::channel(None);

@@ -211,7 +211,7 @@ for page in "$x"/usr/share/man/man1/*.1.gz; do
         continue
     fi
     rendered="$(MANWIDTH=80 man -l "$page" 2>&1 || true)"
-    if printf '%s\n' "$rendered" | grep -q '^NAME' && printf '%s\n' "$rendered" | grep -q "$name"; then
+    if grep -q '^NAME' <<<"$rendered" && grep -q "$name" <<<"$rendered"; then
         ok "man page $name: gzip intact, renders with man -l (NAME section names it)"
     else
         fail "man page $name does not render a NAME section naming it: $(printf '%s\n' "$rendered" | head -n 3)"
@@ -268,10 +268,12 @@ done
 mkdir -p "$work/verify-root/flotilla-worker.service.d"
 cp "$v/flotilla-worker.service" "$work/verify-root/"
 cp "$x/usr/share/doc/flotilla/examples/flotilla-worker-root.conf" "$work/verify-root/flotilla-worker.service.d/root.conf"
+# (The security report is read whole before it is searched: `grep -q` leaving early would
+# end systemd-analyze with SIGPIPE, which pipefail makes a failure now and then.)
 if out="$(MANPATH="$x/usr/share/man" SYSTEMD_UNIT_PATH="$work/verify-root:" systemd-analyze verify flotilla-worker.service 2>&1)" &&
     [ -z "$out" ] &&
-    SYSTEMD_UNIT_PATH="$work/verify-root:" systemd-analyze security --offline=yes flotilla-worker.service 2>&1 |
-    grep -q 'User=/DynamicUser=.*runs as root'; then
+    security="$(SYSTEMD_UNIT_PATH="$work/verify-root:" systemd-analyze security --offline=yes flotilla-worker.service 2>&1)" &&
+    grep -q 'User=/DynamicUser=.*runs as root' <<<"$security"; then
     ok "flotilla-worker.service with examples/flotilla-worker-root.conf: verifies, runs as root"
 else
     fail "flotilla-worker.service with the root drop-in: $out"

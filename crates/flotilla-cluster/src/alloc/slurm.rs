@@ -17,8 +17,6 @@ pub struct SlurmQueue {
     pub workers_per_alloc: u32,
     /// Seconds a worker waits with nothing to run before it gives its node back.
     pub idle_timeout: Duration,
-    /// More `sbatch` arguments, as given after `--`.
-    pub extra: Vec<String>,
 }
 
 /// How the script starts a worker: the program and the coordinator it joins.
@@ -170,7 +168,6 @@ mod tests {
             time_limit: Duration::from_secs(3600),
             workers_per_alloc: 2,
             idle_timeout: Duration::from_secs(300),
-            extra: vec![],
         }
     }
 

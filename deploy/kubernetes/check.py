@@ -316,6 +316,70 @@ def workers(objs):
             and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"]
 
 
+def secret_file(spec, c, path):
+    """(volume, mount, Secret key, mode) of the file `path` when container c has it from a
+    Secret volume, else None. The mode is the item's, else the volume's defaultMode, else
+    Kubernetes' default 0644."""
+    vols = {v["name"]: v for v in spec.get("volumes", [])}
+    best = None
+    for m in c.get("volumeMounts", []):
+        mp = m["mountPath"].rstrip("/")
+        if m.get("subPath") or not path.startswith(mp + "/"):
+            continue
+        if best is None or len(mp) > len(best["mountPath"].rstrip("/")):
+            best = m
+    if best is None or "secret" not in vols.get(best["name"], {}):
+        return None
+    v = vols[best["name"]]
+    rel = path[len(best["mountPath"].rstrip("/")) + 1 :]
+    sec = v["secret"]
+    items = sec.get("items")
+    if items is None:
+        return v, best, rel, sec.get("defaultMode", 0o644)  # every key, as a file of its name
+    for i in items:
+        if i["path"] == rel:
+            return v, best, i["key"], i.get("mode", sec.get("defaultMode", 0o644))
+    return None
+
+
+def check_admin_token(where, spec, c, args):
+    """The admin token: --admin-token-file, a file of Secret ADMIN_SECRET mounted read-only,
+    never world-readable (the server refuses that) and readable by the server's user through
+    the pod's fsGroup (Secret files are root's, group fsGroup)."""
+    files = flag_values(args, "--admin-token-file")
+    env = container_env(c).get("FLOTILLA_ADMIN_TOKEN_FILE", {}).get("value")
+    check(len(files) == 1 and env in (None, files[0]),
+          f"{where}: the server takes its admin token from --admin-token-file ({', '.join(files) or 'none'})")
+    if not files:
+        return
+    path = files[0]
+    check(not path.startswith(STATE_DIR + "/"), f"{where}: --admin-token-file {path} is outside the state volume")
+    found = secret_file(spec, c, path)
+    if not check(found and found[0]["secret"].get("secretName") == ADMIN_SECRET,
+                 f"{where}: --admin-token-file {path} is a file of Secret {ADMIN_SECRET} mounted in the server's container"):
+        return
+    vol, mount, key, mode = found
+    check(key == "token", f"{where}: {path} is the key \"token\" of Secret {ADMIN_SECRET} (docs/kubernetes.md)"
+          + ("" if key == "token" else f" (got {key!r})"))
+    check(mount.get("readOnly") is True, f"{where}: Secret volume {vol['name']} mounted read-only at {mount['mountPath']}")
+    is_mode = isinstance(mode, int) and not isinstance(mode, bool) and 0 <= mode <= 0o777
+    shown = f"{mode:04o}" if is_mode else repr(mode)
+    check(is_mode and mode & 0o007 == 0,
+          f"{where}: {path} is not world-readable (mode {shown}; the server refuses a file others may read)")
+    # The kubelet writes a Secret's files as root, group fsGroup: uid 10001 reads the file
+    # through that group (the pod's fsGroup is among its groups), never as its owner.
+    fs_group = spec.get("securityContext", {}).get("fsGroup")
+    check(fs_group is not None and is_mode and mode & 0o040,
+          f"{where}: {path} is readable by the server's user: group-readable (mode {shown}), the group"
+          f" being the pod's fsGroup ({fs_group})")
+    # The old mechanism (an init container copying the Secret to STATE/token) must not come
+    # back: it would leave a copy of the admin token on the volume, which the server ignores.
+    words = [w for x in spec.get("initContainers", []) + spec["containers"]
+             for w in (x.get("command", []) or []) + (x.get("args", []) or [])]
+    check(not any(f"{STATE_DIR}/token" in w for w in words),
+          f"{where}: nothing writes {STATE_DIR}/token (the server neither reads nor writes it with --admin-token-file)")
+
+
 def check_coordinator(name, objs):
     sts = coordinator(objs)
     if not check(len(sts) == 1, f"{name}: one coordinator StatefulSet"):
@@ -333,12 +397,7 @@ def check_coordinator(name, objs):
     claims = {t["metadata"]["name"] for t in s["spec"].get("volumeClaimTemplates", [])}
     mounted = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
     check(mounted.get(STATE_DIR) in claims, f"{where}: {STATE_DIR} is a PersistentVolumeClaim template")
-    inits = spec.get("initContainers", [])
-    secret_vols = {v["name"] for v in spec.get("volumes", []) if v.get("secret", {}).get("secretName") == ADMIN_SECRET}
-    ok = any(f"{STATE_DIR}/token" in " ".join(i.get("command", []) + i.get("args", []))
-             and {m["name"] for m in i.get("volumeMounts", [])} >= secret_vols | {mounted.get(STATE_DIR)}
-             and secret_vols for i in inits)
-    check(ok, f"{where}: an init container installs Secret {ADMIN_SECRET} as {STATE_DIR}/token")
+    check_admin_token(where, spec, c, args)
     # The Service the workers name.
     svc = [x for x in objs if x["kind"] == "Service" and x["metadata"]["name"] == s["spec"]["serviceName"]]
     if check(len(svc) == 1, f"{where}: its serviceName {s['spec']['serviceName']} is a Service here"):

@@ -8,11 +8,13 @@
 #
 # The settings that make Slurm 22.05 run in a container as root: SlurmUser=root,
 # ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, no accounting. Its ports are not
-# the defaults (16817, 16818), so it never meets a site's Slurm.
+# the defaults (SLURM_TEST_PORT, default 16817, for slurmctld and the next for slurmd), so it
+# never meets a site's Slurm, and clusters on other ports run beside it.
 set -euo pipefail
 cmd="${1:?start|stop}"
 dir="$(realpath -m "${2:?DIR}")"
 conf="$dir/slurm.conf"
+port="${SLURM_TEST_PORT:-16817}"
 
 stop() {
   for p in "$dir/run/slurmd.pid" "$dir/run/slurmctld.pid" "$dir/run/munged.pid"; do
@@ -41,8 +43,8 @@ ClusterName=flotilla-test
 SlurmctldHost=$host
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort=16817
-SlurmdPort=16818
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
 AuthType=auth/munge
 AuthInfo=socket=$dir/munge/munge.socket
 StateSaveLocation=$dir/state

@@ -596,6 +596,51 @@ impl Client {
         Ok(r.into())
     }
 
+    /// Admin: adds an allocation queue (`flotilla alloc add`); the queue made.
+    pub async fn alloc_add(&mut self, req: proto::AllocAddRequest) -> Result<crate::alloc::Queue> {
+        let r = self
+            .admin
+            .alloc_add(req)
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        alloc_json(&r.json)
+    }
+
+    /// Admin: every allocation queue.
+    pub async fn alloc_list(&mut self) -> Result<Vec<crate::alloc::Queue>> {
+        let r = self
+            .admin
+            .alloc_list(proto::AllocListRequest {})
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        alloc_json(&r.json)
+    }
+
+    /// Admin: acts on allocation queue `queue` (`info`, `pause` with `reason`, `resume`,
+    /// `remove`); the queue as it is after.
+    pub async fn alloc_queue(
+        &mut self,
+        op: AllocOp,
+        queue: u32,
+        reason: &str,
+    ) -> Result<crate::alloc::Queue> {
+        let req = proto::AllocQueueRequest {
+            queue,
+            reason: reason.to_string(),
+        };
+        let r = match op {
+            AllocOp::Info => self.admin.alloc_info(req).await,
+            AllocOp::Pause => self.admin.alloc_pause(req).await,
+            AllocOp::Resume => self.admin.alloc_resume(req).await,
+            AllocOp::Remove => self.admin.alloc_remove(req).await,
+        }
+        .map_err(|e| self.rpc_err(e))?
+        .into_inner();
+        alloc_json(&r.json)
+    }
+
     /// Drains the live workers named `name` (or with id `name`); their ids.
     pub async fn worker_drain(&mut self, name: &str) -> Result<Vec<String>> {
         let r = self
@@ -771,6 +816,23 @@ fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> ClusterError {
     } else {
         s.into()
     }
+}
+
+/// What [`Client::alloc_queue`] does to a queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocOp {
+    /// Reads it.
+    Info,
+    /// Submits nothing more (what runs goes on).
+    Pause,
+    /// Submits again.
+    Resume,
+    /// Cancels its allocations and forgets it.
+    Remove,
+}
+
+fn alloc_json<T: serde::de::DeserializeOwned>(json: &str) -> Result<T> {
+    serde_json::from_str(json).map_err(|e| ClusterError::Rpc(format!("alloc: {e}")))
 }
 
 #[cfg(test)]

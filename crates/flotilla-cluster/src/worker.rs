@@ -1118,6 +1118,12 @@ async fn session(
             previous_worker,
             previous_credential,
             finished: back.finished,
+            leaves_in_ms: cfg.leave_at.map(|at| {
+                // It starts leaving --grace + 15 s before its time limit (see `session`).
+                let margin = cfg.grace + Duration::from_secs(15);
+                at.saturating_duration_since(Instant::now() + margin)
+                    .as_millis() as u64
+            }),
         })
         .await?
         .into_inner();

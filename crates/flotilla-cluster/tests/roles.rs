@@ -432,6 +432,32 @@ async fn every_rpc_for_every_role() {
             ],
         ),
         (
+            "AllocList",
+            [
+                "ok",
+                "denied",
+                "denied",
+                "denied",
+                "denied",
+                "denied",
+                "unauthenticated",
+                "unauthenticated",
+            ],
+        ),
+        (
+            "AllocInfo",
+            [
+                "not found",
+                "denied",
+                "denied",
+                "denied",
+                "denied",
+                "denied",
+                "unauthenticated",
+                "unauthenticated",
+            ],
+        ),
+        (
             "ProviderList",
             [
                 "ok",
@@ -641,6 +667,15 @@ async fn every_rpc_for_every_role() {
                     s.admin(token)
                         .worker_drain(proto::WorkerDrainRequest {
                             name: "nobody".into(),
+                        })
+                        .await,
+                ),
+                "AllocList" => outcome(s.admin(token).alloc_list(proto::AllocListRequest {}).await),
+                "AllocInfo" => outcome(
+                    s.admin(token)
+                        .alloc_info(proto::AllocQueueRequest {
+                            queue: 99,
+                            reason: String::new(),
                         })
                         .await,
                 ),

@@ -118,9 +118,9 @@ pub(crate) struct WorkerTokenAddArgs {
 pub(crate) struct ListArgs {
     /// One JSON document.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     #[command(flatten)]
-    remote: RemoteArgs,
+    pub(crate) remote: RemoteArgs,
 }
 
 #[derive(Args)]

@@ -145,6 +145,10 @@ pub(crate) struct ServerArgs {
     /// consumer pays goes to the platform, the rest to the provider).
     #[arg(long, default_value_t = 0.05, value_parser = parse_fee)]
     fee: f64,
+    /// How often the allocator (`flotilla alloc`) watches its queues' allocations and asks
+    /// for more or gives back (e.g. 5s).
+    #[arg(long, default_value = "5s")]
+    alloc_interval: String,
 }
 
 /// A fee between 0 and 1.
@@ -447,6 +451,8 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     cfg.max_uploads = a.max_uploads;
     cfg.max_connections_per_peer = a.max_connections_per_peer;
     cfg.http_listen = a.http_listen;
+    cfg.alloc_interval = flotilla::core::duration::parse_duration(&a.alloc_interval)
+        .with_context(|| format!("--alloc-interval {}", a.alloc_interval))?;
     cfg.coordinator.fee_ppm = (a.fee * 1e6).round() as u32;
     cfg.compact_journal_after = match a.compact_journal_after.as_str() {
         "never" => None,

@@ -1,6 +1,7 @@
 //! The `flotilla` command line: a thin layer over the library.
 
 mod admin_cmd;
+mod alloc_cmd;
 mod cli_doc;
 mod cluster_cmd;
 mod table;
@@ -73,6 +74,10 @@ enum Command {
     /// Tenants, worker enrolment tokens and revocation (takes the admin token).
     #[command(subcommand)]
     Admin(admin_cmd::AdminCmd),
+    /// Worker allocations from a batch system (Slurm), asked for as the work needs them
+    /// (takes the admin token).
+    #[command(subcommand)]
+    Alloc(alloc_cmd::AllocCmd),
     /// The pool's providers: `flotilla provider list [--json]`.
     #[command(subcommand)]
     Provider(admin_cmd::ProviderTopCmd),
@@ -692,6 +697,7 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Logs(a) => ok(tokio_runtime()?.block_on(cluster_cmd::logs(a))),
         Command::Trace(a) => ok(tokio_runtime()?.block_on(cluster_cmd::trace(a))),
         Command::Admin(a) => ok(tokio_runtime()?.block_on(admin_cmd::admin(a))),
+        Command::Alloc(a) => ok(tokio_runtime()?.block_on(alloc_cmd::alloc(a))),
         Command::Provider(a) => ok(tokio_runtime()?.block_on(admin_cmd::provider(a))),
         Command::Ledger(a) => ok(tokio_runtime()?.block_on(admin_cmd::ledger(a))),
         Command::Budget(a) => ok(tokio_runtime()?.block_on(admin_cmd::budget(a))),

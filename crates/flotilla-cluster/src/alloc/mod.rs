@@ -1,5 +1,11 @@
 //! `flotilla alloc`: worker allocations asked of a batch system. The policy (how many, when
-//! to give back) is [`flotilla_sched::alloc`]; this module holds the batch systems' side
-//! ([`slurm`]).
+//! to give back) is [`flotilla_sched::alloc`]; this module holds the queues and their
+//! allocations ([`queues`]), the allocator that acts on them ([`allocator`]) and the batch
+//! systems' side ([`slurm`]).
 
+pub mod allocator;
+pub mod queues;
 pub mod slurm;
+
+pub use allocator::{Allocator, BatchSystem, CoreView, Slurm};
+pub use queues::{AllocError, AllocState, Allocation, Queue, QueueSpec};

@@ -30,6 +30,8 @@ pub struct WorkerLaunch {
     pub token_file: String,
     /// A folder for the workers' work folders and the allocation's logs, on the nodes.
     pub work_dir: String,
+    /// More arguments for `flotilla worker` (`--tls-ca FILE`, `--grace 1m`...).
+    pub worker_args: Vec<String>,
 }
 
 /// The batch script of one allocation of `queue`, named `name` (its job name in Slurm).
@@ -60,11 +62,13 @@ pub fn batch_script(queue: &SlurmQueue, launch: &WorkerLaunch, name: &str) -> St
 
 /// The command one node runs (through `sh -c`, with Slurm's `SLURM_JOB_ID` and
 /// `SLURM_NODEID` set): a worker named and housed after the job and the node, leaving when
-/// idle for the queue's idle timeout and before the time limit (60 s inside Slurm's own,
-/// counted from its start).
+/// idle for the queue's idle timeout and before the time limit (counted from its start, a
+/// quarter of it and at most 60 s inside Slurm's own, which also counts the start).
 pub fn worker_command(queue: &SlurmQueue, launch: &WorkerLaunch, name: &str) -> String {
-    let inside = queue.time_limit.saturating_sub(Duration::from_secs(60));
-    format!(
+    let inside = queue
+        .time_limit
+        .saturating_sub((queue.time_limit / 4).min(Duration::from_secs(60)));
+    let mut cmd = format!(
         "exec {} worker --server {} --token-file {} --name {}-\"$SLURM_JOB_ID-$SLURM_NODEID\" \
          --work-dir {}/\"$SLURM_JOB_ID-$SLURM_NODEID\" --data-listen 0.0.0.0:0 \
          --idle-timeout {}s --time-limit {}s",
@@ -75,7 +79,12 @@ pub fn worker_command(queue: &SlurmQueue, launch: &WorkerLaunch, name: &str) -> 
         shell_word(&launch.work_dir),
         queue.idle_timeout.as_secs().max(1),
         inside.as_secs().max(1),
-    )
+    );
+    for a in &launch.worker_args {
+        cmd.push(' ');
+        cmd.push_str(&shell_word(a));
+    }
+    cmd
 }
 
 /// `HH:MM:SS` (days folded into hours), as `sbatch --time` takes it.
@@ -153,9 +162,32 @@ pub fn parse_squeue(stdout: &str) -> HashMap<String, SlurmState> {
 }
 
 /// `sacct -n -P -X -o JobIDRaw,State,Reason -j IDS`: job id → state (for jobs `squeue` no
-/// longer shows).
+/// longer shows, where Slurm keeps accounting).
 pub fn parse_sacct(stdout: &str) -> HashMap<String, SlurmState> {
     parse_squeue(stdout)
+}
+
+/// `scontrol show job -o ID`: its state (for a job `squeue` no longer shows; Slurm keeps
+/// ended jobs there for `MinJobAge`). `None` when it printed no job.
+pub fn parse_scontrol(stdout: &str) -> Option<SlurmState> {
+    let line = stdout.lines().find(|l| l.contains("JobState="))?;
+    let field = |key: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .unwrap_or("")
+            .to_string()
+    };
+    Some(state_of(&field("JobState="), &field("Reason=")))
+}
+
+/// `sinfo -h -p PARTITION -o %c`: the CPUs of the partition's nodes (the fewest, when they
+/// differ). `None` when it printed none.
+pub fn parse_sinfo_cpus(stdout: &str) -> Option<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.trim().trim_end_matches('+').parse::<f64>().ok())
+        .filter(|&c| c > 0.0)
+        .min_by(f64::total_cmp)
 }
 
 #[cfg(test)]
@@ -177,6 +209,7 @@ mod tests {
             server: "head:7070".into(),
             token_file: "/etc/flotilla/worker token".into(),
             work_dir: "/scratch/flotilla".into(),
+            worker_args: vec!["--grace".into(), "2m".into()],
         }
     }
 
@@ -211,8 +244,14 @@ mod tests {
             line,
             "worker --server head:7070 --token-file /etc/flotilla/worker token \
              --name flotilla-q1-7-4242-1 --work-dir /scratch/flotilla/4242-1 \
-             --data-listen 0.0.0.0:0 --idle-timeout 300s --time-limit 3540s"
+             --data-listen 0.0.0.0:0 --idle-timeout 300s --time-limit 3540s --grace 2m"
         );
+        // A short limit keeps three quarters of itself.
+        let short = SlurmQueue {
+            time_limit: Duration::from_secs(120),
+            ..queue()
+        };
+        assert!(worker_command(&short, &echo, "q").contains("--time-limit 90s"));
     }
 
     #[test]
@@ -241,5 +280,27 @@ mod tests {
             a["107"],
             SlurmState::Failed("FAILED (NonZeroExitCode)".into())
         );
+    }
+
+    #[test]
+    fn scontrol_and_sinfo() {
+        let done = "JobId=7 JobName=flotilla-q1 UserId=root(0) Priority=1 JobState=COMPLETED \
+                    Reason=None Dependency=(null)\n";
+        assert_eq!(parse_scontrol(done), Some(SlurmState::Ended));
+        let pending = "JobId=8 JobName=x JobState=PENDING Reason=Resources Dependency=(null)";
+        assert_eq!(
+            parse_scontrol(pending),
+            Some(SlurmState::Queued("Resources".into()))
+        );
+        assert_eq!(
+            parse_scontrol("JobId=9 JobState=TIMEOUT Reason=TimeLimit"),
+            Some(SlurmState::Failed("TIMEOUT (TimeLimit)".into()))
+        );
+        assert_eq!(
+            parse_scontrol("slurm_load_jobs error: Invalid job id specified"),
+            None
+        );
+        assert_eq!(parse_sinfo_cpus("48\n32+\n"), Some(32.0));
+        assert_eq!(parse_sinfo_cpus(""), None);
     }
 }

@@ -82,6 +82,11 @@ pub(super) enum Req {
     Model {
         reply: Reply<String>,
     },
+    /// The allocator's round: the work left for each queue's workers, and the live workers.
+    AllocView {
+        shapes: Vec<(u32, crate::state::WorkerShape)>,
+        reply: Reply<crate::alloc::CoreView>,
+    },
     Register {
         req: proto::RegisterRequest,
         /// Its id before a reconnect, when its credential proved it.
@@ -1105,6 +1110,30 @@ impl Core {
             Req::Model { reply } => {
                 let _ = reply.send(Ok(self.coord.model_json()));
             }
+            Req::AllocView { shapes, reply } => {
+                let view = crate::alloc::CoreView {
+                    work: shapes
+                        .iter()
+                        .map(|(q, shape)| {
+                            (
+                                *q,
+                                self.coord.work_left(
+                                    shape,
+                                    crate::alloc::allocator::DEFAULT_TASK_S,
+                                    crate::alloc::allocator::LEFT_LIMIT,
+                                ),
+                            )
+                        })
+                        .collect(),
+                    workers: self
+                        .coord
+                        .workers()
+                        .into_iter()
+                        .map(|w| (w.name, w.resources.cpus, w.hw_class))
+                        .collect(),
+                };
+                let _ = reply.send(Ok(view));
+            }
             Req::Providers { providers, reply } => {
                 let _ = reply.send(self.on_providers(providers));
             }
@@ -1502,6 +1531,8 @@ impl Core {
                 .insert(req.data_addr.clone(), req.data_cert.clone());
         }
         let finished = std::mem::take(&mut req.finished);
+        let leaves_at = req.leaves_in_ms.map(|ms| self.now().saturating_add(ms));
+        self.coord.set_worker_leaves_at(worker, leaves_at);
         let mut ev = crate::convert::worker_joined(worker, req, previous);
         if let Event::WorkerJoined { spec, .. } = &mut ev {
             spec.provider = provider;

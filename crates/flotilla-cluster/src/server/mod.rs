@@ -91,7 +91,12 @@ pub struct ServerConfig {
     pub http_listen: Option<SocketAddr>,
     /// A node of a group of coordinators (`--node-id N --peers A,B,C`); `None`: alone.
     pub group: Option<crate::ha::GroupConfig>,
+    /// How often the allocator (`flotilla alloc`) looks at its queues.
+    pub alloc_interval: Duration,
 }
+
+/// The default for [`ServerConfig::alloc_interval`].
+pub const DEFAULT_ALLOC_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The default for [`ServerConfig::max_connections_per_peer`].
 pub const DEFAULT_MAX_CONNECTIONS_PER_PEER: usize = 1024;
@@ -141,6 +146,7 @@ impl ServerConfig {
             max_connections_per_peer: DEFAULT_MAX_CONNECTIONS_PER_PEER,
             http_listen: None,
             group: None,
+            alloc_interval: DEFAULT_ALLOC_INTERVAL,
         }
     }
 }
@@ -500,6 +506,18 @@ async fn serve(
             .map(|cap| (cap, "flotilla server --max-uploads")),
     )?);
     let access_for_objects = access.clone();
+    let alloc = Arc::new(
+        crate::alloc::Allocator::open(
+            &config.state_dir,
+            Arc::new(crate::alloc::Slurm),
+            access.clone(),
+            std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|_| "/usr/bin/flotilla".into()),
+            workers_reach(config, addr),
+        )
+        .map_err(|e| ClusterError::Config(e.to_string()))?,
+    );
     let api = Api {
         core: req_tx.clone(),
         sessions,
@@ -508,8 +526,15 @@ async fn serve(
         access,
         stop: (**stop_tx).clone(),
         streams: rpc::StreamCounts::new(config.max_streams),
+        alloc: alloc.clone(),
     };
     api.send_quotas();
+    tokio::spawn(allocate(
+        alloc,
+        req_tx.clone(),
+        config.alloc_interval,
+        stop_rx.clone(),
+    ));
     let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
     if let Some(tls) = &config.tls {
         builder = builder
@@ -565,6 +590,60 @@ async fn serve(
         #[cfg(test)]
         core: core_tx,
     })
+}
+
+/// The coordinator's address(es) as workers on other machines reach it: the group's, or
+/// the bound one with this host's name for an unspecified IP (`0.0.0.0`).
+fn workers_reach(config: &ServerConfig, addr: SocketAddr) -> String {
+    if let Some(g) = &config.group {
+        return g.peers.join(",");
+    }
+    if addr.ip().is_unspecified() {
+        let host = hostname();
+        if !host.is_empty() {
+            return format!("{host}:{}", addr.port());
+        }
+    }
+    addr.to_string()
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The allocator's rounds, every `interval` until `stop`: the core's view, then the batch
+/// system's commands on a blocking thread (they may take seconds).
+async fn allocate(
+    alloc: Arc<crate::alloc::Allocator>,
+    core: queue::CoreQueue,
+    interval: Duration,
+    stop: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped(stop.clone()) => return,
+        }
+        if alloc.is_empty() {
+            continue;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let shapes = alloc.shapes();
+        if core.try_send(Req::AllocView { shapes, reply: tx }).is_err() {
+            continue; // busy or stopping: the next round
+        }
+        let Ok(Ok(view)) = rx.await else {
+            continue;
+        };
+        let a = alloc.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || a.round(&view)).await {
+            tracing::error!("the allocator's round failed: {e}");
+        }
+    }
 }
 
 /// Binds `at` and serves the HTTP routes until `stop`; returns the bound address.

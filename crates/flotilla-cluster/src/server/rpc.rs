@@ -39,6 +39,8 @@ pub(super) struct Api {
     pub(super) stop: tokio::sync::watch::Sender<bool>,
     /// Open streams per token.
     pub(super) streams: Arc<StreamCounts>,
+    /// The allocation queues (`flotilla alloc`).
+    pub(super) alloc: Arc<crate::alloc::Allocator>,
 }
 
 /// Open streams (`Watch`, `Logs`, sessions) per token: one holder cannot take the
@@ -664,6 +666,84 @@ impl AdminRpc for Api {
         Ok(Response::new(proto::JsonReply { json }))
     }
 
+    async fn alloc_add(
+        &self,
+        req: Request<proto::AllocAddRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "add allocation queues")?;
+        let r = req.into_inner();
+        let or = |v: u32, d: u32| if v == 0 { d } else { v };
+        let spec = crate::alloc::QueueSpec {
+            manager: r.manager,
+            name: r.name,
+            partition: r.partition,
+            time_limit_s: r.time_limit_s,
+            workers_per_alloc: or(r.workers_per_alloc, 1),
+            max_allocs: or(r.max_allocs, 1),
+            backlog: or(r.backlog, 1),
+            idle_timeout_s: if r.idle_timeout_s == 0 {
+                300
+            } else {
+                r.idle_timeout_s
+            },
+            cpus_per_worker: (r.cpus_per_worker != 0.0).then_some(r.cpus_per_worker),
+            gpus_per_worker: r.gpus_per_worker,
+            rule: r.rule,
+            max_failures: or(r.max_failures, 3),
+            worker_program: r.worker_program,
+            server_address: r.server_address,
+            work_dir: r.work_dir,
+            token_file: String::new(),
+            sbatch_args: r.sbatch_args,
+            worker_args: r.worker_args,
+        };
+        self.with_alloc(move |a| a.add(spec)).await
+    }
+
+    async fn alloc_list(
+        &self,
+        req: Request<proto::AllocListRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "list allocation queues")?;
+        self.with_alloc(|a| Ok(a.list())).await
+    }
+
+    async fn alloc_info(
+        &self,
+        req: Request<proto::AllocQueueRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "read allocation queues")?;
+        let q = req.into_inner().queue;
+        self.with_alloc(move |a| a.info(q)).await
+    }
+
+    async fn alloc_pause(
+        &self,
+        req: Request<proto::AllocQueueRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "pause allocation queues")?;
+        let r = req.into_inner();
+        self.with_alloc(move |a| a.pause(r.queue, &r.reason)).await
+    }
+
+    async fn alloc_resume(
+        &self,
+        req: Request<proto::AllocQueueRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "resume allocation queues")?;
+        let q = req.into_inner().queue;
+        self.with_alloc(move |a| a.resume(q)).await
+    }
+
+    async fn alloc_remove(
+        &self,
+        req: Request<proto::AllocQueueRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "remove allocation queues")?;
+        let q = req.into_inner().queue;
+        self.with_alloc(move |a| a.remove(q)).await
+    }
+
     async fn provider_add(
         &self,
         req: Request<proto::ProviderAddRequest>,
@@ -744,6 +824,29 @@ impl Api {
             .await
             .map_err(|e| Status::internal(e.to_string()))?
             .map_err(access_status)
+    }
+}
+
+impl Api {
+    /// Runs `f` on the allocator on a blocking thread (it may run the batch system's
+    /// commands, and waits for a round in progress); its result as JSON.
+    async fn with_alloc<T: serde::Serialize + Send + 'static>(
+        &self,
+        f: impl FnOnce(&crate::alloc::Allocator) -> std::result::Result<T, crate::alloc::AllocError>
+            + Send
+            + 'static,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        let alloc = self.alloc.clone();
+        let value = tokio::task::spawn_blocking(move || f(&alloc))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| match e {
+                crate::alloc::AllocError::Refused(m) => Status::invalid_argument(m),
+                e @ crate::alloc::AllocError::NoQueue(_) => Status::not_found(e.to_string()),
+                other => Status::internal(other.to_string()),
+            })?;
+        let json = serde_json::to_string(&value).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(proto::JsonReply { json }))
     }
 }
 

@@ -42,14 +42,25 @@ async fn a_full_request_queue_refuses_new_requests_as_busy() {
     let dir = tempfile::tempdir().expect("a temporary folder");
     let (core, _rx) = queue::queue(1);
     let (stop, _) = watch::channel(false);
+    let access = Arc::new(Access::open(dir.path(), "an-admin-token-0123456789").expect("opened"));
     let api = rpc::Api {
         core,
         sessions: Arc::new(Mutex::new(HashMap::new())),
         store: Arc::new(crate::objects::ObjectStore::open(&dir.path().join("o")).expect("a store")),
         max_job_tasks: 10,
-        access: Arc::new(Access::open(dir.path(), "an-admin-token-0123456789").expect("opened")),
+        access: access.clone(),
         stop,
         streams: rpc::StreamCounts::new(16),
+        alloc: Arc::new(
+            crate::alloc::Allocator::open(
+                dir.path(),
+                Arc::new(crate::alloc::Slurm),
+                access,
+                "/usr/bin/flotilla".into(),
+                "127.0.0.1:1".into(),
+            )
+            .expect("opened"),
+        ),
     };
     let watch = || {
         let mut r = tonic::Request::new(proto::WatchRequest { job: 1 });

@@ -121,7 +121,7 @@ use std::fmt;
 use flotilla_core::{JobId, JobSpec, Resources, Staging, TaskId, WorkerId};
 use serde::{Deserialize, Serialize};
 
-pub use coordinator::{Coordinator, VerdictRecord};
+pub use coordinator::{Coordinator, VerdictRecord, WorkLeft, WorkerShape};
 pub use status::{
     AttemptSpan, ClusterStatus, JobPoolStatus, JobStatus, JobSummary, JobTrace, JournalStatus,
     TaskCounts, TaskStatus, WorkerShare, WorkerStatus, GRAPH_TASKS, STATUS_FAILED, STATUS_TASKS,

@@ -180,6 +180,8 @@ pub(crate) struct Opts {
     pub(crate) state_tmpfs: Option<String>,
     /// Where the coordinator listens (default `127.0.0.1:0`).
     pub(crate) listen: Option<SocketAddr>,
+    /// More environment variables for the coordinator (e.g. `SLURM_CONF`).
+    pub(crate) server_env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -211,6 +213,7 @@ impl Cluster {
             opts.listen
                 .unwrap_or_else(|| "127.0.0.1:0".parse().expect("an address")),
             &opts.server_args,
+            &opts.server_env,
         );
         let token = std::fs::read_to_string(state.join("token"))
             .expect("the server wrote its token")
@@ -426,7 +429,7 @@ impl Cluster {
         assert!(self.server.is_none(), "the coordinator is still running");
         let mut args = self.opts.server_args.clone();
         args.extend(extra.iter().map(|a| a.to_string()));
-        let (p, addr, http) = start_server(&self.state, self.addr, &args);
+        let (p, addr, http) = start_server(&self.state, self.addr, &args, &self.opts.server_env);
         self.http = http;
         assert_eq!(
             addr, self.addr,
@@ -566,6 +569,7 @@ fn start_server(
     state: &Path,
     listen: SocketAddr,
     extra: &[String],
+    env: &[(String, String)],
 ) -> (Proc, SocketAddr, Option<SocketAddr>) {
     let wants_http = extra.iter().any(|a| a == "--http-listen");
     let end = Instant::now() + Duration::from_secs(20);
@@ -575,7 +579,8 @@ fn start_server(
             .arg("--state")
             .arg(state)
             .args(["--heartbeat-timeout-ms", &HEARTBEAT_TIMEOUT_MS.to_string()])
-            .args(extra);
+            .args(extra)
+            .envs(env.iter().map(|(k, v)| (k, v)));
         let (p, lines) = spawn_logged(cmd, "server");
         let mut seen = Vec::new();
         loop {

@@ -26,7 +26,13 @@ impl Coordinator {
         let pred = (self.jobs[&job].tref(t), attempt);
         let succs: Vec<TaskId> = self.jobs[&job].graph.succs(t).to_vec();
         for s in succs {
-            let Some(w) = self.workers.get(&worker).filter(|w| !w.unavailable) else {
+            // Not onto a worker that leaves (its time left is checked task by task when
+            // each is placed).
+            let Some(w) = self
+                .workers
+                .get(&worker)
+                .filter(|w| !w.unavailable && !self.leaves_at.contains_key(&w.id))
+            else {
                 return;
             };
             let j = &self.jobs[&job];

@@ -131,7 +131,11 @@ impl Coordinator {
                 &problems,
                 self.workers
                     .values()
-                    .filter(|w| w.spec.provider.is_none() && !w.unavailable)
+                    .filter(|w| {
+                        w.spec.provider.is_none()
+                            && !w.unavailable
+                            && members.clone().all(|m| self.in_time(j, TaskId::new(m), w))
+                    })
                     .map(Worker::node),
                 &predict,
             )

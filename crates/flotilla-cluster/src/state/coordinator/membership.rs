@@ -126,6 +126,7 @@ impl Coordinator {
             .remove(&id)
             .expect("callers checked the worker");
         self.retired.insert(id);
+        self.leaves_at.remove(&id);
         self.left_names.insert(id, w.spec.name.clone());
         if self.left_names.len() > super::LEFT_NAMES {
             self.left_names.pop_first();

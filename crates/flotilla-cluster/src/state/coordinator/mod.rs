@@ -23,12 +23,14 @@ use super::{
 use flotilla_sched::cluster::{self as sched, Decision, Problem};
 
 mod chain;
+mod demand;
 mod gangs;
 mod membership;
 mod placement;
 mod pool;
 mod reports;
 
+pub use demand::{WorkLeft, WorkerShape};
 pub(crate) use pool::JobPool;
 pub use pool::VerdictRecord;
 mod timers;
@@ -102,6 +104,10 @@ pub struct Coordinator {
     pool: pool::Pool,
     /// Providers' workers live now.
     provider_workers: usize,
+    /// When workers that said so leave (a batch allocation's end, less their grace): a task
+    /// expected to run longer than a worker has left is not placed there. Not journaled:
+    /// a worker says it again when it registers after a restart.
+    leaves_at: BTreeMap<WorkerId, Millis>,
 }
 
 impl Coordinator {
@@ -131,6 +137,7 @@ impl Coordinator {
             quotas: BTreeMap::new(),
             pool: pool::Pool::new(config.fee_ppm),
             provider_workers: 0,
+            leaves_at: BTreeMap::new(),
             config,
         }
     }
@@ -144,6 +151,32 @@ impl Coordinator {
                 j.quota_wait = None;
             }
         }
+    }
+
+    /// Says when `worker` leaves (`None`: it does not say). Call it before the worker's
+    /// `WorkerJoined` so that nothing is placed there that would not end in time: a task
+    /// whose learned runtime there (the performance model's) exceeds what the worker has
+    /// left goes to another worker, or waits. A task with no runtime learned yet may go.
+    pub fn set_worker_leaves_at(&mut self, worker: WorkerId, at: Option<Millis>) {
+        match at {
+            Some(at) => {
+                self.leaves_at.insert(worker, at);
+            }
+            None => {
+                self.leaves_at.remove(&worker);
+            }
+        }
+    }
+
+    /// Whether task `t` of `j` is expected to end on `w` before `w` leaves (see
+    /// [`Coordinator::set_worker_leaves_at`]).
+    fn in_time(&self, j: &Job, t: TaskId, w: &Worker) -> bool {
+        let Some(&at) = self.leaves_at.get(&w.id) else {
+            return true;
+        };
+        let left_s = at.saturating_sub(self.now) as f64 / 1000.0;
+        self.predicted(j, t, &w.spec.hw_class)
+            .is_none_or(|secs| secs <= left_s)
     }
 
     /// The id the next submitted job should get (ids are never reused, even after a restart:

@@ -351,21 +351,27 @@ impl Coordinator {
             // The workers in order of preference: the first that fits is the one a walk
             // over all of them would choose (O(log workers), not O(workers)).
             let workers = &self.workers;
+            let in_time = |w: &&Worker| self.in_time(j, t, w);
             let holders = local_bytes
                 .keys()
                 .filter_map(|id| workers.get(id))
                 .filter(|w| !w.unavailable)
+                .filter(in_time)
                 .map(Worker::node);
             let ranked = sched::Ranked {
                 holders,
                 by_free: workers
                     .by_free(need.gpus > 0.0 || need.gpu_mem > 0)
+                    .filter(in_time)
                     .map(Worker::node),
-                by_queue: workers.by_queue().map(Worker::node),
+                by_queue: workers.by_queue().filter(in_time).map(Worker::node),
             };
             sched::place_plain_ranked(&problem, need, ranked, &predict).ok_or(Refusal::Other)
         } else {
-            let live = self.workers.values().filter(|w| !w.unavailable);
+            let live = self
+                .workers
+                .values()
+                .filter(|w| !w.unavailable && self.in_time(j, t, w));
             sched::place(&problem, live.map(Worker::node), &predict).ok_or(Refusal::Other)
         };
         if pooled {
@@ -376,7 +382,8 @@ impl Coordinator {
         }
         let Ok(d) = decision else {
             // A pooled job's refusal depends on its own deadline and budget, not only on room.
-            return if pooled {
+            // Nor does its time left on workers that leave depend on its shape alone.
+            return if pooled || !self.leaves_at.is_empty() {
                 Placed::Blocked
             } else {
                 Placed::NoRoom
@@ -561,6 +568,14 @@ impl Coordinator {
                                 && !s.started
                                 && thief_worker.fits_total(&s.res)
                         })
+                    })
+                    .filter(|k| {
+                        // A worker that leaves takes only what ends before it does.
+                        !self.leaves_at.contains_key(&thief)
+                            || self
+                                .jobs
+                                .get(&k.0.job)
+                                .is_some_and(|j| self.in_time(j, k.0.task, thief_worker))
                     })
                     .copied()
                     .collect();

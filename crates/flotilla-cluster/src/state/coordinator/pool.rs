@@ -476,13 +476,23 @@ impl Coordinator {
 
     /// The model's time of task `t` on `hw`: its prediction, else an estimate from the
     /// samples it has there or on another class and how the classes compare.
-    fn predicted(&self, j: &Job, t: TaskId, hw: &str) -> Option<f64> {
+    pub(super) fn predicted(&self, j: &Job, t: TaskId, hw: &str) -> Option<f64> {
         let c = j.class_of(t);
         let options = j.options(t);
         let codelet = &j.classes[c].codelet;
-        Job::predict(&self.model, codelet, &options, None, hw)
-            .seconds()
-            .or_else(|| self.model.estimate(codelet, hw, 0, &self.pool.ratios.1))
+        let of = |codelet: &str| {
+            Job::predict(&self.model, codelet, &options, None, hw)
+                .seconds()
+                .or_else(|| self.model.estimate(codelet, hw, 0, &self.pool.ratios.1))
+        };
+        match options.as_slice() {
+            // Variants: the fastest one's (the scheduler may choose it).
+            [(Some(_), _), ..] => options
+                .iter()
+                .filter_map(|(name, _)| of(&format!("{codelet}/{}", name.unwrap_or_default())))
+                .min_by(f64::total_cmp),
+            _ => of(codelet),
+        }
     }
 
     /// The time a running job has left, from the learned runtimes: its tasks left of each
@@ -570,7 +580,11 @@ impl Coordinator {
             .map_or_else(Price::default, |p| max_price(&p.spec));
         let mut allowed: Vec<&Worker> = Vec::new();
         let mut short = Refusal::None;
-        for w in self.workers.values().filter(|w| !w.unavailable) {
+        for w in self
+            .workers
+            .values()
+            .filter(|w| !w.unavailable && self.in_time(j, t, w))
+        {
             match self.refusal(j, t, w, (room, balance), &max, est_of(w)) {
                 Refusal::None => allowed.push(w),
                 r @ (Refusal::Budget | Refusal::Credits) => {

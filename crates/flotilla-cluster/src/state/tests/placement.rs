@@ -489,3 +489,103 @@ fn a_shape_that_fits_nowhere_does_not_block_smaller_tasks_of_later_jobs() {
     let jobs: Vec<_> = assigns(&out).iter().map(|(_, a)| a.task.job).collect();
     assert_eq!(jobs, vec![b1, b2]);
 }
+
+#[test]
+fn a_task_longer_than_a_worker_has_left_goes_to_another_worker_or_waits() {
+    let mut sim = Sim::new(0);
+    // Learned: `long` takes 600 s on this hardware class, `short` 10 s; `new` is unknown.
+    let mut model = flotilla_sched::PerfModel::new();
+    for _ in 0..3 {
+        model.record("lim/long", "cpu", 0, 600.0);
+        model.record("lim/short", "cpu", 0, 10.0);
+    }
+    sim.c.set_perf_model(model);
+    // A worker with 2 minutes left (a batch allocation near its end).
+    let leaving = sim.c.next_worker_id();
+    sim.c.set_worker_leaves_at(leaving, Some(sim.now + 120_000));
+    sim.ev(Event::WorkerJoined {
+        worker: leaving,
+        spec: WorkerSpec {
+            name: "leaving".into(),
+            ..wspec(4.0, &[])
+        },
+        running: Vec::new(),
+        held: Vec::new(),
+        previous: None,
+    });
+    let (job, out) = sim.submit(
+        r#"
+name = "lim"
+[[task]]
+id = "long"
+cmd = ["true"]
+[[task]]
+id = "short"
+cmd = ["true"]
+[[task]]
+id = "new"
+cmd = ["true"]
+"#,
+    );
+    let placed: Vec<String> = assigns(&out).iter().map(|(_, a)| a.name.clone()).collect();
+    assert!(placed.contains(&"short".to_string()), "{placed:?}");
+    assert!(
+        placed.contains(&"new".to_string()),
+        "unknown runtime: may go"
+    );
+    assert!(!placed.contains(&"long".to_string()), "{placed:?}");
+    assert_eq!(sim.state(job, "long"), TaskState::Ready);
+    // A worker with no limit takes it.
+    let (other, out) = sim.join(wspec(2.0, &[]));
+    let a = assigns(&out);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!((a[0].0, a[0].1.name.as_str()), (other, "long"));
+    assert!(other != leaving);
+}
+
+#[test]
+fn the_work_left_for_a_batch_queue_counts_what_its_workers_could_run() {
+    let mut sim = Sim::new(0);
+    let mut model = flotilla_sched::PerfModel::new();
+    for _ in 0..3 {
+        model.record("wl/a", "node", 0, 30.0);
+    }
+    sim.c.set_perf_model(model);
+    let (_job, _) = sim.submit(
+        r#"
+name = "wl"
+[[task]]
+id = "a"
+cmd = ["true"]
+resources = { cpus = 2 }
+[[task]]
+id = "b"
+cmd = ["true"]
+after = ["a"]
+[[task]]
+id = "big"
+cmd = ["true"]
+resources = { cpus = 64 }
+"#,
+    );
+    let shape = WorkerShape {
+        cpus: 4.0,
+        gpus: 0.0,
+        hw_class: Some("node".into()),
+    };
+    let w = sim.c.work_left(&shape, 60.0, 100);
+    // `a` waits (2 CPUs); `big` fits no such worker; `b` follows `a`, its time unknown.
+    assert_eq!(w.waiting_cpus, 2.0);
+    assert_eq!(w.left.len(), 2, "{w:?}");
+    assert_eq!((w.left[0].cpus, w.left[0].secs), (2.0, 30.0));
+    assert_eq!((w.left[1].cpus, w.left[1].secs), (1.0, 60.0));
+    assert_eq!(w.left[1].preds, vec![0]);
+    assert!(!w.truncated);
+    let cut = sim.c.work_left(&shape, 60.0, 1);
+    assert!(cut.truncated && cut.left.len() == 1);
+    // Taken by a worker: no longer waiting, still left.
+    sim.join(wspec(4.0, &[]));
+    let w = sim.c.work_left(&shape, 60.0, 100);
+    assert_eq!(w.waiting_cpus, 0.0);
+    assert_eq!(w.left.len(), 2);
+}

@@ -1,0 +1,676 @@
+//! The coordinator's allocator: every few seconds it asks the batch system where each
+//! queue's allocations stand, reads the work left from the core, decides with
+//! [`flotilla_sched::alloc::decide`], and submits or cancels allocations. The batch system
+//! is behind [`BatchSystem`] ([`Slurm`] runs `sbatch`, `squeue`, `scontrol`, `scancel`), so
+//! the rounds are tested without one too.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::queues::{AllocError, Queue, QueueSpec, Queues};
+use super::slurm::{self, SlurmState};
+use crate::access::Access;
+use crate::state::{WorkLeft, WorkerShape};
+use flotilla_sched::alloc::{decide, mean_width, Demand};
+
+/// How long a batch command may take before it is killed and counted as failed.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a running allocation may go without any worker connecting before it is
+/// cancelled as failed (a wrong program path, an unreachable coordinator).
+const CONNECT_TIMEOUT_S: u64 = 300;
+
+/// The tasks left the predictive rule lays out, at most (beyond, the work is long enough
+/// that the queue's caps decide).
+pub const LEFT_LIMIT: usize = 20_000;
+
+/// A task's time when the performance model knows nothing of it yet, seconds.
+pub const DEFAULT_TASK_S: f64 = 60.0;
+
+/// The window a new allocation serves, past its wait, seconds (at least).
+const WINDOW_S: f64 = 300.0;
+
+/// What the allocator needs of a batch system.
+pub trait BatchSystem: Send + Sync {
+    /// Submits `script` with `args` before it; the job id, or the batch system's message.
+    fn submit(&self, script: &Path, args: &[String]) -> Result<String, String>;
+    /// Where jobs `ids` stand (those it no longer knows are missing from the map).
+    fn states(&self, ids: &[String]) -> Result<HashMap<String, SlurmState>, String>;
+    /// Cancels job `id`.
+    fn cancel(&self, id: &str) -> Result<(), String>;
+    /// The CPUs of a node of `partition`, if it says.
+    fn node_cpus(&self, partition: &str) -> Option<f64>;
+}
+
+/// Slurm through its commands (on `PATH`, with the server's `SLURM_CONF`).
+#[derive(Debug, Default)]
+pub struct Slurm;
+
+/// Runs `program args`; its stdout, or a message with its stderr.
+fn run(program: &str, args: &[&str]) -> Result<String, String> {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("{program}: {e}"))?;
+    let deadline = std::time::Instant::now() + COMMAND_TIMEOUT;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "{program} did not answer within {}s",
+                    COMMAND_TIMEOUT.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("{program}: {e}")),
+        }
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(stdout)
+    } else {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let text = stderr.trim();
+        Err(if text.is_empty() {
+            format!("{program} exited with {}", out.status)
+        } else {
+            text.lines().collect::<Vec<_>>().join("; ")
+        })
+    }
+}
+
+impl BatchSystem for Slurm {
+    fn submit(&self, script: &Path, args: &[String]) -> Result<String, String> {
+        let script = script.display().to_string();
+        let mut all: Vec<&str> = vec!["--parsable"];
+        all.extend(args.iter().map(String::as_str));
+        all.push(&script);
+        let out = run("sbatch", &all)?;
+        slurm::parse_sbatch(&out).ok_or_else(|| format!("sbatch printed no job id: {out:?}"))
+    }
+
+    fn states(&self, ids: &[String]) -> Result<HashMap<String, SlurmState>, String> {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let list = ids.join(",");
+        // squeue fails when it knows none of them: what it printed still counts.
+        let mut states = match run("squeue", &["-h", "-o", "%i|%T|%r", "-j", &list]) {
+            Ok(out) => slurm::parse_squeue(&out),
+            Err(_) => HashMap::new(),
+        };
+        let missing: Vec<&String> = ids.iter().filter(|id| !states.contains_key(*id)).collect();
+        for id in missing {
+            // Ended jobs: scontrol keeps them for MinJobAge; sacct where accounting is on.
+            let seen = run("scontrol", &["show", "job", "-o", id])
+                .ok()
+                .and_then(|out| slurm::parse_scontrol(&out))
+                .or_else(|| {
+                    run(
+                        "sacct",
+                        &["-n", "-P", "-X", "-o", "JobIDRaw,State,Reason", "-j", id],
+                    )
+                    .ok()
+                    .and_then(|out| slurm::parse_sacct(&out).remove(id.as_str()))
+                });
+            if let Some(s) = seen {
+                states.insert(id.clone(), s);
+            }
+        }
+        Ok(states)
+    }
+
+    fn cancel(&self, id: &str) -> Result<(), String> {
+        run("scancel", &[id]).map(|_| ())
+    }
+
+    fn node_cpus(&self, partition: &str) -> Option<f64> {
+        run("sinfo", &["-h", "-p", partition, "-o", "%c"])
+            .ok()
+            .and_then(|out| slurm::parse_sinfo_cpus(&out))
+    }
+}
+
+/// What the core tells the allocator at each round.
+#[derive(Clone, Debug, Default)]
+pub struct CoreView {
+    /// The work left for each queue's workers (by queue id).
+    pub work: HashMap<u32, WorkLeft>,
+    /// The live workers: name, CPUs, hardware class.
+    pub workers: Vec<(String, f64, String)>,
+}
+
+/// The allocation queues of one coordinator and what acts on them.
+pub struct Allocator {
+    state_dir: PathBuf,
+    queues: Mutex<Queues>,
+    system: Arc<dyn BatchSystem>,
+    access: Arc<Access>,
+    /// The `flotilla` program the workers run when `--worker-program` is not given.
+    pub default_program: String,
+    /// The coordinator's address for workers when `--server-address` is not given.
+    pub default_server: String,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocator")
+            .field("state_dir", &self.state_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Allocator {
+    /// Reads the queues from `state_dir`.
+    pub fn open(
+        state_dir: &Path,
+        system: Arc<dyn BatchSystem>,
+        access: Arc<Access>,
+        default_program: String,
+        default_server: String,
+    ) -> Result<Allocator, AllocError> {
+        Ok(Allocator {
+            state_dir: state_dir.to_path_buf(),
+            queues: Mutex::new(Queues::load(state_dir)?),
+            system,
+            access,
+            default_program,
+            default_server,
+        })
+    }
+
+    /// Whether there is any queue (else rounds do nothing).
+    pub fn is_empty(&self) -> bool {
+        self.queues.lock().queues.is_empty()
+    }
+
+    /// Adds a queue: fills the defaults, checks the settings, makes its work folder and its
+    /// workers' enrolment token there. The queue as stored.
+    pub fn add(&self, mut spec: QueueSpec) -> Result<Queue, AllocError> {
+        if spec.worker_program.is_empty() {
+            spec.worker_program = self.default_program.clone();
+        }
+        if spec.server_address.is_empty() {
+            spec.server_address = self.default_server.clone();
+        }
+        let mut queues = self.queues.lock();
+        let id = queues.next_id.max(1);
+        if spec.work_dir.is_empty() {
+            spec.work_dir = self
+                .state_dir
+                .join("alloc")
+                .join(format!("q{id}"))
+                .display()
+                .to_string();
+        }
+        spec.token_file = format!("{}/worker.token", spec.work_dir);
+        spec.check()?;
+        let dir = Path::new(&spec.work_dir);
+        std::fs::create_dir_all(dir).map_err(|e| AllocError::Io {
+            path: format!("--work-dir {}", dir.display()),
+            source: e,
+        })?;
+        let (info, token) = self
+            .access
+            .add_worker_token(&format!("alloc-q{id}"))
+            .map_err(|e| AllocError::Refused(e.to_string()))?;
+        if let Err(e) = write_private(Path::new(&spec.token_file), &token) {
+            let _ = self.access.revoke(&info.id);
+            return Err(e);
+        }
+        let token_id = info.id.clone();
+        let id = queues.add(spec, info.id);
+        if let Err(e) = queues.save(&self.state_dir) {
+            queues.queues.remove(&id);
+            let _ = self.access.revoke(&token_id);
+            return Err(e);
+        }
+        tracing::info!(queue = id, "allocation queue added");
+        queues.get(id).cloned()
+    }
+
+    /// Every queue.
+    pub fn list(&self) -> Vec<Queue> {
+        self.queues.lock().queues.values().cloned().collect()
+    }
+
+    /// One queue.
+    pub fn info(&self, id: u32) -> Result<Queue, AllocError> {
+        self.queues.lock().get(id).cloned()
+    }
+
+    /// Pauses queue `id` (nothing more is submitted; what runs goes on).
+    pub fn pause(&self, id: u32, reason: &str) -> Result<Queue, AllocError> {
+        self.change(id, |q| {
+            q.paused = Some(if reason.trim().is_empty() {
+                "paused by `flotilla alloc pause`".into()
+            } else {
+                reason.trim().to_string()
+            });
+        })
+    }
+
+    /// Resumes queue `id` (its failures in a row start again from none).
+    pub fn resume(&self, id: u32) -> Result<Queue, AllocError> {
+        self.change(id, |q| {
+            q.paused = None;
+            q.failures = 0;
+        })
+    }
+
+    /// Removes queue `id`: cancels its live allocations (their workers get SIGTERM from
+    /// Slurm and drain) and revokes its workers' token.
+    pub fn remove(&self, id: u32) -> Result<Queue, AllocError> {
+        let mut queues = self.queues.lock();
+        let q = queues.get(id)?.clone();
+        let mut left = Vec::new();
+        for a in q.live() {
+            if let Err(e) = self.system.cancel(&a) {
+                left.push(format!("{a} ({e})"));
+            }
+        }
+        if !left.is_empty() {
+            return Err(AllocError::Refused(format!(
+                "queue {id} kept: could not cancel allocation(s) {}",
+                left.join(", ")
+            )));
+        }
+        queues.queues.remove(&id);
+        queues.save(&self.state_dir)?;
+        let _ = self.access.revoke(&q.token_id);
+        tracing::info!(queue = id, "allocation queue removed");
+        Ok(q)
+    }
+
+    fn change(&self, id: u32, f: impl FnOnce(&mut Queue)) -> Result<Queue, AllocError> {
+        let mut queues = self.queues.lock();
+        let before = queues.clone();
+        f(queues.get_mut(id)?);
+        if let Err(e) = queues.save(&self.state_dir) {
+            *queues = before;
+            return Err(e);
+        }
+        queues.get(id).cloned()
+    }
+
+    /// The shapes of the queues' workers, for the core's [`CoreView`].
+    pub fn shapes(&self) -> Vec<(u32, WorkerShape)> {
+        self.queues
+            .lock()
+            .queues
+            .values()
+            .map(|q| {
+                (
+                    q.id,
+                    WorkerShape {
+                        cpus: q.cpus_per_worker(),
+                        gpus: q.spec.gpus_per_worker,
+                        hw_class: q.learned_hw.clone(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// One round: watch, decide, submit, cancel; saves what changed. Blocking (it runs the
+    /// batch system's commands).
+    pub fn round(&self, view: &CoreView) {
+        let now = unix_now();
+        let mut queues = self.queues.lock();
+        let before = queues.clone();
+        for q in queues.queues.values_mut() {
+            self.round_one(q, view, now);
+        }
+        if *queues != before {
+            if let Err(e) = queues.save(&self.state_dir) {
+                tracing::error!("allocation queues not saved: {e}");
+            }
+        }
+    }
+
+    fn round_one(&self, q: &mut Queue, view: &CoreView, now: u64) {
+        // Where its allocations stand.
+        let live = q.live();
+        if !live.is_empty() {
+            match self.system.states(&live) {
+                Ok(states) => {
+                    for id in &live {
+                        let seen = states.get(id).cloned().unwrap_or(SlurmState::Ended);
+                        if let Some(line) = q.observe(id, seen, now) {
+                            tracing::info!(queue = q.id, "{line}");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(queue = q.id, "cannot read allocations' states: {e}"),
+            }
+        }
+        q.note_workers(&view.workers);
+        // Running ones whose workers never came are given back, as failed.
+        let stuck: Vec<String> = q
+            .allocations
+            .iter()
+            .filter(|a| {
+                a.state == super::queues::AllocState::Running
+                    && a.workers_seen == 0
+                    && a.started_at
+                        .is_some_and(|s| now.saturating_sub(s) >= CONNECT_TIMEOUT_S)
+            })
+            .map(|a| a.id.clone())
+            .collect();
+        for id in stuck {
+            let _ = self.system.cancel(&id);
+            let log = q
+                .allocations
+                .iter()
+                .find(|a| a.id == id)
+                .map(|a| a.log(&q.spec.work_dir))
+                .unwrap_or_default();
+            q.observe(
+                &id,
+                SlurmState::Failed(format!(
+                    "no worker connected within {CONNECT_TIMEOUT_S}s (its log: {log})"
+                )),
+                now,
+            );
+        }
+        if q.paused.is_some() {
+            return;
+        }
+        if q.spec.cpus_per_worker.is_none() && q.learned_cpus.is_none() {
+            q.learned_cpus = self.system.node_cpus(&q.spec.partition);
+        }
+        let Some(rule) = q.spec.rule_of() else {
+            return;
+        };
+        let work = view.work.get(&q.id).cloned().unwrap_or_default();
+        let queue_wait_s = q.queue_wait_s();
+        let future_cpus = mean_width(
+            &work.left,
+            queue_wait_s,
+            queue_wait_s + WINDOW_S.max(queue_wait_s),
+        );
+        let demand = Demand {
+            waiting_cpus: work.waiting_cpus,
+            future_cpus,
+            remaining_cpu_s: work.left.iter().map(|t| t.cpus * t.secs).sum(),
+            deadline_s: None,
+            queue_wait_s,
+        };
+        let d = decide(rule, &q.params(), &q.fleet(now), &demand);
+        for _ in 0..d.submit {
+            match self.submit(q) {
+                Ok(id) => {
+                    tracing::info!(queue = q.id, allocation = %id, "allocation submitted");
+                    q.submitted(id, now);
+                }
+                Err(e) => {
+                    tracing::warn!(queue = q.id, "allocation refused: {e}");
+                    q.failed(e);
+                    break;
+                }
+            }
+            if q.paused.is_some() {
+                break;
+            }
+        }
+        for id in q.newest_queued(d.cancel_queued) {
+            match self.system.cancel(&id) {
+                Ok(()) => {
+                    tracing::info!(queue = q.id, allocation = %id, "queued allocation no longer needed: cancelled");
+                    q.cancelled(&id, now);
+                }
+                Err(e) => tracing::warn!(queue = q.id, allocation = %id, "cannot cancel: {e}"),
+            }
+        }
+    }
+
+    /// Writes the next batch script of `q` and submits it.
+    fn submit(&self, q: &Queue) -> Result<String, String> {
+        let name = q.job_name();
+        let sq = slurm::SlurmQueue {
+            partition: q.spec.partition.clone(),
+            time_limit: Duration::from_secs(q.spec.time_limit_s),
+            workers_per_alloc: q.spec.workers_per_alloc,
+            idle_timeout: Duration::from_secs(q.spec.idle_timeout_s),
+        };
+        let launch = slurm::WorkerLaunch {
+            program: q.spec.worker_program.clone(),
+            server: q.spec.server_address.clone(),
+            token_file: q.spec.token_file.clone(),
+            work_dir: q.spec.work_dir.clone(),
+            worker_args: q.spec.worker_args.clone(),
+        };
+        let script = Path::new(&q.spec.work_dir).join(format!("{name}-{}.sh", q.submitted + 1));
+        std::fs::write(&script, slurm::batch_script(&sq, &launch, &name))
+            .map_err(|e| format!("{}: {e}", script.display()))?;
+        self.system.submit(&script, &q.spec.sbatch_args)
+    }
+}
+
+/// Writes `text` to `path`, readable by its owner only.
+fn write_private(path: &Path, text: &str) -> Result<(), AllocError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let io = |e| AllocError::Io {
+        path: path.display().to_string(),
+        source: e,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io)?;
+    f.write_all(text.as_bytes()).map_err(io)?;
+    f.write_all(b"\n").map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flotilla_sched::alloc::Left;
+
+    /// A batch system of the test's own: it records what it is asked and answers from a
+    /// table the test sets.
+    #[derive(Default)]
+    struct Fake {
+        next: Mutex<u32>,
+        refuse: Mutex<Option<String>>,
+        states: Mutex<HashMap<String, SlurmState>>,
+        submitted: Mutex<Vec<(PathBuf, Vec<String>)>>,
+        cancelled: Mutex<Vec<String>>,
+    }
+
+    impl BatchSystem for Fake {
+        fn submit(&self, script: &Path, args: &[String]) -> Result<String, String> {
+            if let Some(e) = self.refuse.lock().clone() {
+                return Err(e);
+            }
+            let mut n = self.next.lock();
+            *n += 1;
+            let id = format!("{}", 100 + *n);
+            self.states
+                .lock()
+                .insert(id.clone(), SlurmState::Queued("Priority".into()));
+            self.submitted
+                .lock()
+                .push((script.to_path_buf(), args.to_vec()));
+            Ok(id)
+        }
+        fn states(&self, ids: &[String]) -> Result<HashMap<String, SlurmState>, String> {
+            let s = self.states.lock();
+            Ok(ids
+                .iter()
+                .filter_map(|i| s.get(i).map(|x| (i.clone(), x.clone())))
+                .collect())
+        }
+        fn cancel(&self, id: &str) -> Result<(), String> {
+            self.cancelled.lock().push(id.to_string());
+            self.states
+                .lock()
+                .insert(id.to_string(), SlurmState::Failed("CANCELLED".into()));
+            Ok(())
+        }
+        fn node_cpus(&self, _: &str) -> Option<f64> {
+            Some(4.0)
+        }
+    }
+
+    fn allocator(dir: &Path, fake: Arc<Fake>) -> Allocator {
+        let access = Arc::new(Access::open(dir, "admin-token-0123456789").expect("access"));
+        Allocator::open(
+            dir,
+            fake,
+            access,
+            "/usr/bin/flotilla".into(),
+            "head:7070".into(),
+        )
+        .expect("open")
+    }
+
+    fn spec(rule: &str) -> QueueSpec {
+        QueueSpec {
+            manager: "slurm".into(),
+            name: String::new(),
+            partition: "debug".into(),
+            time_limit_s: 3600,
+            workers_per_alloc: 1,
+            max_allocs: 3,
+            backlog: 2,
+            idle_timeout_s: 60,
+            cpus_per_worker: None,
+            gpus_per_worker: 0.0,
+            rule: rule.into(),
+            max_failures: 2,
+            worker_program: String::new(),
+            server_address: String::new(),
+            work_dir: String::new(),
+            token_file: String::new(),
+            sbatch_args: vec!["--account=lab".into()],
+            worker_args: Vec::new(),
+        }
+    }
+
+    fn waiting(queue: u32, cpus: f64) -> CoreView {
+        CoreView {
+            work: HashMap::from([(
+                queue,
+                WorkLeft {
+                    waiting_cpus: cpus,
+                    left: vec![
+                        Left {
+                            cpus: 1.0,
+                            secs: 600.0,
+                            preds: Vec::new(),
+                        };
+                        cpus as usize
+                    ],
+                    truncated: false,
+                },
+            )]),
+            workers: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn waiting_work_submits_allocations_that_start_enrolled_workers() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let fake = Arc::new(Fake::default());
+        let a = allocator(dir.path(), fake.clone());
+        let q = a.add(spec("reactive")).expect("added");
+        // Its workers' token: in its folder, owner-only, a live worker enrolment token.
+        let token = std::fs::read_to_string(&q.spec.token_file).expect("token file");
+        assert!(token.trim().starts_with("flt_"), "{token}");
+        // Nothing to do: nothing asked.
+        a.round(&CoreView::default());
+        assert!(fake.submitted.lock().is_empty());
+        // 6 CPUs wait; a node has 4 (sinfo): 2 allocations (within the backlog).
+        a.round(&waiting(q.id, 6.0));
+        let subs = fake.submitted.lock().clone();
+        assert_eq!(subs.len(), 2, "{subs:?}");
+        assert_eq!(subs[0].1, vec!["--account=lab".to_string()]);
+        let script = std::fs::read_to_string(&subs[0].0).expect("script");
+        assert!(script.contains("#SBATCH --partition=debug"), "{script}");
+        assert!(
+            script.contains("/usr/bin/flotilla worker --server head:7070"),
+            "{script}"
+        );
+        // They start; a worker joins; the waits are learned; the queue is saved.
+        for id in ["101", "102"] {
+            fake.states.lock().insert(id.into(), SlurmState::Running);
+        }
+        let mut view = waiting(q.id, 6.0);
+        view.workers = vec![("flotilla-q1-101-0".into(), 4.0, "cpu".into())];
+        a.round(&view);
+        let q = a.info(q.id).expect("known");
+        assert_eq!(
+            q.allocations[0].workers,
+            vec!["flotilla-q1-101-0".to_string()]
+        );
+        assert_eq!(q.learned_hw.as_deref(), Some("cpu"));
+        let reread = Queues::load(dir.path()).expect("saved");
+        assert_eq!(reread.queues[&q.id], q);
+    }
+
+    #[test]
+    fn refused_submissions_pause_the_queue_with_the_reason_until_resumed() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let fake = Arc::new(Fake::default());
+        let a = allocator(dir.path(), fake.clone());
+        let q = a.add(spec("predictive")).expect("added");
+        *fake.refuse.lock() = Some("sbatch: error: invalid partition specified: debug".into());
+        a.round(&waiting(q.id, 2.0));
+        assert!(a.info(q.id).expect("q").paused.is_none(), "one failure");
+        a.round(&waiting(q.id, 2.0));
+        let paused = a.info(q.id).expect("q").paused.expect("paused");
+        assert!(paused.contains("invalid partition"), "{paused}");
+        // Paused: nothing more is tried.
+        *fake.refuse.lock() = None;
+        a.round(&waiting(q.id, 2.0));
+        assert!(fake.submitted.lock().is_empty());
+        a.resume(q.id).expect("resumed");
+        a.round(&waiting(q.id, 2.0));
+        assert!(!fake.submitted.lock().is_empty());
+    }
+
+    #[test]
+    fn queued_allocations_no_longer_needed_are_cancelled_and_removal_cancels_the_rest() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let fake = Arc::new(Fake::default());
+        let a = allocator(dir.path(), fake.clone());
+        let q = a.add(spec("predictive")).expect("added");
+        a.round(&waiting(q.id, 4.0));
+        assert_eq!(fake.submitted.lock().len(), 2, "twice the shortfall of one");
+        // The work is gone before they start: both cancelled.
+        a.round(&CoreView::default());
+        assert_eq!(fake.cancelled.lock().len(), 2);
+        assert!(a.info(q.id).expect("q").live().is_empty());
+        a.round(&waiting(q.id, 4.0));
+        let token = a.info(q.id).expect("q").token_id;
+        a.remove(q.id).expect("removed");
+        assert_eq!(fake.cancelled.lock().len(), 4);
+        assert!(a.info(q.id).is_err());
+        assert!(a.access.tokens().iter().any(|t| t.id == token && t.revoked));
+    }
+}

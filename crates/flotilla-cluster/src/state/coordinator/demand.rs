@@ -1,0 +1,118 @@
+//! What the work left asks of a batch queue's workers (`flotilla alloc`): read by the
+//! allocator, which sizes its requests with [`flotilla_sched::alloc::decide`].
+
+use std::collections::HashMap;
+
+use flotilla_sched::alloc::Left;
+
+use super::*;
+
+/// The work left that workers of one shape could run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkLeft {
+    /// CPUs asked by the ready tasks that fit such a worker and that no connected worker
+    /// took.
+    pub waiting_cpus: f64,
+    /// The tasks not ended that fit such a worker, in topological order, each with its
+    /// predecessors among them and its time (the performance model's, or the default given).
+    pub left: Vec<Left>,
+    /// Whether `left` stops at the limit given (the work goes on beyond it).
+    pub truncated: bool,
+}
+
+/// A batch queue's workers, as [`Coordinator::work_left`] reads them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerShape {
+    /// CPUs one offers.
+    pub cpus: f64,
+    /// GPUs one offers.
+    pub gpus: f64,
+    /// Its hardware class, once one has joined (the model's key); else the classes of the
+    /// live workers stand in.
+    pub hw_class: Option<String>,
+}
+
+impl Coordinator {
+    /// The work of the running jobs (oldest first) that a worker of `shape` could take:
+    /// the waiting CPUs, and at most `limit` tasks left timed by the performance model
+    /// (`default_secs` where it knows nothing yet). A task whose every option asks more than
+    /// the shape offers is left out (such a worker cannot run it; what depends on it is
+    /// laid out as if it could start at once).
+    pub fn work_left(&self, shape: &WorkerShape, default_secs: f64, limit: usize) -> WorkLeft {
+        const SLACK: f64 = 1e-9;
+        let fits = |r: &flotilla_core::Resources| {
+            r.cpus <= shape.cpus + SLACK && r.gpus <= shape.gpus + SLACK
+        };
+        let stand_ins: Vec<&str> = match &shape.hw_class {
+            Some(hw) => vec![hw.as_str()],
+            None => {
+                let mut v: Vec<&str> = self
+                    .workers
+                    .values()
+                    .map(|w| w.spec.hw_class.as_str())
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            }
+        };
+        let mut out = WorkLeft::default();
+        for job in &self.active {
+            let Some(j) = self.jobs.get(job) else {
+                continue;
+            };
+            // Per class: the CPUs of its first option that fits (None: it does not fit),
+            // and its time.
+            let mut classes: HashMap<usize, Option<(f64, f64)>> = HashMap::new();
+            let mut class_of = |t: TaskId| -> Option<(f64, f64)> {
+                let c = j.class_of(t);
+                *classes.entry(c).or_insert_with(|| {
+                    let cpus = j.options(t).iter().find(|(_, r)| fits(r))?.1.cpus;
+                    let secs = stand_ins
+                        .iter()
+                        .filter_map(|hw| self.predicted(j, t, hw))
+                        .min_by(f64::total_cmp)
+                        .unwrap_or(default_secs);
+                    Some((cpus.max(0.0), secs.max(0.0)))
+                })
+            };
+            for c in &j.classes {
+                if c.ready.is_empty() {
+                    continue;
+                }
+                if let Some((cpus, _)) = class_of(TaskId::new(c.first)) {
+                    out.waiting_cpus += cpus * c.ready.len() as f64;
+                }
+            }
+            if out.truncated {
+                continue;
+            }
+            let mut at: HashMap<TaskId, usize> = HashMap::new();
+            for &t in j.graph.topological_order() {
+                let state = j.tasks[t.index()].state;
+                if matches!(
+                    state,
+                    TaskState::Done | TaskState::Failed | TaskState::Cancelled
+                ) {
+                    continue;
+                }
+                let Some((cpus, secs)) = class_of(t) else {
+                    continue;
+                };
+                if out.left.len() >= limit {
+                    out.truncated = true;
+                    break;
+                }
+                let preds = j
+                    .graph
+                    .preds(t)
+                    .iter()
+                    .filter_map(|p| at.get(p).copied())
+                    .collect();
+                at.insert(t, out.left.len());
+                out.left.push(Left { cpus, secs, preds });
+            }
+        }
+        out
+    }
+}

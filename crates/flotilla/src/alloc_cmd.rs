@@ -1,0 +1,339 @@
+//! `flotilla alloc`: queues of worker allocations the coordinator asks a batch system
+//! (Slurm) for, as the work needs them. Each command takes the admin token.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use clap::{Args, Subcommand};
+use flotilla::cluster::alloc::{queues::describe, AllocState, Queue};
+use flotilla::cluster::client::AllocOp;
+use flotilla::cluster::proto;
+use flotilla::core::duration::{format_duration, parse_duration};
+
+use crate::admin_cmd::ListArgs;
+use crate::cluster_cmd::RemoteArgs;
+
+/// `flotilla alloc ...`.
+#[derive(Subcommand)]
+pub(crate) enum AllocCmd {
+    /// Add a queue: the coordinator submits allocations that start workers as the work needs
+    /// them, watches them, and gives them back.
+    #[command(subcommand)]
+    Add(AddCmd),
+    /// Every queue: its state, its allocations queued and running, its workers.
+    List(ListArgs),
+    /// One queue: its settings, why it is paused, its allocations.
+    Info(QueueArgs),
+    /// Submit nothing more from a queue (what runs goes on).
+    Pause(PauseArgs),
+    /// Submit again from a paused queue (its failures in a row are forgotten).
+    Resume(QueueArgs),
+    /// Cancel a queue's allocations (their workers drain: their tasks checkpoint and move)
+    /// and forget it.
+    Remove(QueueArgs),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum AddCmd {
+    /// Slurm: allocations are `sbatch` jobs of one worker per node.
+    Slurm(Box<SlurmArgs>),
+}
+
+#[derive(Args)]
+pub(crate) struct SlurmArgs {
+    /// The partition (`sbatch --partition`).
+    #[arg(long)]
+    partition: String,
+    /// An allocation's time limit (`sbatch --time`), e.g. 1h. Its workers leave before it,
+    /// with their tasks' grace; a task expected to run longer than a worker has left goes
+    /// elsewhere.
+    #[arg(long)]
+    time_limit: String,
+    /// Workers (nodes) per allocation.
+    #[arg(long, default_value_t = 1)]
+    workers_per_alloc: u32,
+    /// The most allocations queued and running at once.
+    #[arg(long, default_value_t = 4)]
+    max_allocs: u32,
+    /// The most allocations waiting in Slurm's queue at once.
+    #[arg(long, default_value_t = 2)]
+    backlog: u32,
+    /// How long a worker with nothing to run waits before it leaves and gives its node
+    /// back, e.g. 5m.
+    #[arg(long, default_value = "5m")]
+    idle_timeout: String,
+    /// CPUs one worker offers (default: learned from the first to join; until then,
+    /// `sinfo`'s CPUs per node of the partition).
+    #[arg(long)]
+    cpus_per_worker: Option<f64>,
+    /// GPUs one worker offers (tasks asking more do not count toward this queue).
+    #[arg(long, default_value_t = 0.0)]
+    gpus_per_worker: f64,
+    /// `predictive`: ask for what the work left will use when an allocation would start
+    /// (the learned runtimes and queue wait); `reactive`: ask only while tasks wait.
+    #[arg(long, default_value = "predictive")]
+    rule: String,
+    /// Failed submissions or allocations in a row that pause the queue.
+    #[arg(long, default_value_t = 3)]
+    max_failures: u32,
+    /// The `flotilla` program on the nodes (default: the coordinator's own).
+    #[arg(long)]
+    worker_program: Option<String>,
+    /// The coordinator's address as the nodes reach it (default: the address it listens
+    /// on, with this host's name for 0.0.0.0).
+    #[arg(long)]
+    server_address: Option<String>,
+    /// A folder the nodes see (a shared filesystem): the batch scripts, the allocations'
+    /// logs, the workers' enrolment token and work folders (default: STATE/alloc/qID).
+    #[arg(long)]
+    work_dir: Option<String>,
+    /// One more `flotilla worker` argument (repeat it): `--worker-arg=--grace
+    /// --worker-arg=2m`.
+    #[arg(long = "worker-arg", allow_hyphen_values = true)]
+    worker_args: Vec<String>,
+    /// A name to recognise the queue by.
+    #[arg(long, default_value = "")]
+    name: String,
+    /// Print the queue as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// More `sbatch` arguments, after `--`: `-- --account=lab --qos=long`.
+    #[arg(last = true)]
+    sbatch_args: Vec<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct QueueArgs {
+    /// The queue's id (`flotilla alloc list`).
+    id: u32,
+    /// One JSON document.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct PauseArgs {
+    #[command(flatten)]
+    queue: QueueArgs,
+    /// Why (shown by `list` and `info`).
+    #[arg(long, default_value = "")]
+    reason: String,
+}
+
+fn secs(flag: &str, text: &str) -> Result<u64> {
+    Ok(parse_duration(text)
+        .with_context(|| format!("{flag} {text}"))?
+        .as_secs())
+}
+
+/// Runs `flotilla alloc ...`.
+pub(crate) async fn alloc(cmd: AllocCmd) -> Result<()> {
+    match cmd {
+        AllocCmd::Add(AddCmd::Slurm(a)) => {
+            let req = proto::AllocAddRequest {
+                manager: "slurm".into(),
+                name: a.name.clone(),
+                partition: a.partition.clone(),
+                time_limit_s: secs("--time-limit", &a.time_limit)?,
+                workers_per_alloc: a.workers_per_alloc,
+                max_allocs: a.max_allocs,
+                backlog: a.backlog,
+                idle_timeout_s: secs("--idle-timeout", &a.idle_timeout)?.max(1),
+                cpus_per_worker: a.cpus_per_worker.unwrap_or(0.0),
+                gpus_per_worker: a.gpus_per_worker,
+                rule: a.rule.clone(),
+                max_failures: a.max_failures,
+                worker_program: a.worker_program.clone().unwrap_or_default(),
+                server_address: a.server_address.clone().unwrap_or_default(),
+                work_dir: a.work_dir.clone().unwrap_or_default(),
+                sbatch_args: a.sbatch_args.clone(),
+                worker_args: a.worker_args.clone(),
+            };
+            let q = a.remote.client().await?.alloc_add(req).await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&q)?);
+            } else {
+                println!(
+                    "allocation queue {} added: Slurm partition {}, {} worker(s) per allocation, \
+                     at most {}; workers run {} and join {}",
+                    q.id,
+                    q.spec.partition,
+                    q.spec.workers_per_alloc,
+                    q.spec.max_allocs,
+                    q.spec.worker_program,
+                    q.spec.server_address
+                );
+            }
+        }
+        AllocCmd::List(a) => {
+            let list = a.remote.client().await?.alloc_list().await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                let mut t = crate::table::new(&[
+                    ">ID",
+                    "NAME",
+                    "MANAGER",
+                    "PARTITION",
+                    "STATE",
+                    ">QUEUED",
+                    ">RUNNING",
+                    ">WORKERS",
+                    "TIME LIMIT",
+                    "LAST ERROR",
+                ]);
+                for q in list {
+                    let f = q.fleet(0);
+                    t.add_row([
+                        q.id.to_string(),
+                        q.spec.name.clone(),
+                        q.spec.manager.clone(),
+                        q.spec.partition.clone(),
+                        state(&q),
+                        f.queued.to_string(),
+                        f.running_left_s.len().to_string(),
+                        q.allocations
+                            .iter()
+                            .map(|a| a.workers.len())
+                            .sum::<usize>()
+                            .to_string(),
+                        format_duration(Duration::from_secs(q.spec.time_limit_s)),
+                        q.last_error.clone().unwrap_or_default(),
+                    ]);
+                }
+                println!("{t}");
+            }
+        }
+        AllocCmd::Info(a) => {
+            let q = a
+                .remote
+                .client()
+                .await?
+                .alloc_queue(AllocOp::Info, a.id, "")
+                .await?;
+            print_queue(&q, a.json)?;
+        }
+        AllocCmd::Pause(p) => {
+            let q = p
+                .queue
+                .remote
+                .client()
+                .await?
+                .alloc_queue(AllocOp::Pause, p.queue.id, &p.reason)
+                .await?;
+            print_short(&q, p.queue.json, "paused")?;
+        }
+        AllocCmd::Resume(a) => {
+            let q = a
+                .remote
+                .client()
+                .await?
+                .alloc_queue(AllocOp::Resume, a.id, "")
+                .await?;
+            print_short(&q, a.json, "resumed")?;
+        }
+        AllocCmd::Remove(a) => {
+            let q = a
+                .remote
+                .client()
+                .await?
+                .alloc_queue(AllocOp::Remove, a.id, "")
+                .await?;
+            print_short(&q, a.json, "removed (its allocations cancelled)")?;
+        }
+    }
+    Ok(())
+}
+
+fn state(q: &Queue) -> String {
+    match &q.paused {
+        Some(why) => format!("paused: {why}"),
+        None => "active".into(),
+    }
+}
+
+fn print_short(q: &Queue, json: bool, what: &str) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(q)?);
+    } else {
+        println!("allocation queue {} {what}", q.id);
+    }
+    Ok(())
+}
+
+fn print_queue(q: &Queue, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(q)?);
+        return Ok(());
+    }
+    let s = &q.spec;
+    println!("queue        {} {}", q.id, s.name);
+    println!("state        {}", state(q));
+    println!("manager      {} (partition {})", s.manager, s.partition);
+    println!(
+        "allocations  {} worker(s) each, {} at most, {} queued at most, time limit {}",
+        s.workers_per_alloc,
+        s.max_allocs,
+        s.backlog,
+        format_duration(Duration::from_secs(s.time_limit_s))
+    );
+    println!(
+        "workers      {} CPUs each{}, leave after {} idle; run {}; join {}",
+        q.cpus_per_worker(),
+        if s.cpus_per_worker.is_some() {
+            ""
+        } else if q.learned_cpus.is_some() {
+            " (learned)"
+        } else {
+            " (not known yet)"
+        },
+        format_duration(Duration::from_secs(s.idle_timeout_s)),
+        s.worker_program,
+        s.server_address
+    );
+    println!("rule         {}", s.rule);
+    println!("work folder  {}", s.work_dir);
+    if !s.sbatch_args.is_empty() {
+        println!("sbatch       {}", s.sbatch_args.join(" "));
+    }
+    println!(
+        "queue wait   {}",
+        if q.waits_s.is_empty() {
+            "not seen yet".into()
+        } else {
+            format!(
+                "{:.0}s on average (the last {})",
+                q.queue_wait_s(),
+                q.waits_s.len()
+            )
+        }
+    );
+    if let Some(e) = &q.last_error {
+        println!("last error   {e} ({} in a row)", q.failures);
+    }
+    let mut t = crate::table::new(&["ALLOCATION", "STATE", ">WAITED", ">WORKERS", "LOG"]);
+    for a in &q.allocations {
+        let waited = a
+            .started_at
+            .map(|s| format_duration(Duration::from_secs(s.saturating_sub(a.submitted_at))))
+            .unwrap_or_default();
+        let workers = if a.state == AllocState::Running {
+            a.workers.len().to_string()
+        } else {
+            format!("({} came)", a.workers_seen)
+        };
+        t.add_row([
+            a.id.clone(),
+            describe(&a.state),
+            waited,
+            workers,
+            a.log(&s.work_dir),
+        ]);
+    }
+    println!("{t}");
+    Ok(())
+}

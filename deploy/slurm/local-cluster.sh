@@ -23,6 +23,12 @@ stop() {
       rm -f "$p"
     fi
   done
+  # Job steps still running outlive slurmd: this cluster's are those writing to its folder.
+  for p in $(pgrep -x slurmstepd || true); do
+    if readlink "/proc/$p/fd/"* 2>/dev/null | grep -F "$dir/" >/dev/null; then
+      kill -9 "$p" 2>/dev/null || true
+    fi
+  done
 }
 
 case "$cmd" in

@@ -84,11 +84,24 @@ impl Slurm {
 
 impl Drop for Slurm {
     fn drop(&mut self) {
-        // Whatever the test left in Slurm's queue goes first (its workers are ours).
+        // Whatever the test left in Slurm's queue goes first (its workers get SIGTERM and
+        // drain), then the daemons (and any job step left).
         let _ = Command::new("scancel")
             .args(["--full", "--quiet", "--user", "root"])
             .env("SLURM_CONF", &self.conf)
             .status();
+        let end = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < end {
+            let empty = Command::new("squeue")
+                .args(["-h", "-o", "%i"])
+                .env("SLURM_CONF", &self.conf)
+                .output()
+                .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii().is_empty());
+            if empty {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let _ = Command::new("bash")
             .arg(script())
             .arg("stop")

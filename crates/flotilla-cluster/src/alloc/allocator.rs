@@ -412,8 +412,9 @@ impl Allocator {
         let demand = Demand {
             waiting_cpus: work.waiting_cpus,
             future_cpus,
-            remaining_cpu_s: work.left.iter().map(|t| t.cpus * t.secs).sum(),
-            deadline_s: None,
+            // Only the work of jobs with a deadline is due by it.
+            remaining_cpu_s: work.due_cpu_s,
+            deadline_s: work.deadline_s,
             queue_wait_s,
         };
         let d = decide(rule, &q.params(), &q.fleet(now), &demand);
@@ -587,6 +588,8 @@ mod tests {
                         cpus as usize
                     ],
                     truncated: false,
+                    deadline_s: None,
+                    due_cpu_s: 0.0,
                 },
             )]),
             workers: Vec::new(),

@@ -25,13 +25,19 @@ use std::ffi::CString;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 
+/// `setrlimit`'s resource type: glibc's own enum, an int elsewhere (musl).
+#[cfg(target_env = "gnu")]
+type Resource = libc::__rlimit_resource_t;
+#[cfg(not(target_env = "gnu"))]
+type Resource = libc::c_int;
+
 struct Args {
     holder: u32,
     holder_mnt: u64,
     own: String,
     cwd: String,
     cgroups: Vec<String>,
-    rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    rlimits: Vec<(Resource, u64)>,
     cmd: Vec<String>,
 }
 

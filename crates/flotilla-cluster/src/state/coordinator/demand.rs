@@ -18,6 +18,11 @@ pub struct WorkLeft {
     pub left: Vec<Left>,
     /// Whether `left` stops at the limit given (the work goes on beyond it).
     pub truncated: bool,
+    /// Seconds until the earliest deadline (`[pool] deadline`) of a job with work here, if
+    /// any (0 once passed).
+    pub deadline_s: Option<f64>,
+    /// CPU-seconds of the tasks in `left` whose jobs have a deadline.
+    pub due_cpu_s: f64,
 }
 
 /// A batch queue's workers, as [`Coordinator::work_left`] reads them.
@@ -87,6 +92,11 @@ impl Coordinator {
             if out.truncated {
                 continue;
             }
+            let due = j
+                .pool
+                .as_deref()
+                .and_then(|p| p.spec.deadline)
+                .map(|d| j.submitted.saturating_add(d.as_millis() as Millis));
             let mut at: HashMap<TaskId, usize> = HashMap::new();
             for &t in j.graph.topological_order() {
                 let state = j.tasks[t.index()].state;
@@ -111,6 +121,11 @@ impl Coordinator {
                     .collect();
                 at.insert(t, out.left.len());
                 out.left.push(Left { cpus, secs, preds });
+                if let Some(due) = due {
+                    out.due_cpu_s += cpus * secs;
+                    let in_s = due.saturating_sub(self.now) as f64 / 1000.0;
+                    out.deadline_s = Some(out.deadline_s.map_or(in_s, |d| d.min(in_s)));
+                }
             }
         }
         out

@@ -583,9 +583,26 @@ resources = { cpus = 64 }
     assert!(!w.truncated);
     let cut = sim.c.work_left(&shape, 60.0, 1);
     assert!(cut.truncated && cut.left.len() == 1);
+    assert_eq!((w.deadline_s, w.due_cpu_s), (None, 0.0));
     // Taken by a worker: no longer waiting, still left.
     sim.join(wspec(4.0, &[]));
     let w = sim.c.work_left(&shape, 60.0, 100);
     assert_eq!(w.waiting_cpus, 0.0);
     assert_eq!(w.left.len(), 2);
+    // A job with a deadline: its work is due by it.
+    sim.now += 1_000;
+    sim.submit(
+        r#"
+name = "due"
+[pool]
+deadline = "10m"
+trust = "trusted-only"
+[[task]]
+id = "x"
+cmd = ["true"]
+"#,
+    );
+    let w = sim.c.work_left(&shape, 60.0, 100);
+    assert_eq!(w.deadline_s, Some(600.0));
+    assert_eq!(w.due_cpu_s, 60.0);
 }

@@ -65,7 +65,7 @@ fn futex_word(c: &AtomicU64) -> *const u32 {
 
 fn futex_wait(c: &AtomicU64, expected: u32, timeout: Duration) {
     let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_sec: timeout.as_secs() as _,
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),
     };
     // SAFETY: the futex word lies in a live shared mapping; a shared (non-private) futex, so

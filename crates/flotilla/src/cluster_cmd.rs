@@ -149,6 +149,11 @@ pub(crate) struct ServerArgs {
     /// for more or gives back (e.g. 5s).
     #[arg(long, default_value = "5s")]
     alloc_interval: String,
+    /// The port of the gang rendezvous (ranks of a `group` meet there), on the IP of
+    /// --listen; 0 lets the kernel pick one at start. Fix it where a firewall or a
+    /// NetworkPolicy lists ports.
+    #[arg(long, default_value_t = 0)]
+    rendezvous_port: u16,
 }
 
 /// A fee between 0 and 1.
@@ -451,6 +456,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     cfg.max_uploads = a.max_uploads;
     cfg.max_connections_per_peer = a.max_connections_per_peer;
     cfg.http_listen = a.http_listen;
+    cfg.rendezvous_port = a.rendezvous_port;
     cfg.alloc_interval = flotilla::core::duration::parse_duration(&a.alloc_interval)
         .with_context(|| format!("--alloc-interval {}", a.alloc_interval))?;
     cfg.coordinator.fee_ppm = (a.fee * 1e6).round() as u32;

@@ -776,7 +776,7 @@ impl Core {
             #[cfg(test)]
             before_append: None,
         };
-        let rdv_addr = SocketAddr::new(config.listen.ip(), 0).to_string();
+        let rdv_addr = SocketAddr::new(config.listen.ip(), config.rendezvous_port).to_string();
         let rdv_err = |e| {
             ClusterError::Config(format!(
                 "cannot start the gang rendezvous on {rdv_addr}: {e}"

@@ -93,6 +93,8 @@ pub struct ServerConfig {
     pub group: Option<crate::ha::GroupConfig>,
     /// How often the allocator (`flotilla alloc`) looks at its queues.
     pub alloc_interval: Duration,
+    /// The gang rendezvous's port, on the IP of `listen` (0: the kernel picks one at start).
+    pub rendezvous_port: u16,
 }
 
 /// The default for [`ServerConfig::alloc_interval`].
@@ -147,6 +149,7 @@ impl ServerConfig {
             http_listen: None,
             group: None,
             alloc_interval: DEFAULT_ALLOC_INTERVAL,
+            rendezvous_port: 0,
         }
     }
 }

@@ -441,3 +441,45 @@ fn a_read_in_the_turn_of_a_change_is_answered_after_the_change_is_written() {
         "nothing of the turn is answered before its records are written"
     );
 }
+
+/// `--rendezvous-port`: the gang rendezvous listens where it is told, and registering
+/// workers are told that port (a firewall or a NetworkPolicy can list it).
+#[tokio::test]
+async fn the_gang_rendezvous_listens_on_the_port_given() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().expect("an address"), dir.path());
+    config.rendezvous_port = port;
+    let server = Server::start(config).await.expect("starts");
+    let remote = crate::Remote::new(server.addr().to_string(), server.token());
+    let channel = remote.channel().await.expect("connects");
+    let mut workers = crate::proto::workers_client::WorkersClient::with_interceptor(
+        channel,
+        crate::auth::TokenAdd::new(server.token()).expect("ascii"),
+    );
+    let reply = workers
+        .register(proto::RegisterRequest {
+            protocol_version: proto::PROTOCOL_VERSION,
+            name: "w".into(),
+            resources: Some(proto::ResourceSet {
+                cpus: 1.0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .expect("registered")
+        .into_inner();
+    assert_eq!(reply.rendezvous_port, u32::from(port));
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok(),
+        "something listens there"
+    );
+    server.stop();
+    server.wait().await.expect("a clean stop");
+}

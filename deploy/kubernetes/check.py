@@ -11,8 +11,9 @@ prometheus-operator's ServiceMonitor) have no schema there: their fields are che
 against the fields those CRDs define, and their references against the other objects. Then
 come the checks of what the manifests mean for Flotilla: the flags exist (docs/cli.md, made
 from the program), the metric the autoscaler queries exists (the coordinator's http.rs), the
-selectors select, the ports resolve, the worker's grace fits the pod's, and each overlay holds
-what it should.
+selectors select, the ports resolve (the coordinator's gang rendezvous at a fixed port, exposed
+by its Service, open to the workers in its NetworkPolicy), the worker's grace fits the pod's,
+and each overlay holds what it should.
 """
 
 import re
@@ -394,6 +395,19 @@ def check_coordinator(name, objs):
     check(flag_values(args, "--listen") == ["0.0.0.0:7070"], f"{where}: --listen 0.0.0.0:7070")
     check(flag_values(args, "--http-listen") == ["0.0.0.0:9090"], f"{where}: --http-listen 0.0.0.0:9090 (dashboard, /metrics)")
     check(flag_values(args, "--state") == [STATE_DIR], f"{where}: --state {STATE_DIR}")
+    # The gang rendezvous: a fixed port (0, the default, lets the kernel pick one at start,
+    # which neither the Service nor the NetworkPolicy could list), bound on --listen's IP.
+    rdv = flag_values(args, "--rendezvous-port")
+    rdv_port = int(rdv[0]) if len(rdv) == 1 and rdv[0].isdigit() else None
+    check(rdv_port is not None and 0 < rdv_port < 65536,
+          f"{where}: --rendezvous-port is a fixed port, not 0 ({', '.join(rdv) or 'unset: the kernel picks one'})")
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    check(rdv_port is not None and ports.get("rendezvous") == rdv_port,
+          f"{where}: container port \"rendezvous\" declared as --rendezvous-port {rdv_port}"
+          f" (got {ports.get('rendezvous')})")
+    others = [str(ports.get(n)) for n in ("api", "http")]
+    check(rdv_port is not None and str(rdv_port) not in others,
+          f"{where}: the rendezvous port {rdv_port} is neither the API's nor the HTTP port ({', '.join(others)})")
     claims = {t["metadata"]["name"] for t in s["spec"].get("volumeClaimTemplates", [])}
     mounted = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
     check(mounted.get(STATE_DIR) in claims, f"{where}: {STATE_DIR} is a PersistentVolumeClaim template")
@@ -405,10 +419,16 @@ def check_coordinator(name, objs):
         check(sv.get("clusterIP") == "None", f"{name}: Service/{svc[0]['metadata']['name']} is headless")
         check(labels_match({"matchLabels": sv["selector"]}, s["spec"]["template"]["metadata"]["labels"]),
               f"{name}: Service/{svc[0]['metadata']['name']} selects the coordinator pod")
-        ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
         for p in sv["ports"]:
             tp = p.get("targetPort", p["port"])
             check(tp in ports or tp in ports.values(), f"{name}: Service port {p['name']} -> container port {tp}")
+        # Ranks connect to the host of --server at the port the coordinator reports: the
+        # Service must expose the rendezvous at that same number.
+        exposed = [p for p in sv["ports"] if ports.get(p.get("targetPort"), p.get("targetPort")) == rdv_port]
+        check(rdv_port is not None and len(exposed) == 1 and exposed[0]["port"] == rdv_port
+              and exposed[0].get("protocol", "TCP") == "TCP",
+              f"{name}: Service/{svc[0]['metadata']['name']} exposes the rendezvous on TCP {rdv_port}"
+              f" (the port ranks are told)")
 
 
 def check_workers(name, objs):
@@ -482,6 +502,9 @@ def gpu_containers(objs):
     return out
 
 
+CLIENT_LABELS = {"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/component": "client"}
+
+
 def check_network_policies(name, objs):
     pols = [o for o in objs if o["kind"] == "NetworkPolicy"]
     pods = [(o, t["metadata"]["labels"], t["spec"]["containers"][0]) for o, t in pod_templates(objs)]
@@ -489,11 +512,39 @@ def check_network_policies(name, objs):
         sel = p["spec"]["podSelector"]
         check(any(labels_match(sel, lab) for _, lab, _ in pods),
               f"{name}: NetworkPolicy/{p['metadata']['name']} selects pods of this render")
-    worker_labels = [lab for o, lab, _ in pods if lab.get("app.kubernetes.io/component") == "worker"]
+        # A named port that no selected pod declares admits nothing, silently.
+        for o, lab, c in pods:
+            if not labels_match(sel, lab):
+                continue
+            names = {x.get("name") for x in c.get("ports", [])}
+            used = {x["port"] for r in p["spec"].get("ingress", []) for x in r.get("ports", []) or []
+                    if isinstance(x.get("port"), str)}
+            check(used <= names, f"{name}: NetworkPolicy/{p['metadata']['name']}: its named ports"
+                  f" ({', '.join(sorted(used)) or 'none'}) are ports of {o['kind']}/{o['metadata']['name']}")
+    worker_pods = [(lab, c) for o, lab, c in pods if lab.get("app.kubernetes.io/component") == "worker"]
     coord = [(lab, c) for o, lab, c in pods if lab.get("app.kubernetes.io/component") == "coordinator"]
 
-    def allowed(target_labels, from_labels, port):
-        """Whether some policy selecting target admits pods labelled from_labels on port."""
+    def container_port(c, port_name):
+        return next((x for x in c.get("ports", []) if x.get("name") == port_name), None)
+
+    def admits(x, cport):
+        """Whether the NetworkPolicy port x (name or number, endPort, protocol) covers cport."""
+        if x.get("protocol", "TCP") != cport.get("protocol", "TCP"):
+            return False
+        port = x.get("port")
+        if port is None:
+            return True
+        if isinstance(port, str):
+            return port == cport.get("name")
+        return port <= cport["containerPort"] <= x.get("endPort", port)
+
+    def allowed(target, from_labels, port_name):
+        """Whether some policy selecting the target (labels, container) admits pods labelled
+        from_labels on the target's container port named port_name."""
+        target_labels, c = target
+        cport = container_port(c, port_name)
+        if cport is None:
+            return False
         for p in pols:
             if not labels_match(p["spec"]["podSelector"], target_labels):
                 continue
@@ -501,24 +552,34 @@ def check_network_policies(name, objs):
                 peers = [f for f in rule.get("from", []) if "namespaceSelector" not in f and "ipBlock" not in f]
                 if any(labels_match(f.get("podSelector"), from_labels) for f in peers):
                     ports = rule.get("ports")
-                    if not ports or any(x.get("port") == port for x in ports):
+                    if not ports or any(admits(x, cport) for x in ports):
                         return True
         return False
 
-    for wl in worker_labels:
+    for wl, wc in worker_pods:
         kind = wl.get("flotilla.io/worker-kind")
         check(any(labels_match(p["spec"]["podSelector"], wl) for p in pols), f"{name}: {kind} workers are under a NetworkPolicy")
-        for other in worker_labels:
-            check(allowed(wl, other, "data"),
+        for other, _ in worker_pods:
+            check(allowed((wl, wc), other, "data"),
                   f"{name}: {other.get('flotilla.io/worker-kind')} workers may reach {kind} workers' data port")
         if coord:
-            check(allowed(coord[0][0], wl, "api"), f"{name}: {kind} workers may reach the coordinator's API port")
+            # Exactly the API and the gang rendezvous (the ranks are tasks in worker pods).
+            got = sorted(x["name"] for x in coord[0][1].get("ports", []) if allowed(coord[0], wl, x["name"]))
+            check(got == ["api", "rendezvous"],
+                  f"{name}: {kind} workers may reach the coordinator's API and rendezvous ports, no other"
+                  f" (admitted: {', '.join(got) or 'none'})")
     if coord:
         check(any(labels_match(p["spec"]["podSelector"], coord[0][0]) for p in pols),
               f"{name}: the coordinator is under a NetworkPolicy")
-        scrape = [r for p in pols if labels_match(p["spec"]["podSelector"], coord[0][0])
-                  for r in p["spec"].get("ingress", [])
-                  if any("namespaceSelector" in f for f in r.get("from", []))]
+        got = sorted(x["name"] for x in coord[0][1].get("ports", []) if allowed(coord[0], CLIENT_LABELS, x["name"]))
+        check(got == ["api"], f"{name}: client pods may reach the coordinator's API port, no other"
+              f" (admitted: {', '.join(got) or 'none'})")
+        # Every port of the coordinator is fixed by a flag: no rule opens them all.
+        rules = [r for p in pols if labels_match(p["spec"]["podSelector"], coord[0][0])
+                 for r in p["spec"].get("ingress", [])]
+        check(all(r.get("ports") and all(x.get("port") is not None for x in r["ports"]) for r in rules),
+              f"{name}: each ingress rule of the coordinator names its ports (none opens every port)")
+        scrape = [r for r in rules if any("namespaceSelector" in f for f in r.get("from", []))]
         check(scrape and all([x.get("port") for x in r.get("ports", [])] == ["http"] for r in scrape),
               f"{name}: the scraper's rule opens the coordinator's HTTP port only")
 

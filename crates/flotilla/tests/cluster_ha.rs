@@ -35,6 +35,27 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
         String::from_utf8_lossy(&out.stderr)
     );
     let lab = last_line(&out);
+    // So must an allocation queue (paused at once: no Slurm here).
+    let out = g.cli(&[
+        "alloc",
+        "add",
+        "slurm",
+        "--partition",
+        "nowhere",
+        "--time-limit",
+        "1h",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = g.cli(&["alloc", "pause", "1", "--reason", "kept across failovers"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let job = g.submit(&dag.write(&dir, "failover", Some("0.1")));
     let first = g.leader();
@@ -75,6 +96,14 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
         "the tenant token made on the old leader is refused by the new one"
     );
     eprintln!("failover took {took:?}");
+    let out = g.cli(&["alloc", "info", "1", "--json"]);
+    assert!(
+        out.status.success(),
+        "the queue added on the old leader is unknown to the new one: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let q: flotilla::cluster::alloc::Queue = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(q.paused.as_deref(), Some("kept across failovers"));
 
     // The killed node comes back as a follower and catches up; then its turn to lead.
     g.restart_node(first);

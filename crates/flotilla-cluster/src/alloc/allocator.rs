@@ -158,6 +158,8 @@ pub struct CoreView {
 pub struct Allocator {
     state_dir: PathBuf,
     queues: Mutex<Queues>,
+    /// In a group: how the queues' file reaches every node.
+    replicate: Mutex<Option<super::queues::Replicator>>,
     system: Arc<dyn BatchSystem>,
     access: Arc<Access>,
     /// The `flotilla` program the workers run when `--worker-program` is not given.
@@ -192,11 +194,24 @@ impl Allocator {
         Ok(Allocator {
             state_dir: state_dir.to_path_buf(),
             queues: Mutex::new(Queues::load(state_dir)?),
+            replicate: Mutex::new(None),
             system,
             access,
             default_program,
             default_server,
         })
+    }
+
+    /// In a group of coordinators: every change is written through `r` (to every node's
+    /// `allocs.json`, once committed), so the next leader knows the queues and their
+    /// allocations.
+    pub fn replicate_through(&self, r: super::queues::Replicator) {
+        *self.replicate.lock() = Some(r);
+    }
+
+    fn save(&self, queues: &Queues) -> Result<(), AllocError> {
+        let r = self.replicate.lock().clone();
+        queues.save(&self.state_dir, r.as_ref())
     }
 
     /// Whether there is any queue (else rounds do nothing).
@@ -240,7 +255,7 @@ impl Allocator {
         }
         let token_id = info.id.clone();
         let id = queues.add(spec, info.id);
-        if let Err(e) = queues.save(&self.state_dir) {
+        if let Err(e) = self.save(&queues) {
             queues.queues.remove(&id);
             let _ = self.access.revoke(&token_id);
             return Err(e);
@@ -296,7 +311,7 @@ impl Allocator {
             )));
         }
         queues.queues.remove(&id);
-        queues.save(&self.state_dir)?;
+        self.save(&queues)?;
         let _ = self.access.revoke(&q.token_id);
         tracing::info!(queue = id, "allocation queue removed");
         Ok(q)
@@ -306,7 +321,7 @@ impl Allocator {
         let mut queues = self.queues.lock();
         let before = queues.clone();
         f(queues.get_mut(id)?);
-        if let Err(e) = queues.save(&self.state_dir) {
+        if let Err(e) = self.save(&queues) {
             *queues = before;
             return Err(e);
         }
@@ -342,7 +357,7 @@ impl Allocator {
             self.round_one(q, view, now);
         }
         if *queues != before {
-            if let Err(e) = queues.save(&self.state_dir) {
+            if let Err(e) = self.save(&queues) {
                 tracing::error!("allocation queues not saved: {e}");
             }
         }

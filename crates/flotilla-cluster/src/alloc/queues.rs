@@ -20,6 +20,10 @@ use flotilla_sched::alloc::{AllocParams, Fleet, Rule};
 /// The file's name inside a server's state directory.
 pub const ALLOCS_FILE: &str = "allocs.json";
 
+/// Writes the queues' file through a group of coordinators (see [`Queues::save`]).
+pub type Replicator =
+    std::sync::Arc<dyn Fn(&[u8]) -> std::result::Result<(), String> + Send + Sync>;
+
 /// Finished allocations a queue keeps for `flotilla alloc info`.
 const KEEP_FINISHED: usize = 100;
 
@@ -504,8 +508,9 @@ impl Queues {
         }
     }
 
-    /// Writes them to `STATE/allocs.json`, replacing it atomically.
-    pub fn save(&self, state_dir: &Path) -> Result<()> {
+    /// Writes them to `STATE/allocs.json`, replacing it atomically; in a group, through
+    /// `replicate` (which writes it on every node once the group has committed it).
+    pub fn save(&self, state_dir: &Path, replicate: Option<&Replicator>) -> Result<()> {
         let path = state_dir.join(ALLOCS_FILE);
         let tmp: PathBuf = state_dir.join(format!("{ALLOCS_FILE}.tmp"));
         let io = |p: &Path, e: std::io::Error| AllocError::Io {
@@ -516,6 +521,9 @@ impl Queues {
             path: path.display().to_string(),
             message: e.to_string(),
         })?;
+        if let Some(r) = replicate {
+            return r(&bytes).map_err(|e| io(&path, std::io::Error::other(e)));
+        }
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -643,7 +651,7 @@ mod tests {
         assert!(q.paused.is_none());
         // Saved and read back alike.
         let dir = tempfile::tempdir().expect("tmp");
-        qs.save(dir.path()).expect("saved");
+        qs.save(dir.path(), None).expect("saved");
         assert_eq!(Queues::load(dir.path()).expect("read"), qs);
         let mode = std::fs::metadata(dir.path().join(ALLOCS_FILE))
             .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)

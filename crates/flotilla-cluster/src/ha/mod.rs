@@ -66,6 +66,8 @@ pub enum Payload {
     Journal(Vec<u8>),
     /// The access registry (`access.json`) after a change.
     Access(Vec<u8>),
+    /// The allocation queues (`allocs.json`, `flotilla alloc`) after a change.
+    Allocs(Vec<u8>),
 }
 
 /// How a node of a group is set up.
@@ -362,7 +364,18 @@ impl Node {
     /// Replicates the access registry `bytes` (written to `STATE/access.json` on every node,
     /// this one included, once committed). Blocking; from a multi-thread runtime's task.
     pub fn commit_access(&self, bytes: &[u8]) -> std::result::Result<(), String> {
-        let write = || self.write_blocking(Payload::Access(bytes.to_vec()));
+        self.commit_file(Payload::Access(bytes.to_vec()))
+    }
+
+    /// Replicates the allocation queues `bytes` (written to `STATE/allocs.json` on every
+    /// node, this one included, once committed). Blocking; from a multi-thread runtime's task
+    /// or a blocking thread.
+    pub fn commit_allocs(&self, bytes: &[u8]) -> std::result::Result<(), String> {
+        self.commit_file(Payload::Allocs(bytes.to_vec()))
+    }
+
+    fn commit_file(&self, p: Payload) -> std::result::Result<(), String> {
+        let write = || self.write_blocking(p);
         match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
             Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
                 tokio::task::block_in_place(write).map(|_| ())

@@ -156,7 +156,12 @@ fn open_journal(state_dir: &Path, fsync: bool) -> crate::error::Result<(Journal,
 
 /// Replaces `STATE/access.json` with `bytes` (mode 0600, atomically).
 fn write_access(state_dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let path = state_dir.join(ACCESS_FILE);
+    write_file(state_dir, ACCESS_FILE, bytes)
+}
+
+/// Writes `STATE/name` (owner-only), replacing it atomically.
+fn write_file(state_dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let path = state_dir.join(name);
     let tmp = path.with_extension("json.group");
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
@@ -202,6 +207,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
                 EntryPayload::Normal(Payload::Access(bytes)) => {
                     write_access(&g.state_dir, &bytes).map_err(sm_err)?;
+                }
+                EntryPayload::Normal(Payload::Allocs(bytes)) => {
+                    write_file(&g.state_dir, crate::alloc::queues::ALLOCS_FILE, &bytes)
+                        .map_err(sm_err)?;
                 }
                 EntryPayload::Normal(Payload::Journal(bytes)) => {
                     if g.journal.is_none() {

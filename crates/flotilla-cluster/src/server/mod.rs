@@ -434,6 +434,7 @@ async fn serve(
     let sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>> =
         Arc::new(Mutex::new(HashMap::new()));
     let metrics = http::Metrics::new();
+    let node = group.clone();
     let core = Core::recover(
         config,
         journal,
@@ -521,6 +522,9 @@ async fn serve(
         )
         .map_err(|e| ClusterError::Config(e.to_string()))?,
     );
+    if let Some(n) = node {
+        alloc.replicate_through(Arc::new(move |b: &[u8]| n.commit_allocs(b)));
+    }
     let api = Api {
         core: req_tx.clone(),
         sessions,

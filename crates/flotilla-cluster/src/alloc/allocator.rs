@@ -39,7 +39,9 @@ const WINDOW_S: f64 = 300.0;
 pub trait BatchSystem: Send + Sync {
     /// Submits `script` with `args` before it; the job id, or the batch system's message.
     fn submit(&self, script: &Path, args: &[String]) -> Result<String, String>;
-    /// Where jobs `ids` stand (those it no longer knows are missing from the map).
+    /// Where jobs `ids` stand (those it no longer knows are missing from the map: they
+    /// ended). An error when it cannot tell (its controller does not answer): the
+    /// allocations keep the state last seen.
     fn states(&self, ids: &[String]) -> Result<HashMap<String, SlurmState>, String>;
     /// Cancels job `id`.
     fn cancel(&self, id: &str) -> Result<(), String>;
@@ -47,9 +49,21 @@ pub trait BatchSystem: Send + Sync {
     fn node_cpus(&self, partition: &str) -> Option<f64>;
 }
 
-/// Slurm through its commands (on `PATH`, with the server's `SLURM_CONF`).
+/// Slurm through its commands (with the server's `SLURM_CONF`).
 #[derive(Debug, Default)]
-pub struct Slurm;
+pub struct Slurm {
+    /// Where its commands are (`None`: on `PATH`).
+    pub bin_dir: Option<PathBuf>,
+}
+
+impl Slurm {
+    fn run(&self, program: &str, args: &[&str]) -> Result<String, String> {
+        match &self.bin_dir {
+            Some(dir) => run(&dir.join(program).display().to_string(), args),
+            None => run(program, args),
+        }
+    }
+}
 
 /// Runs `program args`; its stdout, or a message with its stderr.
 fn run(program: &str, args: &[&str]) -> Result<String, String> {
@@ -99,7 +113,7 @@ impl BatchSystem for Slurm {
         let mut all: Vec<&str> = vec!["--parsable"];
         all.extend(args.iter().map(String::as_str));
         all.push(&script);
-        let out = run("sbatch", &all)?;
+        let out = self.run("sbatch", &all)?;
         slurm::parse_sbatch(&out).ok_or_else(|| format!("sbatch printed no job id: {out:?}"))
     }
 
@@ -108,19 +122,22 @@ impl BatchSystem for Slurm {
             return Ok(HashMap::new());
         }
         let list = ids.join(",");
-        // squeue fails when it knows none of them: what it printed still counts.
-        let mut states = match run("squeue", &["-h", "-o", "%i|%T|%r", "-j", &list]) {
+        // squeue fails when it knows none of them ("Invalid job id"): they ended. Any other
+        // failure (the controller down) says nothing of them: they keep their state.
+        let mut states = match self.run("squeue", &["-h", "-o", "%i|%T|%r", "-j", &list]) {
             Ok(out) => slurm::parse_squeue(&out),
-            Err(_) => HashMap::new(),
+            Err(e) if e.contains("Invalid job id") => HashMap::new(),
+            Err(e) => return Err(e),
         };
         let missing: Vec<&String> = ids.iter().filter(|id| !states.contains_key(*id)).collect();
         for id in missing {
             // Ended jobs: scontrol keeps them for MinJobAge; sacct where accounting is on.
-            let seen = run("scontrol", &["show", "job", "-o", id])
+            let seen = self
+                .run("scontrol", &["show", "job", "-o", id])
                 .ok()
                 .and_then(|out| slurm::parse_scontrol(&out))
                 .or_else(|| {
-                    run(
+                    self.run(
                         "sacct",
                         &["-n", "-P", "-X", "-o", "JobIDRaw,State,Reason", "-j", id],
                     )
@@ -135,11 +152,11 @@ impl BatchSystem for Slurm {
     }
 
     fn cancel(&self, id: &str) -> Result<(), String> {
-        run("scancel", &[id]).map(|_| ())
+        self.run("scancel", &[id]).map(|_| ())
     }
 
     fn node_cpus(&self, partition: &str) -> Option<f64> {
-        run("sinfo", &["-h", "-p", partition, "-o", "%c"])
+        self.run("sinfo", &["-h", "-p", partition, "-o", "%c"])
             .ok()
             .and_then(|out| slurm::parse_sinfo_cpus(&out))
     }
@@ -505,6 +522,7 @@ fn write_private(path: &Path, text: &str) -> Result<(), AllocError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc::AllocState;
     use flotilla_sched::alloc::Left;
 
     /// A batch system of the test's own: it records what it is asked and answers from a
@@ -516,6 +534,7 @@ mod tests {
         states: Mutex<HashMap<String, SlurmState>>,
         submitted: Mutex<Vec<(PathBuf, Vec<String>)>>,
         cancelled: Mutex<Vec<String>>,
+        down: Mutex<bool>,
     }
 
     impl BatchSystem for Fake {
@@ -535,6 +554,9 @@ mod tests {
             Ok(id)
         }
         fn states(&self, ids: &[String]) -> Result<HashMap<String, SlurmState>, String> {
+            if *self.down.lock() {
+                return Err("slurm_load_jobs error: Unable to contact slurm controller".into());
+            }
             let s = self.states.lock();
             Ok(ids
                 .iter()
@@ -670,6 +692,59 @@ mod tests {
         a.resume(q.id).expect("resumed");
         a.round(&waiting(q.id, 2.0));
         assert!(!fake.submitted.lock().is_empty());
+    }
+
+    /// Slurm's commands as scripts of the test's own: `squeue` exits 1 with `squeue_err`.
+    fn fake_slurm(dir: &Path, squeue_err: &str) -> Slurm {
+        use std::os::unix::fs::PermissionsExt as _;
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).expect("bin");
+        for (name, body) in [
+            ("squeue", format!("echo '{squeue_err}' >&2; exit 1")),
+            (
+                "scontrol",
+                "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1".into(),
+            ),
+            ("sacct", "exit 1".into()),
+        ] {
+            let path = bin.join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        }
+        Slurm { bin_dir: Some(bin) }
+    }
+
+    #[test]
+    fn slurm_jobs_it_no_longer_knows_ended_but_a_controller_down_tells_nothing() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let gone = fake_slurm(
+            dir.path(),
+            "slurm_load_jobs error: Invalid job id specified",
+        );
+        assert_eq!(gone.states(&["5".into()]), Ok(HashMap::new()));
+        let down = fake_slurm(
+            dir.path(),
+            "slurm_load_jobs error: Unable to contact slurm controller (connect failure)",
+        );
+        let e = down.states(&["5".into()]).expect_err("cannot tell");
+        assert!(e.contains("Unable to contact"), "{e}");
+    }
+
+    #[test]
+    fn a_controller_that_does_not_answer_changes_no_allocation() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let fake = Arc::new(Fake::default());
+        let a = allocator(dir.path(), fake.clone());
+        let q = a.add(spec("reactive")).expect("added");
+        a.round(&waiting(q.id, 4.0));
+        fake.states.lock().insert("101".into(), SlurmState::Running);
+        a.round(&CoreView::default());
+        let before = a.info(q.id).expect("q").allocations;
+        assert_eq!(before[0].state, AllocState::Running);
+        // Slurm's controller down: nothing is taken for ended, nothing more is asked.
+        *fake.down.lock() = true;
+        a.round(&CoreView::default());
+        assert_eq!(a.info(q.id).expect("q").allocations, before);
     }
 
     #[test]

@@ -38,6 +38,8 @@ pub(crate) struct Slot {
     /// Chained: waits for this attempt of a predecessor to succeed here; not in the queue
     /// (never promoted, never stolen) until then.
     pub(crate) after: Option<(TaskRef, u32)>,
+    /// A `Retract` was sent: it would not end before the worker leaves.
+    pub(crate) late: bool,
 }
 
 /// A live worker.
@@ -171,6 +173,7 @@ impl Worker {
             thief: None,
             cancel_sent: false,
             after: None,
+            late: false,
         };
         if reserved {
             self.reserve(&mut slot);
@@ -251,6 +254,7 @@ impl Worker {
             thief: None,
             cancel_sent: false,
             after: Some(after),
+            late: false,
         };
         self.slots.insert(key, slot);
     }

@@ -586,6 +586,7 @@ impl Coordinator {
         self.sweep_holds(&out[mark.min(out.len())..]);
         self.note_ready(&out[mark.min(out.len())..]);
         let placing = out.len();
+        self.retract_late(out);
         self.schedule(out);
         self.steal(out);
         self.note_ready(&out[placing..]);

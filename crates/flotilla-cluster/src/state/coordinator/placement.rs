@@ -531,6 +531,51 @@ impl Coordinator {
     /// half (rounded up) of the stealable queued tasks of the worker with the longest queue:
     /// `Retract` is sent; the tasks come back `Ready` on `TaskReturned` and are placed again,
     /// on the idle worker if it fits there first.
+    /// Attempts queued on a worker that leaves, not started, that would no longer end
+    /// before it does (their runtime learned since they were queued, or its time run down)
+    /// are taken back (`Retract`, as for stealing) and placed again elsewhere, rather than
+    /// cut when it leaves.
+    pub(super) fn retract_late(&mut self, out: &mut Vec<Command>) {
+        if self.leaves_at.is_empty() {
+            return;
+        }
+        let mut late = Vec::new();
+        for &wid in self.leaves_at.keys() {
+            let Some(w) = self.workers.get(&wid) else {
+                continue;
+            };
+            for key in w.queue.values() {
+                let Some(s) = w.slots.get(key) else {
+                    continue;
+                };
+                if s.started || s.late || s.thief.is_some() || s.cancel_sent || s.after.is_some() {
+                    continue;
+                }
+                if self
+                    .jobs
+                    .get(&key.0.job)
+                    .is_some_and(|j| !self.in_time(j, key.0.task, w))
+                {
+                    late.push((wid, *key));
+                }
+            }
+        }
+        for (worker, key) in late {
+            if let Some(s) = self
+                .workers
+                .get_mut(&worker)
+                .and_then(|w| w.slots.get_mut(&key))
+            {
+                s.late = true;
+            }
+            out.push(Command::Retract {
+                worker,
+                task: key.0,
+                attempt: key.1,
+            });
+        }
+    }
+
     pub(super) fn steal(&mut self, out: &mut Vec<Command>) {
         if self.config.queue_depth == 0 || self.workers.len() < 2 {
             return;
@@ -564,6 +609,7 @@ impl Coordinator {
                     .filter(|k| {
                         v.slots.get(k).is_some_and(|s| {
                             s.thief.is_none()
+                                && !s.late
                                 && !s.cancel_sent
                                 && !s.started
                                 && thief_worker.fits_total(&s.res)

@@ -606,3 +606,50 @@ cmd = ["true"]
     assert_eq!(w.deadline_s, Some(600.0));
     assert_eq!(w.due_cpu_s, 60.0);
 }
+
+#[test]
+fn tasks_queued_on_a_leaving_worker_that_would_outlast_it_are_taken_back() {
+    let mut sim = Sim::new(4);
+    // A worker of 1 CPU with 2 minutes left; three tasks of a runtime not known yet: one
+    // runs, two are queued there.
+    let leaving = sim.c.next_worker_id();
+    sim.c.set_worker_leaves_at(leaving, Some(sim.now + 120_000));
+    sim.ev(Event::WorkerJoined {
+        worker: leaving,
+        spec: wspec(1.0, &[]),
+        running: Vec::new(),
+        held: Vec::new(),
+        previous: None,
+    });
+    let (job, out) =
+        sim.submit("name = \"late\"\n[[task]]\nid = \"t\"\narray = \"0..3\"\ncmd = [\"true\"]\n");
+    assert_eq!(assigns(&out).len(), 3, "one reserved, two queued");
+    // Now it is known to take 10 minutes here: the queued two are taken back, once.
+    let mut model = flotilla_sched::PerfModel::new();
+    for _ in 0..3 {
+        model.record("late/t", "cpu", 0, 600.0);
+    }
+    sim.c.set_perf_model(model);
+    let out = sim.ev(Event::Tick);
+    let back = retracts(&out);
+    assert_eq!(back.len(), 2, "{out:?}");
+    assert!(back.iter().all(|(w, _, _)| *w == leaving));
+    assert!(retracts(&sim.ev(Event::Tick)).is_empty(), "sent once");
+    // Returned, they wait for another worker rather than go back there.
+    for (w, t, a) in back {
+        let out = sim.ev(Event::TaskReturned {
+            worker: w,
+            task: t,
+            attempt: a,
+        });
+        assert!(assigns(&out).is_empty(), "{out:?}");
+        assert_eq!(
+            sim.c.job_status(job).unwrap().tasks[t.task.index()].state,
+            TaskState::Ready
+        );
+    }
+    let (other, out) = sim.join(wspec(2.0, &[]));
+    let a = assigns(&out);
+    assert_eq!(a.len(), 2);
+    assert!(a.iter().all(|(w, _)| *w == other));
+}

@@ -34,6 +34,19 @@ async fn a_stopped_server_ends_without_error() {
     server.wait().await.expect("a clean stop");
 }
 
+/// The `Workers` service of a server reached through `remote`, presenting `token`.
+async fn workers_client(
+    remote: &crate::Remote,
+    token: &str,
+) -> crate::proto::workers_client::WorkersClient<
+    tonic::codegen::InterceptedService<tonic::transport::Channel, crate::auth::TokenAdd>,
+> {
+    crate::proto::workers_client::WorkersClient::with_interceptor(
+        remote.channel().await.expect("connects"),
+        crate::auth::TokenAdd::new(token).expect("ascii"),
+    )
+}
+
 /// A request the full core queue cannot take is refused as busy (the client retries);
 /// before, the queue grew without limit.
 #[tokio::test]
@@ -87,11 +100,7 @@ async fn a_worker_that_does_not_read_its_commands_is_dropped() {
     config.heartbeat_timeout = Duration::from_secs(600);
     let server = Server::start(config).await.expect("starts");
     let remote = crate::Remote::new(server.addr().to_string(), server.token());
-    let channel = remote.channel().await.expect("connects");
-    let mut workers = crate::proto::workers_client::WorkersClient::with_interceptor(
-        channel,
-        crate::auth::TokenAdd::new(server.token()).expect("ascii"),
-    );
+    let mut workers = workers_client(&remote, server.token()).await;
     // Registered, but its session is never opened: nothing reads its queue.
     workers
         .register(proto::RegisterRequest {
@@ -233,11 +242,7 @@ async fn a_tls_coordinator_refuses_workers_whose_objects_travel_in_the_clear() {
         server.token(),
     );
     remote.tls_ca = Some(cert);
-    let channel = remote.channel().await.expect("connects");
-    let mut workers = crate::proto::workers_client::WorkersClient::with_interceptor(
-        channel,
-        crate::auth::TokenAdd::new(server.token()).expect("ascii"),
-    );
+    let mut workers = workers_client(&remote, server.token()).await;
     let register = |data_cert: &str| proto::RegisterRequest {
         protocol_version: proto::PROTOCOL_VERSION,
         name: "w".into(),
@@ -354,12 +359,7 @@ async fn only_a_providers_worker_has_a_price() {
     let workers = |token: &str| {
         let remote = remote.clone();
         let token = token.to_string();
-        async move {
-            crate::proto::workers_client::WorkersClient::with_interceptor(
-                remote.channel().await.expect("connects"),
-                crate::auth::TokenAdd::new(&token).expect("ascii"),
-            )
-        }
+        async move { workers_client(&remote, &token).await }
     };
     let e = workers(server.token())
         .await
@@ -455,11 +455,7 @@ async fn the_gang_rendezvous_listens_on_the_port_given() {
     config.rendezvous_port = port;
     let server = Server::start(config).await.expect("starts");
     let remote = crate::Remote::new(server.addr().to_string(), server.token());
-    let channel = remote.channel().await.expect("connects");
-    let mut workers = crate::proto::workers_client::WorkersClient::with_interceptor(
-        channel,
-        crate::auth::TokenAdd::new(server.token()).expect("ascii"),
-    );
+    let mut workers = workers_client(&remote, server.token()).await;
     let reply = workers
         .register(proto::RegisterRequest {
             protocol_version: proto::PROTOCOL_VERSION,

@@ -345,13 +345,19 @@ impl Coordinator {
             [(None, need)] => Some(*need),
             _ => None,
         };
+        // Whether a worker was passed over for leaving before the task would end.
+        let excluded = std::cell::Cell::new(false);
         let decision = if pooled {
             self.pooled_decision(j, t, &problem, &predict)
         } else if let Some(need) = plain {
             // The workers in order of preference: the first that fits is the one a walk
             // over all of them would choose (O(log workers), not O(workers)).
             let workers = &self.workers;
-            let in_time = |w: &&Worker| self.in_time(j, t, w);
+            let in_time = |w: &&Worker| {
+                let ok = self.in_time(j, t, w);
+                excluded.set(excluded.get() || !ok);
+                ok
+            };
             let holders = local_bytes
                 .keys()
                 .filter_map(|id| workers.get(id))
@@ -368,10 +374,11 @@ impl Coordinator {
             };
             sched::place_plain_ranked(&problem, need, ranked, &predict).ok_or(Refusal::Other)
         } else {
-            let live = self
-                .workers
-                .values()
-                .filter(|w| !w.unavailable && self.in_time(j, t, w));
+            let live = self.workers.values().filter(|w| {
+                let ok = self.in_time(j, t, w);
+                excluded.set(excluded.get() || !ok);
+                !w.unavailable && ok
+            });
             sched::place(&problem, live.map(Worker::node), &predict).ok_or(Refusal::Other)
         };
         if pooled {
@@ -382,8 +389,8 @@ impl Coordinator {
         }
         let Ok(d) = decision else {
             // A pooled job's refusal depends on its own deadline and budget, not only on room.
-            // Nor does its time left on workers that leave depend on its shape alone.
-            return if pooled || !self.leaves_at.is_empty() {
+            // Nor does a worker that leaves refuse by its shape alone (its time there).
+            return if pooled || excluded.get() {
                 Placed::Blocked
             } else {
                 Placed::NoRoom

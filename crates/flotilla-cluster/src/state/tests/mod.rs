@@ -81,6 +81,20 @@ impl Sim {
         (id, out)
     }
 
+    /// A worker that says it leaves in `ms` (a batch allocation's): joins, and its id.
+    pub(super) fn join_leaving(&mut self, spec: WorkerSpec, ms: Millis) -> WorkerId {
+        let id = self.c.next_worker_id();
+        self.c.set_worker_leaves_at(id, Some(self.now + ms));
+        self.ev(Event::WorkerJoined {
+            worker: id,
+            spec,
+            running: Vec::new(),
+            held: Vec::new(),
+            previous: None,
+        });
+        id
+    }
+
     pub(super) fn submit(&mut self, text: &str) -> (JobId, Vec<Command>) {
         self.submit_as("t", text)
     }

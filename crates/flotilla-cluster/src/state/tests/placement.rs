@@ -501,18 +501,7 @@ fn a_task_longer_than_a_worker_has_left_goes_to_another_worker_or_waits() {
     }
     sim.c.set_perf_model(model);
     // A worker with 2 minutes left (a batch allocation near its end).
-    let leaving = sim.c.next_worker_id();
-    sim.c.set_worker_leaves_at(leaving, Some(sim.now + 120_000));
-    sim.ev(Event::WorkerJoined {
-        worker: leaving,
-        spec: WorkerSpec {
-            name: "leaving".into(),
-            ..wspec(4.0, &[])
-        },
-        running: Vec::new(),
-        held: Vec::new(),
-        previous: None,
-    });
+    let leaving = sim.join_leaving(wspec(4.0, &[]), 120_000);
     let (job, out) = sim.submit(
         r#"
 name = "lim"
@@ -612,15 +601,7 @@ fn tasks_queued_on_a_leaving_worker_that_would_outlast_it_are_taken_back() {
     let mut sim = Sim::new(4);
     // A worker of 1 CPU with 2 minutes left; three tasks of a runtime not known yet: one
     // runs, two are queued there.
-    let leaving = sim.c.next_worker_id();
-    sim.c.set_worker_leaves_at(leaving, Some(sim.now + 120_000));
-    sim.ev(Event::WorkerJoined {
-        worker: leaving,
-        spec: wspec(1.0, &[]),
-        running: Vec::new(),
-        held: Vec::new(),
-        previous: None,
-    });
+    let leaving = sim.join_leaving(wspec(1.0, &[]), 120_000);
     let (job, out) =
         sim.submit("name = \"late\"\n[[task]]\nid = \"t\"\narray = \"0..3\"\ncmd = [\"true\"]\n");
     assert_eq!(assigns(&out).len(), 3, "one reserved, two queued");

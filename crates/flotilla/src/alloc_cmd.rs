@@ -1,5 +1,5 @@
 //! `flotilla alloc`: queues of worker allocations the coordinator asks a batch system
-//! (Slurm) for, as the work needs them. Each command takes the admin token.
+//! (Slurm or PBS) for, as the work needs them. Each command takes the admin token.
 
 use std::time::Duration;
 
@@ -37,6 +37,9 @@ pub(crate) enum AllocCmd {
 pub(crate) enum AddCmd {
     /// Slurm: allocations are `sbatch` jobs of one worker per node.
     Slurm(Box<SlurmArgs>),
+    /// PBS (OpenPBS, PBS Professional, Torque, Slurm's PBS wrappers): allocations are `qsub`
+    /// jobs of one worker per node.
+    Pbs(Box<PbsArgs>),
 }
 
 #[derive(Args)]
@@ -44,7 +47,29 @@ pub(crate) struct SlurmArgs {
     /// The partition (`sbatch --partition`).
     #[arg(long)]
     partition: String,
-    /// An allocation's time limit (`sbatch --time`), e.g. 1h. Its workers leave before it,
+    #[command(flatten)]
+    common: CommonArgs,
+    /// More `sbatch` arguments, after `--`: `-- --account=lab --qos=long`.
+    #[arg(last = true)]
+    sbatch_args: Vec<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct PbsArgs {
+    /// The queue (`qsub -q`; default: the server's default queue).
+    #[arg(long)]
+    queue: Option<String>,
+    #[command(flatten)]
+    common: CommonArgs,
+    /// More `qsub` arguments, after `--`: `-- -A lab -l select=1:ncpus=32`.
+    #[arg(last = true)]
+    qsub_args: Vec<String>,
+}
+
+/// What every batch system's queue is given.
+#[derive(Args)]
+pub(crate) struct CommonArgs {
+    /// An allocation's time limit (`sbatch --time`, `qsub -l walltime`), e.g. 1h. Its workers leave before it,
     /// with their tasks' grace; a task expected to run longer than a worker has left goes
     /// elsewhere.
     #[arg(long)]
@@ -55,7 +80,7 @@ pub(crate) struct SlurmArgs {
     /// The most allocations queued and running at once.
     #[arg(long, default_value_t = 4)]
     max_allocs: u32,
-    /// The most allocations waiting in Slurm's queue at once.
+    /// The most allocations waiting in the batch system's queue at once.
     #[arg(long, default_value_t = 2)]
     backlog: u32,
     /// How long a worker with nothing to run waits before it leaves and gives its node
@@ -63,7 +88,7 @@ pub(crate) struct SlurmArgs {
     #[arg(long, default_value = "5m")]
     idle_timeout: String,
     /// CPUs one worker offers (default: learned from the first to join; until then,
-    /// `sinfo`'s CPUs per node of the partition).
+    /// `sinfo`'s CPUs per node of the partition, or the fewest of `pbsnodes -a`).
     #[arg(long)]
     cpus_per_worker: Option<f64>,
     /// GPUs one worker offers (tasks asking more do not count toward this queue).
@@ -99,9 +124,6 @@ pub(crate) struct SlurmArgs {
     json: bool,
     #[command(flatten)]
     remote: RemoteArgs,
-    /// More `sbatch` arguments, after `--`: `-- --account=lab --qos=long`.
-    #[arg(last = true)]
-    sbatch_args: Vec<String>,
 }
 
 #[derive(Args)]
@@ -130,44 +152,64 @@ fn secs(flag: &str, text: &str) -> Result<u64> {
         .as_secs())
 }
 
+/// Adds a queue of `manager` (`slurm`, `pbs`) at `partition` (a partition or a queue).
+async fn add(
+    manager: &str,
+    partition: String,
+    a: CommonArgs,
+    batch_args: Vec<String>,
+) -> Result<()> {
+    let req = proto::AllocAddRequest {
+        manager: manager.into(),
+        name: a.name.clone(),
+        partition,
+        time_limit_s: secs("--time-limit", &a.time_limit)?,
+        workers_per_alloc: a.workers_per_alloc,
+        max_allocs: a.max_allocs,
+        backlog: a.backlog,
+        idle_timeout_s: secs("--idle-timeout", &a.idle_timeout)?.max(1),
+        cpus_per_worker: a.cpus_per_worker.unwrap_or(0.0),
+        gpus_per_worker: a.gpus_per_worker,
+        rule: a.rule.clone(),
+        max_failures: a.max_failures,
+        worker_program: a.worker_program.clone().unwrap_or_default(),
+        server_address: a.server_address.clone().unwrap_or_default(),
+        work_dir: a.work_dir.clone().unwrap_or_default(),
+        sbatch_args: batch_args,
+        worker_args: a.worker_args.clone(),
+    };
+    let q = a.remote.client().await?.alloc_add(req).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&q)?);
+    } else {
+        let place = match (manager, q.spec.partition.is_empty()) {
+            ("pbs", true) => "PBS, the default queue".to_string(),
+            ("pbs", false) => format!("PBS queue {}", q.spec.partition),
+            _ => format!("Slurm partition {}", q.spec.partition),
+        };
+        println!(
+            "allocation queue {} added: {place}, {} worker(s) per allocation, \
+             at most {}; workers run {} and join {}",
+            q.id,
+            q.spec.workers_per_alloc,
+            q.spec.max_allocs,
+            q.spec.worker_program,
+            q.spec.server_address
+        );
+    }
+    Ok(())
+}
+
 /// Runs `flotilla alloc ...`.
 pub(crate) async fn alloc(cmd: AllocCmd) -> Result<()> {
     match cmd {
         AllocCmd::Add(AddCmd::Slurm(a)) => {
-            let req = proto::AllocAddRequest {
-                manager: "slurm".into(),
-                name: a.name.clone(),
-                partition: a.partition.clone(),
-                time_limit_s: secs("--time-limit", &a.time_limit)?,
-                workers_per_alloc: a.workers_per_alloc,
-                max_allocs: a.max_allocs,
-                backlog: a.backlog,
-                idle_timeout_s: secs("--idle-timeout", &a.idle_timeout)?.max(1),
-                cpus_per_worker: a.cpus_per_worker.unwrap_or(0.0),
-                gpus_per_worker: a.gpus_per_worker,
-                rule: a.rule.clone(),
-                max_failures: a.max_failures,
-                worker_program: a.worker_program.clone().unwrap_or_default(),
-                server_address: a.server_address.clone().unwrap_or_default(),
-                work_dir: a.work_dir.clone().unwrap_or_default(),
-                sbatch_args: a.sbatch_args.clone(),
-                worker_args: a.worker_args.clone(),
-            };
-            let q = a.remote.client().await?.alloc_add(req).await?;
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&q)?);
-            } else {
-                println!(
-                    "allocation queue {} added: Slurm partition {}, {} worker(s) per allocation, \
-                     at most {}; workers run {} and join {}",
-                    q.id,
-                    q.spec.partition,
-                    q.spec.workers_per_alloc,
-                    q.spec.max_allocs,
-                    q.spec.worker_program,
-                    q.spec.server_address
-                );
-            }
+            let a = *a;
+            add("slurm", a.partition, a.common, a.sbatch_args).await?;
+        }
+        AllocCmd::Add(AddCmd::Pbs(a)) => {
+            let a = *a;
+            add("pbs", a.queue.unwrap_or_default(), a.common, a.qsub_args).await?;
         }
         AllocCmd::List(a) => {
             let list = a.remote.client().await?.alloc_list().await?;
@@ -178,7 +220,7 @@ pub(crate) async fn alloc(cmd: AllocCmd) -> Result<()> {
                     ">ID",
                     "NAME",
                     "MANAGER",
-                    "PARTITION",
+                    "PARTITION|QUEUE",
                     "STATE",
                     ">QUEUED",
                     ">RUNNING",
@@ -273,7 +315,11 @@ fn print_queue(q: &Queue, json: bool) -> Result<()> {
     let s = &q.spec;
     println!("queue        {} {}", q.id, s.name);
     println!("state        {}", state(q));
-    println!("manager      {} (partition {})", s.manager, s.partition);
+    match (s.manager.as_str(), s.partition.is_empty()) {
+        ("pbs", true) => println!("manager      pbs (the default queue)"),
+        ("pbs", false) => println!("manager      pbs (queue {})", s.partition),
+        _ => println!("manager      {} (partition {})", s.manager, s.partition),
+    }
     println!(
         "allocations  {} worker(s) each, {} at most, {} queued at most, time limit {}",
         s.workers_per_alloc,
@@ -298,7 +344,8 @@ fn print_queue(q: &Queue, json: bool) -> Result<()> {
     println!("rule         {}", s.rule);
     println!("work folder  {}", s.work_dir);
     if !s.sbatch_args.is_empty() {
-        println!("sbatch       {}", s.sbatch_args.join(" "));
+        let command = if s.manager == "pbs" { "qsub" } else { "sbatch" };
+        println!("{command:<12} {}", s.sbatch_args.join(" "));
     }
     println!(
         "queue wait   {}",

@@ -2,9 +2,9 @@
 //! (`deploy/slurm/local-cluster.sh`: munged, slurmctld and slurmd as root, on ports of the
 //! test's own), a coordinator with no workers of its own, and allocations that bring them.
 //!
-//! Needs root and Debian's `slurm-wlm` and `munge`. Without them each test says why and
-//! passes, unless `FLOTILLA_REQUIRE_SLURM=1` (set by `.ci/run`, which installs them): then
-//! it fails.
+//! Needs root and Debian's `slurm-wlm` and `munge` (and `slurm-wlm-torque`, Slurm's PBS
+//! commands, for the PBS test). Without them each test says why and passes, unless
+//! `FLOTILLA_REQUIRE_SLURM=1` (set by `.ci/run`, which installs them): then it fails.
 
 mod kit;
 
@@ -28,9 +28,15 @@ fn script() -> PathBuf {
 impl Slurm {
     /// Starts one on `port` and `port + 1`, or says why it cannot (`None`).
     fn start(port: u16) -> Option<Slurm> {
+        Self::start_needing(port, &[])
+    }
+
+    /// [`Slurm::start`], needing commands `more` too.
+    fn start_needing(port: u16, more: &[&str]) -> Option<Slurm> {
         let required = std::env::var("FLOTILLA_REQUIRE_SLURM").is_ok_and(|v| v == "1");
         let missing = ["slurmctld", "slurmd", "munged", "sbatch"]
-            .into_iter()
+            .iter()
+            .chain(more)
             .find(|b| {
                 !Command::new("sh")
                     .args(["-c", &format!("command -v {b} >/dev/null")])
@@ -40,7 +46,9 @@ impl Slurm {
         let why = if !nix_is_root() {
             Some("not root (slurmd and munged run as root here)".to_string())
         } else {
-            missing.map(|b| format!("{b} is not installed (apt-get install slurm-wlm munge)"))
+            missing.map(|b| {
+                format!("{b} is not installed (apt-get install slurm-wlm slurm-wlm-torque munge)")
+            })
         };
         if let Some(why) = why {
             assert!(!required, "FLOTILLA_REQUIRE_SLURM=1 but {why}");
@@ -123,12 +131,42 @@ fn info(c: &Cluster, id: u32) -> Queue {
 }
 
 fn add(c: &Cluster, args: &[&str]) -> Queue {
-    let mut all = vec!["alloc", "add", "slurm", "--json"];
+    add_to(c, "slurm", args)
+}
+
+/// `flotilla alloc add MANAGER --json ARGS`.
+fn add_to(c: &Cluster, manager: &str, args: &[&str]) -> Queue {
+    let mut all = vec!["alloc", "add", manager, "--json"];
     all.extend_from_slice(args);
     let out = c.cli(&all);
     assert!(out.status.success(), "alloc add: {out:?}");
     serde_json::from_slice(&out.stdout).expect("a queue as JSON")
 }
+
+/// Asserts every task of `s` ran on a worker named `prefix...`.
+fn all_ran_on(s: &flotilla::cluster::state::JobStatus, prefix: &str) {
+    for t in &s.tasks {
+        let w = t
+            .worker
+            .and_then(|w| s.workers.get(&w).cloned())
+            .unwrap_or_default();
+        assert!(w.starts_with(prefix), "{} ran on {w:?}", t.name);
+    }
+}
+
+/// One allocation at a time, of 10 minutes, whose worker leaves after 2 s idle.
+const ONE_AT_A_TIME: [&str; 10] = [
+    "--time-limit",
+    "10m",
+    "--max-allocs",
+    "1",
+    "--backlog",
+    "1",
+    "--idle-timeout",
+    "2s",
+    "--worker-arg=--isolation",
+    "--worker-arg=none",
+];
 
 const LONG: Duration = Duration::from_secs(240);
 
@@ -140,20 +178,7 @@ fn a_job_runs_on_workers_that_arrive_only_through_slurm_allocations() {
     let c = slurm.cluster();
     let q = add(
         &c,
-        &[
-            "--partition",
-            "debug",
-            "--time-limit",
-            "10m",
-            "--max-allocs",
-            "1",
-            "--backlog",
-            "1",
-            "--idle-timeout",
-            "2s",
-            "--worker-arg=--isolation",
-            "--worker-arg=none",
-        ],
+        &[&["--partition", "debug"][..], &ONE_AT_A_TIME].concat(),
     );
     assert_eq!(q.id, 1);
     // Nothing waits: nothing is asked.
@@ -167,17 +192,7 @@ fn a_job_runs_on_workers_that_arrive_only_through_slurm_allocations() {
     // Every task ran on a worker of the queue's allocations.
     let q = info(&c, 1);
     let alloc = q.allocations.first().expect("an allocation").clone();
-    for t in &s.tasks {
-        let w = t
-            .worker
-            .and_then(|w| s.workers.get(&w).cloned())
-            .unwrap_or_default();
-        assert!(
-            w.starts_with(&format!("flotilla-q1-{}-", alloc.id)),
-            "{} ran on {w:?}",
-            t.name
-        );
-    }
+    all_ran_on(&s, &format!("flotilla-q1-{}-", alloc.id));
     for i in 0..6 {
         let f = c.job_dir().join(format!("out-{i}.txt"));
         assert_eq!(
@@ -208,6 +223,51 @@ fn a_job_runs_on_workers_that_arrive_only_through_slurm_allocations() {
         String::from_utf8_lossy(&out.stderr).contains("no allocation queue 1"),
         "{out:?}"
     );
+}
+
+/// PBS through Slurm's PBS commands (`qsub`, `qstat`, `qdel` of Debian's
+/// `slurm-wlm-torque`): a queue with a wrong queue name pauses with PBS's reason, while a
+/// right one brings the workers that run the whole job and gives them back when idle.
+#[test]
+fn a_job_runs_on_workers_that_arrive_through_pbs_allocations() {
+    let Some(slurm) = Slurm::start_needing(16947, &["qsub", "qstat", "qdel"]) else {
+        return;
+    };
+    let c = slurm.cluster();
+    let common = [&ONE_AT_A_TIME[..], &["--max-failures", "1"]].concat();
+    let good = add_to(&c, "pbs", &[&["--queue", "debug"][..], &common].concat());
+    let bad = add_to(
+        &c,
+        "pbs",
+        &[&["--queue", "no-such-queue"][..], &common].concat(),
+    );
+    assert_eq!((good.spec.manager.as_str(), bad.id), ("pbs", 2));
+    let text = "name = \"via-pbs\"\n[[task]]\nid = \"t\"\narray = \"0..4\"\n\
+                cmd = [\"sh\", \"-c\", \"echo {i} > out-{i}.txt\"]\n\
+                outputs = [\"out-{i}.txt\"]\n";
+    let job = c.submit_toml("via-pbs.toml", text);
+    let s = c.wait_job(job, LONG);
+    assert_succeeded(&s);
+    let q = info(&c, good.id);
+    let alloc = q.allocations.first().expect("an allocation").clone();
+    all_ran_on(&s, &format!("flotilla-q{}-{}-", good.id, alloc.id));
+    // The script's log is named after the job (it wrote it, not PBS's `-o`).
+    let log = Path::new(&q.spec.work_dir).join(format!("flotilla-q{}-{}.log", good.id, alloc.id));
+    assert!(log.exists(), "{} missing", log.display());
+    // The wrong queue: paused, with what qsub said.
+    let why = wait_until("the wrong queue to pause", LONG, || info(&c, bad.id).paused);
+    assert!(
+        why.contains("no-such-queue") || why.contains("invalid partition"),
+        "{why}"
+    );
+    // Idle, its worker leaves and the allocation ends as asked.
+    let q = wait_until("the allocation to end", LONG, || {
+        let q = info(&c, good.id);
+        q.live().is_empty().then_some(q)
+    });
+    assert_eq!(q.allocations.len(), 1, "{q:?}");
+    assert_eq!(q.allocations[0].state, AllocState::Ended, "{q:?}");
+    assert!(q.paused.is_none(), "{q:?}");
 }
 
 #[test]

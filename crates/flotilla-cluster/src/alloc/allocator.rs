@@ -1,8 +1,8 @@
 //! The coordinator's allocator: every few seconds it asks the batch system where each
 //! queue's allocations stand, reads the work left from the core, decides with
 //! [`flotilla_sched::alloc::decide`], and submits or cancels allocations. The batch system
-//! is behind [`BatchSystem`] ([`Slurm`] runs `sbatch`, `squeue`, `scontrol`, `scancel`), so
-//! the rounds are tested without one too.
+//! is behind [`BatchSystem`] ([`Slurm`] runs `sbatch`, `squeue`, `scontrol`, `scancel`;
+//! [`Pbs`] runs `qsub`, `qstat`, `qdel`), so the rounds are tested without one too.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
+use super::pbs;
 use super::queues::{AllocError, Queue, QueueSpec, Queues};
-use super::slurm::{self, SlurmState};
+use super::slurm::{self, BatchQueue, BatchState, WorkerLaunch};
 use crate::access::Access;
 use crate::state::{WorkLeft, WorkerShape};
 use flotilla_sched::alloc::{decide, mean_width, Demand};
@@ -37,16 +38,55 @@ const WINDOW_S: f64 = 300.0;
 
 /// What the allocator needs of a batch system.
 pub trait BatchSystem: Send + Sync {
+    /// The batch script of one allocation of `queue`, named `name`, whose nodes each run
+    /// one worker as `launch` says.
+    fn script(&self, queue: &BatchQueue, launch: &WorkerLaunch, name: &str) -> String;
     /// Submits `script` with `args` before it; the job id, or the batch system's message.
     fn submit(&self, script: &Path, args: &[String]) -> Result<String, String>;
     /// Where jobs `ids` stand (those it no longer knows are missing from the map: they
     /// ended). An error when it cannot tell (its controller does not answer): the
     /// allocations keep the state last seen.
-    fn states(&self, ids: &[String]) -> Result<HashMap<String, SlurmState>, String>;
+    fn states(&self, ids: &[String]) -> Result<HashMap<String, BatchState>, String>;
     /// Cancels job `id`.
     fn cancel(&self, id: &str) -> Result<(), String>;
-    /// The CPUs of a node of `partition`, if it says.
+    /// The CPUs of a node of `partition` (Slurm) or of any node (PBS), if it says.
     fn node_cpus(&self, partition: &str) -> Option<f64>;
+}
+
+/// The batch systems a coordinator's queues may use, by [`QueueSpec::manager`].
+#[derive(Clone)]
+pub struct Systems {
+    /// `slurm`.
+    pub slurm: Arc<dyn BatchSystem>,
+    /// `pbs`.
+    pub pbs: Arc<dyn BatchSystem>,
+}
+
+impl Systems {
+    /// Slurm's and PBS's commands on `PATH`.
+    pub fn on_path() -> Systems {
+        Systems {
+            slurm: Arc::new(Slurm::default()),
+            pbs: Arc::new(Pbs::default()),
+        }
+    }
+
+    /// One system for every manager (tests).
+    pub fn only(system: Arc<dyn BatchSystem>) -> Systems {
+        Systems {
+            slurm: system.clone(),
+            pbs: system,
+        }
+    }
+
+    /// The system of `manager` (checked by [`QueueSpec::check`]).
+    pub fn of(&self, manager: &str) -> &Arc<dyn BatchSystem> {
+        if manager == "pbs" {
+            &self.pbs
+        } else {
+            &self.slurm
+        }
+    }
 }
 
 /// Slurm through its commands (with the server's `SLURM_CONF`).
@@ -58,22 +98,38 @@ pub struct Slurm {
 
 impl Slurm {
     fn run(&self, program: &str, args: &[&str]) -> Result<String, String> {
-        match &self.bin_dir {
-            Some(dir) => run(&dir.join(program).display().to_string(), args),
-            None => run(program, args),
-        }
+        run(&command_path(self.bin_dir.as_deref(), program), args)
     }
 }
 
-/// Runs `program args`; its stdout, or a message with its stderr.
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let mut child = Command::new(program)
-        .args(args)
+/// `program` in `bin_dir`, or as found on `PATH`.
+fn command_path(bin_dir: Option<&Path>, program: &str) -> String {
+    match bin_dir {
+        Some(dir) => dir.join(program).display().to_string(),
+        None => program.to_string(),
+    }
+}
+
+/// What a command did: whether it succeeded, its stdout and its stderr.
+struct Output {
+    ok: bool,
+    status: String,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `program args` (in `cwd`, if given) within [`COMMAND_TIMEOUT`]; an error only when
+/// it could not be run or did not end in time.
+fn run_in(program: &str, args: &[&str], cwd: Option<&Path>) -> Result<Output, String> {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("{program}: {e}"))?;
+        .stderr(Stdio::piped());
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("{program}: {e}"))?;
     let deadline = std::time::Instant::now() + COMMAND_TIMEOUT;
     loop {
         match child.try_wait() {
@@ -93,21 +149,45 @@ fn run(program: &str, args: &[&str]) -> Result<String, String> {
     let out = child
         .wait_with_output()
         .map_err(|e| format!("{program}: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if out.status.success() {
-        Ok(stdout)
-    } else {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let text = stderr.trim();
+    Ok(Output {
+        ok: out.status.success(),
+        status: out.status.to_string(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    })
+}
+
+impl Output {
+    /// Its stdout if it succeeded, else a message with its stderr.
+    fn into_result(self, program: &str) -> Result<String, String> {
+        if self.ok {
+            return Ok(self.stdout);
+        }
+        let text = self.stderr.trim();
         Err(if text.is_empty() {
-            format!("{program} exited with {}", out.status)
+            // Some (Slurm's PBS wrappers) say why on stdout.
+            let out = self.stdout.trim();
+            if out.is_empty() {
+                format!("{program} exited with {}", self.status)
+            } else {
+                out.lines().map(str::trim).collect::<Vec<_>>().join("; ")
+            }
         } else {
             text.lines().collect::<Vec<_>>().join("; ")
         })
     }
 }
 
+/// Runs `program args`; its stdout, or a message with its stderr.
+fn run(program: &str, args: &[&str]) -> Result<String, String> {
+    run_in(program, args, None)?.into_result(program)
+}
+
 impl BatchSystem for Slurm {
+    fn script(&self, queue: &BatchQueue, launch: &WorkerLaunch, name: &str) -> String {
+        slurm::batch_script(queue, launch, name)
+    }
+
     fn submit(&self, script: &Path, args: &[String]) -> Result<String, String> {
         let script = script.display().to_string();
         let mut all: Vec<&str> = vec!["--parsable"];
@@ -117,7 +197,7 @@ impl BatchSystem for Slurm {
         slurm::parse_sbatch(&out).ok_or_else(|| format!("sbatch printed no job id: {out:?}"))
     }
 
-    fn states(&self, ids: &[String]) -> Result<HashMap<String, SlurmState>, String> {
+    fn states(&self, ids: &[String]) -> Result<HashMap<String, BatchState>, String> {
         if ids.is_empty() {
             return Ok(HashMap::new());
         }
@@ -162,6 +242,92 @@ impl BatchSystem for Slurm {
     }
 }
 
+/// PBS (OpenPBS, PBS Professional, Torque, or Slurm's PBS wrappers) through its commands:
+/// `qsub`, `qstat -f` (then `qstat -x -f` for jobs that left the live list), `qdel`,
+/// `pbsnodes -a`.
+#[derive(Debug, Default)]
+pub struct Pbs {
+    /// Where its commands are (`None`: on `PATH`).
+    pub bin_dir: Option<PathBuf>,
+}
+
+impl Pbs {
+    fn program(&self, name: &str) -> String {
+        command_path(self.bin_dir.as_deref(), name)
+    }
+
+    /// `qstat ARGS IDS`: the states it printed, or an error when it could not tell (a
+    /// server that does not answer, rather than jobs it no longer knows).
+    fn qstat(&self, args: &[&str], ids: &[String]) -> Result<HashMap<String, BatchState>, String> {
+        let program = self.program("qstat");
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(ids.iter().map(String::as_str));
+        let out = run_in(&program, &all, None)?;
+        let states = pbs::parse_qstat(&out.stdout);
+        if out.ok || pbs::only_unknown_jobs(&out.stderr) {
+            Ok(states)
+        } else {
+            out.into_result("qstat").map(|_| states)
+        }
+    }
+}
+
+impl BatchSystem for Pbs {
+    fn script(&self, queue: &BatchQueue, launch: &WorkerLaunch, name: &str) -> String {
+        pbs::batch_script(queue, launch, name)
+    }
+
+    fn submit(&self, script: &Path, args: &[String]) -> Result<String, String> {
+        let path = script.display().to_string();
+        let mut all: Vec<&str> = pbs::QSUB_ARGS.to_vec();
+        all.extend(args.iter().map(String::as_str));
+        all.push(&path);
+        // In the script's folder: whatever PBS writes there by default lands beside it.
+        let out = run_in(&self.program("qsub"), &all, script.parent())?.into_result("qsub")?;
+        pbs::parse_qsub(&out).ok_or_else(|| format!("qsub printed no job id: {out:?}"))
+    }
+
+    fn states(&self, ids: &[String]) -> Result<HashMap<String, BatchState>, String> {
+        if ids.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let printed = self.qstat(&["-f"], ids)?;
+        let mut states = HashMap::new();
+        let mut missing = Vec::new();
+        for id in ids {
+            match printed.iter().find(|(p, _)| pbs::same_job(id, p)) {
+                Some((_, s)) => {
+                    states.insert(id.clone(), s.clone());
+                }
+                None => missing.push(id.clone()),
+            }
+        }
+        // OpenPBS drops finished jobs from the live list: its history has their exit
+        // status. Torque reads `-x` as XML and the wrappers refuse it: nothing parses, and
+        // the jobs count as ended, as any job the batch system no longer knows.
+        if !missing.is_empty() {
+            if let Ok(history) = self.qstat(&["-x", "-f"], &missing) {
+                for id in &missing {
+                    if let Some((_, s)) = history.iter().find(|(p, _)| pbs::same_job(id, p)) {
+                        states.insert(id.clone(), s.clone());
+                    }
+                }
+            }
+        }
+        Ok(states)
+    }
+
+    fn cancel(&self, id: &str) -> Result<(), String> {
+        run(&self.program("qdel"), &[id]).map(|_| ())
+    }
+
+    fn node_cpus(&self, _queue: &str) -> Option<f64> {
+        run(&self.program("pbsnodes"), &["-a"])
+            .ok()
+            .and_then(|out| pbs::parse_pbsnodes_cpus(&out))
+    }
+}
+
 /// What the core tells the allocator at each round.
 #[derive(Clone, Debug, Default)]
 pub struct CoreView {
@@ -177,7 +343,7 @@ pub struct Allocator {
     queues: Mutex<Queues>,
     /// In a group: how the queues' file reaches every node.
     replicate: Mutex<Option<super::queues::Replicator>>,
-    system: Arc<dyn BatchSystem>,
+    systems: Systems,
     access: Arc<Access>,
     /// The `flotilla` program the workers run when `--worker-program` is not given.
     pub default_program: String,
@@ -203,7 +369,7 @@ impl Allocator {
     /// Reads the queues from `state_dir`.
     pub fn open(
         state_dir: &Path,
-        system: Arc<dyn BatchSystem>,
+        systems: Systems,
         access: Arc<Access>,
         default_program: String,
         default_server: String,
@@ -212,7 +378,7 @@ impl Allocator {
             state_dir: state_dir.to_path_buf(),
             queues: Mutex::new(Queues::load(state_dir)?),
             replicate: Mutex::new(None),
-            system,
+            systems,
             access,
             default_program,
             default_server,
@@ -317,7 +483,7 @@ impl Allocator {
         let q = queues.get(id)?.clone();
         let mut left = Vec::new();
         for a in q.live() {
-            if let Err(e) = self.system.cancel(&a) {
+            if let Err(e) = self.systems.of(&q.spec.manager).cancel(&a) {
                 left.push(format!("{a} ({e})"));
             }
         }
@@ -381,13 +547,14 @@ impl Allocator {
     }
 
     fn round_one(&self, q: &mut Queue, view: &CoreView, now: u64) {
+        let system = self.systems.of(&q.spec.manager).clone();
         // Where its allocations stand.
         let live = q.live();
         if !live.is_empty() {
-            match self.system.states(&live) {
+            match system.states(&live) {
                 Ok(states) => {
                     for id in &live {
-                        let seen = states.get(id).cloned().unwrap_or(SlurmState::Ended);
+                        let seen = states.get(id).cloned().unwrap_or(BatchState::Ended);
                         if let Some(line) = q.observe(id, seen, now) {
                             tracing::info!(queue = q.id, "{line}");
                         }
@@ -410,7 +577,7 @@ impl Allocator {
             .map(|a| a.id.clone())
             .collect();
         for id in stuck {
-            let _ = self.system.cancel(&id);
+            let _ = system.cancel(&id);
             let log = q
                 .allocations
                 .iter()
@@ -419,7 +586,7 @@ impl Allocator {
                 .unwrap_or_default();
             q.observe(
                 &id,
-                SlurmState::Failed(format!(
+                BatchState::Failed(format!(
                     "no worker connected within {CONNECT_TIMEOUT_S}s (its log: {log})"
                 )),
                 now,
@@ -429,7 +596,7 @@ impl Allocator {
             return;
         }
         if q.spec.cpus_per_worker.is_none() && q.learned_cpus.is_none() {
-            q.learned_cpus = self.system.node_cpus(&q.spec.partition);
+            q.learned_cpus = system.node_cpus(&q.spec.partition);
         }
         let Some(rule) = q.spec.rule_of() else {
             return;
@@ -467,7 +634,7 @@ impl Allocator {
             }
         }
         for id in q.newest_queued(d.cancel_queued) {
-            match self.system.cancel(&id) {
+            match system.cancel(&id) {
                 Ok(()) => {
                     tracing::info!(queue = q.id, allocation = %id, "queued allocation no longer needed: cancelled");
                     q.cancelled(&id, now);
@@ -480,13 +647,14 @@ impl Allocator {
     /// Writes the next batch script of `q` and submits it.
     fn submit(&self, q: &Queue) -> Result<String, String> {
         let name = q.job_name();
-        let sq = slurm::SlurmQueue {
+        let system = self.systems.of(&q.spec.manager);
+        let sq = BatchQueue {
             partition: q.spec.partition.clone(),
             time_limit: Duration::from_secs(q.spec.time_limit_s),
             workers_per_alloc: q.spec.workers_per_alloc,
             idle_timeout: Duration::from_secs(q.spec.idle_timeout_s),
         };
-        let launch = slurm::WorkerLaunch {
+        let launch = WorkerLaunch {
             program: q.spec.worker_program.clone(),
             server: q.spec.server_address.clone(),
             token_file: q.spec.token_file.clone(),
@@ -494,9 +662,9 @@ impl Allocator {
             worker_args: q.spec.worker_args.clone(),
         };
         let script = Path::new(&q.spec.work_dir).join(format!("{name}-{}.sh", q.submitted + 1));
-        std::fs::write(&script, slurm::batch_script(&sq, &launch, &name))
+        std::fs::write(&script, system.script(&sq, &launch, &name))
             .map_err(|e| format!("{}: {e}", script.display()))?;
-        self.system.submit(&script, &q.spec.sbatch_args)
+        system.submit(&script, &q.spec.sbatch_args)
     }
 }
 
@@ -531,13 +699,16 @@ mod tests {
     struct Fake {
         next: Mutex<u32>,
         refuse: Mutex<Option<String>>,
-        states: Mutex<HashMap<String, SlurmState>>,
+        states: Mutex<HashMap<String, BatchState>>,
         submitted: Mutex<Vec<(PathBuf, Vec<String>)>>,
         cancelled: Mutex<Vec<String>>,
         down: Mutex<bool>,
     }
 
     impl BatchSystem for Fake {
+        fn script(&self, queue: &BatchQueue, launch: &WorkerLaunch, name: &str) -> String {
+            slurm::batch_script(queue, launch, name)
+        }
         fn submit(&self, script: &Path, args: &[String]) -> Result<String, String> {
             if let Some(e) = self.refuse.lock().clone() {
                 return Err(e);
@@ -547,13 +718,13 @@ mod tests {
             let id = format!("{}", 100 + *n);
             self.states
                 .lock()
-                .insert(id.clone(), SlurmState::Queued("Priority".into()));
+                .insert(id.clone(), BatchState::Queued("Priority".into()));
             self.submitted
                 .lock()
                 .push((script.to_path_buf(), args.to_vec()));
             Ok(id)
         }
-        fn states(&self, ids: &[String]) -> Result<HashMap<String, SlurmState>, String> {
+        fn states(&self, ids: &[String]) -> Result<HashMap<String, BatchState>, String> {
             if *self.down.lock() {
                 return Err("slurm_load_jobs error: Unable to contact slurm controller".into());
             }
@@ -567,7 +738,7 @@ mod tests {
             self.cancelled.lock().push(id.to_string());
             self.states
                 .lock()
-                .insert(id.to_string(), SlurmState::Failed("CANCELLED".into()));
+                .insert(id.to_string(), BatchState::Failed("CANCELLED".into()));
             Ok(())
         }
         fn node_cpus(&self, _: &str) -> Option<f64> {
@@ -579,7 +750,7 @@ mod tests {
         let access = Arc::new(Access::open(dir, "admin-token-0123456789").expect("access"));
         Allocator::open(
             dir,
-            fake,
+            Systems::only(fake),
             access,
             "/usr/bin/flotilla".into(),
             "head:7070".into(),
@@ -658,7 +829,7 @@ mod tests {
         );
         // They start; a worker joins; the waits are learned; the queue is saved.
         for id in ["101", "102"] {
-            fake.states.lock().insert(id.into(), SlurmState::Running);
+            fake.states.lock().insert(id.into(), BatchState::Running);
         }
         let mut view = waiting(q.id, 6.0);
         view.workers = vec![("flotilla-q1-101-0".into(), 4.0, "cpu".into())];
@@ -694,23 +865,33 @@ mod tests {
         assert!(!fake.submitted.lock().is_empty());
     }
 
-    /// Slurm's commands as scripts of the test's own: `squeue` exits 1 with `squeue_err`.
-    fn fake_slurm(dir: &Path, squeue_err: &str) -> Slurm {
+    /// Writes each `(name, body)` as an executable shell script in `DIR/bin`; that folder.
+    fn scripts(dir: &Path, bin: &str, scripts: &[(&str, String)]) -> PathBuf {
         use std::os::unix::fs::PermissionsExt as _;
-        let bin = dir.join("bin");
+        let bin = dir.join(bin);
         std::fs::create_dir_all(&bin).expect("bin");
-        for (name, body) in [
-            ("squeue", format!("echo '{squeue_err}' >&2; exit 1")),
-            (
-                "scontrol",
-                "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1".into(),
-            ),
-            ("sacct", "exit 1".into()),
-        ] {
+        for (name, body) in scripts {
             let path = bin.join(name);
             std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         }
+        bin
+    }
+
+    /// Slurm's commands as scripts of the test's own: `squeue` exits 1 with `squeue_err`.
+    fn fake_slurm(dir: &Path, squeue_err: &str) -> Slurm {
+        let bin = scripts(
+            dir,
+            "bin",
+            &[
+                ("squeue", format!("echo '{squeue_err}' >&2; exit 1")),
+                (
+                    "scontrol",
+                    "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1".into(),
+                ),
+                ("sacct", "exit 1".into()),
+            ],
+        );
         Slurm { bin_dir: Some(bin) }
     }
 
@@ -730,6 +911,64 @@ mod tests {
         assert!(e.contains("Unable to contact"), "{e}");
     }
 
+    /// PBS's commands as scripts of the test's own: `qstat` as `qstat_body` says.
+    fn fake_pbs(dir: &Path, qstat_body: &str) -> Pbs {
+        let bin = scripts(
+            dir,
+            "pbsbin",
+            &[
+                ("qstat", qstat_body.to_string()),
+                (
+                    "qsub",
+                    "pwd > qsub.cwd; echo \"$@\" > qsub.args; echo 88.head".into(),
+                ),
+            ],
+        );
+        Pbs { bin_dir: Some(bin) }
+    }
+
+    #[test]
+    fn pbs_reads_live_jobs_then_the_history_and_tells_a_server_down_from_ended_jobs() {
+        let dir = tempfile::tempdir().expect("tmp");
+        // OpenPBS: 5 runs; 6 left the live list ("Job has finished", exit 35); its history
+        // (-x) says it ended well; 7 is unknown everywhere (ended).
+        let openpbs = fake_pbs(
+            dir.path(),
+            r#"case "$1" in
+  -x) echo 'Job Id: 6.head.example.org'; echo '    job_state = F'; echo '    Exit_status = 0';
+      echo 'qstat: Unknown Job Id 7.head' >&2; exit 153 ;;
+  *) echo 'Job Id: 5.head.example.org'; echo '    job_state = R'
+     echo 'qstat: 6.head Job has finished, use -x or -H to obtain historical job information' >&2
+     echo 'qstat: Unknown Job Id 7.head' >&2; exit 35 ;;
+esac"#,
+        );
+        let ids: Vec<String> = ["5.head", "6.head", "7.head"].map(String::from).to_vec();
+        let s = openpbs.states(&ids).expect("told");
+        assert_eq!(s.get("5.head"), Some(&BatchState::Running));
+        assert_eq!(s.get("6.head"), Some(&BatchState::Ended));
+        assert_eq!(s.get("7.head"), None, "unknown: ended");
+        // A server that does not answer says nothing of any job.
+        let down = fake_pbs(
+            dir.path(),
+            "echo 'qstat: cannot connect to server head (errno=111)' >&2; exit 2",
+        );
+        let e = down.states(&ids).expect_err("cannot tell");
+        assert!(e.contains("cannot connect"), "{e}");
+        // qsub runs in the script's folder, output joined and discarded, the user's
+        // arguments before the script.
+        let script = dir.path().join("q1-1.sh");
+        std::fs::write(&script, "#!/bin/sh\n").expect("script");
+        let id = down
+            .submit(&script, &["-A".into(), "lab".into()])
+            .expect("submitted");
+        assert_eq!(id, "88.head");
+        let args = std::fs::read_to_string(dir.path().join("qsub.args")).expect("args");
+        assert_eq!(
+            args.trim(),
+            format!("-j oe -o /dev/null -A lab {}", script.display())
+        );
+    }
+
     #[test]
     fn a_controller_that_does_not_answer_changes_no_allocation() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -737,7 +976,7 @@ mod tests {
         let a = allocator(dir.path(), fake.clone());
         let q = a.add(spec("reactive")).expect("added");
         a.round(&waiting(q.id, 4.0));
-        fake.states.lock().insert("101".into(), SlurmState::Running);
+        fake.states.lock().insert("101".into(), BatchState::Running);
         a.round(&CoreView::default());
         let before = a.info(q.id).expect("q").allocations;
         assert_eq!(before[0].state, AllocState::Running);

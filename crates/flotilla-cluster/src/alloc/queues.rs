@@ -1,7 +1,7 @@
 //! The allocation queues (`flotilla alloc add`) and their allocations, as the allocator
 //! keeps them: in `STATE/allocs.json` (mode 0600, replaced atomically), not in the journal,
 //! like the access registry: they change at the pace of a batch queue, and a restarted
-//! coordinator must find the allocations it left in Slurm to watch or cancel them.
+//! coordinator must find the allocations it left in the batch system to watch or cancel them.
 //!
 //! Every change here is pure bookkeeping (the time is given); the allocator
 //! ([`super::allocator`]) runs the batch system's commands and reports what they said.
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::slurm::SlurmState;
+use super::slurm::BatchState;
 use flotilla_sched::alloc::{AllocParams, Fleet, Rule};
 
 /// The file's name inside a server's state directory.
@@ -63,11 +63,12 @@ type Result<T> = std::result::Result<T, AllocError>;
 /// A queue's settings (`flotilla alloc add slurm ...`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct QueueSpec {
-    /// The batch system: `slurm`.
+    /// The batch system: `slurm` or `pbs`.
     pub manager: String,
     /// A name to recognise it by.
     pub name: String,
-    /// The partition its allocations ask for.
+    /// The partition (Slurm) or queue (PBS; empty: the server's default) its allocations
+    /// ask for.
     pub partition: String,
     /// An allocation's time limit, seconds.
     pub time_limit_s: u64,
@@ -96,7 +97,8 @@ pub struct QueueSpec {
     pub work_dir: String,
     /// The workers' enrolment token (a file in `work_dir`, made for this queue).
     pub token_file: String,
-    /// More `sbatch` arguments (`--account=X`, `--qos=Y`, `--gres=gpu:4`).
+    /// More arguments for `sbatch` (`--account=X`, `--gres=gpu:4`) or `qsub` (`-A X`,
+    /// `-l select=1:ncpus=32:ngpus=4`).
     pub sbatch_args: Vec<String>,
     /// More `flotilla worker` arguments.
     pub worker_args: Vec<String>,
@@ -106,18 +108,15 @@ impl QueueSpec {
     /// Checks the settings a user gave; the error names the flag.
     pub fn check(&self) -> Result<()> {
         let refuse = |m: String| Err(AllocError::Refused(m));
-        if self.manager != "slurm" {
-            return refuse(format!(
-                "manager {:?}: only `slurm` is supported (PBS is not yet)",
-                self.manager
-            ));
+        if self.manager != "slurm" && self.manager != "pbs" {
+            return refuse(format!("manager {:?}: `slurm` or `pbs`", self.manager));
         }
-        if self.partition.trim().is_empty() {
+        if self.manager == "slurm" && self.partition.trim().is_empty() {
             return refuse("--partition: a Slurm partition is needed".into());
         }
         if self.time_limit_s < 60 {
             return refuse(format!(
-                "--time-limit {}s: Slurm counts in minutes (at least 1m)",
+                "--time-limit {}s: batch systems count in minutes (at least 1m)",
                 self.time_limit_s
             ));
         }
@@ -365,7 +364,7 @@ impl Queue {
 
     /// What the batch system says of allocation `id` at `now`. Returns a line for the log
     /// when its state changed.
-    pub fn observe(&mut self, id: &str, seen: SlurmState, now: u64) -> Option<String> {
+    pub fn observe(&mut self, id: &str, seen: BatchState, now: u64) -> Option<String> {
         let a = self.allocations.iter_mut().find(|a| a.id == id)?;
         if !a.state.is_live() {
             return None;
@@ -373,8 +372,8 @@ impl Queue {
         let before = a.state.clone();
         let mut failure = None;
         match seen {
-            SlurmState::Queued(reason) => a.state = AllocState::Queued { reason },
-            SlurmState::Running => {
+            BatchState::Queued(reason) => a.state = AllocState::Queued { reason },
+            BatchState::Running => {
                 if a.started_at.is_none() {
                     a.started_at = Some(now);
                     self.waits_s.push(now.saturating_sub(a.submitted_at) as f64);
@@ -384,11 +383,11 @@ impl Queue {
                 }
                 a.state = AllocState::Running;
             }
-            SlurmState::Ended => {
+            BatchState::Ended => {
                 a.ended_at = Some(now);
                 a.state = AllocState::Ended;
             }
-            SlurmState::Failed(reason) => {
+            BatchState::Failed(reason) => {
                 a.ended_at = Some(now);
                 // One that never ran, or whose workers never came, is a failure of the
                 // queue's request; one cut by its time limit after working is not.
@@ -617,7 +616,12 @@ mod tests {
         bad(|s| s.rule = "eager".into(), "--rule");
         bad(|s| s.worker_program = "flotilla".into(), "--worker-program");
         bad(|s| s.work_dir = "rel".into(), "--work-dir");
-        bad(|s| s.manager = "pbs".into(), "slurm");
+        bad(|s| s.manager = "lsf".into(), "`slurm` or `pbs`");
+        // PBS has a default queue: none needs naming.
+        let mut pbs = spec();
+        pbs.manager = "pbs".into();
+        pbs.partition = String::new();
+        assert!(pbs.check().is_ok());
     }
 
     #[test]
@@ -629,10 +633,10 @@ mod tests {
         q.submitted("102".into(), 1000);
         assert_eq!(q.fleet(1000).queued, 2);
         assert_eq!(q.newest_queued(1), vec!["102".to_string()]);
-        let line = q.observe("101", SlurmState::Queued("Priority".into()), 1010);
+        let line = q.observe("101", BatchState::Queued("Priority".into()), 1010);
         assert_eq!(line.as_deref(), Some("allocation 101 is queued (Priority)"));
         assert_eq!(
-            q.observe("101", SlurmState::Running, 1060).as_deref(),
+            q.observe("101", BatchState::Running, 1060).as_deref(),
             Some("allocation 101 is running")
         );
         assert_eq!(q.queue_wait_s(), 60.0);
@@ -645,7 +649,7 @@ mod tests {
         assert_eq!(q.learned_cpus, Some(8.0));
         assert_eq!(q.cpus_per_worker(), 8.0);
         q.cancelled("102", 1100);
-        q.observe("101", SlurmState::Ended, 1200);
+        q.observe("101", BatchState::Ended, 1200);
         assert!(q.live().is_empty());
         assert_eq!(q.failures, 0);
         assert!(q.paused.is_none());
@@ -668,18 +672,18 @@ mod tests {
         q.submitted("7".into(), 0);
         q.observe(
             "7",
-            SlurmState::Failed("FAILED (NonZeroExitCode)".into()),
+            BatchState::Failed("FAILED (NonZeroExitCode)".into()),
             5,
         );
         assert_eq!(q.failures, 2);
         assert!(q.paused.is_none());
         // A worker that came resets the count.
         q.submitted("8".into(), 6);
-        q.observe("8", SlurmState::Running, 7);
+        q.observe("8", BatchState::Running, 7);
         q.note_workers(&[("flotilla-q1-8-0".into(), 2.0, "cpu".into())]);
         assert_eq!(q.failures, 0);
         // ...and an allocation that worked, then was cut, is not a failure.
-        q.observe("8", SlurmState::Failed("TIMEOUT".into()), 100);
+        q.observe("8", BatchState::Failed("TIMEOUT".into()), 100);
         assert_eq!(q.failures, 0);
         for _ in 0..3 {
             q.failed("sbatch: error: invalid partition specified: nope".into());

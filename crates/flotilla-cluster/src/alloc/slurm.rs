@@ -6,14 +6,15 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
-/// What a Slurm allocation queue asks for (`flotilla alloc add slurm ...`).
+/// What an allocation queue asks of its batch system (`flotilla alloc add slurm|pbs ...`).
 #[derive(Clone, Debug, PartialEq)]
-pub struct SlurmQueue {
-    /// The partition (`--partition`).
+pub struct BatchQueue {
+    /// The partition (Slurm's `--partition`) or the queue (PBS's `-q`; empty: the
+    /// server's default).
     pub partition: String,
-    /// The allocation's time limit (`--time`).
+    /// The allocation's time limit (`--time`, `-l walltime`).
     pub time_limit: Duration,
-    /// Workers per allocation: one per node (`--nodes`).
+    /// Workers per allocation: one per node (`--nodes`, `-l select`).
     pub workers_per_alloc: u32,
     /// Seconds a worker waits with nothing to run before it gives its node back.
     pub idle_timeout: Duration,
@@ -38,7 +39,7 @@ pub struct WorkerLaunch {
 /// Each node runs one worker (`srun`), named after the job and the node, that leaves when
 /// idle for the queue's idle timeout and before the time limit (`--time-limit`, counted
 /// from its start: slightly inside Slurm's own).
-pub fn batch_script(queue: &SlurmQueue, launch: &WorkerLaunch, name: &str) -> String {
+pub fn batch_script(queue: &BatchQueue, launch: &WorkerLaunch, name: &str) -> String {
     let mut s = String::from("#!/bin/sh\n");
     let _ = writeln!(s, "#SBATCH --job-name={}", shell_word(name));
     let _ = writeln!(s, "#SBATCH --partition={}", shell_word(&queue.partition));
@@ -55,22 +56,27 @@ pub fn batch_script(queue: &SlurmQueue, launch: &WorkerLaunch, name: &str) -> St
     let _ = writeln!(
         s,
         "exec srun --kill-on-bad-exit=0 sh -c {}",
-        shell_word(&worker_command(queue, launch, name))
+        shell_word(&worker_command(queue, launch, name, SLURM_IDS))
     );
     s
 }
 
-/// The command one node runs (through `sh -c`, with Slurm's `SLURM_JOB_ID` and
-/// `SLURM_NODEID` set): a worker named and housed after the job and the node, leaving when
-/// idle for the queue's idle timeout and before the time limit (counted from its start, a
-/// quarter of it and at most 60 s inside Slurm's own, which also counts the start).
-pub fn worker_command(queue: &SlurmQueue, launch: &WorkerLaunch, name: &str) -> String {
+/// How a node's command names its job and itself in Slurm: `JOBID-NODE`, from the
+/// variables `srun` sets.
+pub const SLURM_IDS: &str = "\"$SLURM_JOB_ID-$SLURM_NODEID\"";
+
+/// The command one node runs (through `sh -c`): a worker named and housed after the job
+/// and the node (`ids`, a shell word that expands to `JOBID-NODE` there), leaving when idle
+/// for the queue's idle timeout and before the time limit (counted from its start, a
+/// quarter of it and at most 60 s inside the batch system's own, which also counts the
+/// start).
+pub fn worker_command(queue: &BatchQueue, launch: &WorkerLaunch, name: &str, ids: &str) -> String {
     let inside = queue
         .time_limit
         .saturating_sub((queue.time_limit / 4).min(Duration::from_secs(60)));
     let mut cmd = format!(
-        "exec {} worker --server {} --token-file {} --name {}-\"$SLURM_JOB_ID-$SLURM_NODEID\" \
-         --work-dir {}/\"$SLURM_JOB_ID-$SLURM_NODEID\" --data-listen 0.0.0.0:0 \
+        "exec {} worker --server {} --token-file {} --name {}-{ids} \
+         --work-dir {}/{ids} --data-listen 0.0.0.0:0 \
          --idle-timeout {}s --time-limit {}s",
         shell_word(&launch.program),
         shell_word(&launch.server),
@@ -94,7 +100,7 @@ pub fn slurm_time(d: Duration) -> String {
 }
 
 /// Single-quotes `w` for the shell unless it is plain.
-fn shell_word(w: &str) -> String {
+pub(crate) fn shell_word(w: &str) -> String {
     let plain = !w.is_empty()
         && w.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./:,=@%+".contains(c));
@@ -112,9 +118,9 @@ pub fn parse_sbatch(stdout: &str) -> Option<String> {
     (!id.is_empty() && id.chars().all(|c| c.is_ascii_digit())).then(|| id.to_string())
 }
 
-/// Where an allocation stands in Slurm.
+/// Where an allocation stands in its batch system.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SlurmState {
+pub enum BatchState {
     /// Waiting to start (PENDING, CONFIGURING, REQUEUED...), with Slurm's reason.
     Queued(String),
     /// Its nodes are up.
@@ -127,18 +133,18 @@ pub enum SlurmState {
 }
 
 /// Maps one Slurm job state (and its reason) to ours.
-pub fn state_of(state: &str, reason: &str) -> SlurmState {
+pub fn state_of(state: &str, reason: &str) -> BatchState {
     let state = state.trim().trim_end_matches('+');
     // sacct prints "CANCELLED by 0".
     let word = state.split_whitespace().next().unwrap_or("");
     match word {
         "PENDING" | "CONFIGURING" | "REQUEUED" | "REQUEUE_HOLD" | "REQUEUE_FED" | "RESIZING"
-        | "SUSPENDED" => SlurmState::Queued(reason.trim().to_string()),
-        "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" => SlurmState::Running,
-        "COMPLETED" => SlurmState::Ended,
+        | "SUSPENDED" => BatchState::Queued(reason.trim().to_string()),
+        "RUNNING" | "COMPLETING" | "STAGE_OUT" | "SIGNALING" => BatchState::Running,
+        "COMPLETED" => BatchState::Ended,
         _ => {
             let reason = reason.trim();
-            SlurmState::Failed(if reason.is_empty() || reason == "None" {
+            BatchState::Failed(if reason.is_empty() || reason == "None" {
                 state.to_string()
             } else {
                 format!("{state} ({reason})")
@@ -148,7 +154,7 @@ pub fn state_of(state: &str, reason: &str) -> SlurmState {
 }
 
 /// `squeue -h -o '%i|%T|%r' -j IDS`: job id → state.
-pub fn parse_squeue(stdout: &str) -> HashMap<String, SlurmState> {
+pub fn parse_squeue(stdout: &str) -> HashMap<String, BatchState> {
     stdout
         .lines()
         .filter_map(|l| {
@@ -163,13 +169,13 @@ pub fn parse_squeue(stdout: &str) -> HashMap<String, SlurmState> {
 
 /// `sacct -n -P -X -o JobIDRaw,State,Reason -j IDS`: job id → state (for jobs `squeue` no
 /// longer shows, where Slurm keeps accounting).
-pub fn parse_sacct(stdout: &str) -> HashMap<String, SlurmState> {
+pub fn parse_sacct(stdout: &str) -> HashMap<String, BatchState> {
     parse_squeue(stdout)
 }
 
 /// `scontrol show job -o ID`: its state (for a job `squeue` no longer shows; Slurm keeps
 /// ended jobs there for `MinJobAge`). `None` when it printed no job.
-pub fn parse_scontrol(stdout: &str) -> Option<SlurmState> {
+pub fn parse_scontrol(stdout: &str) -> Option<BatchState> {
     let line = stdout.lines().find(|l| l.contains("JobState="))?;
     let field = |key: &str| {
         line.split_whitespace()
@@ -194,8 +200,8 @@ pub fn parse_sinfo_cpus(stdout: &str) -> Option<f64> {
 mod tests {
     use super::*;
 
-    fn queue() -> SlurmQueue {
-        SlurmQueue {
+    fn queue() -> BatchQueue {
+        BatchQueue {
             partition: "debug".into(),
             time_limit: Duration::from_secs(3600),
             workers_per_alloc: 2,
@@ -234,7 +240,7 @@ mod tests {
         };
         let out = std::process::Command::new("sh")
             .arg("-c")
-            .arg(worker_command(&queue(), &echo, "flotilla-q1-7"))
+            .arg(worker_command(&queue(), &echo, "flotilla-q1-7", SLURM_IDS))
             .env("SLURM_JOB_ID", "4242")
             .env("SLURM_NODEID", "1")
             .output()
@@ -247,11 +253,11 @@ mod tests {
              --data-listen 0.0.0.0:0 --idle-timeout 300s --time-limit 3540s --grace 2m"
         );
         // A short limit keeps three quarters of itself.
-        let short = SlurmQueue {
+        let short = BatchQueue {
             time_limit: Duration::from_secs(120),
             ..queue()
         };
-        assert!(worker_command(&short, &echo, "q").contains("--time-limit 90s"));
+        assert!(worker_command(&short, &echo, "q", SLURM_IDS).contains("--time-limit 90s"));
     }
 
     #[test]
@@ -269,16 +275,16 @@ mod tests {
     fn squeue_and_sacct_states() {
         let q =
             parse_squeue("101|PENDING|Priority\n102|RUNNING|None\n103|PENDING|PartitionConfig\n\n");
-        assert_eq!(q["101"], SlurmState::Queued("Priority".into()));
-        assert_eq!(q["102"], SlurmState::Running);
-        assert_eq!(q["103"], SlurmState::Queued("PartitionConfig".into()));
+        assert_eq!(q["101"], BatchState::Queued("Priority".into()));
+        assert_eq!(q["102"], BatchState::Running);
+        assert_eq!(q["103"], BatchState::Queued("PartitionConfig".into()));
         let a = parse_sacct("104|COMPLETED|None\n105|TIMEOUT|None\n106|CANCELLED by 0|None\n107|FAILED|NonZeroExitCode\n");
-        assert_eq!(a["104"], SlurmState::Ended);
-        assert_eq!(a["105"], SlurmState::Failed("TIMEOUT".into()));
-        assert_eq!(a["106"], SlurmState::Failed("CANCELLED by 0".into()));
+        assert_eq!(a["104"], BatchState::Ended);
+        assert_eq!(a["105"], BatchState::Failed("TIMEOUT".into()));
+        assert_eq!(a["106"], BatchState::Failed("CANCELLED by 0".into()));
         assert_eq!(
             a["107"],
-            SlurmState::Failed("FAILED (NonZeroExitCode)".into())
+            BatchState::Failed("FAILED (NonZeroExitCode)".into())
         );
     }
 
@@ -286,15 +292,15 @@ mod tests {
     fn scontrol_and_sinfo() {
         let done = "JobId=7 JobName=flotilla-q1 UserId=root(0) Priority=1 JobState=COMPLETED \
                     Reason=None Dependency=(null)\n";
-        assert_eq!(parse_scontrol(done), Some(SlurmState::Ended));
+        assert_eq!(parse_scontrol(done), Some(BatchState::Ended));
         let pending = "JobId=8 JobName=x JobState=PENDING Reason=Resources Dependency=(null)";
         assert_eq!(
             parse_scontrol(pending),
-            Some(SlurmState::Queued("Resources".into()))
+            Some(BatchState::Queued("Resources".into()))
         );
         assert_eq!(
             parse_scontrol("JobId=9 JobState=TIMEOUT Reason=TimeLimit"),
-            Some(SlurmState::Failed("TIMEOUT (TimeLimit)".into()))
+            Some(BatchState::Failed("TIMEOUT (TimeLimit)".into()))
         );
         assert_eq!(
             parse_scontrol("slurm_load_jobs error: Invalid job id specified"),

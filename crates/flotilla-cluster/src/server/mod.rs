@@ -513,7 +513,7 @@ async fn serve(
     let alloc = Arc::new(
         crate::alloc::Allocator::open(
             &config.state_dir,
-            Arc::new(crate::alloc::Slurm::default()),
+            crate::alloc::Systems::on_path(),
             access.clone(),
             std::env::current_exe()
                 .map(|p| p.display().to_string())

@@ -67,7 +67,7 @@ async fn a_full_request_queue_refuses_new_requests_as_busy() {
         alloc: Arc::new(
             crate::alloc::Allocator::open(
                 dir.path(),
-                Arc::new(crate::alloc::Slurm::default()),
+                crate::alloc::Systems::on_path(),
                 access,
                 "/usr/bin/flotilla".into(),
                 "127.0.0.1:1".into(),

@@ -39,21 +39,22 @@
 //! on a device until the task completes, and eviction skips pinned replicas, so a buffer
 //! never disappears under a running task. Host memory is never evicted. Each device node's
 //! fetches are made by that device's one prefetch thread; eviction only `try_lock`s its
-//! victims, so two data locks are never waited on in opposite orders.
+//! victims, so no thread ever waits for a data lock while holding another: when the only
+//! replica that could go is locked, `acquire` lets go of its own and waits for that one
+//! before it starts again. Room on a device is reserved before the device is asked, so two
+//! fetches never both take its last bytes. `shuttle_models` below checks all of this.
 
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
+use crate::error::{Result, RuntimeError};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::task::TaskNode;
 use flotilla_core::DataId;
 use flotilla_devices::{Device, DeviceBuffer, DevicesError, HostPin};
-use parking_lot::Mutex;
-
-use crate::error::{Result, RuntimeError};
-use crate::task::TaskNode;
 
 /// The index of host memory among the memory nodes.
 pub(crate) const HOST: usize = 0;
@@ -316,6 +317,29 @@ pub(crate) struct TransferEvent {
     pub(crate) end: Instant,
 }
 
+/// Why acquiring data stopped short: an error, or a replica that would make room on a
+/// device is locked by another thread (wait for it with no lock held, then start again).
+enum Stall {
+    Failed(RuntimeError),
+    Busy(Arc<DataCell>),
+}
+
+impl From<RuntimeError> for Stall {
+    fn from(e: RuntimeError) -> Self {
+        Stall::Failed(e)
+    }
+}
+
+/// What one eviction did.
+enum Evicted {
+    /// A replica went (or the one chosen became busy): look again.
+    One,
+    /// None could go, and this one was locked by another thread.
+    Busy(Arc<DataCell>),
+    /// None could go: every other replica is pinned.
+    None,
+}
+
 /// Owns the memory nodes and the registry of data.
 pub(crate) struct DataManager {
     pub(crate) nodes: Vec<Option<NodeMem>>,
@@ -466,21 +490,49 @@ impl DataManager {
 
     /// Makes the data valid on `node` for `mode` and, on a device node, pins the replica
     /// and returns its buffer. Called by the thread that runs or prefetches the task.
+    ///
+    /// When making room on a device needs a replica whose lock another thread holds (it is
+    /// being fetched, copied from or evicted elsewhere), this lets go of the data's own lock,
+    /// waits for that one, and starts again: holding one data lock while waiting for another
+    /// could deadlock, and giving up would fail a task for a device that is not full (a
+    /// shuttle model found both).
     pub(crate) fn acquire(
         &self,
         cell: &Arc<DataCell>,
         node: usize,
         mode: Access,
     ) -> Result<Option<Arc<DeviceBuffer>>> {
-        let mut c = cell.coherence.lock();
+        loop {
+            let mut c = cell.coherence.lock();
+            match self.acquire_locked(cell, &mut c, node, mode) {
+                Ok(buf) => return Ok(buf),
+                Err(Stall::Failed(e)) => return Err(e),
+                Err(Stall::Busy(victim)) => {
+                    // Every lock this thread held is released before it waits.
+                    drop(c);
+                    drop(victim.coherence.lock());
+                }
+            }
+        }
+    }
+
+    /// [`DataManager::acquire`] under the data's lock. Every state it leaves when it stalls
+    /// is a coherent one (a fetch through the host leaves the host `Shared`).
+    fn acquire_locked(
+        &self,
+        cell: &Arc<DataCell>,
+        c: &mut Coherence,
+        node: usize,
+        mode: Access,
+    ) -> std::result::Result<Option<Arc<DeviceBuffer>>, Stall> {
         if node != HOST && cell.host().bytes().is_none() {
-            return Err(RuntimeError::Config(format!(
+            return Err(Stall::Failed(RuntimeError::Config(format!(
                 "data {} ({}) is a host-only object and cannot move to a device",
                 cell.id, cell.type_name
-            )));
+            ))));
         }
         if mode.reads() && c.states[node] == Msi::Invalid {
-            self.fetch(cell, &mut c, node)?;
+            self.fetch(cell, c, node)?;
         }
         if mode.writes() {
             if node != HOST && c.buffers[node].is_none() {
@@ -491,7 +543,7 @@ impl DataManager {
                 if other != node && c.states[other] != Msi::Invalid {
                     c.states[other] = Msi::Invalid;
                     if other != HOST {
-                        self.free_replica(cell, &mut c, other);
+                        self.free_replica(cell, c, other);
                     }
                 }
             }
@@ -504,7 +556,7 @@ impl DataManager {
             c.pins[node] += 1;
             c.buffers[node].clone()
         };
-        cell.set_mask(&c);
+        cell.set_mask(c);
         Ok(buf)
     }
 
@@ -517,7 +569,12 @@ impl DataManager {
     }
 
     /// Copies a valid replica to `node` (which is invalid).
-    fn fetch(&self, cell: &Arc<DataCell>, c: &mut Coherence, node: usize) -> Result<()> {
+    fn fetch(
+        &self,
+        cell: &Arc<DataCell>,
+        c: &mut Coherence,
+        node: usize,
+    ) -> std::result::Result<(), Stall> {
         let valid = |i: &usize| c.states[*i] != Msi::Invalid;
         let src = if c.states[HOST] != Msi::Invalid {
             HOST
@@ -529,10 +586,10 @@ impl DataManager {
             match direct.or_else(|| (0..c.states.len()).find(valid)) {
                 Some(i) => i,
                 None => {
-                    return Err(RuntimeError::Config(format!(
+                    return Err(Stall::Failed(RuntimeError::Config(format!(
                         "data {} has no valid replica (a writer failed before producing it)",
                         cell.id
-                    )))
+                    ))))
                 }
             }
         };
@@ -680,51 +737,80 @@ impl DataManager {
     }
 
     /// Allocates room for `cell` on device `node`, evicting least recently used unpinned
-    /// replicas when the node is full.
-    fn alloc_on(&self, cell: &Arc<DataCell>, node: usize) -> Result<DeviceBuffer> {
+    /// replicas when the node is full. The room is reserved in `used` before the device is
+    /// asked, so two threads never both take the last of it.
+    fn alloc_on(
+        &self,
+        cell: &Arc<DataCell>,
+        node: usize,
+    ) -> std::result::Result<DeviceBuffer, Stall> {
         let Some(mem) = &self.nodes[node] else {
-            return Err(RuntimeError::Config(format!("node {node} is not a device")));
+            return Err(Stall::Failed(RuntimeError::Config(format!(
+                "node {node} is not a device"
+            ))));
         };
         let need = cell.bytes as u64;
         if need > mem.capacity {
-            return Err(RuntimeError::Config(format!(
+            return Err(Stall::Failed(RuntimeError::Config(format!(
                 "data {} ({} bytes) is larger than device {}'s memory ({} bytes)",
                 cell.id,
                 need,
                 mem.device.info().name,
                 mem.capacity
-            )));
+            ))));
         }
         loop {
-            let fits = *mem.used.lock() + need <= mem.capacity;
-            if fits {
+            let (reserved, seen) = {
+                let mut used = mem.used.lock();
+                let seen = *used;
+                let fits = seen + need <= mem.capacity;
+                if fits {
+                    *used += need;
+                }
+                (fits, seen)
+            };
+            if reserved {
                 match mem.device.alloc(cell.bytes.max(1)) {
                     Ok(buf) => {
-                        *mem.used.lock() += need;
                         mem.resident.lock().push(Arc::downgrade(cell));
                         return Ok(buf);
                     }
-                    Err(DevicesError::OutOfMemory { .. }) => {}
-                    Err(e) => return Err(self.device_err(node, e)),
+                    Err(e) => {
+                        let mut used = mem.used.lock();
+                        *used = used.saturating_sub(need);
+                        if !matches!(e, DevicesError::OutOfMemory { .. }) {
+                            return Err(Stall::Failed(self.device_err(node, e)));
+                        }
+                    }
                 }
             }
-            if !self.evict_one(node, cell.id)? {
-                return Err(RuntimeError::DeviceFull {
-                    device: mem.device.info().name.clone(),
-                    data: cell.id.to_string(),
-                    bytes: need,
-                    used: *mem.used.lock(),
-                    capacity: mem.capacity,
-                });
+            match self.evict_one(node, cell.id)? {
+                Evicted::One => {}
+                Evicted::Busy(victim) => return Err(Stall::Busy(victim)),
+                Evicted::None => {
+                    // Room freed (or taken) by another thread since it looked: look again.
+                    let used = *mem.used.lock();
+                    if used != seen {
+                        continue;
+                    }
+                    return Err(Stall::Failed(RuntimeError::DeviceFull {
+                        device: mem.device.info().name.clone(),
+                        data: cell.id.to_string(),
+                        bytes: need,
+                        used,
+                        capacity: mem.capacity,
+                    }));
+                }
             }
         }
     }
 
-    /// Evicts the least recently used unpinned replica on `node` (never `except`'s).
-    /// Returns false when nothing could be evicted.
-    fn evict_one(&self, node: usize, except: DataId) -> Result<bool> {
+    /// Evicts the least recently used unpinned replica on `node` (never `except`'s). When
+    /// none can go, says whether some replica was locked by another thread (it may be
+    /// evictable once let go) or every one is pinned.
+    fn evict_one(&self, node: usize, except: DataId) -> Result<Evicted> {
         let Some(mem) = &self.nodes[node] else {
-            return Ok(false);
+            return Ok(Evicted::None);
         };
         let candidates: Vec<Arc<DataCell>> = {
             let mut r = mem.resident.lock();
@@ -732,11 +818,13 @@ impl DataManager {
             r.iter().filter_map(Weak::upgrade).collect()
         };
         let mut best: Option<(u64, &Arc<DataCell>)> = None;
+        let mut busy: Option<&Arc<DataCell>> = None;
         for cand in &candidates {
             if cand.id == except {
                 continue;
             }
             let Some(c) = cand.coherence.try_lock() else {
+                busy = busy.or(Some(cand));
                 continue;
             };
             if c.buffers[node].is_some() && c.pins[node] == 0 {
@@ -747,13 +835,16 @@ impl DataManager {
             }
         }
         let Some((_, victim)) = best else {
-            return Ok(false);
+            return Ok(match busy {
+                Some(b) => Evicted::Busy(b.clone()),
+                None => Evicted::None,
+            });
         };
         let Some(mut c) = victim.coherence.try_lock() else {
-            return Ok(true); // it became busy; the caller looks again
+            return Ok(Evicted::One); // it became busy; the caller looks again
         };
         if c.pins[node] != 0 || c.buffers[node].is_none() {
-            return Ok(true);
+            return Ok(Evicted::One);
         }
         if c.states[node] == Msi::Modified {
             self.download(victim, &c, node)?;
@@ -770,7 +861,7 @@ impl DataManager {
         }
         victim.set_mask(&c);
         self.stats.lock().evictions += 1;
-        Ok(true)
+        Ok(Evicted::One)
     }
 
     fn free_replica(&self, cell: &DataCell, c: &mut Coherence, node: usize) {
@@ -891,5 +982,177 @@ mod tests {
         dm.pin_host = false;
         let d = dm.register(vec![0u8; PIN_MIN_BYTES]);
         assert!(!d.host_pinned() && devs[0].pinned_ranges().is_empty());
+    }
+}
+
+/// Shuttle models of the replica states under concurrency (`cargo test -p
+/// flotilla-runtime --features shuttle --lib shuttle`): the data manager's own locks and
+/// atomics are shuttle's (`sync.rs`), its devices in-memory ones. Tasks run as the task
+/// graph allows them (readers of one version together, a writer alone on its data) on two
+/// devices whose memory holds two data each, so reads on one device evict replicas others
+/// are fetching, copying from or writing back. Checked after every step, under the data's
+/// lock: some replica is valid; a `Modified` one is the only valid one; every valid device
+/// replica has its buffer; the lock-free valid mask agrees; no device holds more than its
+/// capacity; a task's replica stays while the task runs; every read sees the last write.
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_models {
+    use super::*;
+    use flotilla_devices::cpu::HostDevice;
+
+    const LEN: usize = 64;
+
+    fn manager() -> Arc<DataManager> {
+        let devs: Vec<Arc<dyn Device>> = (0..2)
+            .map(|_| Arc::new(HostDevice::new(1 << 20)) as Arc<dyn Device>)
+            .collect();
+        // Room for two data per device.
+        let mut dm = DataManager::new(&devs, Some(2 * LEN as u64));
+        dm.pin_host = false;
+        Arc::new(dm)
+    }
+
+    /// The invariants of `cell`'s replicas and of every device's accounting.
+    fn check(dm: &DataManager, cell: &DataCell) {
+        {
+            let c = cell.coherence.lock();
+            let valid: Vec<usize> = (0..c.states.len())
+                .filter(|&i| c.states[i] != Msi::Invalid)
+                .collect();
+            assert!(!valid.is_empty(), "{}: no valid replica", cell.id);
+            if c.states.contains(&Msi::Modified) {
+                assert_eq!(valid.len(), 1, "{}: Modified beside {valid:?}", cell.id);
+            }
+            for &n in &valid {
+                assert!(
+                    n == HOST || c.buffers[n].is_some(),
+                    "{}: node {n} valid without a buffer",
+                    cell.id
+                );
+            }
+            let mask = valid.iter().fold(0u64, |m, &n| m | 1 << n);
+            assert_eq!(
+                cell.valid_mask.load(Ordering::Acquire),
+                mask,
+                "{}: mask",
+                cell.id
+            );
+        }
+        for mem in dm.nodes.iter().flatten() {
+            let used = *mem.used.lock();
+            assert!(
+                used <= mem.capacity,
+                "{used} bytes used of {}",
+                mem.capacity
+            );
+        }
+    }
+
+    /// A task using `cell` on `node` as `mode`: it reads (and expects `expect`) and/or
+    /// writes `write` into every byte, as a kernel would.
+    fn task(
+        dm: &DataManager,
+        cell: &Arc<DataCell>,
+        node: usize,
+        mode: Access,
+        expect: u8,
+        write: u8,
+    ) {
+        let buf = dm.acquire(cell, node, mode).expect("acquired");
+        check(dm, cell);
+        let device = dm.nodes[node].as_ref().map(|m| m.device.clone());
+        if mode.reads() {
+            let seen = match (&device, &buf) {
+                (Some(d), Some(b)) => {
+                    let mut out = vec![0u8; LEN];
+                    d.download(b, &mut out).expect("read on the device");
+                    out
+                }
+                _ => cell.host().bytes().expect("bytes").to_vec(),
+            };
+            assert!(
+                seen.iter().all(|&b| b == expect),
+                "{} on node {node}: {seen:?}, not {expect}",
+                cell.id
+            );
+        }
+        if mode.writes() {
+            match (&device, &buf) {
+                (Some(d), Some(b)) => d.upload(b, &[write; LEN]).expect("written on the device"),
+                // SAFETY: this task holds the only access to the data (the task graph's
+                // guarantee, kept by the model: a writer runs alone on its data).
+                _ => unsafe { cell.host_mut() }
+                    .bytes_mut()
+                    .expect("bytes")
+                    .fill(write),
+            }
+        }
+        // The replica it used is still there, the same buffer, while it runs.
+        if let Some(b) = &buf {
+            let c = cell.coherence.lock();
+            assert!(
+                c.buffers[node]
+                    .as_ref()
+                    .is_some_and(|now| Arc::ptr_eq(now, b)),
+                "{}: node {node}'s replica went away under its task",
+                cell.id
+            );
+        }
+        dm.release(cell, node);
+        check(dm, cell);
+    }
+
+    fn scenario() {
+        let dm = manager();
+        let [x, y, z] = [1u8, 2, 3].map(|v| dm.register(vec![v; LEN]).cell);
+        // X written on device 1, Y on device 2; Z stays on the host.
+        task(&dm, &x, 1, Access::W, 0, 1);
+        task(&dm, &y, 2, Access::W, 0, 2);
+        // Readers together: X on device 2 (a copy from 1) and on the host (a download), Y
+        // on device 1, Z on both devices (each full: evictions, write-backs).
+        let spawn = |f: Box<dyn FnOnce(&DataManager) + Send>| {
+            let dm = dm.clone();
+            shuttle::thread::spawn(move || f(&dm))
+        };
+        let (x1, y1, z1, x2) = (x.clone(), y.clone(), z.clone(), x.clone());
+        let readers = vec![
+            spawn(Box::new(move |dm| task(dm, &x1, 2, Access::R, 1, 0))),
+            spawn(Box::new(move |dm| task(dm, &y1, 1, Access::R, 2, 0))),
+            spawn(Box::new(move |dm| {
+                task(dm, &z1, 1, Access::R, 3, 0);
+                task(dm, &z1, 2, Access::R, 3, 0);
+            })),
+            spawn(Box::new(move |dm| task(dm, &x2, HOST, Access::R, 1, 0))),
+        ];
+        for r in readers {
+            r.join().expect("a reader ends");
+        }
+        // Writers, each alone on its data, while Z is read again.
+        let (x1, y1, z1) = (x.clone(), y.clone(), z.clone());
+        let writers = vec![
+            spawn(Box::new(move |dm| task(dm, &x1, 2, Access::RW, 1, 11))),
+            spawn(Box::new(move |dm| task(dm, &y1, 1, Access::RW, 2, 12))),
+            spawn(Box::new(move |dm| task(dm, &z1, 2, Access::R, 3, 0))),
+        ];
+        for w in writers {
+            w.join().expect("a writer ends");
+        }
+        for (cell, v) in [(&x, 11u8), (&y, 12), (&z, 3)] {
+            dm.bring_home(cell).expect("home");
+            check(&dm, cell);
+            assert!(
+                cell.host().bytes().expect("bytes").iter().all(|&b| b == v),
+                "{}",
+                cell.id
+            );
+        }
+        for mem in dm.nodes.iter().flatten() {
+            assert_eq!(*mem.used.lock(), 0, "every device buffer freed and counted");
+        }
+    }
+
+    #[test]
+    fn shuttle_replicas_stay_coherent_under_concurrent_reads_writes_and_evictions() {
+        shuttle::check_random(scenario, 3_000);
+        shuttle::check_pct(scenario, 3_000, 3);
     }
 }

@@ -1,7 +1,8 @@
 //! The primitives of the concurrency protocols that are model-checked: std's atomics and
 //! crossbeam's parker in a normal build, shuttle's under `--features shuttle` (as tokio's
 //! `src/loom/` swaps in loom's). Only what the models cover goes through here: the
-//! sleep/wake protocol of the CPU workers (`sleep.rs`).
+//! sleep/wake protocol of the CPU workers (`sleep.rs`) and the data manager's replica
+//! states (`data.rs`: its locks and atomics).
 //!
 //! Why shuttle and not loom: the protocol is a store-then-load handshake on both sides (a
 //! worker marks itself sleeping then looks for work; a pusher publishes work then looks for
@@ -15,12 +16,40 @@
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use crossbeam_utils::sync::{Parker, Unparker};
 #[cfg(not(feature = "shuttle"))]
-pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use parking_lot::Mutex;
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use std::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 
+#[cfg(feature = "shuttle")]
+pub(crate) use mutex::Mutex;
 #[cfg(feature = "shuttle")]
 pub(crate) use parker::{Parker, Unparker};
 #[cfg(feature = "shuttle")]
-pub(crate) use shuttle::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use shuttle::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
+
+/// parking_lot's `Mutex` API (no poisoning; `try_lock` gives an `Option`) on shuttle's.
+#[cfg(feature = "shuttle")]
+mod mutex {
+    pub(crate) struct Mutex<T>(shuttle::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Mutex(shuttle::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> shuttle::sync::MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        pub(crate) fn try_lock(&self) -> Option<shuttle::sync::MutexGuard<'_, T>> {
+            self.0.try_lock().ok()
+        }
+    }
+}
 
 /// crossbeam's `Parker` semantics (an unpark before the park is kept as a token) on
 /// shuttle's mutex and condition variable, so the model sees every interleaving around it.

@@ -178,7 +178,7 @@ async fn answers(ch: Channel) -> bool {
     }
 }
 
-fn host_of(addr: &str) -> String {
+pub(crate) fn host_of(addr: &str) -> String {
     let a = addr
         .trim_start_matches("https://")
         .trim_start_matches("http://");

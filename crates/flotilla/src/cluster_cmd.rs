@@ -99,6 +99,11 @@ pub(crate) struct ServerArgs {
     /// TLS private key (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// In a group with --tls-cert: the CA (PEM) the other nodes' certificates are verified
+    /// against on the group port (default: the --tls-cert file itself, right for one
+    /// certificate shared by the group or a chain that ends in the group's CA).
+    #[arg(long, requires_all = ["peers", "tls_cert"])]
+    peer_ca: Option<PathBuf>,
     /// Heartbeat timeout in milliseconds: a worker silent this long is declared lost.
     #[arg(long, default_value_t = 5000)]
     heartbeat_timeout_ms: u64,
@@ -410,10 +415,11 @@ pub(crate) fn gpus_from(spec: &str) -> Result<Vec<WorkerGpu>> {
 
 pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     let group = match a.node_id {
-        Some(id) => Some(flotilla::cluster::ha::GroupConfig::new(
-            id,
-            a.peers.clone(),
-        )?),
+        Some(id) => {
+            let mut g = flotilla::cluster::ha::GroupConfig::new(id, a.peers.clone())?;
+            g.peer_ca = a.peer_ca.clone();
+            Some(g)
+        }
         None => None,
     };
     let listen = match (a.listen, &group) {

@@ -150,6 +150,75 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
 /// group was left without a majority. Now it steps down and follows, as a deposed leader
 /// does. Here every node fails the first commit of its first two terms (a test hook): the
 /// group still serves, no node exits, and a job runs through.
+/// A group whose nodes serve TLS speaks TLS on its group port too: Raft's traffic (the
+/// election after a SIGKILLed leader, the replication of the job's records) goes over it,
+/// and the port answers a peer that verifies its certificate while a plain-TCP one gets no
+/// HTTP/2 at all.
+#[test]
+fn a_group_that_serves_tls_replicates_over_tls_and_its_group_port_refuses_plain_tcp() {
+    use flotilla::cluster::proto::{group_client::GroupClient, GroupFrame};
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+    let dag = HashDag::random(30, 0x4a_0007);
+    let mut g = Group::start_tls(1);
+    let dir = g.job_dir();
+    let job = g.submit(&dag.write(&dir, "tls", Some("0.05")));
+    let first = g.leader();
+    g.kill_leader(first);
+    let s = g.wait_job(job, JOB_TIMEOUT);
+    assert_succeeded(&s);
+    dag.check_outputs(&dir);
+    assert_ne!(g.leader(), first);
+
+    // A live node's group port (its API port + 1).
+    let live = (1..=3).find(|&i| i != first).expect("a live node");
+    let port: u16 = g.peers[live - 1]
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("a port");
+    let cert = g
+        .tls
+        .as_ref()
+        .map(|(c, _)| c.clone())
+        .expect("a certificate");
+    let pem = std::fs::read(&cert).expect("cert.pem");
+    let call = |url: String, tls: bool| -> Result<tonic::Code, String> {
+        g.rt.block_on(async {
+            let mut ep = Endpoint::from_shared(url).expect("a url");
+            if tls {
+                ep = ep
+                    .tls_config(
+                        ClientTlsConfig::new()
+                            .ca_certificate(Certificate::from_pem(&pem))
+                            .domain_name("127.0.0.1"),
+                    )
+                    .expect("tls settings");
+            }
+            let ch = ep.connect().await.map_err(|e| e.to_string())?;
+            let mut req = tonic::Request::new(GroupFrame { body: Vec::new() });
+            req.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {}", kit::group::TOKEN)
+                    .parse()
+                    .expect("a header"),
+            );
+            match GroupClient::new(ch).call(req).await {
+                Ok(_) => Ok(tonic::Code::Ok),
+                Err(s) => Ok(s.code()),
+            }
+        })
+    };
+    // Over TLS, with the token: the node reads the (empty) message and refuses it.
+    let over_tls = call(format!("https://127.0.0.1:{}", port + 1), true);
+    assert_eq!(over_tls, Ok(tonic::Code::InvalidArgument), "{over_tls:?}");
+    // Plain TCP: no answer of the node's at all.
+    let plain = call(format!("http://127.0.0.1:{}", port + 1), false);
+    assert!(
+        !matches!(plain, Ok(tonic::Code::InvalidArgument | tonic::Code::Ok)),
+        "{plain:?}"
+    );
+}
+
 #[test]
 fn a_leader_whose_first_commit_fails_steps_down_and_stays_in_the_group() {
     let dag = HashDag::random(20, 0x4a_0003);

@@ -84,6 +84,11 @@ pub struct GroupConfig {
     pub election: (Duration, Duration),
     /// How long a turn may wait for a majority before the leader gives up leading.
     pub commit_timeout: Duration,
+    /// When the server speaks TLS (`--tls-cert`, `--tls-key`), its group port does too, and
+    /// it verifies the other nodes' certificates against this CA (PEM; `None`: the
+    /// server's own certificate file, right for one certificate shared by the group or a
+    /// chain that ends in the group's CA).
+    pub peer_ca: Option<std::path::PathBuf>,
 }
 
 impl GroupConfig {
@@ -123,6 +128,7 @@ impl GroupConfig {
             heartbeat: Duration::from_millis(100),
             election: (Duration::from_millis(400), Duration::from_millis(700)),
             commit_timeout: Duration::from_secs(5),
+            peer_ca: None,
         })
     }
 
@@ -180,13 +186,26 @@ fn raft_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
 impl Node {
     /// Opens this node's log (`STATE/group/log`) and journal, serves the group port, and
     /// joins (initializing the group the first time its nodes start).
+    ///
+    /// With `tls` (the server's certificate and key), the group port speaks TLS only, and
+    /// this node reaches the others over TLS, verifying them against
+    /// [`GroupConfig::peer_ca`].
     pub async fn start(
         config: GroupConfig,
         state_dir: &Path,
         token: &str,
         fsync: bool,
+        tls: Option<&crate::transport::ServerTls>,
         mut stop: watch::Receiver<bool>,
     ) -> Result<Arc<Node>> {
+        let peer_tls = match tls {
+            Some(t) => {
+                let ca = config.peer_ca.clone().unwrap_or_else(|| t.cert.clone());
+                let pem = std::fs::read(&ca).map_err(|e| ClusterError::io(&ca, e))?;
+                Some((t.config()?, pem))
+            }
+            None => None,
+        };
         let log_path = state_dir.join("group").join("log");
         let log = LogStore::open(&log_path, fsync).map_err(|e| ClusterError::io(&log_path, e))?;
         let sm = StateMachine::open(state_dir, fsync, log.clone())?;
@@ -205,7 +224,7 @@ impl Node {
         let raft = Raft::new(
             config.node_id,
             Arc::new(rc),
-            network::Net::new(token),
+            network::Net::new(token, peer_tls.as_ref().map(|(_, ca)| ca.clone())),
             log,
             sm.clone(),
         )
@@ -233,9 +252,14 @@ impl Node {
         );
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let stop_serving = stop.clone();
+        let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+        if let Some((server_tls, _)) = peer_tls {
+            builder = builder
+                .tls_config(server_tls)
+                .map_err(|e| ClusterError::Config(format!("the group port's tls: {e}")))?;
+        }
         tokio::spawn(async move {
-            let r = tonic::transport::Server::builder()
-                .tcp_nodelay(true)
+            let r = builder
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, crate::server::stopped(stop_serving))
                 .await;

@@ -12,7 +12,7 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 use serde::{Deserialize, Serialize};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use super::{group_addr, NodeId, Raft, TypeConfig};
 use crate::proto::group_client::GroupClient;
@@ -37,12 +37,15 @@ enum Reply {
 /// Makes a [`Peer`] per other node.
 pub(super) struct Net {
     token: String,
+    /// The CA (PEM) the other nodes' certificates are verified against: TLS when set.
+    ca: Option<Vec<u8>>,
 }
 
 impl Net {
-    pub(super) fn new(token: &str) -> Net {
+    pub(super) fn new(token: &str, ca: Option<Vec<u8>>) -> Net {
         Net {
             token: token.to_string(),
+            ca,
         }
     }
 }
@@ -55,6 +58,7 @@ impl RaftNetworkFactory<TypeConfig> for Net {
             target,
             addr: group_addr(&node.addr).unwrap_or_else(|| node.addr.clone()),
             header: format!("Bearer {}", self.token),
+            ca: self.ca.clone(),
             client: None,
         }
     }
@@ -65,6 +69,7 @@ pub(super) struct Peer {
     target: NodeId,
     addr: String,
     header: String,
+    ca: Option<Vec<u8>>,
     client: Option<GroupClient<Channel>>,
 }
 
@@ -84,10 +89,20 @@ impl Peer {
     ) -> Result<Reply, RPCError<NodeId, BasicNode, E>> {
         let body = postcard::to_allocvec(&rpc).map_err(network)?;
         if self.client.is_none() {
-            let ep = Endpoint::from_shared(format!("http://{}", self.addr))
+            let scheme = if self.ca.is_some() { "https" } else { "http" };
+            let mut ep = Endpoint::from_shared(format!("{scheme}://{}", self.addr))
                 .map_err(unreachable)?
                 .tcp_nodelay(true)
                 .connect_timeout(Duration::from_secs(1));
+            if let Some(ca) = &self.ca {
+                ep = ep
+                    .tls_config(
+                        ClientTlsConfig::new()
+                            .ca_certificate(Certificate::from_pem(ca))
+                            .domain_name(crate::transport::host_of(&self.addr)),
+                    )
+                    .map_err(|e| unreachable(format!("tls: {e}")))?;
+            }
             let ch = ep
                 .connect()
                 .await

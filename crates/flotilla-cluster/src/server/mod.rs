@@ -235,6 +235,7 @@ impl Server {
             &config.state_dir,
             &token,
             config.fsync,
+            config.tls.as_ref(),
             stop_rx.clone(),
         )
         .await?;

@@ -25,6 +25,9 @@ pub(crate) struct Group {
     workers: Vec<Option<Proc>>,
     /// Extra environment of every node (test hooks).
     node_env: Vec<(String, String)>,
+    /// The certificate and key every node serves with (one self-signed certificate for
+    /// 127.0.0.1), when the group speaks TLS.
+    pub(crate) tls: Option<(PathBuf, PathBuf)>,
     /// A runtime for the kit's clients.
     pub(crate) rt: tokio::runtime::Runtime,
 }
@@ -52,10 +55,29 @@ impl Group {
 
     /// [`Group::start`] with `env` set on every node (started now or later).
     pub(crate) fn start_with(workers: usize, env: &[(&str, &str)]) -> Group {
+        Group::start_inner(workers, env, false)
+    }
+
+    /// [`Group::start`] speaking TLS everywhere: every node serves one self-signed
+    /// certificate (for 127.0.0.1) on its API and group ports; workers, clients and the
+    /// other nodes verify it.
+    pub(crate) fn start_tls(workers: usize) -> Group {
+        Group::start_inner(workers, &[], true)
+    }
+
+    fn start_inner(workers: usize, env: &[(&str, &str)], tls: bool) -> Group {
         let root = tempfile::Builder::new()
             .prefix("flotilla-group-test")
             .tempdir()
             .expect("a temporary folder");
+        let tls = tls.then(|| {
+            let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()])
+                .expect("a certificate");
+            let (cert, key) = (root.path().join("cert.pem"), root.path().join("key.pem"));
+            std::fs::write(&cert, ck.cert.pem()).expect("cert.pem");
+            std::fs::write(&key, ck.signing_key.serialize_pem()).expect("key.pem");
+            (cert, key)
+        });
         let mut taken = HashSet::new();
         let peers: Vec<String> = (0..3)
             .map(|_| {
@@ -78,6 +100,7 @@ impl Group {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            tls,
             rt,
         };
         for id in 1..=3 {
@@ -120,6 +143,9 @@ impl Group {
         .arg("--state")
         .arg(self.state(id))
         .args(["--heartbeat-timeout-ms", &HEARTBEAT_TIMEOUT_MS.to_string()]);
+        if let Some((cert, key)) = &self.tls {
+            cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+        }
         for (k, v) in &self.node_env {
             cmd.env(k, v);
         }
@@ -153,6 +179,9 @@ impl Group {
             // test's task can say which worker ran it (`${TMPDIR##*/}` is `tmp-w<i>`).
             .env("TMPDIR", &tmp)
             .env_remove("FLOTILLA_SERVER");
+        if let Some((cert, _)) = &self.tls {
+            cmd.arg("--tls-ca").arg(cert);
+        }
         self.workers
             .push(Some(spawn_logged(cmd, &format!("w{i}")).0));
         i
@@ -217,7 +246,8 @@ impl Group {
 
     /// [`Group::client`] presenting `token`.
     pub(crate) fn client_as(&self, token: &str) -> Option<Client> {
-        let remote = Remote::new(self.list(), token);
+        let mut remote = Remote::new(self.list(), token);
+        remote.tls_ca = self.tls.as_ref().map(|(cert, _)| cert.clone());
         self.rt.block_on(Client::connect(&remote)).ok()
     }
 
@@ -250,11 +280,14 @@ impl Group {
         })
     }
 
-    /// Runs the CLI against the group.
+    /// Runs the CLI against the group (with `--tls-ca` last when it speaks TLS).
     pub(crate) fn cli(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .args(args)
-            .current_dir(self.job_dir())
+        let mut cmd = Command::new(BIN);
+        cmd.args(args);
+        if let Some((cert, _)) = &self.tls {
+            cmd.arg("--tls-ca").arg(cert);
+        }
+        cmd.current_dir(self.job_dir())
             .env("FLOTILLA_SERVER", self.list())
             .env("FLOTILLA_TOKEN", TOKEN)
             .stdin(Stdio::null())

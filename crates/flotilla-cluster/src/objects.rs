@@ -278,6 +278,8 @@ pub(crate) struct ObjectsService {
     store: Arc<ObjectStore>,
     /// The coordinator's: a fetch needs the admin token or a ticket for the object.
     tickets: Option<Arc<crate::access::Access>>,
+    /// In a group: the node, which asks the others for an upload this one lacks.
+    group: Option<Arc<crate::ha::Node>>,
 }
 
 type ChunkStream =
@@ -307,7 +309,25 @@ impl Objects for ObjectsService {
         }
         let hash = req.into_inner().hash;
         if !self.store.has(&hash) {
-            return Err(Status::not_found(format!("object {hash} is not held here")));
+            // Uploaded to an earlier leader: a majority of the group holds it.
+            let recovered = match &self.group {
+                Some(node) if valid_hash(&hash) => node.recover_object(&hash).await,
+                _ => None,
+            };
+            let kept = match recovered {
+                Some(data) => {
+                    let store = self.store.clone();
+                    tokio::task::spawn_blocking(move || store.put_bytes(&data))
+                        .await
+                        .map_err(|e| Status::internal(e.to_string()))?
+                        .map_err(|e| Status::internal(format!("keeping object {hash}: {e}")))?;
+                    true
+                }
+                None => false,
+            };
+            if !kept {
+                return Err(Status::not_found(format!("object {hash} is not held here")));
+            }
         }
         let path = self.store.path(&hash);
         let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -353,11 +373,13 @@ pub(crate) fn objects_service(
     store: Arc<ObjectStore>,
     check: crate::auth::Authn,
     access: Arc<crate::access::Access>,
+    group: Option<Arc<crate::ha::Node>>,
 ) -> tonic::codegen::InterceptedService<ObjectsServer<ObjectsService>, crate::auth::Authn> {
     ObjectsServer::with_interceptor(
         ObjectsService {
             store,
             tickets: Some(access),
+            group,
         },
         check,
     )
@@ -384,6 +406,7 @@ pub async fn serve_objects(
         ObjectsService {
             store,
             tickets: None,
+            group: None,
         },
         TokenCheck::new(token),
     );

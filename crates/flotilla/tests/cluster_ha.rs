@@ -150,6 +150,55 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
 /// group was left without a majority. Now it steps down and follows, as a deposed leader
 /// does. Here every node fails the first commit of its first two terms (a test hook): the
 /// group still serves, no node exits, and a job runs through.
+/// A file uploaded with a transfer job reaches a majority of the group before the job is
+/// acknowledged, so a task placed by the next leader gets it: here the new leader has even
+/// lost its own copy, and fetches it from the third node.
+#[test]
+fn an_uploaded_file_outlives_the_leader_it_was_uploaded_to() {
+    let mut g = Group::start(1);
+    let dir = g.job_dir();
+    std::fs::write(dir.join("in.txt"), "kept\n").expect("in.txt");
+    // a reads the upload and finishes; b (3 CPUs: no worker yet) waits for the failover.
+    let toml = kit::UPLOADS_JOB;
+    let file = dir.join("uploads.toml");
+    std::fs::write(&file, toml).expect("the job file");
+    let job = g.submit(&file);
+    wait_until("a to finish", JOB_TIMEOUT, || {
+        let s = g.status(job)?;
+        s.tasks
+            .iter()
+            .any(|t| t.name == "a" && t.state == TaskState::Done)
+            .then_some(())
+    });
+    let first = g.leader();
+    g.kill_leader(first);
+    let next = g.leader();
+    assert_ne!(next, first);
+    // The new leader's copy is gone: it must ask the third node.
+    let objects = g.state(next).join("objects");
+    let mut removed = 0;
+    for e in std::fs::read_dir(&objects).expect("its objects").flatten() {
+        if !e.file_name().to_string_lossy().starts_with('.') {
+            std::fs::remove_file(e.path()).expect("removed");
+            removed += 1;
+        }
+    }
+    assert_eq!(removed, 1, "the upload was copied to {}", objects.display());
+    g.add_worker_with(3);
+    let s = g.wait_job(job, JOB_TIMEOUT);
+    assert_succeeded(&s);
+    let out = g.cli(&["wait", &job.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "wait (and gather): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b.txt")).expect("b.txt"),
+        "kept\nkept\n"
+    );
+}
+
 /// A group whose nodes serve TLS speaks TLS on its group port too: Raft's traffic (the
 /// election after a SIGKILLed leader, the replication of the job's records) goes over it,
 /// and the port answers a peer that verifies its certificate while a plain-TCP one gets no

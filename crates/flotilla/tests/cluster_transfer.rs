@@ -308,23 +308,7 @@ fn uploaded_inputs_survive_a_coordinator_restart() {
     let mut c = Cluster::start(1, 1);
     let dir = c.job_dir();
     std::fs::write(dir.join("in.txt"), "kept\n").unwrap();
-    let toml = r#"name = "restart"
-staging = "transfer"
-
-[[task]]
-id = "a"
-inputs = ["in.txt"]
-cmd = ["sh", "-c", "cat in.txt > a.txt"]
-outputs = ["a.txt"]
-
-[[task]]
-id = "b"
-after = ["a"]
-resources = { cpus = 3 }
-inputs = ["in.txt"]
-cmd = ["sh", "-c", "cat in.txt a.txt > b.txt"]
-outputs = ["b.txt"]
-"#;
+    let toml = kit::UPLOADS_JOB;
     let job = c.submit_toml("restart.toml", toml);
     c.wait_status(job, "a to finish", Duration::from_secs(30), |s| {
         kit::task(s, "a").state == flotilla::cluster::state::TaskState::Done

@@ -68,6 +68,14 @@ pub enum Payload {
     Access(Vec<u8>),
     /// The allocation queues (`allocs.json`, `flotilla alloc`) after a change.
     Allocs(Vec<u8>),
+    /// The files uploaded with job `job` (`uploads/JOB.json`, the list; empty: the job was
+    /// removed, and with it the objects no other job's list names).
+    Uploads {
+        /// The job.
+        job: u64,
+        /// The list as the coordinator writes it.
+        list: Vec<u8>,
+    },
 }
 
 /// How a node of a group is set up.
@@ -177,6 +185,8 @@ pub struct Node {
     sm: StateMachine,
     config: GroupConfig,
     handle: tokio::runtime::Handle,
+    /// The other nodes, for the objects uploaded with jobs.
+    objects: Arc<network::ObjectPeers>,
 }
 
 fn raft_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
@@ -244,10 +254,27 @@ impl Node {
                 addr: at.to_string(),
                 source: e,
             })?;
+        let store = Arc::new(crate::objects::ObjectStore::open(
+            &state_dir.join("objects"),
+        )?);
+        let objects = Arc::new(network::ObjectPeers::new(
+            config
+                .peers
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (i as NodeId + 1, group_addr(p).unwrap_or_else(|| p.clone())))
+                .filter(|(id, _)| *id != config.node_id)
+                .collect(),
+            token,
+            peer_tls.as_ref().map(|(_, ca)| ca.clone()),
+        ));
         let service = tonic::service::interceptor::InterceptedService::new(
-            crate::proto::group_server::GroupServer::new(network::Service { raft: raft.clone() })
-                .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
+            crate::proto::group_server::GroupServer::new(network::Service {
+                raft: raft.clone(),
+                store,
+            })
+            .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
             crate::auth::TokenCheck::new(token.to_string()),
         );
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -292,7 +319,30 @@ impl Node {
             sm,
             config,
             handle: tokio::runtime::Handle::current(),
+            objects,
         }))
+    }
+
+    /// Copies an object this node (the leader) was given to the others; returns once a
+    /// majority of the group holds it (this node counted), so that whichever node leads
+    /// next has it or can get it ([`Node::recover_object`]). Waits at most the commit
+    /// timeout.
+    pub async fn replicate_object(
+        &self,
+        hash: &str,
+        data: &[u8],
+    ) -> std::result::Result<(), String> {
+        let group = self.objects.len() + 1;
+        let needed = group / 2; // a majority, less this node
+        self.objects
+            .put(hash, data, needed, self.config.commit_timeout)
+            .await
+    }
+
+    /// Object `hash` from another node of the group, when this one lacks it (it was
+    /// uploaded to a leader before this one and reached a majority without this node).
+    pub async fn recover_object(&self, hash: &str) -> Option<Vec<u8>> {
+        self.objects.get(hash, self.config.commit_timeout).await
     }
 
     /// Waits until this node leads and has applied everything committed before; then hands
@@ -396,6 +446,16 @@ impl Node {
     /// or a blocking thread.
     pub fn commit_allocs(&self, bytes: &[u8]) -> std::result::Result<(), String> {
         self.commit_file(Payload::Allocs(bytes.to_vec()))
+    }
+
+    /// Replicates the list of files uploaded with job `job` (`list`: `uploads/JOB.json` on
+    /// every node once committed; empty: the job was removed). Blocking, as
+    /// [`Node::commit_allocs`].
+    pub fn commit_uploads(&self, job: u64, list: &[u8]) -> std::result::Result<(), String> {
+        self.commit_file(Payload::Uploads {
+            job,
+            list: list.to_vec(),
+        })
     }
 
     fn commit_file(&self, p: Payload) -> std::result::Result<(), String> {

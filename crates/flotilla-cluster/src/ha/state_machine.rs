@@ -174,6 +174,42 @@ fn write_file(state_dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()>
     std::fs::rename(&tmp, &path)
 }
 
+/// Writes `uploads/JOB.json` (the list of files uploaded with job `job`); an empty list
+/// removes it, and the uploaded objects no other job's list names.
+fn write_uploads(state_dir: &Path, job: u64, list: &[u8]) -> std::io::Result<()> {
+    let dir = state_dir.join("uploads");
+    let name = format!("{job}.json");
+    if !list.is_empty() {
+        std::fs::create_dir_all(&dir)?;
+        return write_file(&dir, &name, list);
+    }
+    let hashes = |path: &Path| -> Vec<String> {
+        std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Vec<(String, String, u64)>>(&b).ok())
+            .map(|l| l.into_iter().map(|(_, h, _)| h).collect())
+            .unwrap_or_default()
+    };
+    let gone = hashes(&dir.join(&name));
+    match std::fs::remove_file(dir.join(&name)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    let mut still = std::collections::HashSet::new();
+    for e in std::fs::read_dir(&dir)?.flatten() {
+        if e.file_name().to_string_lossy().ends_with(".json") {
+            still.extend(hashes(&e.path()));
+        }
+    }
+    for h in gone {
+        if !still.contains(&h) && crate::objects::valid_hash(&h) {
+            let _ = std::fs::remove_file(state_dir.join("objects").join(&h));
+        }
+    }
+    Ok(())
+}
+
 impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = NoSnapshots;
 
@@ -211,6 +247,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 EntryPayload::Normal(Payload::Allocs(bytes)) => {
                     write_file(&g.state_dir, crate::alloc::queues::ALLOCS_FILE, &bytes)
                         .map_err(sm_err)?;
+                }
+                EntryPayload::Normal(Payload::Uploads { job, list }) => {
+                    write_uploads(&g.state_dir, job, &list).map_err(sm_err)?;
                 }
                 EntryPayload::Normal(Payload::Journal(bytes)) => {
                     if g.journal.is_none() {

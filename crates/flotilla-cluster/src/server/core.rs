@@ -518,13 +518,20 @@ impl Core {
             .map(|o| (o.path.clone(), o.hash.clone(), o.size))
             .collect();
         let path = self.uploads_dir.join(format!("{}.json", job.0));
+        let bytes = serde_json::to_vec(&list).unwrap_or_default();
         let r = std::fs::create_dir_all(&self.uploads_dir).and_then(|()| {
             let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, serde_json::to_vec(&list).unwrap_or_default())?;
+            std::fs::write(&tmp, &bytes)?;
             std::fs::rename(&tmp, &path)
         });
         if let Err(e) = r {
             tracing::warn!("{}: {e}", path.display());
+        }
+        // In a group every node keeps the list, so the next leader hands the files out.
+        if let Some(node) = &self.group {
+            if let Err(e) = node.commit_uploads(job.0, &bytes) {
+                tracing::warn!("the uploads of {job} are not replicated: {e}");
+            }
         }
         self.uploads.insert(
             job,
@@ -1332,6 +1339,11 @@ impl Core {
             }
         }
         let _ = std::fs::remove_file(self.uploads_dir.join(format!("{}.json", job.0)));
+        if let Some(node) = &self.group {
+            if let Err(e) = node.commit_uploads(job.0, &[]) {
+                tracing::warn!("the removal of {job}'s uploads is not replicated: {e}");
+            }
+        }
         let _ = std::fs::remove_dir_all(self.logs_dir.join(job.0.to_string()));
         for tx in self.senders.values() {
             // A worker whose queue is full is being dropped anyway.

@@ -523,7 +523,7 @@ async fn serve(
         )
         .map_err(|e| ClusterError::Config(e.to_string()))?,
     );
-    if let Some(n) = node {
+    if let Some(n) = node.clone() {
         alloc.replicate_through(Arc::new(move |b: &[u8]| n.commit_allocs(b)));
     }
     let api = Api {
@@ -535,6 +535,7 @@ async fn serve(
         stop: (**stop_tx).clone(),
         streams: rpc::StreamCounts::new(config.max_streams),
         alloc: alloc.clone(),
+        group: node.clone(),
     };
     api.send_quotas();
     tokio::spawn(allocate(
@@ -570,6 +571,7 @@ async fn serve(
             store,
             check,
             access_for_objects,
+            node,
         ));
     let stop_wait = stop_rx.clone();
     let per_peer = config.max_connections_per_peer.max(1);

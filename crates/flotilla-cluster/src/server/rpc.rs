@@ -41,6 +41,8 @@ pub(super) struct Api {
     pub(super) streams: Arc<StreamCounts>,
     /// The allocation queues (`flotilla alloc`).
     pub(super) alloc: Arc<crate::alloc::Allocator>,
+    /// In a group: this node (the leader), which copies uploads to the others.
+    pub(super) group: Option<Arc<crate::ha::Node>>,
 }
 
 /// Open streams (`Watch`, `Logs`, sessions) per token: one holder cannot take the
@@ -320,7 +322,7 @@ impl CoordinatorRpc for Api {
         // off the async threads.
         let store = self.store.clone();
         let max_tasks = self.max_job_tasks;
-        let (spec, graph, toml, files, dir, tenant) = tokio::task::spawn_blocking(move || {
+        let submitted = tokio::task::spawn_blocking(move || {
             let spec = flotilla_core::parse_job(&r.toml, &r.file_name)
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
             let tasks: u64 = spec.tasks.iter().map(|t| t.instance_count()).sum();
@@ -348,7 +350,8 @@ impl CoordinatorRpc for Api {
                     .map_err(Status::invalid_argument)?;
             }
             let mut files = Vec::with_capacity(r.files.len());
-            for f in &r.files {
+            let mut uploads = Vec::with_capacity(r.files.len());
+            for f in r.files {
                 crate::objects::safe_relative(&f.path)
                     .map_err(|e| Status::invalid_argument(e.to_string()))?;
                 let (hash, size) = store.put_bytes(&f.data).map_err(|e| match e {
@@ -357,17 +360,32 @@ impl CoordinatorRpc for Api {
                     }
                     e => Status::internal(format!("storing {}: {e}", f.path)),
                 })?;
+                uploads.push((hash.clone(), f.data));
                 files.push(proto::Object {
-                    path: f.path.clone(),
+                    path: f.path,
                     hash,
                     size,
                 });
             }
             let toml = spec.to_toml();
-            Ok::<_, Status>((spec, Box::new(graph), toml, files, r.dir, tenant))
+            Ok::<_, Status>((spec, Box::new(graph), toml, files, uploads, r.dir, tenant))
         })
         .await
         .map_err(|e| Status::internal(format!("the submission's file work failed: {e}")))??;
+        let (spec, graph, toml, files, uploads, dir, tenant) = submitted;
+        // In a group, the files reach a majority before the job exists: whichever node leads
+        // next can hand them to the job's tasks.
+        if let Some(node) = &self.group {
+            for (hash, data) in &uploads {
+                node.replicate_object(hash, data).await.map_err(|e| {
+                    Status::unavailable(format!(
+                        "the group could not keep a copy of an uploaded file ({hash}): {e}; \
+                         nothing was submitted"
+                    ))
+                })?;
+            }
+        }
+        drop(uploads);
         let reply = self
             .ask(|reply| Req::Submit {
                 spec,
@@ -957,6 +975,7 @@ impl Workers for Api {
         }
         let (access, holder) = (self.access.clone(), who.clone());
         let store = self.store.clone();
+        let group = self.group.clone();
         let mut revoked = access.revocations();
         tokio::spawn(async move {
             loop {
@@ -982,12 +1001,23 @@ impl Workers for Api {
                         // an object of the store it did not send.
                         let m = if m.finished.iter().any(|r| !r.checkpoint.is_empty()) {
                             let store = store.clone();
-                            match tokio::task::spawn_blocking(move || keep_checkpoints(&store, m))
-                                .await
+                            let (m, kept) = match tokio::task::spawn_blocking(move || {
+                                keep_checkpoints(&store, m)
+                            })
+                            .await
                             {
-                                Ok(m) => m,
+                                Ok(r) => r,
                                 Err(_) => break,
+                            };
+                            // In a group, the next leader must be able to hand them out too.
+                            if let Some(node) = &group {
+                                for (hash, data) in &kept {
+                                    if let Err(e) = node.replicate_object(hash, data).await {
+                                        tracing::warn!(%worker, "a checkpoint file ({hash}) is not on a majority of the group: {e}");
+                                    }
+                                }
                             }
+                            m
                         } else {
                             m
                         };
@@ -1016,11 +1046,13 @@ impl Workers for Api {
 
 /// Puts the checkpoint files a worker sent with preempted attempts into the coordinator's
 /// store, naming each by the hash the store computed; an attempt whose files cannot all be
-/// kept (a full store) resumes from nothing rather than from part of its checkpoint.
+/// kept (a full store) resumes from nothing rather than from part of its checkpoint. Returns
+/// the message and the files kept (hash, bytes).
 fn keep_checkpoints(
     store: &crate::objects::ObjectStore,
     mut m: proto::WorkerMessage,
-) -> proto::WorkerMessage {
+) -> (proto::WorkerMessage, Vec<(String, Vec<u8>)>) {
+    let mut all = Vec::new();
     for r in &mut m.finished {
         let mut kept = Vec::with_capacity(r.checkpoint.len());
         for c in std::mem::take(&mut r.checkpoint) {
@@ -1030,12 +1062,15 @@ fn keep_checkpoints(
                 break;
             }
             match store.put_bytes(&c.data) {
-                Ok((hash, size)) => kept.push(proto::CheckpointFile {
-                    path: c.path,
-                    hash,
-                    size,
-                    data: Vec::new(),
-                }),
+                Ok((hash, size)) => kept.push((
+                    proto::CheckpointFile {
+                        path: c.path,
+                        hash,
+                        size,
+                        data: Vec::new(),
+                    },
+                    c.data,
+                )),
                 Err(e) => {
                     tracing::warn!("keeping a checkpoint file {}: {e}", c.path);
                     kept.clear();
@@ -1043,9 +1078,11 @@ fn keep_checkpoints(
                 }
             }
         }
-        r.checkpoint = kept;
+        let (files, data): (Vec<_>, Vec<_>) = kept.into_iter().unzip();
+        all.extend(files.iter().map(|f| f.hash.clone()).zip(data));
+        r.checkpoint = files;
     }
-    m
+    (m, all)
 }
 
 #[cfg(test)]

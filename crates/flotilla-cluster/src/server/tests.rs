@@ -74,6 +74,7 @@ async fn a_full_request_queue_refuses_new_requests_as_busy() {
             )
             .expect("opened"),
         ),
+        group: None,
     };
     let watch = || {
         let mut r = tonic::Request::new(proto::WatchRequest { job: 1 });

@@ -165,12 +165,24 @@ impl Group {
 
     /// Starts one more worker `w<i>` (2 CPUs); returns `i`.
     pub(crate) fn add_worker(&mut self) -> usize {
+        self.add_worker_with(2)
+    }
+
+    /// Starts one more worker `w<i>` with `cpus` CPUs; returns `i`.
+    pub(crate) fn add_worker_with(&mut self, cpus: u32) -> usize {
         let i = self.workers.len();
         let tmp = self.root.path().join(format!("tmp-w{i}"));
         std::fs::create_dir_all(&tmp).expect("the worker's TMPDIR");
         let mut cmd = Command::new(BIN);
         cmd.args(["worker", "--server", &self.list()])
-            .args(["--cpus", "2", "--gpus", "none", "--isolation", "none"])
+            .args([
+                "--cpus",
+                &cpus.to_string(),
+                "--gpus",
+                "none",
+                "--isolation",
+                "none",
+            ])
             .args(["--name", &format!("w{i}")])
             .arg("--work-dir")
             .arg(self.root.path().join(format!("w{i}")))

@@ -11,6 +11,27 @@
 #![allow(dead_code)] // each test file uses a part of the kit
 
 pub(crate) mod cut;
+
+/// A transfer job whose `a` reads the uploaded `in.txt` and whose `b` (3 CPUs: it waits
+/// for a worker that big) reads it and `a`'s output: for uploads that must outlive a
+/// coordinator (`b.txt` ends up "kept\nkept\n" when `in.txt` holds "kept\n").
+pub(crate) const UPLOADS_JOB: &str = r#"name = "uploads"
+staging = "transfer"
+
+[[task]]
+id = "a"
+inputs = ["in.txt"]
+cmd = ["sh", "-c", "cat in.txt > a.txt"]
+outputs = ["a.txt"]
+
+[[task]]
+id = "b"
+after = ["a"]
+resources = { cpus = 3 }
+inputs = ["in.txt"]
+cmd = ["sh", "-c", "cat in.txt a.txt > b.txt"]
+outputs = ["b.txt"]
+"#;
 pub(crate) mod group;
 pub(crate) mod relay;
 

@@ -702,15 +702,16 @@ impl Coordinator {
         lost
     }
 
-    /// Whether workers that held outputs of `job` before a restart may still rejoin (the
-    /// grace period): their outputs are not lost yet.
+    /// Whether an output of `job` that no live worker holds may still come back with a
+    /// worker rejoining after a restart (the grace period): it is not lost yet. An output a
+    /// live worker holds is not waited for (a worker that rejoined under a new id holds it
+    /// under that id, beside its old one).
     pub fn rejoining(&self, job: JobId) -> bool {
         self.in_grace()
             && self.jobs.get(&job).is_some_and(|j| {
                 j.holders
                     .values()
-                    .flatten()
-                    .any(|h| !self.workers.contains_key(h))
+                    .any(|hs| !hs.is_empty() && !hs.iter().any(|h| self.workers.contains_key(h)))
             })
     }
 

@@ -712,6 +712,8 @@ fn after_a_restart_only_the_proven_previous_worker_claims_attempts_and_outputs()
     assert_eq!(cancels(&out), vec![(stranger, b0, 1)], "not adopted");
     let s = c.job_status(job).unwrap();
     assert_eq!(s.tasks[b0.task.index()].worker, Some(w1), "still w1's");
+    // a.out's only holder has not rejoined: its outputs may still come back.
+    assert!(c.rejoining(job));
     // Nor may it report b[1]'s result, nor claim w1's identity with a forged id later.
     out.clear();
     c.handle(
@@ -787,6 +789,9 @@ fn after_a_restart_only_the_proven_previous_worker_claims_attempts_and_outputs()
     );
     assert!(j.holders[&a.task].contains(&back));
     assert!(!j.holders[&a.task].contains(&stranger));
+    // Still within the grace, but every output has a live holder: gathering need not wait
+    // for the grace to end (it did, while w1's old id was still listed beside `back`).
+    assert!(!c.rejoining(job));
 }
 
 #[test]

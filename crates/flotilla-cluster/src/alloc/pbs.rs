@@ -232,6 +232,45 @@ mod tests {
         assert!(s.lines().any(|l| l == "#PBS -l select=3"), "{s}");
         assert!(s.lines().any(|l| l == "#PBS -l place=scatter"), "{s}");
         assert!(s.contains("exec pbsdsh -- sh -c '"), "{s}");
+        // Run with a pbsdsh of the test's own that starts the command on "three nodes" as
+        // PBS does (PBS_VNODENUM 0, 1, 2): three workers, each named after its node.
+        let dir = tempfile::tempdir().expect("tmp");
+        let work = dir.path().display().to_string();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).expect("bin");
+        let fake = bin.join("pbsdsh");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\n[ \"$1\" = -- ] && shift\n\
+             for n in 0 1 2; do PBS_VNODENUM=$n \"$@\"; done\n",
+        )
+        .expect("pbsdsh");
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let script = dir.path().join("q.sh");
+        std::fs::write(
+            &script,
+            batch_script(&queue(3), &launch("echo", &work), "q"),
+        )
+        .expect("script");
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let status = std::process::Command::new("sh")
+            .arg(&script)
+            .env("PATH", path)
+            .env("PBS_JOBID", "9.head")
+            .status()
+            .expect("sh runs");
+        assert!(status.success());
+        let log = std::fs::read_to_string(dir.path().join("q-9.head.log")).expect("the log");
+        let names: Vec<&str> = log
+            .lines()
+            .filter_map(|l| l.split(" --name ").nth(1)?.split(' ').next())
+            .collect();
+        assert_eq!(names, ["q-9.head-0", "q-9.head-1", "q-9.head-2"], "{log}");
         // No queue: the server's default.
         let anywhere = BatchQueue {
             partition: String::new(),

@@ -17,8 +17,19 @@ use kit::{assert_succeeded, last_line, wait_until, HashDag};
 
 const JOB_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// The tests of this file run one group at a time: four groups of three coordinators (and
+/// their workers) side by side on a 2-core machine made leaders lose their leadership to
+/// missed heartbeats before the test's own failover (seen under a busy loop: a submission
+/// answered "the coordinator is stopping").
+fn one_group_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
+    let _one = one_group_at_a_time();
     let dag = HashDag::random(120, 0x4a_0001);
     let mut g = Group::start(2);
     let dir = g.job_dir();
@@ -152,9 +163,11 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
 /// group still serves, no node exits, and a job runs through.
 /// A file uploaded with a transfer job reaches a majority of the group before the job is
 /// acknowledged, so a task placed by the next leader gets it: here the new leader has even
-/// lost its own copy, and fetches it from the third node.
+/// lost its own copy, and fetches it from the third node. Task logs are copied to every
+/// node too: the new leader shows the log of a task that ran under the old one.
 #[test]
 fn an_uploaded_file_outlives_the_leader_it_was_uploaded_to() {
+    let _one = one_group_at_a_time();
     let mut g = Group::start(1);
     let dir = g.job_dir();
     std::fs::write(dir.join("in.txt"), "kept\n").expect("in.txt");
@@ -171,9 +184,24 @@ fn an_uploaded_file_outlives_the_leader_it_was_uploaded_to() {
             .then_some(())
     });
     let first = g.leader();
+    // a's output reaches the other nodes' copies of its log (task 0, attempt 1).
+    for id in (1..=3).filter(|&i| i != first) {
+        let log = g.state(id).join(format!("logs/{}/0.1.out", job.0));
+        wait_until("a's log on every node", JOB_TIMEOUT, || {
+            std::fs::read_to_string(&log)
+                .ok()
+                .filter(|t| t.contains("a-says-hello"))
+        });
+    }
     g.kill_leader(first);
     let next = g.leader();
     assert_ne!(next, first);
+    // The new leader shows the log of an attempt that ran under the old one.
+    let out = g.cli(&["logs", &job.0.to_string(), "a"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("a-says-hello"),
+        "{out:?}"
+    );
     // The new leader's copy is gone: it must ask the third node.
     let objects = g.state(next).join("objects");
     let mut removed = 0;
@@ -205,6 +233,7 @@ fn an_uploaded_file_outlives_the_leader_it_was_uploaded_to() {
 /// HTTP/2 at all.
 #[test]
 fn a_group_that_serves_tls_replicates_over_tls_and_its_group_port_refuses_plain_tcp() {
+    let _one = one_group_at_a_time();
     use flotilla::cluster::proto::{group_client::GroupClient, GroupFrame};
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
@@ -270,6 +299,7 @@ fn a_group_that_serves_tls_replicates_over_tls_and_its_group_port_refuses_plain_
 
 #[test]
 fn a_leader_whose_first_commit_fails_steps_down_and_stays_in_the_group() {
+    let _one = one_group_at_a_time();
     let dag = HashDag::random(20, 0x4a_0003);
     let mut g = Group::start_with(1, &[("FLOTILLA_FAULT", "lead-commit-fails:2")]);
     let dir = g.job_dir();

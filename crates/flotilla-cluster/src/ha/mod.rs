@@ -268,10 +268,12 @@ impl Node {
             token,
             peer_tls.as_ref().map(|(_, ca)| ca.clone()),
         ));
+        objects.start_log_senders();
         let service = tonic::service::interceptor::InterceptedService::new(
             crate::proto::group_server::GroupServer::new(network::Service {
                 raft: raft.clone(),
                 store,
+                state_dir: state_dir.to_path_buf(),
             })
             .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
@@ -337,6 +339,13 @@ impl Node {
         self.objects
             .put(hash, data, needed, self.config.commit_timeout)
             .await
+    }
+
+    /// Copies what this node (the leader) appended to a task log (`logs/JOB/TASK.ATTEMPT.out`
+    /// or `.err`, relative to the state folder) to the other nodes, in order, without
+    /// waiting: best effort, so that the next leader can show earlier attempts' logs.
+    pub fn replicate_log(&self, path: &str, data: &[u8]) {
+        self.objects.send_log(path, data);
     }
 
     /// Object `hash` from another node of the group, when this one lacks it (it was

@@ -30,6 +30,13 @@ enum Rpc {
     PutObject(Vec<u8>),
     /// Send object `hash`, if held.
     GetObject(String),
+    /// Append `data` to the task log at `path` (`logs/JOB/TASK.ATTEMPT.out|err`).
+    AppendLog {
+        /// The log, relative to the state folder.
+        path: String,
+        /// What the leader wrote to it.
+        data: Vec<u8>,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -194,12 +201,53 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// Whether `path` names a task log as the coordinator writes them:
+/// `logs/JOB/TASK.ATTEMPT.out` or `.err`, numbers only (nothing else may be written).
+pub(crate) fn is_log_path(path: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let mut parts = path.split('/');
+    let (Some("logs"), Some(job), Some(file), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let Some(stem) = file
+        .strip_suffix(".out")
+        .or_else(|| file.strip_suffix(".err"))
+    else {
+        return false;
+    };
+    let Some((task, attempt)) = stem.split_once('.') else {
+        return false;
+    };
+    digits(job) && digits(task) && digits(attempt)
+}
+
+/// Appends `data` to `state_dir/path` (a task log; see [`is_log_path`]).
+fn append_log(state_dir: &std::path::Path, path: &str, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    if !is_log_path(path) {
+        return Err(std::io::Error::other(format!("{path:?} is not a task log")));
+    }
+    let file = state_dir.join(path);
+    if let Some(d) = file.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)?
+        .write_all(data)
+}
+
 /// The `Group` service: hands each message to the local Raft (behind a
 /// [`TokenCheck`](crate::auth::TokenCheck) of the group's admin token).
 pub(super) struct Service {
     pub(super) raft: Raft,
     /// This node's copy of the objects uploaded to the group.
     pub(super) store: Arc<crate::objects::ObjectStore>,
+    /// This node's state folder (task logs are appended under it).
+    pub(super) state_dir: std::path::PathBuf,
 }
 
 #[tonic::async_trait]
@@ -231,6 +279,14 @@ impl crate::proto::group_server::Group for Service {
                     Err(e) => Reply::Refused(e.to_string()),
                 }
             }
+            Rpc::AppendLog { path, data } => {
+                let dir = self.state_dir.clone();
+                match tokio::task::spawn_blocking(move || append_log(&dir, &path, &data)).await {
+                    Ok(Ok(())) => Reply::Stored(String::new()),
+                    Ok(Err(e)) => Reply::Refused(e.to_string()),
+                    Err(e) => Reply::Refused(e.to_string()),
+                }
+            }
             Rpc::GetObject(hash) => {
                 let path = self.store.has(&hash).then(|| self.store.path(&hash));
                 let read = tokio::task::spawn_blocking(move || path.map(std::fs::read)).await;
@@ -257,7 +313,14 @@ pub(super) struct ObjectPeers {
     header: String,
     ca: Option<Vec<u8>>,
     clients: parking_lot::Mutex<HashMap<NodeId, GroupClient<Channel>>>,
+    /// Task log chunks on their way to each other node, in order (see
+    /// [`ObjectPeers::send_log`]).
+    logs: parking_lot::Mutex<Vec<tokio::sync::mpsc::Sender<Vec<u8>>>>,
 }
+
+/// Task log chunks queued for one node at most; beyond, chunks are dropped (logs are best
+/// effort: a node that cannot keep up must not slow the leader).
+const LOG_QUEUE: usize = 1024;
 
 impl ObjectPeers {
     pub(super) fn new(peers: Vec<(NodeId, String)>, token: &str, ca: Option<Vec<u8>>) -> Self {
@@ -266,6 +329,41 @@ impl ObjectPeers {
             header: format!("Bearer {token}"),
             ca,
             clients: parking_lot::Mutex::new(HashMap::new()),
+            logs: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Starts one sender per other node that delivers task log chunks in order (from a
+    /// tokio runtime).
+    pub(super) fn start_log_senders(self: &Arc<Self>) {
+        let mut queues = self.logs.lock();
+        for (id, addr) in self.peers.clone() {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(LOG_QUEUE);
+            queues.push(tx);
+            let me = Arc::downgrade(self);
+            tokio::spawn(async move {
+                while let Some(body) = rx.recv().await {
+                    let Some(me) = me.upgrade() else { return };
+                    // One try: a node that is down misses these chunks.
+                    if let Err(e) = me.ask(id, &addr, body, Duration::from_secs(5)).await {
+                        tracing::debug!(node = id, "a task log chunk not copied: {e}");
+                    }
+                }
+            });
+        }
+    }
+
+    /// Queues `data`, appended to the task log `path` here, for every other node (in
+    /// order, without waiting; dropped for a node whose queue is full).
+    pub(super) fn send_log(&self, path: &str, data: &[u8]) {
+        let Ok(body) = postcard::to_allocvec(&Rpc::AppendLog {
+            path: path.to_string(),
+            data: data.to_vec(),
+        }) else {
+            return;
+        };
+        for tx in self.logs.lock().iter() {
+            let _ = tx.try_send(body.clone());
         }
     }
 
@@ -369,5 +467,38 @@ impl ObjectPeers {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_task_log_paths_are_appended_to() {
+        for ok in ["logs/1/0.1.out", "logs/12/345.2.err"] {
+            assert!(is_log_path(ok), "{ok}");
+        }
+        for bad in [
+            "logs/1/0.1.txt",
+            "logs/../0.1.out",
+            "logs/1/../../token.1.out",
+            "/etc/passwd",
+            "logs/1/a.1.out",
+            "logs/1/0.out",
+            "logs/1/2/0.1.out",
+            "token",
+            "",
+        ] {
+            assert!(!is_log_path(bad), "{bad}");
+        }
+        let dir = tempfile::tempdir().expect("tmp");
+        append_log(dir.path(), "logs/3/1.1.out", b"one ").expect("appended");
+        append_log(dir.path(), "logs/3/1.1.out", b"two").expect("appended");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("logs/3/1.1.out")).expect("read"),
+            "one two"
+        );
+        assert!(append_log(dir.path(), "../x.1.out", b"no").is_err());
     }
 }

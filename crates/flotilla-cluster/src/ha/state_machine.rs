@@ -190,6 +190,8 @@ fn write_uploads(state_dir: &Path, job: u64, list: &[u8]) -> std::io::Result<()>
             .map(|l| l.into_iter().map(|(_, h, _)| h).collect())
             .unwrap_or_default()
     };
+    // The job was removed: its task logs go too.
+    let _ = std::fs::remove_dir_all(state_dir.join("logs").join(job.to_string()));
     let gone = hashes(&dir.join(&name));
     match std::fs::remove_file(dir.join(&name)) {
         Ok(()) => {}

@@ -1747,11 +1747,22 @@ impl Core {
                 return Ok(());
             }
             let room = usize::try_from(cap - have).unwrap_or(usize::MAX);
-            if l.data.len() <= room {
-                return f.write_all(&l.data);
+            let wrote = if l.data.len() <= room {
+                f.write_all(&l.data)?;
+                l.data.clone()
+            } else {
+                let mut w = l.data[..room].to_vec();
+                w.extend_from_slice(
+                    format!("\n[flotilla: output truncated at {cap} bytes]\n").as_bytes(),
+                );
+                f.write_all(&w)?;
+                w
+            };
+            // In a group, the other nodes keep the same log (best effort, in order).
+            if let (Some(node), Ok(rel)) = (&self.group, path.strip_prefix(&self.logs_dir)) {
+                node.replicate_log(&format!("logs/{}", rel.to_string_lossy()), &wrote);
             }
-            f.write_all(&l.data[..room])?;
-            write!(f, "\n[flotilla: output truncated at {cap} bytes]\n")
+            Ok(())
         })();
         if let Err(e) = r {
             tracing::warn!("{}: {e}", path.display());

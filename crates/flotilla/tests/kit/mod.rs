@@ -14,14 +14,15 @@ pub(crate) mod cut;
 
 /// A transfer job whose `a` reads the uploaded `in.txt` and whose `b` (3 CPUs: it waits
 /// for a worker that big) reads it and `a`'s output: for uploads that must outlive a
-/// coordinator (`b.txt` ends up "kept\nkept\n" when `in.txt` holds "kept\n").
+/// coordinator (`b.txt` ends up "kept\nkept\n" when `in.txt` holds "kept\n"; `a` prints
+/// `a-says-hello`).
 pub(crate) const UPLOADS_JOB: &str = r#"name = "uploads"
 staging = "transfer"
 
 [[task]]
 id = "a"
 inputs = ["in.txt"]
-cmd = ["sh", "-c", "cat in.txt > a.txt"]
+cmd = ["sh", "-c", "cat in.txt > a.txt; echo a-says-hello"]
 outputs = ["a.txt"]
 
 [[task]]

@@ -1747,17 +1747,16 @@ impl Core {
                 return Ok(());
             }
             let room = usize::try_from(cap - have).unwrap_or(usize::MAX);
-            let wrote = if l.data.len() <= room {
-                f.write_all(&l.data)?;
-                l.data.clone()
+            let wrote: std::borrow::Cow<'_, [u8]> = if l.data.len() <= room {
+                l.data.as_slice().into()
             } else {
                 let mut w = l.data[..room].to_vec();
                 w.extend_from_slice(
                     format!("\n[flotilla: output truncated at {cap} bytes]\n").as_bytes(),
                 );
-                f.write_all(&w)?;
-                w
+                w.into()
             };
+            f.write_all(&wrote)?;
             // In a group, the other nodes keep the same log (best effort, in order).
             if let (Some(node), Ok(rel)) = (&self.group, path.strip_prefix(&self.logs_dir)) {
                 node.replicate_log(&format!("logs/{}", rel.to_string_lossy()), &wrote);

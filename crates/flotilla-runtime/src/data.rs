@@ -494,8 +494,8 @@ impl DataManager {
     /// When making room on a device needs a replica whose lock another thread holds (it is
     /// being fetched, copied from or evicted elsewhere), this lets go of the data's own lock,
     /// waits for that one, and starts again: holding one data lock while waiting for another
-    /// could deadlock, and giving up would fail a task for a device that is not full (a
-    /// shuttle model found both).
+    /// could deadlock, and giving up (as it did) would fail a task for a device that is not
+    /// full, which the shuttle model below found.
     pub(crate) fn acquire(
         &self,
         cell: &Arc<DataCell>,

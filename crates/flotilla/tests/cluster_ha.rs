@@ -225,6 +225,25 @@ fn an_uploaded_file_outlives_the_leader_it_was_uploaded_to() {
         std::fs::read_to_string(dir.join("b.txt")).expect("b.txt"),
         "kept\nkept\n"
     );
+    // Removed, the job's uploads list, its upload and its logs go from every live node.
+    let out = g.cli(&["rm", &job.0.to_string()]);
+    assert!(out.status.success(), "rm: {out:?}");
+    for id in (1..=3).filter(|&i| i != first) {
+        let state = g.state(id);
+        wait_until("the job's files gone on every node", JOB_TIMEOUT, || {
+            let held = std::fs::read_dir(state.join("objects"))
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                        .count()
+                })
+                .unwrap_or(0);
+            (held == 0
+                && !state.join(format!("uploads/{}.json", job.0)).exists()
+                && !state.join(format!("logs/{}", job.0)).exists())
+            .then_some(())
+        });
+    }
 }
 
 /// A group whose nodes serve TLS speaks TLS on its group port too: Raft's traffic (the

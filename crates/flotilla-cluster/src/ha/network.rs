@@ -74,6 +74,16 @@ async fn connect(addr: &str, ca: Option<&[u8]>) -> Result<GroupClient<Channel>, 
         .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES))
 }
 
+/// A group message: `body`, due within `ttl`, presenting `header` (`Bearer TOKEN`).
+fn framed(body: Vec<u8>, ttl: Duration, header: &str) -> tonic::Request<GroupFrame> {
+    let mut req = tonic::Request::new(GroupFrame { body });
+    req.set_timeout(ttl);
+    if let Ok(v) = header.parse() {
+        req.metadata_mut().insert("authorization", v);
+    }
+    req
+}
+
 /// Makes a [`Peer`] per other node.
 pub(super) struct Net {
     token: String,
@@ -137,12 +147,7 @@ impl Peer {
         let Some(client) = self.client.as_mut() else {
             return Err(unreachable("no connection"));
         };
-        let mut req = tonic::Request::new(GroupFrame { body });
-        req.set_timeout(ttl);
-        if let Ok(v) = self.header.parse() {
-            req.metadata_mut().insert("authorization", v);
-        }
-        match client.call(req).await {
+        match client.call(framed(body, ttl, &self.header)).await {
             Ok(r) => postcard::from_bytes(&r.into_inner().body).map_err(network),
             Err(s) => {
                 if s.code() == tonic::Code::Unavailable {
@@ -203,7 +208,7 @@ impl RaftNetwork<TypeConfig> for Peer {
 
 /// Whether `path` names a task log as the coordinator writes them:
 /// `logs/JOB/TASK.ATTEMPT.out` or `.err`, numbers only (nothing else may be written).
-pub(crate) fn is_log_path(path: &str) -> bool {
+fn is_log_path(path: &str) -> bool {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let mut parts = path.split('/');
     let (Some("logs"), Some(job), Some(file), None) =
@@ -388,12 +393,7 @@ impl ObjectPeers {
                 c
             }
         };
-        let mut req = tonic::Request::new(GroupFrame { body });
-        req.set_timeout(ttl);
-        if let Ok(v) = self.header.parse() {
-            req.metadata_mut().insert("authorization", v);
-        }
-        match client.call(req).await {
+        match client.call(framed(body, ttl, &self.header)).await {
             Ok(r) => postcard::from_bytes(&r.into_inner().body).map_err(|e| e.to_string()),
             Err(s) => {
                 if s.code() == tonic::Code::Unavailable {

@@ -519,18 +519,20 @@ impl Core {
             .collect();
         let path = self.uploads_dir.join(format!("{}.json", job.0));
         let bytes = serde_json::to_vec(&list).unwrap_or_default();
-        let r = std::fs::create_dir_all(&self.uploads_dir).and_then(|()| {
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, &bytes)?;
-            std::fs::rename(&tmp, &path)
-        });
-        if let Err(e) = r {
-            tracing::warn!("{}: {e}", path.display());
-        }
-        // In a group every node keeps the list, so the next leader hands the files out.
         if let Some(node) = &self.group {
+            // In a group the committed entry writes the list on every node, this one
+            // included, so the next leader hands the files out.
             if let Err(e) = node.commit_uploads(job.0, &bytes) {
                 tracing::warn!("the uploads of {job} are not replicated: {e}");
+            }
+        } else {
+            let r = std::fs::create_dir_all(&self.uploads_dir).and_then(|()| {
+                let tmp = path.with_extension("tmp");
+                std::fs::write(&tmp, &bytes)?;
+                std::fs::rename(&tmp, &path)
+            });
+            if let Err(e) = r {
+                tracing::warn!("{}: {e}", path.display());
             }
         }
         self.uploads.insert(
@@ -1326,25 +1328,29 @@ impl Core {
     /// A removed job's data: its uploads list and the uploaded objects no other job uses,
     /// its logs here, and (told to every worker) the objects and logs it left on workers.
     fn forget(&mut self, job: JobId) {
-        if let Some(files) = self.uploads.remove(&job) {
-            let still: std::collections::HashSet<&str> = self
-                .uploads
-                .values()
-                .flat_map(|m| m.values().map(|o| o.hash.as_str()))
-                .collect();
-            for o in files.values() {
-                if !still.contains(o.hash.as_str()) && crate::objects::valid_hash(&o.hash) {
-                    let _ = std::fs::remove_file(self.objects_dir.join(&o.hash));
-                }
-            }
-        }
-        let _ = std::fs::remove_file(self.uploads_dir.join(format!("{}.json", job.0)));
+        let files = self.uploads.remove(&job);
         if let Some(node) = &self.group {
+            // In a group the committed entry removes the list, the objects no other list
+            // names and the logs on every node, this one included.
             if let Err(e) = node.commit_uploads(job.0, &[]) {
                 tracing::warn!("the removal of {job}'s uploads is not replicated: {e}");
             }
+        } else {
+            if let Some(files) = files {
+                let still: std::collections::HashSet<&str> = self
+                    .uploads
+                    .values()
+                    .flat_map(|m| m.values().map(|o| o.hash.as_str()))
+                    .collect();
+                for o in files.values() {
+                    if !still.contains(o.hash.as_str()) && crate::objects::valid_hash(&o.hash) {
+                        let _ = std::fs::remove_file(self.objects_dir.join(&o.hash));
+                    }
+                }
+            }
+            let _ = std::fs::remove_file(self.uploads_dir.join(format!("{}.json", job.0)));
+            let _ = std::fs::remove_dir_all(self.logs_dir.join(job.0.to_string()));
         }
-        let _ = std::fs::remove_dir_all(self.logs_dir.join(job.0.to_string()));
         for tx in self.senders.values() {
             // A worker whose queue is full is being dropped anyway.
             let _ = tx.try_send(proto::CoordinatorMessage {

@@ -211,6 +211,23 @@ impl Client {
     /// Validates the job file here (so errors name the file and line at once), then submits
     /// it; its folder is the file's folder.
     pub async fn submit_file(&mut self, path: &Path) -> Result<Submitted> {
+        self.submit_file_with_id(path, None).await
+    }
+
+    /// A new id for a submission ([`Client::submit_file_with_id`]): 128 random bits, in hex.
+    pub fn new_request_id() -> String {
+        format!("{:032x}", rand::random::<u128>())
+    }
+
+    /// [`Client::submit_file`] naming the submission `request_id`: sent again with the same
+    /// id (its answer was lost to a leader change or a broken connection, an error for which
+    /// [`ClusterError::is_transient`](crate::ClusterError::is_transient) holds), it is
+    /// answered with the job it made instead of making a second one.
+    pub async fn submit_file_with_id(
+        &mut self,
+        path: &Path,
+        request_id: Option<&str>,
+    ) -> Result<Submitted> {
         let text = std::fs::read_to_string(path).map_err(|e| ClusterError::io(path, e))?;
         let abs = std::fs::canonicalize(path).map_err(|e| ClusterError::io(path, e))?;
         let dir = abs
@@ -236,6 +253,7 @@ impl Client {
             dir,
             tenant: String::new(),
             files,
+            request_id: request_id.unwrap_or_default().to_string(),
         })
         .await
     }
@@ -264,6 +282,7 @@ impl Client {
             dir: dir.to_string(),
             tenant: String::new(),
             files: Vec::new(),
+            request_id: String::new(),
         })
         .await
     }

@@ -87,9 +87,22 @@ pub enum ClusterError {
         /// The option that sets the cap.
         flag: &'static str,
     },
+    /// The server answered that it cannot serve now (it stops, it lost its leadership, it
+    /// cannot reach its group): trying again, on whichever node leads, may succeed.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl ClusterError {
+    /// Whether the request may succeed if sent again, on whichever node then leads: no
+    /// server was reached, or it answered that it cannot serve now.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ClusterError::Connect { .. } | ClusterError::Unavailable(_)
+        )
+    }
+
     /// An I/O error on `path`.
     pub fn io(path: &Path, source: std::io::Error) -> Self {
         ClusterError::Io {
@@ -103,7 +116,7 @@ impl From<tonic::Status> for ClusterError {
     fn from(s: tonic::Status) -> Self {
         match s.code() {
             tonic::Code::Unauthenticated => ClusterError::Rpc(format!("refused: {}", s.message())),
-            tonic::Code::Unavailable => ClusterError::Rpc(format!("unavailable: {}", s.message())),
+            tonic::Code::Unavailable => ClusterError::Unavailable(s.message().to_string()),
             _ => ClusterError::Rpc(s.message().to_string()),
         }
     }

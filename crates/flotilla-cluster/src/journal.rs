@@ -147,8 +147,11 @@ pub struct Journal {
     syncs: u64,
     /// Bytes of the records of each job not removed (known once replayed or appended).
     job_bytes: HashMap<JobId, u64>,
-    /// Bytes of records a compaction would drop: removed jobs'.
+    /// Bytes of records a compaction would drop: removed jobs', and a group's markers but
+    /// the last.
     garbage: u64,
+    /// Bytes of the last group marker counted (the one a compaction keeps).
+    last_marker: u64,
     /// `<journal>.lock`, locked exclusively while the journal is open: one coordinator per
     /// journal (a second one would interleave records). The lock goes with the process.
     _lock: File,
@@ -449,6 +452,7 @@ impl Journal {
             syncs: 0,
             job_bytes: HashMap::new(),
             garbage: 0,
+            last_marker: 0,
         }
     }
 
@@ -458,6 +462,10 @@ impl Journal {
             (JournalRecord::JobRemoved { job }, _) => {
                 // Everything of the job is dead weight from now on, this record included.
                 self.garbage += bytes + self.job_bytes.remove(job).unwrap_or(0);
+            }
+            // A group's marker makes the one before it dead weight.
+            (JournalRecord::Replicated { .. }, _) => {
+                self.garbage += std::mem::replace(&mut self.last_marker, bytes);
             }
             (_, Some(job)) => *self.job_bytes.entry(job).or_default() += bytes,
             // A checkpoint: the next compaction replaces it, but one is always left, so it
@@ -610,10 +618,89 @@ impl Journal {
             .collect::<Result<Vec<JournalRecord>>>()?;
         self.job_bytes.clear();
         self.garbage = 0;
+        self.last_marker = 0;
         for (r, &(a, b)) in records.iter().zip(&ranges) {
             self.count(r, (b - a + RECORD_HEADER) as u64);
         }
         Ok(records)
+    }
+
+    /// The bytes of a journal with no records.
+    pub const EMPTY: &'static [u8] = MAGIC;
+
+    /// Reads the journal file at `path` without opening it as a journal (its owner may be
+    /// appending to it) and returns its bytes up to the end of the last record for which
+    /// `pick` gives a value, with that value; `None` when no record does (or the file does
+    /// not exist). A record cut short at the end (an append under way) is not read.
+    pub fn read_upto_last<T>(
+        path: &Path,
+        mut pick: impl FnMut(&JournalRecord) -> Option<T>,
+    ) -> Result<Option<(Vec<u8>, T)>> {
+        let mut bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(JournalError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        if bytes.len() < HEADER || &bytes[..HEADER] != MAGIC {
+            return Err(JournalError::NotAJournal {
+                path: path.to_path_buf(),
+            });
+        }
+        let (ranges, _) =
+            scan(&bytes).map_err(|(record, offset, reason)| JournalError::Corrupt {
+                path: path.to_path_buf(),
+                record,
+                offset: offset as u64,
+                reason,
+            })?;
+        for (i, &(a, b)) in ranges.iter().enumerate().rev() {
+            let r: JournalRecord =
+                postcard::from_bytes(&bytes[a..b]).map_err(|e| JournalError::Corrupt {
+                    path: path.to_path_buf(),
+                    record: i as u64,
+                    offset: (a - RECORD_HEADER) as u64,
+                    reason: e.to_string(),
+                })?;
+            if let Some(v) = pick(&r) {
+                bytes.truncate(b);
+                return Ok(Some((bytes, v)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Replaces the journal file at `path` (not open) with `bytes`, a whole journal (as
+    /// [`Journal::read_upto_last`] gives), durably: written beside it, then renamed over it.
+    pub fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
+        if bytes.len() < HEADER || &bytes[..HEADER] != MAGIC {
+            return Err(JournalError::NotAJournal {
+                path: path.to_path_buf(),
+            });
+        }
+        scan(bytes).map_err(|(record, offset, reason)| JournalError::Corrupt {
+            path: path.to_path_buf(),
+            record,
+            offset: offset as u64,
+            reason,
+        })?;
+        let tmp = PathBuf::from(format!("{}.replacing", path.display()));
+        let io = |p: &Path| {
+            let p = p.to_path_buf();
+            move |source| JournalError::Io { path: p, source }
+        };
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        f.write_all(bytes).map_err(io(&tmp))?;
+        f.sync_all().map_err(io(&tmp))?;
+        std::fs::rename(&tmp, path).map_err(io(path))?;
+        if let Some(dir) = path.parent() {
+            let _ = File::open(dir).and_then(|d| d.sync_all());
+        }
+        Ok(())
     }
 
     /// Starts rewriting the journal without the records of removed jobs (and older
@@ -672,12 +759,15 @@ impl Journal {
         let mut out = Vec::with_capacity(bytes.len() / 2);
         out.extend_from_slice(MAGIC);
         let mut records = 0u64;
+        let mut marker = None;
         for (i, &(a, b)) in ranges.iter().enumerate() {
             let r: JournalRecord = postcard::from_bytes(&bytes[a..b])
                 .map_err(|e| corrupt(i as u64, a - RECORD_HEADER, e.to_string()))?;
             if r.always_kept() || r.job().is_some_and(|j| live.contains(&j)) {
                 out.extend_from_slice(&bytes[a - RECORD_HEADER..b]);
                 records += 1;
+            } else if matches!(r, JournalRecord::Replicated { .. }) {
+                marker = Some((a, b));
             }
         }
         let payload = postcard::to_stdvec(checkpoint).map_err(|source| JournalError::Encode {
@@ -691,6 +781,12 @@ impl Journal {
             bytes: n,
         })?;
         records += 1;
+        // In a group, the last marker says which log entry the compacted journal stands at
+        // (see crate::ha); the earlier ones say nothing more.
+        if let Some((a, b)) = marker {
+            out.extend_from_slice(&bytes[a - RECORD_HEADER..b]);
+            records += 1;
+        }
         let tmp = Self::compact_path(path);
         let tmp_io = |source| JournalError::Io {
             path: tmp.clone(),
@@ -1110,7 +1206,8 @@ after = ["sim"]
             | JournalRecord::JobRemoved { job: j }
             | JournalRecord::JobSubmittedText { job: j, .. }
             | JournalRecord::BudgetRaised { job: j, .. }
-            | JournalRecord::JobReopened { job: j, .. } => *j = JobId::new(job),
+            | JournalRecord::JobReopened { job: j, .. }
+            | JournalRecord::Submission { job: j, .. } => *j = JobId::new(job),
             JournalRecord::TaskFinished { task, .. }
             | JournalRecord::TaskFinishedMetered { task, .. }
             | JournalRecord::TaskAssigned { task, .. }
@@ -1122,6 +1219,40 @@ after = ["sim"]
             | JournalRecord::Replicated { .. } => {}
         }
         r
+    }
+
+    #[test]
+    fn compaction_keeps_a_groups_last_marker_after_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.log");
+        let marker = |n: u8| JournalRecord::Replicated { state: vec![n] };
+        let checkpoint = JournalRecord::Checkpoint {
+            next_job: 3,
+            next_worker: 1,
+            model: "{}".into(),
+        };
+        let recs = records();
+        let mut j = Journal::open(&path).unwrap();
+        j.append(&[for_job(&recs[0], 1), marker(1)]).unwrap();
+        j.append(&[for_job(&recs[0], 2), marker(2)]).unwrap();
+        // The first marker is dead weight once the second is written.
+        let framed = (postcard::to_stdvec(&marker(1)).unwrap().len() + RECORD_HEADER) as u64;
+        assert_eq!(j.garbage(), framed);
+        j.append(&[JournalRecord::JobRemoved { job: JobId::new(1) }, marker(3)])
+            .unwrap();
+        let c = j.start_compaction(checkpoint.clone()).unwrap();
+        j.finish_compaction(c).expect("compacted");
+        assert_eq!(
+            j.replay().unwrap(),
+            vec![for_job(&recs[0], 2), checkpoint, marker(3)]
+        );
+        let (_, last) = Journal::read_upto_last(&path, |r| match r {
+            JournalRecord::Replicated { state } => Some(state.clone()),
+            _ => None,
+        })
+        .unwrap()
+        .expect("a marker");
+        assert_eq!(last, vec![3]);
     }
 
     #[test]

@@ -162,6 +162,7 @@ async fn every_rpc_for_every_role() {
             // A tenant cannot file a job under another name.
             tenant: "bob".into(),
             files: vec![],
+            request_id: String::new(),
         })
         .await
         .expect("alice submits")

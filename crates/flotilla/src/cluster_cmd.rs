@@ -104,6 +104,13 @@ pub(crate) struct ServerArgs {
     /// certificate shared by the group or a chain that ends in the group's CA).
     #[arg(long, requires_all = ["peers", "tls_cert"])]
     peer_ca: Option<PathBuf>,
+    /// In a group: build a Raft snapshot (this node's journal and replicated files) every
+    /// this many log entries, then drop the log before it but for the last
+    /// min(1000, N) entries; a node further behind is sent the leader's snapshot.
+    #[arg(long, env = "FLOTILLA_SNAPSHOT_EVERY", requires = "peers",
+          default_value_t = flotilla::cluster::ha::DEFAULT_SNAPSHOT_EVERY,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_every: u64,
     /// Heartbeat timeout in milliseconds: a worker silent this long is declared lost.
     #[arg(long, default_value_t = 5000)]
     heartbeat_timeout_ms: u64,
@@ -131,7 +138,7 @@ pub(crate) struct ServerArgs {
     retain_finished: String,
     /// Rewrite the journal without the records of removed jobs once these are at least this
     /// large (e.g. 64MiB) and half the file; `never` lets it grow.
-    #[arg(long, default_value = "64MiB")]
+    #[arg(long, env = "FLOTILLA_COMPACT_JOURNAL_AFTER", default_value = "64MiB")]
     compact_journal_after: String,
     /// The most disk the files uploaded with jobs may take here (e.g. 20GiB); a submission
     /// beyond is refused until finished jobs are removed. Default: no cap.
@@ -418,6 +425,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
         Some(id) => {
             let mut g = flotilla::cluster::ha::GroupConfig::new(id, a.peers.clone())?;
             g.peer_ca = a.peer_ca.clone();
+            g.snapshot_every = a.snapshot_every;
             Some(g)
         }
         None => None,
@@ -880,9 +888,26 @@ async fn gather_if_transfer(client: &mut Client, status: &JobStatus, ok: bool) -
     Ok(())
 }
 
+/// How many times `flotilla submit` sends a submission whose answer was lost.
+const SUBMIT_ATTEMPTS: u32 = 5;
+
 pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
-    let mut client = a.remote.client().await?;
-    let s = client.submit_file(&a.job).await?;
+    // One id for every attempt: a submission that was taken, but whose answer was lost (a
+    // leader change, a broken connection), is answered with its job when sent again.
+    let id = Client::new_request_id();
+    let mut attempt = 1;
+    let (mut client, s) = loop {
+        let mut client = a.remote.client().await?;
+        match client.submit_file_with_id(&a.job, Some(&id)).await {
+            Ok(s) => break (client, s),
+            Err(e) if e.is_transient() && attempt < SUBMIT_ATTEMPTS => {
+                eprintln!("submitting: {e}; trying again ({attempt}/{SUBMIT_ATTEMPTS})");
+                tokio::time::sleep(Duration::from_millis(250 << attempt)).await;
+                attempt += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     eprintln!("submitted {} ({} tasks)", s.name, s.tasks);
     let mut ok = true;
     if a.wait {

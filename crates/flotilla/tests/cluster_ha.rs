@@ -328,3 +328,136 @@ fn a_leader_whose_first_commit_fails_steps_down_and_stays_in_the_group() {
     dag.check_outputs(&dir);
     assert_eq!(g.exited_nodes(), Vec::<usize>::new(), "a node exited");
 }
+
+/// Raft snapshots: with one every 10 entries, the leader drops its log as jobs go by, so a
+/// node that was down meanwhile can only catch up from the leader's snapshot (its journal
+/// and replicated files). It installs it; the leader compacts its journal once most jobs
+/// are removed; and the node behind then leads the group (after a failover that restarts
+/// the compacted one as a follower) with the kept job intact, the removed ones gone, and
+/// job ids that go on where they were.
+#[test]
+fn a_node_behind_the_purged_log_catches_up_from_a_snapshot_and_can_lead() {
+    let _one = one_group_at_a_time();
+    let mut g = Group::start_with(
+        1,
+        &[
+            ("FLOTILLA_SNAPSHOT_EVERY", "10"),
+            ("FLOTILLA_COMPACT_JOURNAL_AFTER", "1KiB"),
+        ],
+    );
+    let dir = g.job_dir();
+    let leader = g.leader();
+    let behind = (1..=3).find(|&i| i != leader).unwrap();
+    let held = wait_until("the node behind to hold the log", JOB_TIMEOUT, || {
+        let group = g.overview()?.group?;
+        group
+            .members
+            .iter()
+            .find(|m| m.id as usize == behind)?
+            .matched
+    });
+    g.kill_node(behind);
+    let mut jobs = Vec::new();
+    let purged = wait_until(
+        "the leader to purge past the stopped node",
+        JOB_TIMEOUT,
+        || {
+            let k = jobs.len();
+            let file = dir.join(format!("snap-{k}.toml"));
+            std::fs::write(
+                &file,
+                format!(
+                "name = \"snap-{k}\"\n[[task]]\nid = \"t\"\narray = \"0..4\"\ncmd = [\"true\"]\n"
+            ),
+            )
+            .unwrap();
+            let job = g.submit(&file);
+            assert_succeeded(&g.wait_job(job, JOB_TIMEOUT));
+            jobs.push(job);
+            assert!(jobs.len() < 40, "no purge after {} jobs", jobs.len());
+            let group = g.overview()?.group?;
+            group.purged.filter(|p| *p > held)
+        },
+    );
+    eprintln!(
+        "{} jobs; node {behind} held up to entry {held}, the leader purged up to {purged}",
+        jobs.len()
+    );
+    g.restart_node(behind);
+    let journal = g.state(behind).join("journal.log");
+    let last = format!("snap-{}", jobs.len() - 1);
+    wait_until("the node behind to catch up", JOB_TIMEOUT, || {
+        let bytes = std::fs::read(&journal).ok()?;
+        bytes
+            .windows(last.len())
+            .any(|w| w == last.as_bytes())
+            .then_some(())
+    });
+    // The jobs but the last are removed: the leader compacts its journal, keeping the
+    // marker that says where it stands.
+    let keep = *jobs.last().unwrap();
+    let first = g.state(g.leader()).join("journal.log");
+    let size = || std::fs::metadata(&first).map(|m| m.len()).unwrap_or(0);
+    let before = size();
+    for job in &jobs[..jobs.len() - 1] {
+        let out = g.cli(&["rm", &job.0.to_string()]);
+        assert!(out.status.success(), "rm: {out:?}");
+    }
+    wait_until("the leader to compact its journal", JOB_TIMEOUT, || {
+        (size() < before).then_some(())
+    });
+    // Until it leads: kill whichever other node leads, and bring it back as a follower
+    // (the first time, from its compacted journal).
+    for round in 0.. {
+        let now = g.leader();
+        if now == behind {
+            break;
+        }
+        assert!(round < 8, "node {behind} never led in {round} failovers");
+        g.kill_leader(now);
+        g.restart_node(now);
+    }
+    assert_succeeded(&g.status(keep).expect("the kept job's status"));
+    let listed: Vec<_> = g.overview().unwrap().jobs.iter().map(|j| j.id).collect();
+    assert_eq!(listed, vec![keep], "the removed jobs stay removed");
+    let file = dir.join("after.toml");
+    std::fs::write(
+        &file,
+        "name = \"after\"\n[[task]]\nid = \"t\"\narray = \"0..2\"\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
+    let job = g.submit(&file);
+    assert!(
+        jobs.iter().all(|j| j.0 < job.0),
+        "{job} after {jobs:?}: ids reused"
+    );
+    assert_succeeded(&g.wait_job(job, JOB_TIMEOUT));
+}
+
+/// A leader that stops leading after the group committed a submission but before answering
+/// it (a test hook): `flotilla submit` is told the coordinator cannot serve, sends the same
+/// submission again (same request id) to the next leader, and gets the job the first one
+/// made: one job, not two.
+#[test]
+fn a_submission_whose_answer_was_lost_is_sent_again_and_makes_one_job() {
+    let _one = one_group_at_a_time();
+    let g = Group::start_with(1, &[("FLOTILLA_FAULT", "lose-submit-answer:1")]);
+    let dir = g.job_dir();
+    let file = dir.join("once.toml");
+    std::fs::write(
+        &file,
+        "name = \"once\"\n[[task]]\nid = \"t\"\narray = \"0..3\"\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
+    let out = g.cli(&["submit", &file.display().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "submit: {stderr}");
+    assert!(
+        stderr.contains("trying again"),
+        "no answer was lost: {stderr}"
+    );
+    let job = kit::job_id_of(&out);
+    assert_succeeded(&g.wait_job(job, JOB_TIMEOUT));
+    let jobs: Vec<_> = g.overview().unwrap().jobs.iter().map(|j| j.id).collect();
+    assert_eq!(jobs, vec![job], "the submission made one job");
+}

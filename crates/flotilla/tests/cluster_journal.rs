@@ -1,6 +1,7 @@
 //! The coordinator's journal through the real server: `--fsync` fsyncs every append, a
-//! damaged record stops the start with an error naming the file and the offset, and
-//! `--recover-journal` keeps the valid records before it.
+//! damaged record stops the start with an error naming the file and the offset,
+//! `--recover-journal` keeps the valid records before it, and a submission sent again with
+//! its request id gets the job it made, across a restart.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,7 +9,7 @@ mod kit;
 
 use std::time::Duration;
 
-use kit::{assert_succeeded, Cluster, Opts};
+use kit::{assert_succeeded, wait_until, Cluster, Opts};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -141,4 +142,32 @@ fn rm_forgets_a_finished_job_across_a_restart_and_refuses_a_running_one() {
     let s = c.overview().expect("the coordinator answers");
     assert_eq!(s.jobs.len(), 1, "the removal survives the restart");
     assert_eq!(s.jobs[0].id, long);
+}
+
+/// A client that lost a submission's answer sends it again with the same request id and gets
+/// the job it made, also after the coordinator restarted (the id is journaled with the job);
+/// another id makes another job, and so does the same id once its job is removed.
+#[test]
+fn a_submission_sent_again_with_its_request_id_gets_the_job_it_made_across_a_restart() {
+    // No workers: the jobs wait.
+    let mut c = Cluster::start(0, 1);
+    let file = c.job_dir().join("one.toml");
+    std::fs::write(&file, ONE_TASK).unwrap();
+    let first = c.submit_with_id(&file, "req-1").expect("submitted");
+    assert_eq!(c.submit_with_id(&file, "req-1"), Some(first));
+    let other = c.submit_with_id(&file, "req-2").expect("submitted");
+    assert_ne!(other, first);
+    c.kill_server();
+    c.restart_server();
+    let again = wait_until("the restarted coordinator", WAIT, || {
+        c.submit_with_id(&file, "req-1")
+    });
+    assert_eq!(again, first);
+    assert_eq!(c.overview().unwrap().jobs.len(), 2);
+    for cmd in ["cancel", "rm"] {
+        let out = c.cli(&[cmd, &first.0.to_string()]);
+        assert!(out.status.success(), "{cmd}: {out:?}");
+    }
+    let new = c.submit_with_id(&file, "req-1").expect("submitted");
+    assert!(new.0 > other.0, "{new} after {other}");
 }

@@ -44,17 +44,42 @@ struct Inner {
 
 impl Inner {
     fn write(&mut self, op: &Op) -> std::io::Result<()> {
-        let body = postcard::to_allocvec(op).map_err(std::io::Error::other)?;
-        let len = u32::try_from(body.len())
-            .map_err(|_| std::io::Error::other("a log frame over 4 GiB"))?;
-        let mut frame = Vec::with_capacity(body.len() + 8);
-        frame.extend_from_slice(&len.to_le_bytes());
-        frame.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
-        frame.extend_from_slice(&body);
+        let mut frame = Vec::new();
+        encode(op, &mut frame)?;
         self.file.write_all(&frame)?;
         if self.fsync {
             self.file.sync_data()?;
         }
+        Ok(())
+    }
+
+    /// Rewrites the file with only what it holds now (after a purge: the file would
+    /// otherwise keep every entry ever appended): written beside it, synced, renamed over it.
+    fn rewrite(&mut self) -> std::io::Result<()> {
+        let mut bytes = Vec::new();
+        if let Some(v) = self.vote {
+            encode(&Op::Vote(v), &mut bytes)?;
+        }
+        encode(&Op::Committed(self.committed), &mut bytes)?;
+        if let Some(p) = self.purged {
+            encode(&Op::Purge(p), &mut bytes)?;
+        }
+        let entries: Vec<Entry> = self.log.values().cloned().collect();
+        for chunk in entries.chunks(256) {
+            encode(&Op::Entries(chunk.to_vec()), &mut bytes)?;
+        }
+        let tmp = self.path.with_extension("rewrite");
+        let mut f = File::create(&tmp)?;
+        f.write_all(&bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &self.path)?;
+        if let Some(dir) = self.path.parent() {
+            File::open(dir)?.sync_all()?;
+        }
+        self.file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&self.path)?;
         Ok(())
     }
 
@@ -76,6 +101,17 @@ impl Inner {
             Op::Committed(c) => self.committed = c,
         }
     }
+}
+
+/// Appends `op`'s frame to `out`.
+fn encode(op: &Op, out: &mut Vec<u8>) -> std::io::Result<()> {
+    let body = postcard::to_allocvec(op).map_err(std::io::Error::other)?;
+    let len =
+        u32::try_from(body.len()).map_err(|_| std::io::Error::other("a log frame over 4 GiB"))?;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+    Ok(())
 }
 
 /// The log store ([`RaftLogStorage`]); clones share the one file.
@@ -271,7 +307,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> Result<(), StorageError<NodeId>> {
-        self.change(Op::Purge(log_id))
+        self.change(Op::Purge(log_id))?;
+        let mut g = self.inner.lock();
+        if let Err(e) = g.rewrite() {
+            // The purge itself is written: the file is only larger than it needs to be.
+            tracing::warn!("{}: cannot rewrite the log smaller: {e}", g.path.display());
+        }
+        Ok(())
     }
 }
 
@@ -324,6 +366,41 @@ mod tests {
         let again = LogStore::open(&path, false).expect("reopen");
         drop(again);
         assert_eq!(std::fs::metadata(&path).expect("stat").len(), len);
+    }
+
+    #[test]
+    fn a_purge_rewrites_the_file_with_only_what_is_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        let mut s = LogStore::open(&path, false).expect("open");
+        futures::executor::block_on(async {
+            s.save_vote(&Vote::new(3, 2)).await.expect("vote");
+            for i in 1..=200 {
+                s.change(Op::Entries(vec![entry(3, i)])).expect("append");
+            }
+            s.save_committed(Some(LogId::new(CommittedLeaderId::new(3, 1), 200)))
+                .await
+                .expect("committed");
+        });
+        let before = std::fs::metadata(&path).expect("stat").len();
+        futures::executor::block_on(s.purge(LogId::new(CommittedLeaderId::new(3, 1), 190)))
+            .expect("purge");
+        let after = std::fs::metadata(&path).expect("stat").len();
+        assert!(after * 10 < before, "{before} -> {after} bytes");
+        // Appends go on in the new file, and everything reads back.
+        s.change(Op::Entries(vec![entry(3, 201)])).expect("append");
+        drop(s);
+        let mut s = LogStore::open(&path, false).expect("reopen");
+        let g = s.inner.lock();
+        assert_eq!(g.vote, Some(Vote::new(3, 2)));
+        assert_eq!(g.committed.map(|c| c.index), Some(200));
+        assert_eq!(g.purged.map(|p| p.index), Some(190));
+        let kept: Vec<u64> = g.log.keys().copied().collect();
+        assert_eq!(kept, (191..=201).collect::<Vec<_>>());
+        drop(g);
+        let state = futures::executor::block_on(s.get_log_state()).expect("state");
+        assert_eq!(state.last_purged_log_id.map(|l| l.index), Some(190));
+        assert_eq!(state.last_log_id.map(|l| l.index), Some(201));
     }
 
     #[test]

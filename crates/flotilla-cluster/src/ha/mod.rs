@@ -97,7 +97,14 @@ pub struct GroupConfig {
     /// server's own certificate file, right for one certificate shared by the group or a
     /// chain that ends in the group's CA).
     pub peer_ca: Option<std::path::PathBuf>,
+    /// A snapshot is built every this many log entries, and the log before it purged but
+    /// for the last `min(1000, snapshot_every)` entries (kept for followers a little
+    /// behind; one further behind is sent the snapshot).
+    pub snapshot_every: u64,
 }
+
+/// The default for [`GroupConfig::snapshot_every`].
+pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
 
 impl GroupConfig {
     /// Node `node_id` of `peers`, with the default timeouts: heartbeats every 100 ms;
@@ -137,6 +144,7 @@ impl GroupConfig {
             election: (Duration::from_millis(400), Duration::from_millis(700)),
             commit_timeout: Duration::from_secs(5),
             peer_ca: None,
+            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
         })
     }
 
@@ -175,6 +183,12 @@ pub struct GroupStatus {
     pub term: u64,
     /// The last log index committed and applied here.
     pub applied: Option<u64>,
+    /// The last log index of this node's latest snapshot.
+    #[serde(default)]
+    pub snapshot: Option<u64>,
+    /// The log here starts after this index (what the snapshot holds was dropped).
+    #[serde(default)]
+    pub purged: Option<u64>,
     /// Every member.
     pub members: Vec<GroupMember>,
 }
@@ -224,8 +238,10 @@ impl Node {
             heartbeat_interval: config.heartbeat.as_millis() as u64,
             election_timeout_min: config.election.0.as_millis() as u64,
             election_timeout_max: config.election.1.as_millis() as u64,
-            // The whole log is kept; see ARCHITECTURE.md.
-            snapshot_policy: SnapshotPolicy::Never,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_every.max(1)),
+            max_in_snapshot_log_to_keep: config.snapshot_every.clamp(1, 1000),
+            // A snapshot is the whole journal: give its chunks time on a loaded machine.
+            install_snapshot_timeout: config.commit_timeout.as_millis() as u64,
             max_payload_entries: 64,
             ..Default::default()
         }
@@ -518,6 +534,8 @@ impl Node {
             node_id: self.config.node_id,
             term: m.current_term,
             applied: m.last_applied.map(|l| l.index),
+            snapshot: m.snapshot.map(|l| l.index),
+            purged: m.purged.map(|l| l.index),
             members,
         }
     }

@@ -7,6 +7,17 @@
 //! appends each entry's records itself once the group has committed them (with the same
 //! marker); the state machine then only keeps count. A deposed leader stops, and its restart
 //! applies from its last marker on whatever the new leader committed.
+//!
+//! # Snapshots
+//! A snapshot is the node's journal up to its last marker, with the files the other payloads
+//! replace whole (`access.json`, `allocs.json`, `uploads/JOB.json`), read from disk as they
+//! are: the marker names the entry the snapshot stops at. Those files may be from later
+//! entries, which is harmless: applying an entry that replaces a whole file again writes
+//! the same file. Once a snapshot is built, Raft purges the log before it (less the
+//! entries it keeps for followers a little behind); a node that needs purged entries is
+//! sent the leader's snapshot instead, and installing it replaces its journal and those
+//! files. A snapshot is built from disk whenever it is asked for, so none is stored
+//! twice.
 
 use std::io::{Cursor, Write};
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -39,6 +50,10 @@ struct Inner {
     applied: Option<LogId<NodeId>>,
     membership: StoredMembership<NodeId, openraft::BasicNode>,
     state_dir: PathBuf,
+    fsync: bool,
+    /// A snapshot's journal installed while the coordinator owned the journal (between
+    /// leading and following): [`StateMachine::follow`] puts it in place.
+    pending: Option<Vec<u8>>,
 }
 
 /// The state machine ([`RaftStateMachine`]); clones share it.
@@ -72,6 +87,8 @@ impl StateMachine {
                 applied,
                 membership,
                 state_dir: state_dir.to_path_buf(),
+                fsync,
+                pending: None,
             })),
             log,
         })
@@ -82,6 +99,9 @@ impl StateMachine {
     /// next leader after this one gave up) are appended from the log.
     pub fn follow(&self, fsync: bool) -> crate::error::Result<()> {
         let mut g = self.inner.lock();
+        if let Some(bytes) = g.pending.take() {
+            Journal::replace_file(&g.state_dir.join("journal.log"), &bytes)?;
+        }
         let (mut journal, marker) = open_journal(&g.state_dir, fsync)?;
         let from = marker.map(|m| m.applied.index + 1).unwrap_or(0);
         if let Some(to) = g.applied.map(|l| l.index).filter(|to| *to >= from) {
@@ -213,7 +233,7 @@ fn write_uploads(state_dir: &Path, job: u64, list: &[u8]) -> std::io::Result<()>
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotBuilder = NoSnapshots;
+    type SnapshotBuilder = Snapshots;
 
     async fn applied_state(
         &mut self,
@@ -238,46 +258,55 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         for e in entries {
             out.push(());
             g.applied = Some(e.log_id);
-            match e.payload {
-                EntryPayload::Blank => {}
+            let mut records = match e.payload {
+                EntryPayload::Blank => Vec::new(),
                 EntryPayload::Membership(m) => {
                     g.membership = StoredMembership::new(Some(e.log_id), m);
+                    Vec::new()
                 }
                 EntryPayload::Normal(Payload::Access(bytes)) => {
                     write_access(&g.state_dir, &bytes).map_err(sm_err)?;
+                    Vec::new()
                 }
                 EntryPayload::Normal(Payload::Allocs(bytes)) => {
                     write_file(&g.state_dir, crate::alloc::queues::ALLOCS_FILE, &bytes)
                         .map_err(sm_err)?;
+                    Vec::new()
                 }
                 EntryPayload::Normal(Payload::Uploads { job, list }) => {
                     write_uploads(&g.state_dir, job, &list).map_err(sm_err)?;
+                    Vec::new()
                 }
                 EntryPayload::Normal(Payload::Journal(bytes)) => {
                     if g.journal.is_none() {
                         // The coordinator here appends them itself.
                         continue;
                     }
-                    let mut records: Vec<JournalRecord> =
-                        postcard::from_bytes(&bytes).map_err(sm_err)?;
-                    let membership = g.membership.clone();
-                    let state = postcard::to_allocvec(&Marker {
-                        applied: e.log_id,
-                        membership,
-                    })
-                    .map_err(sm_err)?;
-                    records.push(JournalRecord::Replicated { state });
-                    if let Some(j) = g.journal.as_mut() {
-                        j.append(&records).map_err(sm_err)?;
-                    }
+                    postcard::from_bytes::<Vec<JournalRecord>>(&bytes).map_err(sm_err)?
                 }
+            };
+            // While following, every entry gets its marker (a lone one for the entries that
+            // carry no records), so that a snapshot stops at the last entry applied.
+            if g.journal.is_none() {
+                continue;
+            }
+            let state = postcard::to_allocvec(&Marker {
+                applied: e.log_id,
+                membership: g.membership.clone(),
+            })
+            .map_err(sm_err)?;
+            records.push(JournalRecord::Replicated { state });
+            if let Some(j) = g.journal.as_mut() {
+                j.append(&records).map_err(sm_err)?;
             }
         }
         Ok(out)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        NoSnapshots
+        Snapshots {
+            state_dir: self.inner.lock().state_dir.clone(),
+        }
     }
 
     async fn begin_receiving_snapshot(
@@ -288,27 +317,178 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
 
     async fn install_snapshot(
         &mut self,
-        _meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
-        _snapshot: Box<Cursor<Vec<u8>>>,
+        meta: &SnapshotMeta<NodeId, openraft::BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<NodeId>> {
-        Err(sm_err(
-            "this node cannot install a snapshot: the group keeps its whole log instead",
-        ))
+        let files: SnapshotFiles = postcard::from_bytes(snapshot.get_ref()).map_err(sm_err)?;
+        let mut g = self.inner.lock();
+        install_files(&g.state_dir, &files).map_err(sm_err)?;
+        match g.journal.take() {
+            Some(journal) => {
+                drop(journal);
+                let path = g.state_dir.join("journal.log");
+                Journal::replace_file(&path, &files.journal).map_err(sm_err)?;
+                let (journal, _) = open_journal(&g.state_dir, g.fsync).map_err(sm_err)?;
+                g.journal = Some(journal);
+            }
+            // The coordinator still has it (it stops leading): `follow` puts this in place.
+            None => g.pending = Some(files.journal),
+        }
+        g.applied = meta.last_log_id;
+        g.membership = meta.last_membership.clone();
+        tracing::info!(
+            applied = ?meta.last_log_id.map(|l| l.index),
+            "installed the leader's snapshot"
+        );
+        Ok(())
     }
 
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
-        Ok(None)
+        let state_dir = self.inner.lock().state_dir.clone();
+        build(&state_dir, false)
     }
 }
 
-/// The group keeps its whole log (no snapshots yet: see ARCHITECTURE.md), so none is built.
-pub struct NoSnapshots;
+/// What a snapshot carries (see the module's doc).
+#[derive(Serialize, Deserialize)]
+struct SnapshotFiles {
+    /// The journal file, up to the end of its last marker.
+    journal: Vec<u8>,
+    /// `access.json`, when there is one.
+    access: Option<Vec<u8>>,
+    /// `allocs.json`, when there is one.
+    allocs: Option<Vec<u8>>,
+    /// Each `uploads/JOB.json`: the job and the list.
+    uploads: Vec<(u64, Vec<u8>)>,
+}
 
-impl RaftSnapshotBuilder<TypeConfig> for NoSnapshots {
+fn read_opt(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The jobs that have an uploads list here, with the file of each.
+fn upload_lists(state_dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let dir = state_dir.join("uploads");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(job) = name.strip_suffix(".json").and_then(|n| n.parse().ok()) {
+            out.push((job, e.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Builds a snapshot from what is on disk now; `None` when the journal has no marker yet
+/// (nothing applied), or, with `always`, an empty snapshot then.
+#[allow(clippy::result_large_err)] // openraft's error type, returned as openraft wants it
+fn build(
+    state_dir: &Path,
+    always: bool,
+) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+    let read = |e: &dyn std::fmt::Display| -> StorageError<NodeId> {
+        StorageIOError::read_state_machine(&std::io::Error::other(e.to_string())).into()
+    };
+    let path = state_dir.join("journal.log");
+    let found = Journal::read_upto_last(&path, |r| match r {
+        JournalRecord::Replicated { state } => Some(state.clone()),
+        _ => None,
+    })
+    .map_err(|e| read(&e))?;
+    let (journal, marker) = match found {
+        Some((journal, state)) => {
+            let m: Marker = postcard::from_bytes(&state).map_err(|e| {
+                read(&format!(
+                    "{}: a group marker does not decode: {e}",
+                    path.display()
+                ))
+            })?;
+            (journal, Some(m))
+        }
+        None if always => (Journal::EMPTY.to_vec(), None),
+        None => return Ok(None),
+    };
+    let mut uploads = Vec::new();
+    for (job, file) in upload_lists(state_dir).map_err(|e| read(&e))? {
+        if let Some(list) = read_opt(&file).map_err(|e| read(&e))? {
+            uploads.push((job, list));
+        }
+    }
+    let files = SnapshotFiles {
+        journal,
+        access: read_opt(&state_dir.join(ACCESS_FILE)).map_err(|e| read(&e))?,
+        allocs: read_opt(&state_dir.join(crate::alloc::queues::ALLOCS_FILE))
+            .map_err(|e| read(&e))?,
+        uploads,
+    };
+    let data = postcard::to_allocvec(&files).map_err(|e| read(&e))?;
+    let (last_log_id, last_membership) = match marker {
+        Some(m) => (Some(m.applied), m.membership),
+        None => (None, StoredMembership::default()),
+    };
+    let snapshot_id = match last_log_id {
+        Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, data.len()),
+        None => format!("empty-{}", data.len()),
+    };
+    Ok(Some(Snapshot {
+        meta: SnapshotMeta {
+            last_log_id,
+            last_membership,
+            snapshot_id,
+        },
+        snapshot: Box::new(Cursor::new(data)),
+    }))
+}
+
+/// Writes a snapshot's whole files here: the access registry and the allocation queues,
+/// and the uploads lists (the lists of jobs the snapshot does not name are removed as a
+/// job's removal removes them, with their objects and logs).
+fn install_files(state_dir: &Path, files: &SnapshotFiles) -> std::io::Result<()> {
+    if let Some(b) = &files.access {
+        write_access(state_dir, b)?;
+    }
+    if let Some(b) = &files.allocs {
+        write_file(state_dir, crate::alloc::queues::ALLOCS_FILE, b)?;
+    }
+    let named: std::collections::HashSet<u64> = files.uploads.iter().map(|(j, _)| *j).collect();
+    for (job, _) in upload_lists(state_dir)? {
+        if !named.contains(&job) {
+            write_uploads(state_dir, job, &[])?;
+        }
+    }
+    for (job, list) in &files.uploads {
+        if !list.is_empty() {
+            write_uploads(state_dir, *job, list)?;
+        }
+    }
+    Ok(())
+}
+
+/// Builds the node's snapshots ([`RaftSnapshotBuilder`]): from disk, as the module's doc
+/// says.
+pub struct Snapshots {
+    state_dir: PathBuf,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for Snapshots {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        Err(sm_err("the group builds no snapshots"))
+        match build(&self.state_dir, true)? {
+            Some(s) => Ok(s),
+            None => Err(sm_err("no snapshot was built")),
+        }
     }
 }
 
@@ -359,6 +539,116 @@ mod tests {
             .filter(|r| matches!(r, JournalRecord::Replicated { .. }))
             .count();
         assert_eq!(markers, 2);
+    }
+
+    fn normal(index: u64, payload: Payload) -> Entry {
+        RaftEntry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(payload),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_carries_the_journal_and_the_whole_files_to_another_node() {
+        let a_dir = tempfile::tempdir().expect("tempdir");
+        let log =
+            super::super::LogStore::open(&a_dir.path().join("group/log"), false).expect("log");
+        let mut a = StateMachine::open(a_dir.path(), false, log).expect("open");
+        let list = br#"[["in.txt","00ff","5"]]"#.to_vec();
+        futures::executor::block_on(a.apply(vec![
+            entry(1, 10),
+            normal(2, Payload::Access(b"{\"tokens\":[]}".to_vec())),
+            normal(
+                3,
+                Payload::Uploads {
+                    job: 7,
+                    list: list.clone(),
+                },
+            ),
+            entry(4, 20),
+            // The last entry carries no records: it still gets its marker.
+            normal(5, Payload::Allocs(b"[]".to_vec())),
+        ]))
+        .expect("apply");
+        let snap = futures::executor::block_on(a.get_current_snapshot())
+            .expect("build")
+            .expect("a snapshot");
+        assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(5));
+        let built = futures::executor::block_on(async {
+            a.get_snapshot_builder().await.build_snapshot().await
+        })
+        .expect("the builder's");
+        assert_eq!(built.meta.last_log_id, snap.meta.last_log_id);
+
+        // B is behind, and holds the uploads of a job since removed.
+        let b_dir = tempfile::tempdir().expect("tempdir");
+        let log =
+            super::super::LogStore::open(&b_dir.path().join("group/log"), false).expect("log");
+        let mut b = StateMachine::open(b_dir.path(), false, log.clone()).expect("open");
+        futures::executor::block_on(b.apply(vec![
+            entry(1, 10),
+            normal(
+                2,
+                Payload::Uploads {
+                    job: 3,
+                    list: list.clone(),
+                },
+            ),
+        ]))
+        .expect("apply");
+        assert!(b_dir.path().join("uploads/3.json").exists());
+        futures::executor::block_on(b.install_snapshot(&snap.meta, snap.snapshot))
+            .expect("install");
+        assert_eq!(b.applied().map(|l| l.index), Some(5));
+        assert!(!b_dir.path().join("uploads/3.json").exists());
+        assert_eq!(
+            std::fs::read(b_dir.path().join("uploads/7.json")).expect("uploads/7.json"),
+            list
+        );
+        assert_eq!(
+            std::fs::read(b_dir.path().join(ACCESS_FILE)).expect("access"),
+            b"{\"tokens\":[]}"
+        );
+        // Applying goes on after it, and a restart reads where it stands from the journal.
+        futures::executor::block_on(b.apply(vec![entry(6, 30)])).expect("apply");
+        drop(b);
+        let b = StateMachine::open(b_dir.path(), false, log).expect("reopen");
+        assert_eq!(b.applied().map(|l| l.index), Some(6));
+        let mut j = b.take_journal().expect("the journal");
+        assert_eq!(cancelled(&j.replay().expect("replay")), vec![10, 20, 30]);
+    }
+
+    #[test]
+    fn a_snapshot_installed_while_the_coordinator_holds_the_journal_waits_for_follow() {
+        let a_dir = tempfile::tempdir().expect("tempdir");
+        let log =
+            super::super::LogStore::open(&a_dir.path().join("group/log"), false).expect("log");
+        let mut a = StateMachine::open(a_dir.path(), false, log).expect("open");
+        futures::executor::block_on(a.apply(vec![entry(1, 10), entry(2, 20)])).expect("apply");
+        let snap = futures::executor::block_on(a.get_current_snapshot())
+            .expect("build")
+            .expect("a snapshot");
+        let b_dir = tempfile::tempdir().expect("tempdir");
+        let log =
+            super::super::LogStore::open(&b_dir.path().join("group/log"), false).expect("log");
+        let mut b = StateMachine::open(b_dir.path(), false, log).expect("open");
+        let held = b.take_journal().expect("the journal");
+        futures::executor::block_on(b.install_snapshot(&snap.meta, snap.snapshot))
+            .expect("install");
+        drop(held);
+        b.follow(false).expect("follow");
+        let mut j = b.take_journal().expect("the journal");
+        assert_eq!(cancelled(&j.replay().expect("replay")), vec![10, 20]);
+    }
+
+    #[test]
+    fn no_snapshot_before_anything_is_applied() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = super::super::LogStore::open(&dir.path().join("group/log"), false).expect("log");
+        let mut sm = StateMachine::open(dir.path(), false, log).expect("open");
+        assert!(futures::executor::block_on(sm.get_current_snapshot())
+            .expect("build")
+            .is_none());
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub(super) enum Req {
         tenant: String,
         /// Uploaded job-folder files (transfer staging), already in the store.
         files: Vec<proto::Object>,
+        /// The client's id for the submission (`None`: it named none).
+        request_id: Option<String>,
         reply: Reply<proto::SubmitReply>,
     },
     Cancel {
@@ -313,6 +315,28 @@ const MAX_UNWRITTEN: usize = 1_000_000;
 
 /// How often an append that failed is tried again.
 const RETRY_APPEND: Duration = Duration::from_millis(250);
+
+/// Test hook: with `FLOTILLA_FAULT=lose-submit-answer:N`, the first N turns of this process
+/// that commit a submission in a group stop leading once the group holds it, before it is
+/// answered: the client loses the answer of a job that exists (and sends it again).
+fn lose_submit_answer() -> bool {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static LEFT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
+    let left = LEFT.get_or_init(|| {
+        AtomicU32::new(
+            std::env::var(crate::fault::FAULT_VAR)
+                .ok()
+                .and_then(|v| {
+                    v.trim()
+                        .strip_prefix("lose-submit-answer:")
+                        .and_then(|n| n.parse().ok())
+                })
+                .unwrap_or(0),
+        )
+    });
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
 
 impl Core {
     /// Starts a journal compaction when removed jobs' records weigh enough; finishes one
@@ -928,6 +952,15 @@ impl Core {
                     .commit(&records)
                     .map_err(|e| format!("{e}: this coordinator stops leading"))?;
                 self.metrics.group_commit.observe(t.elapsed().as_secs_f64());
+                if records
+                    .iter()
+                    .any(|r| matches!(r, JournalRecord::JobSubmittedText { .. }))
+                    && lose_submit_answer()
+                {
+                    return Err("a test hook (FLOTILLA_FAULT=lose-submit-answer) stops \
+                                leading before a committed submission is answered"
+                        .into());
+                }
                 records.push(marker);
             }
         }
@@ -1061,11 +1094,12 @@ impl Core {
                 dir,
                 tenant,
                 files,
+                request_id,
                 reply,
             } => self.on_submit(
                 (spec, graph, toml),
                 dir,
-                tenant,
+                (tenant, request_id),
                 files,
                 reply,
                 cmds,
@@ -1220,7 +1254,7 @@ impl Core {
             String,
         ),
         dir: String,
-        tenant: String,
+        (tenant, request_id): (String, Option<String>),
         files: Vec<proto::Object>,
         reply: Reply<proto::SubmitReply>,
         cmds: &mut Vec<Command>,
@@ -1229,6 +1263,26 @@ impl Core {
     ) {
         if let Some(refusal) = self.journal_refusal() {
             let _ = reply.send(Err(refusal));
+            return;
+        }
+        // Sent again (its answer was lost): the job it made, once that is durable.
+        if let Some(job) = request_id
+            .as_deref()
+            .and_then(|id| self.coord.submission(&tenant, id))
+        {
+            let (name, tasks) = self
+                .coord
+                .job_summary(job)
+                .map(|s| (s.name, s.total as u32))
+                .unwrap_or_default();
+            tracing::info!(%job, "a submission sent again: answered with the job it made");
+            after.push(Box::new(move |_| {
+                let _ = reply.send(Ok(proto::SubmitReply {
+                    job: job.0,
+                    name,
+                    tasks,
+                }));
+            }));
             return;
         }
         let job = self.coord.next_job_id();
@@ -1248,6 +1302,9 @@ impl Core {
             return;
         }
         self.note_uploads(job, files);
+        if let Some(id) = &request_id {
+            self.coord.note_submission(job, &tenant, id);
+        }
         if let Some(pool) = spec.pool {
             // Before anything of the job is placed.
             if let Err(e) = self.coord.set_job_pool(job, pool) {

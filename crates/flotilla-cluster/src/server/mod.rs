@@ -215,7 +215,7 @@ impl Server {
     /// no longer leads, then follows again (see [`lead_and_follow`]).
     #[allow(clippy::too_many_arguments)]
     async fn start_in_group(
-        mut config: ServerConfig,
+        config: ServerConfig,
         group: crate::ha::GroupConfig,
         token: String,
         stop_tx: Arc<watch::Sender<bool>>,
@@ -228,8 +228,6 @@ impl Server {
                 "a node of a group listens on the address --peers gives it, not on port 0".into(),
             ));
         }
-        // A compaction drops the group's markers (see crate::ha): not in a group yet.
-        config.compact_journal_after = None;
         let node = crate::ha::Node::start(
             group,
             &config.state_dir,
@@ -408,6 +406,9 @@ async fn lead_and_follow(
     }
 }
 
+/// How long a stopping server waits for its open calls to end.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
 /// What [`serve`] started.
 struct Served {
     addr: SocketAddr,
@@ -581,9 +582,20 @@ async fn serve(
     let fatal_out = fatal.clone();
     tokio::spawn(async move {
         let incoming = peers::incoming(listener, per_peer);
-        let r = router
-            .serve_with_incoming_shutdown(incoming, stopped(stop_wait))
-            .await;
+        let grace = stop_wait.clone();
+        // A graceful stop waits for the open calls to end, but not for ever: a worker's
+        // session or a client's watch may outlive the core, and a node of a group that
+        // stops leading must be able to follow (and lead again) meanwhile.
+        let r = tokio::select! {
+            r = router.serve_with_incoming_shutdown(incoming, stopped(stop_wait)) => r,
+            _ = async {
+                stopped(grace).await;
+                tokio::time::sleep(STOP_GRACE).await;
+            } => {
+                tracing::warn!("calls still open {STOP_GRACE:?} after the stop: dropped");
+                Ok(())
+            }
+        };
         let _ = req_for_stop.try_send(Req::Stop);
         let r = match fatal.lock().clone() {
             Some(m) => Err(m),

@@ -318,6 +318,12 @@ impl CoordinatorRpc for Api {
         let quota_tasks = self.access.quota(&tenant).and_then(|q| q.tasks);
         let r = req.into_inner();
         check_job_dir(&r.dir).map_err(Status::invalid_argument)?;
+        if r.request_id.chars().count() > 128 {
+            return Err(Status::invalid_argument(
+                "request_id: at most 128 characters",
+            ));
+        }
+        let request_id = (!r.request_id.is_empty()).then(|| r.request_id.clone());
         // Parsing a large job and hashing uploads into the store are CPU and disk work:
         // off the async threads.
         let store = self.store.clone();
@@ -394,6 +400,7 @@ impl CoordinatorRpc for Api {
                 dir,
                 tenant,
                 files,
+                request_id,
                 reply,
             })
             .await?;

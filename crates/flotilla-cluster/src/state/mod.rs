@@ -725,6 +725,15 @@ pub enum JournalRecord {
         /// The group's own encoding of the entry's log id and the membership.
         state: Vec<u8>,
     },
+    /// Job `job` was made by the submission the client named `key` (its request id, with
+    /// the tenant: see [`Coordinator::submission`]): the same submission sent again gets
+    /// that job. Replays as nothing else; dropped with the job.
+    Submission {
+        /// The job.
+        job: JobId,
+        /// The tenant and the client's request id.
+        key: String,
+    },
 }
 
 impl JournalRecord {
@@ -802,7 +811,8 @@ impl JournalRecord {
             | JournalRecord::JobRemoved { job }
             | JournalRecord::JobSubmittedText { job, .. }
             | JournalRecord::BudgetRaised { job, .. }
-            | JournalRecord::JobReopened { job, .. } => Some(*job),
+            | JournalRecord::JobReopened { job, .. }
+            | JournalRecord::Submission { job, .. } => Some(*job),
             JournalRecord::TaskFinished { task, .. }
             | JournalRecord::TaskFinishedMetered { task, .. }
             | JournalRecord::TaskAssigned { task, .. } => Some(task.job),
@@ -921,7 +931,8 @@ impl JournalRecord {
             | JournalRecord::PoolWorker { .. }
             | JournalRecord::Ledger { .. }
             | JournalRecord::Verdict { .. }
-            | JournalRecord::Replicated { .. } => return Ok(None),
+            | JournalRecord::Replicated { .. }
+            | JournalRecord::Submission { .. } => return Ok(None),
         }))
     }
 }

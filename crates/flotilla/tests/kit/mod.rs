@@ -510,6 +510,16 @@ impl Cluster {
         job_id_of(&out)
     }
 
+    /// Submits `file` through the client API naming the submission `id`; `None` while the
+    /// coordinator is unreachable or refuses it.
+    pub(crate) fn submit_with_id(&self, file: &Path, id: &str) -> Option<JobId> {
+        let file = file.to_path_buf();
+        let id = id.to_string();
+        self.with_client(move |c| {
+            Box::pin(async move { c.submit_file_with_id(&file, Some(&id)).await.map(|s| s.job) })
+        })
+    }
+
     /// Writes `toml` as `name` in the job folder and submits it.
     pub(crate) fn submit_toml(&self, name: &str, toml: &str) -> JobId {
         let path = self.job_dir().join(name);

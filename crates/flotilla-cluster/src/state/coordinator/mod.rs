@@ -108,6 +108,14 @@ pub struct Coordinator {
     /// expected to run longer than a worker has left is not placed there. Not journaled:
     /// a worker says it again when it registers after a restart.
     leaves_at: BTreeMap<WorkerId, Millis>,
+    /// The jobs made by submissions that named a request id, by tenant and id (see
+    /// [`Coordinator::submission`]); a job leaves it when it is removed.
+    submissions: HashMap<String, JobId>,
+}
+
+/// The key of a submission: its tenant and the client's request id.
+fn submission_key(tenant: &str, request_id: &str) -> String {
+    format!("{tenant}\n{request_id}")
 }
 
 impl Coordinator {
@@ -138,8 +146,25 @@ impl Coordinator {
             pool: pool::Pool::new(config.fee_ppm),
             provider_workers: 0,
             leaves_at: BTreeMap::new(),
+            submissions: HashMap::new(),
             config,
         }
+    }
+
+    /// The job that `tenant`'s submission with this request id made, if it is still here.
+    pub fn submission(&self, tenant: &str, request_id: &str) -> Option<JobId> {
+        self.submissions
+            .get(&submission_key(tenant, request_id))
+            .copied()
+            .filter(|j| self.jobs.contains_key(j))
+    }
+
+    /// Notes that `tenant`'s submission with this request id made `job` (call it after
+    /// [`Coordinator::submit_expanded`]); the record is journaled with the job's.
+    pub fn note_submission(&mut self, job: JobId, tenant: &str, request_id: &str) {
+        let key = submission_key(tenant, request_id);
+        self.submissions.insert(key.clone(), job);
+        self.journal.push(JournalRecord::Submission { job, key });
     }
 
     /// Sets the tenants' quotas (applied from the next scheduling pass).
@@ -242,6 +267,10 @@ impl Coordinator {
                 self.retired.insert(*worker);
                 self.next_worker = self.next_worker.max(worker.0 + 1);
             }
+        }
+        if let JournalRecord::Submission { job, key } = record {
+            self.submissions.insert(key, job);
+            return Ok(());
         }
         if let JournalRecord::Checkpoint {
             next_job,
@@ -452,6 +481,7 @@ impl Coordinator {
                 self.recheck_ready(job);
                 self.jobs.remove(&job);
                 self.cpuless.remove(&job);
+                self.submissions.retain(|_, j| *j != job);
             }
             Event::WorkerJoined {
                 worker,

@@ -129,3 +129,39 @@ fn quotas_cap_cpus_and_running_jobs_and_say_why_a_job_waits() {
     assert!(sim.c.job_status(a2).unwrap().counts.assigned > 0);
     let _ = w;
 }
+
+#[test]
+fn a_request_id_names_a_submission_of_its_tenant_until_the_job_is_removed_and_after_a_replay() {
+    let mut sim = Sim::new(0);
+    let (a, _) = sim.submit_as("alice", MANY);
+    sim.c.note_submission(a, "alice", "req-1");
+    assert_eq!(sim.c.submission("alice", "req-1"), Some(a));
+    assert_eq!(
+        sim.c.submission("bob", "req-1"),
+        None,
+        "another tenant's id"
+    );
+    assert_eq!(sim.c.submission("alice", "req-2"), None);
+    // The record it journals gives the same answer to a coordinator that replays it.
+    let records = sim.c.take_journal_records();
+    let key = records
+        .iter()
+        .find_map(|r| match r {
+            JournalRecord::Submission { job, key } if *job == a => Some(key.clone()),
+            _ => None,
+        })
+        .expect("a Submission record");
+    let mut replayed = Sim::new(0);
+    let (b, _) = replayed.submit_as("alice", MANY);
+    assert_eq!(b, a);
+    let mut out = Vec::new();
+    replayed
+        .c
+        .replay(0, JournalRecord::Submission { job: a, key }, &mut out)
+        .expect("replay");
+    assert_eq!(replayed.c.submission("alice", "req-1"), Some(a));
+    // Removed, the job no longer answers for the id.
+    sim.ev(Event::JobCancelled { job: a });
+    sim.ev(Event::JobRemoved { job: a });
+    assert_eq!(sim.c.submission("alice", "req-1"), None);
+}

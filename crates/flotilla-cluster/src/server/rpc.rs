@@ -301,6 +301,9 @@ pub(crate) fn check_job_dir(dir: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// How many uploaded files a submission to a group copies to the other nodes at once.
+const REPLICATED_AT_ONCE: usize = 4;
+
 type BoxStream<T> = Pin<Box<dyn Stream<Item = std::result::Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -382,16 +385,24 @@ impl CoordinatorRpc for Api {
         // In a group, the files reach a majority before the job exists: whichever node leads
         // next can hand them to the job's tasks.
         if let Some(node) = &self.group {
-            for (hash, data) in &uploads {
-                node.replicate_object(hash, data).await.map_err(|e| {
-                    Status::unavailable(format!(
-                        "the group could not keep a copy of an uploaded file ({hash}): {e}; \
+            use futures::{StreamExt as _, TryStreamExt as _};
+            // A few files at a time: each waits for a majority of the group.
+            let node = node.clone();
+            futures::stream::iter(uploads.into_iter().map(move |(hash, data)| {
+                let node = node.clone();
+                async move {
+                    node.replicate_object(&hash, &data).await.map_err(|e| {
+                        Status::unavailable(format!(
+                            "the group could not keep a copy of an uploaded file ({hash}): {e}; \
                          nothing was submitted"
-                    ))
-                })?;
-            }
+                        ))
+                    })
+                }
+            }))
+            .buffer_unordered(REPLICATED_AT_ONCE)
+            .try_collect::<Vec<()>>()
+            .await?;
         }
-        drop(uploads);
         let reply = self
             .ask(|reply| Req::Submit {
                 spec,

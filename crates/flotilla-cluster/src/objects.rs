@@ -44,6 +44,25 @@ pub struct ObjectStore {
 struct Sizes {
     of: HashMap<String, u64>,
     total: u64,
+    /// Objects admitted whose file is still being written.
+    arriving: std::collections::HashSet<String>,
+}
+
+/// The objects in `dir`, by their files.
+fn count(dir: &Path) -> Result<Sizes> {
+    let mut sizes = Sizes::default();
+    for e in std::fs::read_dir(dir)
+        .map_err(|e| ClusterError::io(dir, e))?
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if valid_hash(&name) {
+            if let Ok(md) = e.metadata() {
+                sizes.insert(name, md.len());
+            }
+        }
+    }
+    Ok(sizes)
 }
 
 impl Sizes {
@@ -72,18 +91,7 @@ impl ObjectStore {
     /// [`ClusterError::StoreFull`]. Objects already in the folder count.
     pub fn open_capped(dir: &Path, cap: Option<(u64, &'static str)>) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| ClusterError::io(dir, e))?;
-        let mut sizes = Sizes::default();
-        for e in std::fs::read_dir(dir)
-            .map_err(|e| ClusterError::io(dir, e))?
-            .flatten()
-        {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if valid_hash(&name) {
-                if let Ok(md) = e.metadata() {
-                    sizes.insert(name, md.len());
-                }
-            }
-        }
+        let sizes = count(dir)?;
         Ok(Self {
             dir: dir.to_path_buf(),
             produced: Mutex::new(Vec::new()),
@@ -108,6 +116,11 @@ impl ObjectStore {
         }
         if let Some((cap, flag)) = self.cap {
             if sizes.total.saturating_add(size) > cap {
+                // Others may have removed files meanwhile (in a group, the removal of a job
+                // on every node): count the folder again before refusing.
+                *sizes = self.recounted(&sizes);
+            }
+            if sizes.total.saturating_add(size) > cap {
                 return Err(ClusterError::StoreFull {
                     dir: self.dir.display().to_string(),
                     used: sizes.total,
@@ -118,13 +131,41 @@ impl ObjectStore {
             }
         }
         sizes.insert(hash.to_string(), size);
+        sizes.arriving.insert(hash.to_string());
         Ok(())
+    }
+
+    /// The folder's objects as its files say, with the room of those still arriving.
+    fn recounted(&self, now: &Sizes) -> Sizes {
+        let Ok(mut fresh) = count(&self.dir) else {
+            return Sizes {
+                of: now.of.clone(),
+                total: now.total,
+                arriving: now.arriving.clone(),
+            };
+        };
+        for h in &now.arriving {
+            if !fresh.of.contains_key(h) {
+                fresh.insert(h.clone(), now.of.get(h).copied().unwrap_or(0));
+            }
+        }
+        fresh.arriving = now.arriving.clone();
+        fresh
+    }
+
+    /// Counts the folder again (files another store on it wrote or removed: in a group,
+    /// the objects this node took while it led).
+    pub fn recount(&self) {
+        let mut sizes = self.sizes.lock();
+        *sizes = self.recounted(&sizes);
     }
 
     /// Gives back the room of an object admitted that did not arrive.
     fn unadmit(&self, hash: &str) {
+        let mut sizes = self.sizes.lock();
+        sizes.arriving.remove(hash);
         if !self.path(hash).is_file() {
-            self.sizes.lock().remove(hash);
+            sizes.remove(hash);
         }
     }
 
@@ -185,7 +226,10 @@ impl ObjectStore {
                 return Err(e);
             }
         }
-        self.sizes.lock().insert(hash.clone(), size);
+        let mut sizes = self.sizes.lock();
+        sizes.insert(hash.clone(), size);
+        sizes.arriving.remove(&hash);
+        drop(sizes);
         Ok((hash, size))
     }
 
@@ -207,7 +251,10 @@ impl ObjectStore {
                 return Err(e);
             }
         }
-        self.sizes.lock().insert(hash.clone(), data.len() as u64);
+        let mut sizes = self.sizes.lock();
+        sizes.insert(hash.clone(), data.len() as u64);
+        sizes.arriving.remove(&hash);
+        drop(sizes);
         Ok((hash, data.len() as u64))
     }
 
@@ -752,6 +799,31 @@ mod tests {
         assert!(!store
             .path(blake3::hash(b"private key").to_hex().as_ref())
             .exists());
+    }
+
+    #[test]
+    fn a_capped_store_counts_its_folder_again_when_others_change_it() {
+        // In a group, a node's group port and its coordinator (while it leads) write to one
+        // folder, and the removal of a job removes files from it directly.
+        let dir = tempfile::tempdir().unwrap();
+        let objects = dir.path().join("objects");
+        let store = ObjectStore::open_capped(&objects, Some((1000, "--max-test"))).unwrap();
+        let (a, _) = store.put_bytes(&[1u8; 600]).unwrap();
+        // Removed behind its back: the room is found again when it would refuse.
+        std::fs::remove_file(store.path(&a)).unwrap();
+        store
+            .put_bytes(&[2u8; 600])
+            .expect("fits once the folder is counted again");
+        assert_eq!(store.used(), 600);
+        // Written by another store on the folder: counted by `recount`.
+        let other = ObjectStore::open(&objects).unwrap();
+        other.put_bytes(&[3u8; 300]).unwrap();
+        store.recount();
+        assert_eq!(store.used(), 900);
+        assert!(matches!(
+            store.put_bytes(&[4u8; 200]),
+            Err(ClusterError::StoreFull { used: 900, .. })
+        ));
     }
 
     #[test]

@@ -201,6 +201,8 @@ pub struct Node {
     handle: tokio::runtime::Handle,
     /// The other nodes, for the objects uploaded with jobs.
     objects: Arc<network::ObjectPeers>,
+    /// This node's object store as the group port writes it (copies from the leader).
+    store: Arc<crate::objects::ObjectStore>,
 }
 
 fn raft_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
@@ -213,12 +215,14 @@ impl Node {
     ///
     /// With `tls` (the server's certificate and key), the group port speaks TLS only, and
     /// this node reaches the others over TLS, verifying them against
-    /// [`GroupConfig::peer_ca`].
+    /// [`GroupConfig::peer_ca`]. `max_uploads` caps the objects this node keeps for the
+    /// group as it caps its own uploads (`flotilla server --max-uploads`): a copy beyond is
+    /// refused, and a submission a majority cannot keep is refused too.
     pub async fn start(
         config: GroupConfig,
         state_dir: &Path,
         token: &str,
-        fsync: bool,
+        (fsync, max_uploads): (bool, Option<u64>),
         tls: Option<&crate::transport::ServerTls>,
         mut stop: watch::Receiver<bool>,
     ) -> Result<Arc<Node>> {
@@ -270,8 +274,9 @@ impl Node {
                 addr: at.to_string(),
                 source: e,
             })?;
-        let store = Arc::new(crate::objects::ObjectStore::open(
+        let store = Arc::new(crate::objects::ObjectStore::open_capped(
             &state_dir.join("objects"),
+            max_uploads.map(|cap| (cap, "flotilla server --max-uploads")),
         )?);
         let objects = Arc::new(network::ObjectPeers::new(
             config
@@ -288,7 +293,7 @@ impl Node {
         let service = tonic::service::interceptor::InterceptedService::new(
             crate::proto::group_server::GroupServer::new(network::Service {
                 raft: raft.clone(),
-                store,
+                store: store.clone(),
                 state_dir: state_dir.to_path_buf(),
             })
             .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
@@ -338,6 +343,7 @@ impl Node {
             config,
             handle: tokio::runtime::Handle::current(),
             objects,
+            store,
         }))
     }
 
@@ -414,6 +420,8 @@ impl Node {
     /// The coordinator here stopped leading (and dropped the journal): the node follows
     /// again, its journal caught up with what it applied meanwhile.
     pub fn follow(&self, fsync: bool) -> Result<()> {
+        // The objects taken while leading were written by the coordinator's own store.
+        self.store.recount();
         self.sm.follow(fsync)
     }
 

@@ -232,7 +232,7 @@ impl Server {
             group,
             &config.state_dir,
             &token,
-            config.fsync,
+            (config.fsync, config.max_uploads),
             config.tls.as_ref(),
             stop_rx.clone(),
         )

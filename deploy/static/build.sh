@@ -18,7 +18,7 @@ cd "$(dirname "$0")/../.."
 target=x86_64-unknown-linux-musl
 command -v musl-gcc >/dev/null 2>&1 || { echo "musl-gcc not found: apt-get install musl-tools" >&2; exit 1; }
 export CC_x86_64_unknown_linux_musl="${CC_x86_64_unknown_linux_musl:-musl-gcc}"
-cargo build --release --locked -p flotilla --no-default-features --target "$target" "$@"
+cargo build --release --locked -p flotilla --no-default-features --features wasm --target "$target" "$@"
 dir="${CARGO_TARGET_DIR:-target}/$target/release"
 for b in flotilla flotilla-enter; do
   if ! file "$dir/$b" | grep -E "static(-pie)? linked" >/dev/null; then

@@ -642,7 +642,8 @@ struct Shared {
     config: WorkerConfig,
     local: Mutex<Local>,
     out: mpsc::UnboundedSender<Out>,
-    wasm: Option<WasmRunner>,
+    /// The WASM engine, or why this worker has none.
+    wasm: std::result::Result<WasmRunner, String>,
     objects: Arc<ObjectStore>,
     /// Watches the size of transfer sandboxes (`--max-sandbox`).
     sandbox_watch: Option<Arc<crate::sandbox_watch::SandboxWatch>>,
@@ -923,13 +924,10 @@ pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool
         None => None,
     };
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Out>();
-    let wasm = match WasmRunner::new() {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!("wasm tasks disabled: {e}");
-            None
-        }
-    };
+    let wasm = WasmRunner::new().map_err(|e| {
+        tracing::warn!("wasm tasks disabled: {e}");
+        e.to_string()
+    });
     let guard = match config.guard.as_deref() {
         Some([program, args @ ..]) => {
             let mut cmd = std::process::Command::new(program);
@@ -1457,8 +1455,9 @@ fn execute(
         .collect();
     let meter = crate::energy::Meter::start(pci.as_deref().unwrap_or(&[]));
     let outcome = if !a.wasm_module.is_empty() {
-        let Some(runner) = &sh.wasm else {
-            return failed("this worker cannot run wasm tasks".into(), false);
+        let runner = match &sh.wasm {
+            Ok(r) => r,
+            Err(why) => return failed(format!("this worker cannot run wasm tasks: {why}"), false),
         };
         let spec = WasmSpec {
             module: root.join(&a.wasm_module),

@@ -41,6 +41,9 @@ mod reaper;
 pub mod sandbox;
 #[cfg(feature = "wasm")]
 mod wasm;
+#[cfg(not(feature = "wasm"))]
+mod wasm_off;
+mod wasm_spec;
 
 pub use cancel::CancelHandle;
 pub use cgroup::{
@@ -57,4 +60,7 @@ pub use process::{
 };
 pub use sandbox::{EmptyNetns, Holder, HolderRef, SandboxSpec};
 #[cfg(feature = "wasm")]
-pub use wasm::{WasmRunner, WasmSpec, EPOCH_TICK, MAX_TABLE_ELEMENTS};
+pub use wasm::WasmRunner;
+#[cfg(not(feature = "wasm"))]
+pub use wasm_off::WasmRunner;
+pub use wasm_spec::{WasmSpec, EPOCH_TICK, MAX_TABLE_ELEMENTS};

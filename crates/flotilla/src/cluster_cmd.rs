@@ -104,10 +104,10 @@ pub(crate) struct ServerArgs {
     /// certificate shared by the group or a chain that ends in the group's CA).
     #[arg(long, requires_all = ["peers", "tls_cert"])]
     peer_ca: Option<PathBuf>,
-    /// In a group: build a Raft snapshot (this node's journal and replicated files) every
-    /// this many log entries, then drop the log before it but for the last
-    /// min(1000, N) entries; a node further behind is sent the leader's snapshot.
-    #[arg(long, env = "FLOTILLA_SNAPSHOT_EVERY", requires = "peers",
+    /// In a group (ignored otherwise): build a Raft snapshot (this node's journal and
+    /// replicated files) every this many log entries, then drop the log before it but for
+    /// the last min(1000, N) entries; a node further behind is sent the leader's snapshot.
+    #[arg(long, env = "FLOTILLA_SNAPSHOT_EVERY",
           default_value_t = flotilla::cluster::ha::DEFAULT_SNAPSHOT_EVERY,
           value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_every: u64,

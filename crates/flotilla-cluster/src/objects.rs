@@ -40,7 +40,7 @@ pub struct ObjectStore {
 }
 
 /// The size of every object in a store, and their sum.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Sizes {
     of: HashMap<String, u64>,
     total: u64,
@@ -138,11 +138,7 @@ impl ObjectStore {
     /// The folder's objects as its files say, with the room of those still arriving.
     fn recounted(&self, now: &Sizes) -> Sizes {
         let Ok(mut fresh) = count(&self.dir) else {
-            return Sizes {
-                of: now.of.clone(),
-                total: now.total,
-                arriving: now.arriving.clone(),
-            };
+            return now.clone();
         };
         for h in &now.arriving {
             if !fresh.of.contains_key(h) {

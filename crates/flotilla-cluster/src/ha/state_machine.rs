@@ -219,10 +219,8 @@ fn write_uploads(state_dir: &Path, job: u64, list: &[u8]) -> std::io::Result<()>
         Err(e) => return Err(e),
     }
     let mut still = std::collections::HashSet::new();
-    for e in std::fs::read_dir(&dir)?.flatten() {
-        if e.file_name().to_string_lossy().ends_with(".json") {
-            still.extend(hashes(&e.path()));
-        }
+    for (_, file) in upload_lists(state_dir)? {
+        still.extend(hashes(&file));
     }
     for h in gone {
         if !still.contains(&h) && crate::objects::valid_hash(&h) {
@@ -347,7 +345,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
         let state_dir = self.inner.lock().state_dir.clone();
-        build(&state_dir, false)
+        // Nothing applied yet: no snapshot to offer.
+        Ok(Some(build(&state_dir)?).filter(|s| s.meta.last_log_id.is_some()))
     }
 }
 
@@ -392,13 +391,10 @@ fn upload_lists(state_dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
-/// Builds a snapshot from what is on disk now; `None` when the journal has no marker yet
-/// (nothing applied), or, with `always`, an empty snapshot then.
+/// Builds a snapshot from what is on disk now (with no log id and an empty journal when the
+/// journal has no marker yet: nothing applied).
 #[allow(clippy::result_large_err)] // openraft's error type, returned as openraft wants it
-fn build(
-    state_dir: &Path,
-    always: bool,
-) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+fn build(state_dir: &Path) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
     let read = |e: &dyn std::fmt::Display| -> StorageError<NodeId> {
         StorageIOError::read_state_machine(&std::io::Error::other(e.to_string())).into()
     };
@@ -418,8 +414,7 @@ fn build(
             })?;
             (journal, Some(m))
         }
-        None if always => (Journal::EMPTY.to_vec(), None),
-        None => return Ok(None),
+        None => (Journal::EMPTY.to_vec(), None),
     };
     let mut uploads = Vec::new();
     for (job, file) in upload_lists(state_dir).map_err(|e| read(&e))? {
@@ -443,14 +438,14 @@ fn build(
         Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, data.len()),
         None => format!("empty-{}", data.len()),
     };
-    Ok(Some(Snapshot {
+    Ok(Snapshot {
         meta: SnapshotMeta {
             last_log_id,
             last_membership,
             snapshot_id,
         },
         snapshot: Box::new(Cursor::new(data)),
-    }))
+    })
 }
 
 /// Writes a snapshot's whole files here: the access registry and the allocation queues,
@@ -485,10 +480,7 @@ pub struct Snapshots {
 
 impl RaftSnapshotBuilder<TypeConfig> for Snapshots {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
-        match build(&self.state_dir, true)? {
-            Some(s) => Ok(s),
-            None => Err(sm_err("no snapshot was built")),
-        }
+        build(&self.state_dir)
     }
 }
 
@@ -497,6 +489,13 @@ mod tests {
     use super::*;
     use flotilla_core::JobId;
     use openraft::{CommittedLeaderId, Entry as RaftEntry};
+
+    /// A node's log and state machine in `dir`.
+    fn open(dir: &Path) -> (super::super::LogStore, StateMachine) {
+        let log = super::super::LogStore::open(&dir.join("group/log"), false).expect("log");
+        let sm = StateMachine::open(dir, false, log.clone()).expect("open");
+        (log, sm)
+    }
 
     fn entry(index: u64, job: u64) -> Entry {
         let records = vec![JournalRecord::JobCancelled {
@@ -523,8 +522,7 @@ mod tests {
     #[test]
     fn a_follower_appends_each_entry_with_its_marker_and_reads_it_back() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let log = super::super::LogStore::open(&dir.path().join("group/log"), false).expect("log");
-        let mut sm = StateMachine::open(dir.path(), false, log.clone()).expect("open");
+        let (log, mut sm) = open(dir.path());
         futures::executor::block_on(sm.apply(vec![entry(1, 10), entry(2, 20)])).expect("apply");
         assert_eq!(sm.applied().map(|l| l.index), Some(2));
         drop(sm);
@@ -551,9 +549,7 @@ mod tests {
     #[test]
     fn a_snapshot_carries_the_journal_and_the_whole_files_to_another_node() {
         let a_dir = tempfile::tempdir().expect("tempdir");
-        let log =
-            super::super::LogStore::open(&a_dir.path().join("group/log"), false).expect("log");
-        let mut a = StateMachine::open(a_dir.path(), false, log).expect("open");
+        let (_, mut a) = open(a_dir.path());
         let list = br#"[["in.txt","00ff","5"]]"#.to_vec();
         futures::executor::block_on(a.apply(vec![
             entry(1, 10),
@@ -582,9 +578,7 @@ mod tests {
 
         // B is behind, and holds the uploads of a job since removed.
         let b_dir = tempfile::tempdir().expect("tempdir");
-        let log =
-            super::super::LogStore::open(&b_dir.path().join("group/log"), false).expect("log");
-        let mut b = StateMachine::open(b_dir.path(), false, log.clone()).expect("open");
+        let (log, mut b) = open(b_dir.path());
         futures::executor::block_on(b.apply(vec![
             entry(1, 10),
             normal(
@@ -621,17 +615,13 @@ mod tests {
     #[test]
     fn a_snapshot_installed_while_the_coordinator_holds_the_journal_waits_for_follow() {
         let a_dir = tempfile::tempdir().expect("tempdir");
-        let log =
-            super::super::LogStore::open(&a_dir.path().join("group/log"), false).expect("log");
-        let mut a = StateMachine::open(a_dir.path(), false, log).expect("open");
+        let (_, mut a) = open(a_dir.path());
         futures::executor::block_on(a.apply(vec![entry(1, 10), entry(2, 20)])).expect("apply");
         let snap = futures::executor::block_on(a.get_current_snapshot())
             .expect("build")
             .expect("a snapshot");
         let b_dir = tempfile::tempdir().expect("tempdir");
-        let log =
-            super::super::LogStore::open(&b_dir.path().join("group/log"), false).expect("log");
-        let mut b = StateMachine::open(b_dir.path(), false, log).expect("open");
+        let (_, mut b) = open(b_dir.path());
         let held = b.take_journal().expect("the journal");
         futures::executor::block_on(b.install_snapshot(&snap.meta, snap.snapshot))
             .expect("install");
@@ -644,8 +634,7 @@ mod tests {
     #[test]
     fn no_snapshot_before_anything_is_applied() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let log = super::super::LogStore::open(&dir.path().join("group/log"), false).expect("log");
-        let mut sm = StateMachine::open(dir.path(), false, log).expect("open");
+        let (_, mut sm) = open(dir.path());
         assert!(futures::executor::block_on(sm.get_current_snapshot())
             .expect("build")
             .is_none());
@@ -654,8 +643,7 @@ mod tests {
     #[test]
     fn a_leader_that_steps_down_catches_its_journal_up_from_the_log() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let log = super::super::LogStore::open(&dir.path().join("group/log"), false).expect("log");
-        let mut sm = StateMachine::open(dir.path(), false, log.clone()).expect("open");
+        let (log, mut sm) = open(dir.path());
         futures::executor::block_on(sm.apply(vec![entry(1, 10)])).expect("apply");
         // The node leads: its core owns the journal and appends entry 2 itself...
         let mut core_journal = sm.take_journal().expect("the journal");

@@ -318,8 +318,9 @@ const RETRY_APPEND: Duration = Duration::from_millis(250);
 
 /// Test hook: with `FLOTILLA_FAULT=lose-submit-answer:N`, the first N turns of this process
 /// that commit a submission in a group stop leading once the group holds it, before it is
-/// answered: the client loses the answer of a job that exists (and sends it again).
-fn lose_submit_answer() -> bool {
+/// answered: the client loses the answer of a job that exists (and sends it again). Unset,
+/// it costs one atomic load per commit.
+fn lose_submit_answer(records: &[JournalRecord]) -> bool {
     use std::sync::atomic::{AtomicU32, Ordering};
     static LEFT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
     let left = LEFT.get_or_init(|| {
@@ -334,8 +335,13 @@ fn lose_submit_answer() -> bool {
                 .unwrap_or(0),
         )
     });
-    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
+    left.load(Ordering::Relaxed) > 0
+        && records
+            .iter()
+            .any(|r| matches!(r, JournalRecord::JobSubmittedText { .. }))
+        && left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
 }
 
 impl Core {
@@ -952,11 +958,7 @@ impl Core {
                     .commit(&records)
                     .map_err(|e| format!("{e}: this coordinator stops leading"))?;
                 self.metrics.group_commit.observe(t.elapsed().as_secs_f64());
-                if records
-                    .iter()
-                    .any(|r| matches!(r, JournalRecord::JobSubmittedText { .. }))
-                    && lose_submit_answer()
-                {
+                if lose_submit_answer(&records) {
                     return Err("a test hook (FLOTILLA_FAULT=lose-submit-answer) stops \
                                 leading before a committed submission is answered"
                         .into());

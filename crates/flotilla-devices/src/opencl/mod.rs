@@ -58,6 +58,16 @@ const CL_INVALID_BUFFER_SIZE: cl_int = -61;
 /// once (one queries a device while the other is still probing the topology).
 static DISCOVERY: Mutex<()> = Mutex::new(());
 
+/// Serialises PoCL's kernel commands process-wide, each from its enqueue until it is done,
+/// and its program builds. PoCL before 6.0 (Debian 12 ships 3.1) finds the cached kernel
+/// binary a finished command releases by the kernel and its local size only, so with
+/// several commands of one kernel in flight (from two devices, or a build beside a run)
+/// it can release another command's entry and abort the process on
+/// `found->ref_count > 0` (seen in CI; fixed upstream by pocl/pocl commit c9ac4c0).
+/// One command at a time keeps every release on the entry its command took. PoCL's CPU
+/// device runs one kernel on all cores, so little is lost.
+static POCL_COMMANDS: Mutex<()> = Mutex::new(());
+
 /// Adds every device of every OpenCL platform to `found`, their kernels cached in
 /// `kernel_cache`.
 pub(crate) fn discover_into(
@@ -149,6 +159,8 @@ pub struct OpenClDevice {
     /// What identifies the driver's binaries besides options and source: device name,
     /// vendor, device version, driver version, platform version.
     binary_id: String,
+    /// A PoCL device: its commands and builds take [`POCL_COMMANDS`].
+    pocl: bool,
 }
 
 fn queue(context: &Context) -> std::result::Result<CommandQueue, ClError> {
@@ -211,6 +223,7 @@ impl OpenClDevice {
             &platform_version,
         ]
         .join("\n");
+        let pocl = platform_version.to_ascii_lowercase().contains("pocl");
         let info = DeviceInfo {
             kind: DeviceKind::OpenCl,
             name: name.clone(),
@@ -233,6 +246,7 @@ impl OpenClDevice {
             max_alloc,
             kernel_cache: kernel_cache.open(),
             binary_id,
+            pocl,
         })
     }
 
@@ -341,7 +355,13 @@ impl OpenClDevice {
         Ok((program, Some(outcome)))
     }
 
+    /// Held while a PoCL command or build is under way (see [`POCL_COMMANDS`]).
+    fn pocl_guard(&self) -> Option<parking_lot::MutexGuard<'static, ()>> {
+        self.pocl.then(|| POCL_COMMANDS.lock())
+    }
+
     fn build(&self, e: ElemType) -> Result<Kernels> {
+        let _pocl = self.pocl_guard();
         let options = match e {
             ElemType::F32 => "",
             ElemType::F64 => "-DUSE_FP64",
@@ -370,6 +390,7 @@ impl OpenClDevice {
     /// Launches `kernel` and waits for it.
     fn launch(&self, kernel: &Kernel, global: &[usize], local: &[usize]) -> Result<()> {
         let dims = global.len() as u32;
+        let _pocl = self.pocl_guard();
         // SAFETY: `global` and `local` have `dims` entries; every argument of `kernel` was set
         // by the caller under the compute lock, to buffers checked to hold the matrices the
         // kernel indexes.

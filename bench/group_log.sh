@@ -1,7 +1,9 @@
 #!/bin/bash
 # Raft log and journal size per node after N one-process tasks through a group of three.
-# Usage: [BIN=target/debug/flotilla] [N=20000] [EVERY=10000] bash bench/group_log.sh
+# Usage: [BIN=target/debug/flotilla] [N=20000] [EVERY=10000] [COMPACT=SIZE] bash bench/group_log.sh
 # (run from the repository root; uses ports 17411-17432 on 127.0.0.1)
+# With COMPACT (e.g. 1MiB, the nodes' --compact-journal-after), the job is then removed and
+# the journals are measured again once compacted.
 set -e
 BIN=${BIN:-$PWD/target/debug/flotilla}; N=${N:-20000}; EVERY=${EVERY:-10000}
 R=$(mktemp -d /tmp/flotilla-g.XXXX); cd $R
@@ -9,7 +11,8 @@ P=(17411 17421 17431); PEERS=127.0.0.1:${P[0]},127.0.0.1:${P[1]},127.0.0.1:${P[2
 TOKEN=grp-measure-token-0123456789abcdef
 pids=()
 for i in 1 2 3; do mkdir -p n$i; echo -n $TOKEN > n$i/token; chmod 600 n$i/token
-  $BIN server --node-id $i --peers $PEERS --state n$i --snapshot-every $EVERY 2> n$i.log & pids+=($!); done
+  $BIN server --node-id $i --peers $PEERS --state n$i --snapshot-every $EVERY \
+    ${COMPACT:+--compact-journal-after $COMPACT} 2> n$i.log & pids+=($!); done
 export FLOTILLA_SERVER=$PEERS FLOTILLA_TOKEN=$TOKEN
 $BIN worker --cpus 2 --gpus none --isolation none --name w0 --work-dir w0 2> w0.log & pids+=($!)
 mkdir job; printf 'name = "many"\n[[task]]\nid = "t"\narray = "0..%d"\ncmd = ["true"]\n' $N > job/many.toml
@@ -27,5 +30,12 @@ for i in (1,2,3):
     print(f"n{i}: raft log {lg} B ({lg/int(sys.argv[3]):.1f} B/task), journal {jn} B ({jn/int(sys.argv[3]):.1f} B/task)")
 print([j['state'] for j in s['jobs']])
 PY
+if [ -n "$COMPACT" ]; then
+  id=$(python3 -c "import json; print(json.load(open('status.json'))['jobs'][0]['id'])")
+  $BIN rm "$id" > /dev/null
+  sleep 5
+  for i in 1 2 3; do echo "n$i after removing the job: journal $(stat -c %s n$i/journal.log) B"; done
+  grep -h "journal compacted" n*.log | sed 's/^.*journal compacted/journal compacted/'
+fi
 kill ${pids[@]} 2>/dev/null; wait 2>/dev/null || true
 cd / && rm -rf "$R"

@@ -155,6 +155,9 @@ pub struct Journal {
     /// `<journal>.lock`, locked exclusively while the journal is open: one coordinator per
     /// journal (a second one would interleave records). The lock goes with the process.
     _lock: File,
+    /// A compaction its previous holder started and handed over with it
+    /// ([`Journal::hand_over`]): a group's follower that becomes the leader.
+    handed: Option<Compaction>,
 }
 
 /// A compaction running on its own thread (see [`Journal::start_compaction`]).
@@ -164,7 +167,10 @@ pub struct Compaction {
     upto: u64,
     records_upto: u64,
     garbage_upto: u64,
-    thread: std::thread::JoinHandle<Result<Compacted>>,
+    /// The file it writes (`<journal>.compact`).
+    tmp: PathBuf,
+    /// `None` once joined.
+    thread: Option<std::thread::JoinHandle<Result<Compacted>>>,
 }
 
 /// What the compaction thread wrote.
@@ -445,6 +451,7 @@ impl Journal {
         Journal {
             file,
             _lock: lock,
+            handed: None,
             path,
             len,
             bytes,
@@ -724,7 +731,8 @@ impl Journal {
             upto,
             records_upto: self.len,
             garbage_upto: self.garbage,
-            thread,
+            tmp: Self::compact_path(&self.path),
+            thread: Some(thread),
         })
     }
 
@@ -813,8 +821,9 @@ impl Journal {
     /// this waits for it): copies the records appended since it started, makes the file
     /// durable and puts it in the journal's place. `None`: the compaction failed (logged)
     /// and the journal is unchanged, whole, still appended to.
-    pub fn finish_compaction(&mut self, compaction: Compaction) -> Option<CompactionReport> {
-        let done = match compaction.thread.join() {
+    pub fn finish_compaction(&mut self, mut compaction: Compaction) -> Option<CompactionReport> {
+        let thread = compaction.thread.take()?;
+        let done = match thread.join() {
             Ok(Ok(done)) => done,
             Ok(Err(e)) => {
                 tracing::warn!("journal compaction failed, the journal is unchanged: {e}");
@@ -870,10 +879,35 @@ impl Journal {
     }
 }
 
+impl Journal {
+    /// Leaves `compaction`, still running on this journal, for its next holder
+    /// ([`Journal::take_handed`]), which finishes it.
+    pub fn hand_over(&mut self, compaction: Compaction) {
+        self.handed = Some(compaction);
+    }
+
+    /// The compaction the journal's previous holder handed over with it, if any.
+    pub fn take_handed(&mut self) -> Option<Compaction> {
+        self.handed.take()
+    }
+}
+
 impl Compaction {
     /// Whether its thread is done (then [`Journal::finish_compaction`] does not wait).
     pub fn is_finished(&self) -> bool {
-        self.thread.is_finished()
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+}
+
+/// A compaction dropped unfinished (its journal replaced, or its holder gone) waits for its
+/// thread and deletes what it wrote: no thread is left writing `<journal>.compact` while a
+/// later compaction writes the same file.
+impl Drop for Compaction {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+            let _ = std::fs::remove_file(&self.tmp);
+        }
     }
 }
 

@@ -331,7 +331,7 @@ fn a_leader_whose_first_commit_fails_steps_down_and_stays_in_the_group() {
 
 /// Raft snapshots: with one every 10 entries, the leader drops its log as jobs go by, so a
 /// node that was down meanwhile can only catch up from the leader's snapshot (its journal
-/// and replicated files). It installs it; the leader compacts its journal once most jobs
+/// and replicated files). It installs it; every node compacts its journal once most jobs
 /// are removed; and the node behind then leads the group (after a failover that restarts
 /// the compacted one as a follower) with the kept job intact, the removed ones gone, and
 /// job ids that go on where they were.
@@ -394,17 +394,21 @@ fn a_node_behind_the_purged_log_catches_up_from_a_snapshot_and_can_lead() {
             .then_some(())
     });
     // The jobs but the last are removed: the leader compacts its journal, keeping the
-    // marker that says where it stands.
+    // marker that says where it stands, and the followers compact theirs at the entry of
+    // its checkpoint.
     let keep = *jobs.last().unwrap();
-    let first = g.state(g.leader()).join("journal.log");
-    let size = || std::fs::metadata(&first).map(|m| m.len()).unwrap_or(0);
-    let before = size();
+    let size = |i: usize| {
+        std::fs::metadata(g.state(i).join("journal.log"))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    };
+    let before: Vec<u64> = (1..=3).map(size).collect();
     for job in &jobs[..jobs.len() - 1] {
         let out = g.cli(&["rm", &job.0.to_string()]);
         assert!(out.status.success(), "rm: {out:?}");
     }
-    wait_until("the leader to compact its journal", JOB_TIMEOUT, || {
-        (size() < before).then_some(())
+    wait_until("every node to compact its journal", JOB_TIMEOUT, || {
+        (1..=3).all(|i| size(i) < before[i - 1]).then_some(())
     });
     // Until it leads: kill whichever other node leads, and bring it back as a follower
     // (the first time, from its compacted journal).

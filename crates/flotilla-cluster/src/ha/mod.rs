@@ -336,6 +336,27 @@ impl Node {
                 Err(e) => return Err(raft_err("initialize", e)),
             }
         }
+        // A follower's compaction finishes at the next entry it applies, or here when the
+        // group is idle.
+        let finisher = sm.clone();
+        let mut finisher_stop = stop.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {
+                        let sm = finisher.clone();
+                        let _ = tokio::task::spawn_blocking(move || sm.finish_compaction_if_done())
+                            .await;
+                    }
+                    r = finisher_stop.changed() => {
+                        if r.is_err() || *finisher_stop.borrow() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
         let _ = stop.borrow_and_update();
         Ok(Arc::new(Node {
             raft,

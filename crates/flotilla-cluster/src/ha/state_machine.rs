@@ -18,6 +18,15 @@
 //! sent the leader's snapshot instead, and installing it replaces its journal and those
 //! files. A snapshot is built from disk whenever it is asked for, so none is stored
 //! twice.
+//!
+//! # Compaction
+//! The leader decides when the journal is compacted (removed jobs' records weigh enough):
+//! it commits its [`JournalRecord::Checkpoint`] as an entry of its own, appends it, and
+//! compacts its journal up to there. Every follower that applies that entry compacts its
+//! own journal at the same point with the same checkpoint (which is exactly its state
+//! there), on a thread, and finishes at a later entry (or within half a second when none
+//! comes); a node that starts leading takes the running compaction over with the journal
+//! ([`Journal::hand_over`]).
 
 use std::io::{Cursor, Write};
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -34,7 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Entry, NodeId, Payload, TypeConfig};
 use crate::access::ACCESS_FILE;
-use crate::journal::{Journal, SyncMode};
+use crate::journal::{Compaction, Journal, SyncMode};
 use crate::state::JournalRecord;
 
 /// What a [`JournalRecord::Replicated`] marker holds.
@@ -54,6 +63,9 @@ struct Inner {
     /// A snapshot's journal installed while the coordinator owned the journal (between
     /// leading and following): [`StateMachine::follow`] puts it in place.
     pending: Option<Vec<u8>>,
+    /// The journal's compaction, started where the leader compacted its own (see the
+    /// module's doc).
+    compaction: Option<Compaction>,
 }
 
 /// The state machine ([`RaftStateMachine`]); clones share it.
@@ -89,6 +101,7 @@ impl StateMachine {
                 state_dir: state_dir.to_path_buf(),
                 fsync,
                 pending: None,
+                compaction: None,
             })),
             log,
         })
@@ -128,9 +141,16 @@ impl StateMachine {
         Ok(())
     }
 
-    /// The node leads: its coordinator takes the journal over (see the module's doc).
+    /// The node leads: its coordinator takes the journal over (see the module's doc), with
+    /// the compaction running on it, which the coordinator finishes.
     pub fn take_journal(&self) -> Option<Journal> {
-        self.inner.lock().journal.take()
+        let mut g = self.inner.lock();
+        let compaction = g.compaction.take();
+        let mut journal = g.journal.take()?;
+        if let Some(c) = compaction {
+            journal.hand_over(c);
+        }
+        Some(journal)
     }
 
     /// The marker a leader appends after the records of entry `applied`.
@@ -147,6 +167,37 @@ impl StateMachine {
     /// The id of the last entry applied here.
     pub fn applied(&self) -> Option<LogId<NodeId>> {
         self.inner.lock().applied
+    }
+
+    /// Finishes the follower's compaction if its thread is done (the node calls this now
+    /// and then: entries may not come for a while).
+    pub fn finish_compaction_if_done(&self) {
+        finish_compaction(&mut self.inner.lock(), false);
+    }
+
+    /// Waits for the follower's compaction, if one runs, and finishes it.
+    #[cfg(test)]
+    fn wait_compaction(&self) {
+        finish_compaction(&mut self.inner.lock(), true);
+    }
+}
+
+/// Finishes the follower's compaction when its thread is done (or, with `wait`, waits for it).
+fn finish_compaction(g: &mut Inner, wait: bool) {
+    if !wait && !g.compaction.as_ref().is_some_and(|c| c.is_finished()) {
+        return;
+    }
+    let (Some(c), Some(j)) = (g.compaction.take(), g.journal.as_mut()) else {
+        return;
+    };
+    if let Some(r) = j.finish_compaction(c) {
+        tracing::info!(
+            "journal compacted: {} -> {} bytes, {} -> {} records",
+            r.bytes_before,
+            r.bytes_after,
+            r.records_before,
+            r.records_after
+        );
     }
 }
 
@@ -252,6 +303,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: Send,
     {
         let mut g = self.inner.lock();
+        finish_compaction(&mut g, false);
         let mut out = Vec::new();
         for e in entries {
             out.push(());
@@ -293,9 +345,27 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 membership: g.membership.clone(),
             })
             .map_err(sm_err)?;
+            // The leader compacts its journal after committing a checkpoint of its own:
+            // this node compacts at the same entry, with the same checkpoint.
+            let checkpoint = records
+                .iter()
+                .find(|r| matches!(r, JournalRecord::Checkpoint { .. }))
+                .cloned();
             records.push(JournalRecord::Replicated { state });
             if let Some(j) = g.journal.as_mut() {
                 j.append(&records).map_err(sm_err)?;
+            }
+            if let Some(checkpoint) = checkpoint {
+                // One at a time: a checkpoint that comes while one runs waits for the next.
+                finish_compaction(&mut g, false);
+                if g.compaction.is_none() {
+                    let started = g.journal.as_ref().map(|j| j.start_compaction(checkpoint));
+                    match started {
+                        Some(Ok(c)) => g.compaction = Some(c),
+                        Some(Err(e)) => tracing::warn!("cannot start a journal compaction: {e}"),
+                        None => {}
+                    }
+                }
             }
         }
         Ok(out)
@@ -320,6 +390,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     ) -> Result<(), StorageError<NodeId>> {
         let files: SnapshotFiles = postcard::from_bytes(snapshot.get_ref()).map_err(sm_err)?;
         let mut g = self.inner.lock();
+        // What a running compaction writes is of the journal being replaced.
+        drop(g.compaction.take());
         install_files(&g.state_dir, &files).map_err(sm_err)?;
         match g.journal.take() {
             Some(journal) => {
@@ -629,6 +701,115 @@ mod tests {
         b.follow(false).expect("follow");
         let mut j = b.take_journal().expect("the journal");
         assert_eq!(cancelled(&j.replay().expect("replay")), vec![10, 20]);
+    }
+
+    fn records(index: u64, records: &[JournalRecord]) -> Entry {
+        normal(
+            index,
+            Payload::Journal(postcard::to_allocvec(records).expect("encode")),
+        )
+    }
+
+    fn checkpoint(next_job: u64) -> JournalRecord {
+        JournalRecord::Checkpoint {
+            next_job,
+            next_worker: 1,
+            model: "{}".into(),
+        }
+    }
+
+    fn checkpoints(records: &[JournalRecord]) -> Vec<u64> {
+        records
+            .iter()
+            .filter_map(|r| match r {
+                JournalRecord::Checkpoint { next_job, .. } => Some(*next_job),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Entries 1–4: jobs 10 and 20 cancelled, job 10 removed, the leader's checkpoint.
+    fn up_to_a_checkpoint(sm: &mut StateMachine) {
+        let removed = JournalRecord::JobRemoved {
+            job: JobId::new(10),
+        };
+        futures::executor::block_on(sm.apply(vec![
+            entry(1, 10),
+            entry(2, 20),
+            records(3, &[removed]),
+            records(4, &[checkpoint(21)]),
+        ]))
+        .expect("apply");
+    }
+
+    #[test]
+    fn a_follower_compacts_its_journal_where_the_leader_committed_its_checkpoint() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (log, mut sm) = open(dir.path());
+        let path = dir.path().join("journal.log");
+        up_to_a_checkpoint(&mut sm);
+        let before = std::fs::metadata(&path).expect("journal").len();
+        // Entry 5 comes while the compaction may still run: it is kept either way.
+        futures::executor::block_on(sm.apply(vec![entry(5, 30)])).expect("apply");
+        sm.wait_compaction();
+        assert!(!dir.path().join("journal.log.compact").exists());
+        drop(sm);
+        let sm = StateMachine::open(dir.path(), false, log).expect("reopen");
+        assert_eq!(sm.applied().map(|l| l.index), Some(5));
+        let mut j = sm.take_journal().expect("the journal");
+        let kept = j.replay().expect("replay");
+        // The removed job's records are gone; the checkpoint stands once, before the marker
+        // of its entry; the earlier markers are gone too.
+        assert_eq!(cancelled(&kept), vec![20, 30]);
+        assert_eq!(checkpoints(&kept), vec![21]);
+        let markers = kept
+            .iter()
+            .filter(|r| matches!(r, JournalRecord::Replicated { .. }))
+            .count();
+        assert_eq!(markers, 2, "{kept:?}");
+        assert!(j.bytes() < before, "{} !< {before}", j.bytes());
+    }
+
+    #[test]
+    fn a_follower_that_starts_leading_hands_its_running_compaction_over() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, mut sm) = open(dir.path());
+        up_to_a_checkpoint(&mut sm);
+        let mut j = sm.take_journal().expect("the journal");
+        let c = j.take_handed().expect("the compaction, handed over");
+        let r = j.finish_compaction(c).expect("finished");
+        assert!(r.bytes_after < r.bytes_before, "{r:?}");
+        assert_eq!(cancelled(&j.replay().expect("replay")), vec![20]);
+    }
+
+    #[test]
+    fn a_snapshot_installed_during_a_compaction_is_not_undone_by_it() {
+        let a_dir = tempfile::tempdir().expect("tempdir");
+        let (_, mut a) = open(a_dir.path());
+        futures::executor::block_on(a.apply(vec![
+            entry(1, 10),
+            entry(2, 20),
+            entry(3, 40),
+            entry(4, 45),
+            entry(5, 46),
+        ]))
+        .expect("apply");
+        let snap = futures::executor::block_on(a.get_current_snapshot())
+            .expect("build")
+            .expect("a snapshot");
+        let b_dir = tempfile::tempdir().expect("tempdir");
+        let (_, mut b) = open(b_dir.path());
+        up_to_a_checkpoint(&mut b);
+        futures::executor::block_on(b.install_snapshot(&snap.meta, snap.snapshot))
+            .expect("install");
+        assert!(!b_dir.path().join("journal.log.compact").exists());
+        futures::executor::block_on(b.apply(vec![entry(6, 50)])).expect("apply");
+        b.wait_compaction();
+        let mut j = b.take_journal().expect("the journal");
+        assert_eq!(
+            cancelled(&j.replay().expect("replay")),
+            vec![10, 20, 40, 45, 46, 50]
+        );
     }
 
     #[test]

@@ -346,15 +346,18 @@ fn lose_submit_answer(records: &[JournalRecord]) -> bool {
 
 impl Core {
     /// Starts a journal compaction when removed jobs' records weigh enough; finishes one
-    /// whose thread is done (or, when `stopping`, waits for it).
-    fn compact(&mut self, stopping: bool) {
+    /// whose thread is done (or, when `stopping`, waits for it). In a group the checkpoint
+    /// is committed first, as an entry of its own, so that every follower compacts its
+    /// journal at the same point (see `crate::ha::state_machine`); `Err` when that commit
+    /// fails (this coordinator stops leading) or its records cannot be written here.
+    fn compact(&mut self, stopping: bool) -> std::result::Result<(), String> {
         if self.blocked.is_some() {
-            return;
+            return Ok(());
         }
         if let Some(c) = self.compaction.take() {
             if !stopping && !c.is_finished() {
                 self.compaction = Some(c);
-                return;
+                return Ok(());
             }
             match self.journal.finish_compaction(c) {
                 Some(r) => tracing::info!(
@@ -366,27 +369,38 @@ impl Core {
                 ),
                 None => self.compaction_failed = Some(Instant::now()),
             }
-            return;
+            return Ok(());
         }
         if self
             .compaction_failed
             .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
         {
-            return;
+            return Ok(());
         }
         let Some(min) = self.compact_after else {
-            return;
+            return Ok(());
         };
         let garbage = self.journal.garbage();
-        if !stopping && garbage >= min.max(1) && garbage.saturating_mul(2) >= self.journal.bytes() {
-            match self.journal.start_compaction(self.coord.checkpoint()) {
-                Ok(c) => self.compaction = Some(c),
-                Err(e) => {
-                    tracing::warn!("cannot start a journal compaction: {e}");
-                    self.compaction_failed = Some(Instant::now());
-                }
+        if stopping || garbage < min.max(1) || garbage.saturating_mul(2) < self.journal.bytes() {
+            return Ok(());
+        }
+        let checkpoint = self.coord.checkpoint();
+        if let Some(g) = &self.group {
+            let marker = g
+                .commit(std::slice::from_ref(&checkpoint))
+                .map_err(|e| format!("{e}: this coordinator stops leading"))?;
+            self.journal
+                .append(&[checkpoint.clone(), marker])
+                .map_err(|e| format!("journal write failed (a compaction's checkpoint): {e}"))?;
+        }
+        match self.journal.start_compaction(checkpoint) {
+            Ok(c) => self.compaction = Some(c),
+            Err(e) => {
+                tracing::warn!("cannot start a journal compaction: {e}");
+                self.compaction_failed = Some(Instant::now());
             }
         }
+        Ok(())
     }
 
     /// The ledger as `flotilla ledger --json` prints it: the accounts `scope` sees (a
@@ -772,6 +786,10 @@ impl Core {
         metrics: Arc<super::http::Metrics>,
         group: Option<Arc<crate::ha::Node>>,
     ) -> Result<Core> {
+        let mut journal = journal;
+        // A follower that now leads may have a compaction running, started where the last
+        // leader compacted: this core finishes it.
+        let compaction = journal.take_handed();
         let mut core = Core {
             group,
             api_addr: config.listen.to_string(),
@@ -809,7 +827,7 @@ impl Core {
             retain_finished: config.retain_finished,
             retention_checked: Instant::now(),
             compact_after: config.compact_journal_after,
-            compaction: None,
+            compaction,
             compaction_failed: None,
             reads: Vec::new(),
             #[cfg(test)]
@@ -927,7 +945,7 @@ impl Core {
                     .observe(started.elapsed().as_secs_f64());
             }
             self.publish();
-            self.compact(stop);
+            self.compact(stop)?;
             if stop {
                 return Ok(());
             }

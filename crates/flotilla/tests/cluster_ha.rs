@@ -465,3 +465,70 @@ fn a_submission_whose_answer_was_lost_is_sent_again_and_makes_one_job() {
     let jobs: Vec<_> = g.overview().unwrap().jobs.iter().map(|j| j.id).collect();
     assert_eq!(jobs, vec![job], "the submission made one job");
 }
+
+/// A machine lost for good and replaced: node `lost` is killed and its state folder wiped (a
+/// new machine with the same node id and address, given only the group's token), while the
+/// group runs jobs and purges its log past it. Started again, it catches up from the
+/// leader's snapshot, and it can lead the group with every job intact.
+#[test]
+fn a_node_replaced_with_an_empty_state_folder_catches_up_and_can_lead() {
+    let _one = one_group_at_a_time();
+    let mut g = Group::start_with(1, &[("FLOTILLA_SNAPSHOT_EVERY", "10")]);
+    let dir = g.job_dir();
+    let write = |name: &str| {
+        let file = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &file,
+            format!(
+                "name = \"{name}\"\n[[task]]\nid = \"t\"\narray = \"0..3\"\ncmd = [\"true\"]\n"
+            ),
+        )
+        .unwrap();
+        file
+    };
+    let before = g.submit(&write("before"));
+    assert_succeeded(&g.wait_job(before, JOB_TIMEOUT));
+    let lost = (1..=3).find(|&i| i != g.leader()).unwrap();
+    g.kill_node(lost);
+    let state = g.state(lost);
+    std::fs::remove_dir_all(&state).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
+    let token = state.join("token");
+    std::fs::write(&token, kit::group::TOKEN).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut jobs = vec![before];
+    wait_until("the leader to purge its log", JOB_TIMEOUT, || {
+        let k = jobs.len();
+        let job = g.submit(&write(&format!("while-{k}")));
+        assert_succeeded(&g.wait_job(job, JOB_TIMEOUT));
+        jobs.push(job);
+        assert!(jobs.len() < 40, "no purge after {} jobs", jobs.len());
+        g.overview()?.group?.purged.filter(|p| *p > 0)
+    });
+    g.restart_node(lost);
+    let last = format!("while-{}", jobs.len() - 1);
+    let journal = state.join("journal.log");
+    wait_until("the new machine to catch up", JOB_TIMEOUT, || {
+        let bytes = std::fs::read(&journal).ok()?;
+        bytes
+            .windows(last.len())
+            .any(|w| w == last.as_bytes())
+            .then_some(())
+    });
+    for round in 0.. {
+        let now = g.leader();
+        if now == lost {
+            break;
+        }
+        assert!(round < 8, "node {lost} never led in {round} failovers");
+        g.kill_leader(now);
+        g.restart_node(now);
+    }
+    for job in &jobs {
+        assert_succeeded(&g.status(*job).expect("every job, on the new machine"));
+    }
+    let after = g.submit(&write("after"));
+    assert!(jobs.iter().all(|j| j.0 < after.0), "ids reused: {after}");
+    assert_succeeded(&g.wait_job(after, JOB_TIMEOUT));
+}

@@ -21,6 +21,7 @@
 //! | [`Journal::append`] | the whole batch in ONE `write` (group commit); with [`SyncMode::Always`] also fsync'd before it returns |
 //! | [`Journal::replay`] | every record, in append order |
 //! | [`Journal::start_compaction`] / [`Journal::finish_compaction`] | rewrites the file without removed jobs' records, ending the kept ones with a checkpoint, on its own thread while appends go on; then copies those appends and renames the new file over the journal |
+//! | [`Journal::hand_over`] / [`Journal::take_handed`] | a compaction still running goes with the journal to its next holder (a group's follower that starts leading), which finishes it; a compaction dropped unfinished waits for its thread and deletes its file |
 //!
 //! # Why a log file and not redb or SQLite
 //! The first version kept the records in redb. Measured here, a redb commit cost about

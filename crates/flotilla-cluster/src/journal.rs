@@ -196,6 +196,16 @@ pub struct CompactionReport {
     pub records_after: u64,
 }
 
+impl std::fmt::Display for CompactionReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} -> {} bytes, {} -> {} records",
+            self.bytes_before, self.bytes_after, self.records_before, self.records_after
+        )
+    }
+}
+
 /// What opening found and did, besides the records.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Opened {
@@ -878,9 +888,7 @@ impl Journal {
         self.garbage -= compaction.garbage_upto.min(self.garbage);
         Some(report)
     }
-}
 
-impl Journal {
     /// Leaves `compaction`, still running on this journal, for its next holder
     /// ([`Journal::take_handed`]), which finishes it.
     pub fn hand_over(&mut self, compaction: Compaction) {

@@ -191,13 +191,7 @@ fn finish_compaction(g: &mut Inner, wait: bool) {
         return;
     };
     if let Some(r) = j.finish_compaction(c) {
-        tracing::info!(
-            "journal compacted: {} -> {} bytes, {} -> {} records",
-            r.bytes_before,
-            r.bytes_after,
-            r.records_before,
-            r.records_after
-        );
+        tracing::info!("journal compacted: {r}");
     }
 }
 

@@ -360,13 +360,7 @@ impl Core {
                 return Ok(());
             }
             match self.journal.finish_compaction(c) {
-                Some(r) => tracing::info!(
-                    "journal compacted: {} -> {} bytes, {} -> {} records",
-                    r.bytes_before,
-                    r.bytes_after,
-                    r.records_before,
-                    r.records_after
-                ),
+                Some(r) => tracing::info!("journal compacted: {r}"),
                 None => self.compaction_failed = Some(Instant::now()),
             }
             return Ok(());

@@ -673,6 +673,40 @@ impl Client {
         serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("drain: {e}")))
     }
 
+    /// Adds node `node_id`, whose API address is `address`, to the group of coordinators
+    /// (it runs `flotilla server ... --join`); returns once it votes, with the group's
+    /// status.
+    pub async fn group_add(
+        &mut self,
+        node_id: u64,
+        address: &str,
+    ) -> Result<crate::ha::GroupStatus> {
+        let r = self
+            .admin
+            .group_member_add(proto::GroupMemberRequest {
+                node_id,
+                address: address.to_string(),
+            })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("group add: {e}")))
+    }
+
+    /// Removes node `node_id` from the group of coordinators; the group's status after.
+    pub async fn group_remove(&mut self, node_id: u64) -> Result<crate::ha::GroupStatus> {
+        let r = self
+            .admin
+            .group_member_remove(proto::GroupMemberRequest {
+                node_id,
+                address: String::new(),
+            })
+            .await
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("group remove: {e}")))
+    }
+
     /// Lets job `job` spend `amount` more credits (`"50"`, `"+12.5"`); its pool accounts
     /// after, as JSON.
     pub async fn budget(&mut self, job: JobId, amount: &str) -> Result<serde_json::Value> {

@@ -27,6 +27,44 @@ pub(crate) enum AdminCmd {
     /// Live workers.
     #[command(subcommand)]
     Worker(WorkerCmd),
+    /// The members of a group of coordinators (`flotilla server --node-id N --peers ...`).
+    #[command(subcommand)]
+    Group(GroupCmd),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum GroupCmd {
+    /// Add a node to the group: start it first with `flotilla server --node-id ID --peers
+    /// LIST --join` (LIST: the group's API addresses with its own at position ID); it is
+    /// sent the log or the leader's snapshot, and votes once it holds what is committed.
+    /// Prints the group's members.
+    Add(GroupAddArgs),
+    /// Remove a node from the group (a lost machine, or one retired). Prints the members.
+    Remove(GroupRemoveArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct GroupAddArgs {
+    /// The new node's id (its `--node-id`).
+    node_id: u64,
+    /// Its API address, host:port (its group port is the next port).
+    address: String,
+    /// Print the group's status as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
+#[derive(Args)]
+pub(crate) struct GroupRemoveArgs {
+    /// The node's id.
+    node_id: u64,
+    /// Print the group's status as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 #[derive(Subcommand)]
@@ -207,11 +245,44 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
                 ids.join(", ")
             );
         }
+        AdminCmd::Group(GroupCmd::Add(a)) => {
+            let mut c = a.remote.client().await?;
+            let g = c.group_add(a.node_id, &a.address).await?;
+            print_group(&g, a.json)?;
+        }
+        AdminCmd::Group(GroupCmd::Remove(a)) => {
+            let g = a.remote.client().await?.group_remove(a.node_id).await?;
+            print_group(&g, a.json)?;
+        }
         AdminCmd::Token(TokenCmd::Revoke(a)) => {
             let t = a.remote.client().await?.token_revoke(&a.id).await?;
             println!("{} ({} {}) revoked", t.id, t.role, t.name);
         }
     }
+    Ok(())
+}
+
+/// The group's members after a change, as a table (or JSON).
+fn print_group(g: &flotilla::cluster::ha::GroupStatus, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(g)?);
+        return Ok(());
+    }
+    let mut t = crate::table::new(&["NODE", "ADDRESS", "ROLE", ">MATCHED"]);
+    for m in &g.members {
+        let role = match (m.leader, m.voter) {
+            (true, _) => "leader",
+            (false, true) => "voter",
+            (false, false) => "learner",
+        };
+        t.add_row([
+            m.id.to_string(),
+            m.address.clone(),
+            role.to_string(),
+            m.matched.map_or("-".to_string(), |i| i.to_string()),
+        ]);
+    }
+    println!("{t}");
     Ok(())
 }
 

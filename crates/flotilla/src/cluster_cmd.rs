@@ -85,6 +85,12 @@ pub(crate) struct ServerArgs {
     /// folder must hold the same admin token (copy `token` from the first).
     #[arg(long, value_delimiter = ',', requires = "node_id")]
     peers: Vec<String>,
+    /// A node added to a group that runs already: it does not set the group up from --peers
+    /// (which must list its own address at position --node-id) but waits, with an empty
+    /// state folder and the group's token, until the leader adds it (`flotilla admin group
+    /// add ID ADDRESS`). Later starts need no --join.
+    #[arg(long, requires = "node_id")]
+    join: bool,
     /// The state directory (journal, token, logs).
     #[arg(long, default_value = ".flotilla")]
     state: PathBuf,
@@ -426,6 +432,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
             let mut g = flotilla::cluster::ha::GroupConfig::new(id, a.peers.clone())?;
             g.peer_ca = a.peer_ca.clone();
             g.snapshot_every = a.snapshot_every;
+            g.join = a.join;
             Some(g)
         }
         None => None,

@@ -465,3 +465,86 @@ fn a_submission_whose_answer_was_lost_is_sent_again_and_makes_one_job() {
     let jobs: Vec<_> = g.overview().unwrap().jobs.iter().map(|j| j.id).collect();
     assert_eq!(jobs, vec![job], "the submission made one job");
 }
+
+/// Membership changes while the group runs: a fourth node started with `--join` is added
+/// (`flotilla admin group add`), catches up and votes; a follower is removed (`remove`) and
+/// stopped, as a lost machine is; the group then survives losing its leader, and the node
+/// added last can lead with every job intact.
+#[test]
+fn a_node_is_added_and_another_removed_while_the_group_runs() {
+    let _one = one_group_at_a_time();
+    let mut g = Group::start(1);
+    let dir = g.job_dir();
+    let write = |name: &str| {
+        let file = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &file,
+            format!(
+                "name = \"{name}\"\n[[task]]\nid = \"t\"\narray = \"0..3\"\ncmd = [\"true\"]\n"
+            ),
+        )
+        .unwrap();
+        file
+    };
+    let before = g.submit(&write("before"));
+    assert_succeeded(&g.wait_job(before, JOB_TIMEOUT));
+
+    let added = g.add_node();
+    let addr = g.peers[added - 1].clone();
+    let out = g.cli(&["admin", "group", "add", &added.to_string(), &addr, "--json"]);
+    assert!(out.status.success(), "group add: {out:?}");
+    let status: flotilla::cluster::ha::GroupStatus =
+        serde_json::from_slice(&out.stdout).expect("the group's status");
+    let member = status.members.iter().find(|m| m.id as usize == added);
+    assert!(
+        member.is_some_and(|m| m.voter && m.address == addr),
+        "{status:?}"
+    );
+    // Adding it again, or another node at its address, is refused.
+    let out = g.cli(&["admin", "group", "add", &added.to_string(), &addr]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("a member already"));
+    // A worker that knows every node (the first knows the founders only).
+    g.add_worker();
+
+    let leader = g.leader();
+    let gone = (1..=3).find(|&i| i != leader).unwrap();
+    let out = g.cli(&["admin", "group", "remove", &gone.to_string(), "--json"]);
+    assert!(out.status.success(), "group remove: {out:?}");
+    let status: flotilla::cluster::ha::GroupStatus =
+        serde_json::from_slice(&out.stdout).expect("the group's status");
+    assert!(
+        status.members.iter().all(|m| m.id as usize != gone),
+        "{status:?}"
+    );
+    g.kill_node(gone);
+
+    // Three voters, one of them new: losing the leader leaves a majority.
+    g.kill_leader(leader);
+    g.restart_node(leader);
+    let during = g.submit(&write("during"));
+    assert_succeeded(&g.wait_job(during, JOB_TIMEOUT));
+    for round in 0.. {
+        let now = g.leader();
+        if now == added {
+            break;
+        }
+        assert!(round < 8, "node {added} never led in {round} failovers");
+        g.kill_leader(now);
+        g.restart_node(now);
+    }
+    for job in [before, during] {
+        assert_succeeded(&g.status(job).expect("every job, on the added node"));
+    }
+    let members: Vec<u64> = g
+        .overview()
+        .and_then(|s| s.group)
+        .map(|g| g.members.iter().map(|m| m.id).collect())
+        .unwrap_or_default();
+    assert!(
+        members.len() == 3 && !members.contains(&(gone as u64)),
+        "{members:?}"
+    );
+    let after = g.submit(&write("after"));
+    assert_succeeded(&g.wait_job(after, JOB_TIMEOUT));
+}

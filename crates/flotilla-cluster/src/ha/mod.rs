@@ -101,7 +101,14 @@ pub struct GroupConfig {
     /// for the last `min(1000, snapshot_every)` entries (kept for followers a little
     /// behind; one further behind is sent the snapshot).
     pub snapshot_every: u64,
+    /// A node added to a running group (`flotilla server --join`): it does not set the
+    /// group up from `peers` but waits for the leader to add it
+    /// (`flotilla admin group add`).
+    pub join: bool,
 }
+
+/// How long [`Node::add_member`] waits for a new node to catch up.
+const ADD_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The default for [`GroupConfig::snapshot_every`].
 pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
@@ -145,6 +152,7 @@ impl GroupConfig {
             commit_timeout: Duration::from_secs(5),
             peer_ca: None,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+            join: false,
         })
     }
 
@@ -172,6 +180,9 @@ pub struct GroupMember {
     pub leader: bool,
     /// The last log index the leader knows it holds (`None`: nothing yet, or unknown).
     pub matched: Option<u64>,
+    /// Whether it votes (a node being added is a learner until it has caught up).
+    #[serde(default)]
+    pub voter: bool,
 }
 
 /// The group as the leader sees it.
@@ -322,7 +333,7 @@ impl Node {
             .is_initialized()
             .await
             .map_err(|e| raft_err("state", e))?;
-        if !initialized {
+        if !initialized && !config.join {
             let members: BTreeMap<NodeId, BasicNode> = config
                 .peers
                 .iter()
@@ -336,6 +347,39 @@ impl Node {
                 Err(e) => return Err(raft_err("initialize", e)),
             }
         }
+        // The nodes uploads and task logs are copied to follow the group's members (added
+        // and removed with `flotilla admin group`); `--peers` until the group is set up.
+        let (me, members_objects) = (config.node_id, objects.clone());
+        let mut metrics = raft.metrics();
+        let mut members_stop = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let peers: Vec<(NodeId, String)> = {
+                    let m = metrics.borrow_and_update();
+                    m.membership_config
+                        .membership()
+                        .nodes()
+                        .filter(|(id, _)| **id != me)
+                        .map(|(id, n)| (*id, group_addr(&n.addr).unwrap_or_else(|| n.addr.clone())))
+                        .collect()
+                };
+                if !peers.is_empty() {
+                    members_objects.set_peers(peers);
+                }
+                tokio::select! {
+                    r = metrics.changed() => {
+                        if r.is_err() {
+                            break;
+                        }
+                    }
+                    r = members_stop.changed() => {
+                        if r.is_err() || *members_stop.borrow() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
         // A follower's compaction finishes at the next entry it applies, or here when the
         // group is idle.
         let finisher = sm.clone();
@@ -377,8 +421,15 @@ impl Node {
         hash: &str,
         data: &[u8],
     ) -> std::result::Result<(), String> {
-        let group = self.objects.len() + 1;
-        let needed = group / 2; // a majority, less this node
+        let voters = self
+            .raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .count();
+        let needed = voters / 2; // a majority, less this node
         self.objects
             .put(hash, data, needed, self.config.commit_timeout)
             .await
@@ -538,9 +589,95 @@ impl Node {
         }
     }
 
+    /// Adds node `id`, whose API address is `addr`, to the group (on the leader): first as
+    /// a learner, sent the log (or the leader's snapshot) until it holds what is committed,
+    /// then as a voter. The node runs `flotilla server --node-id ID --peers ... --join`.
+    pub async fn add_member(
+        &self,
+        id: NodeId,
+        addr: &str,
+    ) -> std::result::Result<GroupStatus, String> {
+        if id == 0 {
+            return Err("node ids start at 1".into());
+        }
+        if group_addr(addr).is_none() {
+            return Err(format!(
+                "{addr:?} is not host:port (with a port below 65535: the next port is the \
+                 node's group port)"
+            ));
+        }
+        let (voters, taken) = {
+            let m = self.raft.metrics().borrow().clone();
+            let ms = m.membership_config.membership().clone();
+            let taken = ms
+                .nodes()
+                .find(|(other, n)| **other != id && n.addr == addr)
+                .map(|(other, _)| *other);
+            (ms.voter_ids().collect::<BTreeSet<_>>(), taken)
+        };
+        if voters.contains(&id) {
+            return Err(format!("node {id} is a member already"));
+        }
+        if let Some(other) = taken {
+            return Err(format!("{addr} is node {other}'s address"));
+        }
+        let wait = ADD_TIMEOUT;
+        match tokio::time::timeout(wait, self.raft.add_learner(id, BasicNode::new(addr), true))
+            .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(format!("node {id} not added: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "node {id} at {addr} did not catch up within {wait:?} (is it running, \
+                     with `flotilla server --node-id {id} ... --join`?); it stays a learner \
+                     until it does, or until `flotilla admin group remove {id}`"
+                ))
+            }
+        }
+        let mut new = voters;
+        new.insert(id);
+        self.raft
+            .change_membership(new, false)
+            .await
+            .map_err(|e| format!("node {id} caught up but was not made a voter: {e}"))?;
+        tracing::warn!(node = id, %addr, "a node was added to the group");
+        Ok(self.status())
+    }
+
+    /// Removes node `id` (a voter or a learner) from the group (on the leader). The leader
+    /// may remove itself: it leads until the change is committed, then another leads.
+    pub async fn remove_member(&self, id: NodeId) -> std::result::Result<GroupStatus, String> {
+        let (voters, known) = {
+            let m = self.raft.metrics().borrow().clone();
+            let ms = m.membership_config.membership().clone();
+            let known = ms.nodes().any(|(n, _)| *n == id);
+            (ms.voter_ids().collect::<BTreeSet<_>>(), known)
+        };
+        if !known {
+            return Err(format!("node {id} is not in the group"));
+        }
+        let change = if voters.contains(&id) {
+            if voters.len() == 1 {
+                return Err(format!("node {id} is the last voter: a group needs one"));
+            }
+            // Not kept as a learner either.
+            openraft::ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            openraft::ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map_err(|e| format!("node {id} not removed: {e}"))?;
+        tracing::warn!(node = id, "a node was removed from the group");
+        Ok(self.status())
+    }
+
     /// The group as this node sees it.
     pub fn status(&self) -> GroupStatus {
         let m = self.raft.metrics().borrow().clone();
+        let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
         let members = m
             .membership_config
             .membership()
@@ -548,6 +685,7 @@ impl Node {
             .map(|(id, n)| GroupMember {
                 id: *id,
                 address: n.addr.clone(),
+                voter: voters.contains(id),
                 leader: m.current_leader == Some(*id),
                 matched: if *id == self.config.node_id {
                     m.last_log_index

@@ -313,14 +313,15 @@ impl crate::proto::group_server::Group for Service {
 /// copied to a majority of the group before the submission is acknowledged, and asked for
 /// by a new leader that lacks one.
 pub(super) struct ObjectPeers {
-    /// The other nodes' group ports.
-    peers: Vec<(NodeId, String)>,
+    /// The other nodes' group ports: `--peers` at first, then the group's members
+    /// ([`ObjectPeers::set_peers`]).
+    peers: parking_lot::RwLock<Vec<(NodeId, String)>>,
     header: String,
     ca: Option<Vec<u8>>,
     clients: parking_lot::Mutex<HashMap<NodeId, GroupClient<Channel>>>,
     /// Task log chunks on their way to each other node, in order (see
     /// [`ObjectPeers::send_log`]).
-    logs: parking_lot::Mutex<Vec<tokio::sync::mpsc::Sender<Vec<u8>>>>,
+    logs: parking_lot::Mutex<HashMap<NodeId, tokio::sync::mpsc::Sender<Vec<u8>>>>,
 }
 
 /// Task log chunks queued for one node at most; beyond, chunks are dropped (logs are best
@@ -330,21 +331,45 @@ const LOG_QUEUE: usize = 1024;
 impl ObjectPeers {
     pub(super) fn new(peers: Vec<(NodeId, String)>, token: &str, ca: Option<Vec<u8>>) -> Self {
         ObjectPeers {
-            peers,
+            peers: parking_lot::RwLock::new(peers),
             header: format!("Bearer {token}"),
             ca,
             clients: parking_lot::Mutex::new(HashMap::new()),
-            logs: parking_lot::Mutex::new(Vec::new()),
+            logs: parking_lot::Mutex::new(HashMap::new()),
         }
     }
 
-    /// Starts one sender per other node that delivers task log chunks in order (from a
-    /// tokio runtime).
+    /// The other nodes now.
+    fn peers(&self) -> Vec<(NodeId, String)> {
+        self.peers.read().clone()
+    }
+
+    /// The group's members changed: `peers` are the other nodes now (with their group
+    /// ports). Log senders start for new nodes and stop for nodes gone (from a tokio
+    /// runtime).
+    pub(super) fn set_peers(self: &Arc<Self>, peers: Vec<(NodeId, String)>) {
+        if *self.peers.read() == peers {
+            return;
+        }
+        *self.peers.write() = peers.clone();
+        self.clients.lock().clear();
+        {
+            let mut queues = self.logs.lock();
+            queues.retain(|id, _| peers.iter().any(|(p, _)| p == id));
+        }
+        self.start_log_senders();
+    }
+
+    /// Starts a sender, for each other node that has none, that delivers task log chunks
+    /// in order (from a tokio runtime).
     pub(super) fn start_log_senders(self: &Arc<Self>) {
         let mut queues = self.logs.lock();
-        for (id, addr) in self.peers.clone() {
+        for (id, addr) in self.peers() {
+            if queues.contains_key(&id) {
+                continue;
+            }
             let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(LOG_QUEUE);
-            queues.push(tx);
+            queues.insert(id, tx);
             let me = Arc::downgrade(self);
             tokio::spawn(async move {
                 while let Some(body) = rx.recv().await {
@@ -367,14 +392,9 @@ impl ObjectPeers {
         }) else {
             return;
         };
-        for tx in self.logs.lock().iter() {
+        for tx in self.logs.lock().values() {
             let _ = tx.try_send(body.clone());
         }
-    }
-
-    /// How many other nodes there are.
-    pub(super) fn len(&self) -> usize {
-        self.peers.len()
     }
 
     async fn ask(
@@ -419,8 +439,9 @@ impl ObjectPeers {
         }
         let body =
             postcard::to_allocvec(&Rpc::PutObject(data.to_vec())).map_err(|e| e.to_string())?;
-        let (tx, mut rx) = tokio::sync::mpsc::channel(self.peers.len().max(1));
-        for (id, addr) in self.peers.clone() {
+        let peers = self.peers();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(peers.len().max(1));
+        for (id, addr) in peers.clone() {
             let (me, tx, body, hash) = (self.clone(), tx.clone(), body.clone(), hash.to_string());
             tokio::spawn(async move {
                 let r = match tokio::time::timeout(ttl, me.ask(id, &addr, body, ttl)).await {
@@ -449,7 +470,7 @@ impl ObjectPeers {
         }
         Err(format!(
             "{stored} of the {} other node(s) kept it, {needed} needed: {}",
-            self.peers.len(),
+            peers.len(),
             why.join("; ")
         ))
     }
@@ -457,7 +478,7 @@ impl ObjectPeers {
     /// Object `hash` from the first other node that holds it (checked against its hash).
     pub(super) async fn get(&self, hash: &str, ttl: Duration) -> Option<Vec<u8>> {
         let body = postcard::to_allocvec(&Rpc::GetObject(hash.to_string())).ok()?;
-        for (id, addr) in &self.peers {
+        for (id, addr) in &self.peers() {
             let asked = tokio::time::timeout(ttl, self.ask(*id, addr, body.clone(), ttl)).await;
             if let Ok(Ok(Reply::Object(Some(data)))) = asked {
                 if blake3::hash(&data).to_hex().as_str() == hash {

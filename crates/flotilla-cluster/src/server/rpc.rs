@@ -640,6 +640,31 @@ impl CoordinatorRpc for Api {
     }
 }
 
+impl Api {
+    /// A change of the group's members: the admin's, on a node of a group.
+    #[allow(clippy::result_large_err)] // tonic's Status, as the handlers return it
+    fn group_request(
+        &self,
+        req: Request<proto::GroupMemberRequest>,
+    ) -> std::result::Result<(Arc<crate::ha::Node>, proto::GroupMemberRequest), Status> {
+        admin_only(&req, "change the group's members")?;
+        let node = self.group.clone().ok_or_else(|| {
+            Status::failed_precondition(
+                "this coordinator is not in a group (flotilla server --node-id N --peers ...)",
+            )
+        })?;
+        Ok((node, req.into_inner()))
+    }
+}
+
+/// The group's status as `flotilla admin group` prints it.
+fn group_reply(
+    status: &crate::ha::GroupStatus,
+) -> std::result::Result<Response<proto::JsonReply>, Status> {
+    let json = serde_json::to_string(status).map_err(|e| Status::internal(e.to_string()))?;
+    Ok(Response::new(proto::JsonReply { json }))
+}
+
 #[tonic::async_trait]
 impl AdminRpc for Api {
     async fn tenant_add(
@@ -700,6 +725,24 @@ impl AdminRpc for Api {
         let name = req.into_inner().name;
         let json = self.ask(|reply| Req::Drain { name, reply }).await?;
         Ok(Response::new(proto::JsonReply { json }))
+    }
+
+    async fn group_member_add(
+        &self,
+        req: Request<proto::GroupMemberRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        let (node, r) = self.group_request(req)?;
+        let added = node.add_member(r.node_id, r.address.trim()).await;
+        group_reply(&added.map_err(Status::failed_precondition)?)
+    }
+
+    async fn group_member_remove(
+        &self,
+        req: Request<proto::GroupMemberRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        let (node, r) = self.group_request(req)?;
+        let removed = node.remove_member(r.node_id).await;
+        group_reply(&removed.map_err(Status::failed_precondition)?)
     }
 
     async fn alloc_add(

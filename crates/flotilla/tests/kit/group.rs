@@ -146,10 +146,37 @@ impl Group {
         if let Some((cert, key)) = &self.tls {
             cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
         }
+        if id > 3 {
+            // Added to the running group (`Group::add_node`), not one of its founders.
+            cmd.arg("--join");
+        }
         for (k, v) in &self.node_env {
             cmd.env(k, v);
         }
         spawn_logged(cmd, &format!("n{id}")).0
+    }
+
+    /// Starts one more node with `--join` (its address appended to the list, an empty state
+    /// folder with the token); returns its id. It waits for `flotilla admin group add`.
+    pub(crate) fn add_node(&mut self) -> usize {
+        let taken: HashSet<u16> = self
+            .peers
+            .iter()
+            .filter_map(|p| p.rsplit_once(':')?.1.parse::<u16>().ok())
+            .flat_map(|p| [p, p + 1])
+            .collect();
+        let p = free_pair(&taken);
+        self.peers.push(format!("127.0.0.1:{p}"));
+        let id = self.peers.len();
+        let state = self.state(id);
+        std::fs::create_dir_all(&state).expect("state folder");
+        let token = state.join("token");
+        std::fs::write(&token, TOKEN).expect("token");
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let node = self.spawn_node(id);
+        self.nodes.push(Some(node));
+        id
     }
 
     /// The nodes started and not killed by the test that have exited on their own.

@@ -353,17 +353,25 @@ impl Node {
         let mut metrics = raft.metrics();
         let mut members_stop = stop.clone();
         tokio::spawn(async move {
+            // The metrics change with every entry; the members only with a membership entry.
+            let mut seen = None;
             loop {
-                let peers: Vec<(NodeId, String)> = {
+                let peers: Option<Vec<(NodeId, String)>> = {
                     let m = metrics.borrow_and_update();
-                    m.membership_config
-                        .membership()
-                        .nodes()
-                        .filter(|(id, _)| **id != me)
-                        .map(|(id, n)| (*id, group_addr(&n.addr).unwrap_or_else(|| n.addr.clone())))
-                        .collect()
+                    let at = *m.membership_config.log_id();
+                    (seen != Some(at)).then(|| {
+                        seen = Some(at);
+                        m.membership_config
+                            .membership()
+                            .nodes()
+                            .filter(|(id, _)| **id != me)
+                            .map(|(id, n)| {
+                                (*id, group_addr(&n.addr).unwrap_or_else(|| n.addr.clone()))
+                            })
+                            .collect()
+                    })
                 };
-                if !peers.is_empty() {
+                if let Some(peers) = peers.filter(|p| !p.is_empty()) {
                     members_objects.set_peers(peers);
                 }
                 tokio::select! {

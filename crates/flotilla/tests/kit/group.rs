@@ -104,13 +104,7 @@ impl Group {
             rt,
         };
         for id in 1..=3 {
-            let state = g.state(id);
-            std::fs::create_dir_all(&state).expect("state folder");
-            let token = state.join("token");
-            std::fs::write(&token, TOKEN).expect("token");
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600))
-                .expect("chmod");
+            g.new_state(id);
             let p = g.spawn_node(id);
             g.nodes.push(Some(p));
         }
@@ -124,6 +118,16 @@ impl Group {
     /// Node `id`'s state folder.
     pub(crate) fn state(&self, id: usize) -> PathBuf {
         self.root.path().join(format!("n{id}"))
+    }
+
+    /// Makes node `id`'s state folder, holding only the group's token.
+    fn new_state(&self, id: usize) {
+        let state = self.state(id);
+        std::fs::create_dir_all(&state).expect("state folder");
+        let token = state.join("token");
+        std::fs::write(&token, TOKEN).expect("token");
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     }
 
     /// The addresses as clients take them (`a,b,c`).
@@ -168,12 +172,7 @@ impl Group {
         let p = free_pair(&taken);
         self.peers.push(format!("127.0.0.1:{p}"));
         let id = self.peers.len();
-        let state = self.state(id);
-        std::fs::create_dir_all(&state).expect("state folder");
-        let token = state.join("token");
-        std::fs::write(&token, TOKEN).expect("token");
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        self.new_state(id);
         let node = self.spawn_node(id);
         self.nodes.push(Some(node));
         id

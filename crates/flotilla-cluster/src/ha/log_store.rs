@@ -166,8 +166,9 @@ impl LogStore {
                 None => {
                     return Err(std::io::Error::other(format!(
                         "{}: damaged record at byte {at} (not at the end): the group's log \
-                         cannot be trusted; remove this node's state folder to have it \
-                         rebuilt from the others",
+                         cannot be trusted; replace this node: `flotilla admin group remove` \
+                         it, then start a node with an empty state folder under a new id \
+                         and `flotilla admin group add` it (docs/cluster.md)",
                         path.display()
                     )))
                 }
@@ -190,6 +191,13 @@ impl LogStore {
     fn io(e: std::io::Error, path: &Path) -> StorageError<NodeId> {
         StorageIOError::write_logs(&std::io::Error::other(format!("{}: {e}", path.display())))
             .into()
+    }
+
+    /// Whether nothing was ever written here: no vote, no entry (a node's first start, or
+    /// a node whose state folder was emptied).
+    pub fn is_blank(&self) -> bool {
+        let g = self.inner.lock();
+        g.vote.is_none() && g.log.is_empty() && g.purged.is_none() && g.committed.is_none()
     }
 
     /// The entries held in `range` (a state machine catching up its journal).
@@ -366,6 +374,20 @@ mod tests {
         let again = LogStore::open(&path, false).expect("reopen");
         drop(again);
         assert_eq!(std::fs::metadata(&path).expect("stat").len(), len);
+    }
+
+    #[test]
+    fn a_log_is_blank_until_a_vote_or_an_entry_is_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("log");
+        assert!(LogStore::open(&path, false).expect("open").is_blank());
+        for op in [Op::Vote(Vote::new(1, 2)), Op::Entries(vec![entry(1, 0)])] {
+            let _ = std::fs::remove_file(&path);
+            let s = LogStore::open(&path, false).expect("open");
+            s.inner.lock().write(&op).expect("write");
+            drop(s);
+            assert!(!LogStore::open(&path, false).expect("reopen").is_blank());
+        }
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub enum Payload {
         /// The list as the coordinator writes it.
         list: Vec<u8>,
     },
+    /// The members that have held the group's log (the leader has seen each acknowledge an
+    /// entry): one of them that starts again with an empty state folder is refused
+    /// ([`Node::start`]), as Raft needs every node to keep its log and its vote.
+    Held(Vec<NodeId>),
 }
 
 /// How a node of a group is set up.
@@ -183,6 +187,10 @@ pub struct GroupMember {
     /// Whether it votes (a node being added is a learner until it has caught up).
     #[serde(default)]
     pub voter: bool,
+    /// Whether it has held the group's log: from then on it may not start again with an
+    /// empty state folder (it is replaced by `flotilla admin group remove` and `add`).
+    #[serde(default)]
+    pub held: bool,
 }
 
 /// The group as the leader sees it.
@@ -220,6 +228,118 @@ fn raft_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
     ClusterError::Config(format!("the group: {what}: {e}"))
 }
 
+/// A node starting with nothing on disk asks the others whether it has held the group's
+/// log (the leader records who has: [`record_held`]) and refuses to start if one says it
+/// has: its log and its vote are lost, and Raft's promises rest on every node keeping
+/// them (a node that forgot what it acknowledged can make a majority that lacks a
+/// committed entry). Waits until another node answers: a group whose nodes all start
+/// blank answers itself, each node answering before it takes part.
+async fn refuse_if_held(
+    config: &GroupConfig,
+    state_dir: &Path,
+    token: &str,
+    ca: Option<&[u8]>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<()> {
+    let me = config.node_id;
+    let others: Vec<(NodeId, String)> = config
+        .peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i as NodeId + 1, group_addr(p).unwrap_or_else(|| p.clone())))
+        .filter(|(id, _)| *id != me)
+        .collect();
+    let mut told = false;
+    loop {
+        let answers =
+            futures::future::join_all(others.iter().map(|(id, addr)| async move {
+                (*id, network::ask_held(addr, ca, token, me).await)
+            }))
+            .await;
+        if let Some((by, _)) = answers.iter().find(|(_, r)| matches!(r, Ok(true))) {
+            return Err(ClusterError::Config(format!(
+                "node {me} has held the group's log (node {by} says so), but its state folder \
+                 {} holds none: a node that lost its state may not take part again under its \
+                 id, as the group's guarantees rest on every node keeping its log and its \
+                 vote. Replace it: `flotilla admin group remove {me}`, then start it with \
+                 `--join` and `flotilla admin group add {me} ADDRESS` (docs/cluster.md). If \
+                 this is the wrong folder, start it with its own --state",
+                state_dir.display()
+            )));
+        }
+        if answers.iter().any(|(_, r)| r.is_ok()) {
+            return Ok(());
+        }
+        if !told {
+            tracing::warn!(
+                node = me,
+                "this node starts with an empty state folder: waiting for another node of \
+                 the group to say whether it held the group's log before"
+            );
+            told = true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            r = stop.changed() => {
+                if r.is_err() || *stop.borrow() {
+                    return Err(ClusterError::Config(
+                        "stopped before another node of the group answered".into(),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// While this node leads: commits the members that have held the log
+/// ([`Payload::Held`]) whenever it changes: a member is added once the leader has seen it
+/// acknowledge an entry, and dropped once it is no longer a member (removed, it may be
+/// added again under its id with an empty state folder).
+async fn record_held(raft: Raft, sm: StateMachine, me: NodeId, mut stop: watch::Receiver<bool>) {
+    let mut metrics = raft.metrics();
+    loop {
+        let want = {
+            let m = metrics.borrow_and_update();
+            (m.state == openraft::ServerState::Leader).then(|| {
+                let members: BTreeSet<NodeId> = m
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(id, _)| *id)
+                    .collect();
+                let had = sm.held();
+                let mut want: BTreeSet<NodeId> = had.intersection(&members).copied().collect();
+                want.insert(me);
+                for (id, matched) in m.replication.iter().flatten() {
+                    if matched.is_some() && members.contains(id) {
+                        want.insert(*id);
+                    }
+                }
+                (want != had).then_some(want)
+            })
+        };
+        if let Some(want) = want.flatten() {
+            let ids: Vec<NodeId> = want.into_iter().collect();
+            match raft.client_write(Payload::Held(ids.clone())).await {
+                Ok(_) => tracing::debug!(?ids, "the members that held the log"),
+                Err(e) => tracing::debug!("the members that held the log not recorded: {e}"),
+            }
+        }
+        tokio::select! {
+            r = metrics.changed() => {
+                if r.is_err() {
+                    break;
+                }
+            }
+            r = stop.changed() => {
+                if r.is_err() || *stop.borrow() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
 impl Node {
     /// Opens this node's log (`STATE/group/log`) and journal, serves the group port, and
     /// joins (initializing the group the first time its nodes start).
@@ -248,6 +368,10 @@ impl Node {
         let log_path = state_dir.join("group").join("log");
         let log = LogStore::open(&log_path, fsync).map_err(|e| ClusterError::io(&log_path, e))?;
         let sm = StateMachine::open(state_dir, fsync, log.clone())?;
+        // A node with nothing on disk asks the others whether it has held the log before
+        // taking part (below); until then its group port refuses Raft's messages.
+        let blank = log.is_blank() && sm.applied().is_none();
+        let admitted = Arc::new(std::sync::atomic::AtomicBool::new(!blank));
         let rc = openraft::Config {
             cluster_name: "flotilla".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,
@@ -306,6 +430,8 @@ impl Node {
                 raft: raft.clone(),
                 store: store.clone(),
                 state_dir: state_dir.to_path_buf(),
+                sm: sm.clone(),
+                admitted: admitted.clone(),
             })
             .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
@@ -314,6 +440,7 @@ impl Node {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let stop_serving = stop.clone();
         let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+        let peer_ca = peer_tls.as_ref().map(|(_, ca)| ca.clone());
         if let Some((server_tls, _)) = peer_tls {
             builder = builder
                 .tls_config(server_tls)
@@ -329,6 +456,10 @@ impl Node {
             }
         });
         tracing::info!(node = config.node_id, %at, "group port listening");
+        if blank {
+            refuse_if_held(&config, state_dir, token, peer_ca.as_deref(), &mut stop).await?;
+            admitted.store(true, std::sync::atomic::Ordering::Release);
+        }
         let initialized = raft
             .is_initialized()
             .await
@@ -388,6 +519,13 @@ impl Node {
                 }
             }
         });
+        // The leader records which members have held the log (see `refuse_if_held`).
+        tokio::spawn(record_held(
+            raft.clone(),
+            sm.clone(),
+            config.node_id,
+            stop.clone(),
+        ));
         // A follower's compaction finishes at the next entry it applies, or here when the
         // group is idle.
         let finisher = sm.clone();
@@ -686,6 +824,7 @@ impl Node {
     pub fn status(&self) -> GroupStatus {
         let m = self.raft.metrics().borrow().clone();
         let voters: BTreeSet<NodeId> = m.membership_config.membership().voter_ids().collect();
+        let held = self.sm.held();
         let members = m
             .membership_config
             .membership()
@@ -694,6 +833,7 @@ impl Node {
                 id: *id,
                 address: n.addr.clone(),
                 voter: voters.contains(id),
+                held: held.contains(id),
                 leader: m.current_leader == Some(*id),
                 matched: if *id == self.config.node_id {
                     m.last_log_index

@@ -37,6 +37,9 @@ enum Rpc {
         /// What the leader wrote to it.
         data: Vec<u8>,
     },
+    /// Has node `id` held the group's log? (Asked by a node starting with an empty state
+    /// folder, before it takes part.)
+    Held(NodeId),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -50,6 +53,8 @@ enum Reply {
     Stored(String),
     /// The object asked for, or `None` when not held.
     Object(Option<Vec<u8>>),
+    /// Whether the node asked about has held the group's log, as the answering node knows.
+    Held(bool),
 }
 
 /// A client of the group port at `addr` (TLS when `ca` is given, verifying against it).
@@ -206,6 +211,28 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
+/// Asks the node whose group port is `addr` whether node `id` has held the group's log;
+/// `Err`: no answer (down, unreachable, another token).
+pub(super) async fn ask_held(
+    addr: &str,
+    ca: Option<&[u8]>,
+    token: &str,
+    id: NodeId,
+) -> Result<bool, String> {
+    let mut client = connect(addr, ca).await?;
+    let body = postcard::to_allocvec(&Rpc::Held(id)).map_err(|e| e.to_string())?;
+    let req = framed(body, Duration::from_secs(2), &format!("Bearer {token}"));
+    let r = client
+        .call(req)
+        .await
+        .map_err(|s| s.message().to_string())?;
+    match postcard::from_bytes(&r.into_inner().body).map_err(|e| e.to_string())? {
+        Reply::Held(held) => Ok(held),
+        Reply::Refused(why) => Err(why),
+        _ => Err("a reply of another kind".into()),
+    }
+}
+
 /// Whether `path` names a task log as the coordinator writes them:
 /// `logs/JOB/TASK.ATTEMPT.out` or `.err`, numbers only (nothing else may be written).
 fn is_log_path(path: &str) -> bool {
@@ -253,6 +280,11 @@ pub(super) struct Service {
     pub(super) store: Arc<crate::objects::ObjectStore>,
     /// This node's state folder (task logs are appended under it).
     pub(super) state_dir: std::path::PathBuf,
+    /// This node's state machine (which members have held the log).
+    pub(super) sm: super::StateMachine,
+    /// Whether Raft's messages are taken: not while a node that starts with an empty state
+    /// folder asks the others whether it may ([`ask_held`]).
+    pub(super) admitted: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[tonic::async_trait]
@@ -263,7 +295,18 @@ impl crate::proto::group_server::Group for Service {
     ) -> Result<tonic::Response<GroupFrame>, tonic::Status> {
         let rpc: Rpc = postcard::from_bytes(&req.get_ref().body)
             .map_err(|e| tonic::Status::invalid_argument(format!("a group message: {e}")))?;
+        let raft_rpc = matches!(rpc, Rpc::Append(_) | Rpc::Vote(_) | Rpc::Snapshot(_));
+        if raft_rpc && !self.admitted.load(std::sync::atomic::Ordering::Acquire) {
+            let body = postcard::to_allocvec(&Reply::Refused(
+                "this node is starting with an empty state folder and has not yet been \
+                 told it may take part"
+                    .into(),
+            ))
+            .map_err(|e| tonic::Status::internal(format!("a group reply: {e}")))?;
+            return Ok(tonic::Response::new(GroupFrame { body }));
+        }
         let reply = match rpc {
+            Rpc::Held(id) => Reply::Held(self.sm.held().contains(&id)),
             Rpc::Append(r) => match self.raft.append_entries(r).await {
                 Ok(r) => Reply::Append(r),
                 Err(e) => Reply::Refused(e.to_string()),

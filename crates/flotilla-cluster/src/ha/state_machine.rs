@@ -28,6 +28,7 @@
 //! comes); a node that starts leading takes the running compaction over with the journal
 //! ([`Journal::hand_over`]).
 
+use std::collections::BTreeSet;
 use std::io::{Cursor, Write};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
@@ -66,6 +67,8 @@ struct Inner {
     /// The journal's compaction, started where the leader compacted its own (see the
     /// module's doc).
     compaction: Option<Compaction>,
+    /// The members that have held the group's log ([`Payload::Held`], `group/held.json`).
+    held: BTreeSet<NodeId>,
 }
 
 /// The state machine ([`RaftStateMachine`]); clones share it.
@@ -93,6 +96,8 @@ impl StateMachine {
             Some(m) => (Some(m.applied), m.membership),
             None => (None, StoredMembership::default()),
         };
+        let held = read_held(state_dir)
+            .map_err(|e| crate::error::ClusterError::io(&state_dir.join(HELD_FILE), e))?;
         Ok(StateMachine {
             inner: Arc::new(Mutex::new(Inner {
                 journal: Some(journal),
@@ -102,6 +107,7 @@ impl StateMachine {
                 fsync,
                 pending: None,
                 compaction: None,
+                held,
             })),
             log,
         })
@@ -167,6 +173,12 @@ impl StateMachine {
     /// The id of the last entry applied here.
     pub fn applied(&self) -> Option<LogId<NodeId>> {
         self.inner.lock().applied
+    }
+
+    /// The members that have held the group's log, as last committed
+    /// ([`Payload::Held`]).
+    pub fn held(&self) -> BTreeSet<NodeId> {
+        self.inner.lock().held.clone()
     }
 
     /// Finishes the follower's compaction if its thread is done (the node calls this now
@@ -321,6 +333,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     write_uploads(&g.state_dir, job, &list).map_err(sm_err)?;
                     Vec::new()
                 }
+                EntryPayload::Normal(Payload::Held(ids)) => {
+                    let bytes = serde_json::to_vec(&ids).map_err(sm_err)?;
+                    write_file(&g.state_dir, HELD_FILE, &bytes).map_err(sm_err)?;
+                    g.held = ids.into_iter().collect();
+                    Vec::new()
+                }
                 EntryPayload::Normal(Payload::Journal(bytes)) => {
                     if g.journal.is_none() {
                         // The coordinator here appends them itself.
@@ -387,6 +405,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // What a running compaction writes is of the journal being replaced.
         drop(g.compaction.take());
         install_files(&g.state_dir, &files).map_err(sm_err)?;
+        g.held = read_held(&g.state_dir).map_err(sm_err)?;
         match g.journal.take() {
             Some(journal) => {
                 drop(journal);
@@ -427,6 +446,22 @@ struct SnapshotFiles {
     allocs: Option<Vec<u8>>,
     /// Each `uploads/JOB.json`: the job and the list.
     uploads: Vec<(u64, Vec<u8>)>,
+    /// `group/held.json`, when there is one.
+    held: Option<Vec<u8>>,
+}
+
+/// The members that have held the group's log (JSON, a list of node ids), under the state
+/// folder.
+const HELD_FILE: &str = "group/held.json";
+
+/// Reads `group/held.json` (none: nobody yet).
+fn read_held(state_dir: &Path) -> std::io::Result<BTreeSet<NodeId>> {
+    match read_opt(&state_dir.join(HELD_FILE))? {
+        Some(b) => serde_json::from_slice(&b).map_err(|e| {
+            std::io::Error::other(format!("{}: {e}", state_dir.join(HELD_FILE).display()))
+        }),
+        None => Ok(BTreeSet::new()),
+    }
 }
 
 fn read_opt(path: &Path) -> std::io::Result<Option<Vec<u8>>> {
@@ -494,6 +529,7 @@ fn build(state_dir: &Path) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>>
         allocs: read_opt(&state_dir.join(crate::alloc::queues::ALLOCS_FILE))
             .map_err(|e| read(&e))?,
         uploads,
+        held: read_opt(&state_dir.join(HELD_FILE)).map_err(|e| read(&e))?,
     };
     let data = postcard::to_allocvec(&files).map_err(|e| read(&e))?;
     let (last_log_id, last_membership) = match marker {
@@ -523,6 +559,9 @@ fn install_files(state_dir: &Path, files: &SnapshotFiles) -> std::io::Result<()>
     }
     if let Some(b) = &files.allocs {
         write_file(state_dir, crate::alloc::queues::ALLOCS_FILE, b)?;
+    }
+    if let Some(b) = &files.held {
+        write_file(state_dir, HELD_FILE, b)?;
     }
     let named: std::collections::HashSet<u64> = files.uploads.iter().map(|(j, _)| *j).collect();
     for (job, _) in upload_lists(state_dir)? {
@@ -628,14 +667,16 @@ mod tests {
                 },
             ),
             entry(4, 20),
+            normal(5, Payload::Held(vec![1, 3])),
             // The last entry carries no records: it still gets its marker.
-            normal(5, Payload::Allocs(b"[]".to_vec())),
+            normal(6, Payload::Allocs(b"[]".to_vec())),
         ]))
         .expect("apply");
+        assert_eq!(a.held(), BTreeSet::from([1, 3]));
         let snap = futures::executor::block_on(a.get_current_snapshot())
             .expect("build")
             .expect("a snapshot");
-        assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(5));
+        assert_eq!(snap.meta.last_log_id.map(|l| l.index), Some(6));
         let built = futures::executor::block_on(async {
             a.get_snapshot_builder().await.build_snapshot().await
         })
@@ -659,7 +700,8 @@ mod tests {
         assert!(b_dir.path().join("uploads/3.json").exists());
         futures::executor::block_on(b.install_snapshot(&snap.meta, snap.snapshot))
             .expect("install");
-        assert_eq!(b.applied().map(|l| l.index), Some(5));
+        assert_eq!(b.applied().map(|l| l.index), Some(6));
+        assert_eq!(b.held(), BTreeSet::from([1, 3]));
         assert!(!b_dir.path().join("uploads/3.json").exists());
         assert_eq!(
             std::fs::read(b_dir.path().join("uploads/7.json")).expect("uploads/7.json"),
@@ -670,10 +712,11 @@ mod tests {
             b"{\"tokens\":[]}"
         );
         // Applying goes on after it, and a restart reads where it stands from the journal.
-        futures::executor::block_on(b.apply(vec![entry(6, 30)])).expect("apply");
+        futures::executor::block_on(b.apply(vec![entry(7, 30)])).expect("apply");
         drop(b);
         let b = StateMachine::open(b_dir.path(), false, log).expect("reopen");
-        assert_eq!(b.applied().map(|l| l.index), Some(6));
+        assert_eq!(b.applied().map(|l| l.index), Some(7));
+        assert_eq!(b.held(), BTreeSet::from([1, 3]));
         let mut j = b.take_journal().expect("the journal");
         assert_eq!(cancelled(&j.replay().expect("replay")), vec![10, 20, 30]);
     }

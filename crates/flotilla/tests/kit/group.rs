@@ -55,17 +55,23 @@ impl Group {
 
     /// [`Group::start`] with `env` set on every node (started now or later).
     pub(crate) fn start_with(workers: usize, env: &[(&str, &str)]) -> Group {
-        Group::start_inner(workers, env, false)
+        Group::start_inner(workers, env, false, &[1, 2, 3])
+    }
+
+    /// [`Group::start`] with only the founders `up` started (the others' state folders are
+    /// made; [`Group::restart_node`] starts them for the first time).
+    pub(crate) fn start_some(workers: usize, up: &[usize]) -> Group {
+        Group::start_inner(workers, &[], false, up)
     }
 
     /// [`Group::start`] speaking TLS everywhere: every node serves one self-signed
     /// certificate (for 127.0.0.1) on its API and group ports; workers, clients and the
     /// other nodes verify it.
     pub(crate) fn start_tls(workers: usize) -> Group {
-        Group::start_inner(workers, &[], true)
+        Group::start_inner(workers, &[], true, &[1, 2, 3])
     }
 
-    fn start_inner(workers: usize, env: &[(&str, &str)], tls: bool) -> Group {
+    fn start_inner(workers: usize, env: &[(&str, &str)], tls: bool, up: &[usize]) -> Group {
         let root = tempfile::Builder::new()
             .prefix("flotilla-group-test")
             .tempdir()
@@ -105,8 +111,8 @@ impl Group {
         };
         for id in 1..=3 {
             g.new_state(id);
-            let p = g.spawn_node(id);
-            g.nodes.push(Some(p));
+            let p = up.contains(&id).then(|| g.spawn_node(id, false).0);
+            g.nodes.push(p);
         }
         for _ in 0..workers {
             g.add_worker();
@@ -118,6 +124,12 @@ impl Group {
     /// Node `id`'s state folder.
     pub(crate) fn state(&self, id: usize) -> PathBuf {
         self.root.path().join(format!("n{id}"))
+    }
+
+    /// Empties node `id`'s state folder (a lost disk), leaving only the group's token.
+    pub(crate) fn wipe_state(&self, id: usize) {
+        std::fs::remove_dir_all(self.state(id)).expect("remove the state folder");
+        self.new_state(id);
     }
 
     /// Makes node `id`'s state folder, holding only the group's token.
@@ -135,7 +147,9 @@ impl Group {
         self.peers.join(",")
     }
 
-    fn spawn_node(&self, id: usize) -> Proc {
+    /// Starts node `id` (with `--join` when it was added to the running group or `join`);
+    /// its stderr lines come on the receiver too.
+    fn spawn_node(&self, id: usize, join: bool) -> (Proc, std::sync::mpsc::Receiver<String>) {
         let mut cmd = Command::new(BIN);
         cmd.args([
             "server",
@@ -150,14 +164,14 @@ impl Group {
         if let Some((cert, key)) = &self.tls {
             cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
         }
-        if id > 3 {
+        if id > 3 || join {
             // Added to the running group (`Group::add_node`), not one of its founders.
             cmd.arg("--join");
         }
         for (k, v) in &self.node_env {
             cmd.env(k, v);
         }
-        spawn_logged(cmd, &format!("n{id}")).0
+        spawn_logged(cmd, &format!("n{id}"))
     }
 
     /// Starts one more node with `--join` (its address appended to the list, an empty state
@@ -173,7 +187,7 @@ impl Group {
         self.peers.push(format!("127.0.0.1:{p}"));
         let id = self.peers.len();
         self.new_state(id);
-        let node = self.spawn_node(id);
+        let (node, _) = self.spawn_node(id, false);
         self.nodes.push(Some(node));
         id
     }
@@ -251,8 +265,19 @@ impl Group {
 
     /// Starts node `id` again (it rejoins as a follower).
     pub(crate) fn restart_node(&mut self, id: usize) {
-        let p = self.spawn_node(id);
+        self.restart_node_logged(id, false);
+    }
+
+    /// [`Group::restart_node`] (with `--join` when `join`); returns the node's stderr lines
+    /// (the channel closes when it exits).
+    pub(crate) fn restart_node_logged(
+        &mut self,
+        id: usize,
+        join: bool,
+    ) -> std::sync::mpsc::Receiver<String> {
+        let (p, lines) = self.spawn_node(id, join);
         self.nodes[id - 1] = Some(p);
+        lines
     }
 
     /// Restarts every node whose process has ended (a leader that lost its leadership stops

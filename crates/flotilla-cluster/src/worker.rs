@@ -252,6 +252,9 @@ pub const DEFAULT_CPU_WATTS: f64 = 12.0;
 /// The default for [`WorkerConfig::grace`]: 30 seconds.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 
+/// A worker with a time limit starts leaving its grace plus this before it.
+pub const LEAVE_EARLY: Duration = Duration::from_secs(15);
+
 /// The most bytes of checkpoint files one preempted attempt ships to the coordinator
 /// (transfer staging); a larger checkpoint is not kept and the task restarts from nothing.
 pub const MAX_CHECKPOINT_BYTES: u64 = 256 << 20;
@@ -1118,7 +1121,7 @@ async fn session(
             finished: back.finished,
             leaves_in_ms: cfg.leave_at.map(|at| {
                 // It starts leaving --grace + 15 s before its time limit (see `session`).
-                let margin = cfg.grace + Duration::from_secs(15);
+                let margin = cfg.grace + LEAVE_EARLY;
                 at.saturating_duration_since(Instant::now() + margin)
                     .as_millis() as u64
             }),
@@ -1174,7 +1177,7 @@ async fn session(
     let mut leaving: Option<tokio::time::Instant> = None;
     // Since when it has had nothing to run or queued (`--idle-timeout`).
     let mut idle_since: Option<Instant> = None;
-    let margin = cfg.grace + Duration::from_secs(15);
+    let margin = cfg.grace + LEAVE_EARLY;
     let mut said_leaving = false;
     loop {
         if let Some(deadline) = leaving {
@@ -1192,7 +1195,7 @@ async fn session(
             _ = shutdown.changed(), if leaving.is_none() => {
                 if *shutdown.borrow() {
                     reclaim(shared, "the worker got SIGTERM");
-                    leaving = Some(tokio::time::Instant::now() + cfg.grace + Duration::from_secs(15));
+                    leaving = Some(tokio::time::Instant::now() + cfg.grace + LEAVE_EARLY);
                 }
             }
             msg = inbound.message() => {
@@ -1202,7 +1205,7 @@ async fn session(
                         on_message(shared, m);
                         if drain && leaving.is_none() {
                             reclaim(shared, "drained by the coordinator's admin");
-                            leaving = Some(tokio::time::Instant::now() + cfg.grace + Duration::from_secs(15));
+                            leaving = Some(tokio::time::Instant::now() + cfg.grace + LEAVE_EARLY);
                         }
                     }
                     // Leaving, a session that ends is the end (its tasks are stopping).

@@ -361,7 +361,8 @@ pub(crate) struct LedgerArgs {
 
 #[derive(Args, Debug)]
 pub(crate) struct BudgetArgs {
-    /// The job id.
+    /// The job id: `7` or `job-7`.
+    #[arg(value_parser = crate::cluster_cmd::job_number)]
     job: u64,
     /// Credits more it may spend: `+50`, `12.5`.
     #[arg(allow_hyphen_values = true)]

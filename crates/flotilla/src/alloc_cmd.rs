@@ -292,9 +292,13 @@ pub(crate) async fn alloc(cmd: AllocCmd) -> Result<()> {
 }
 
 fn state(q: &Queue) -> String {
-    match &q.paused {
+    let state = match &q.paused {
         Some(why) => format!("paused: {why}"),
         None => "active".into(),
+    };
+    match &q.too_long {
+        Some(_) => format!("{state} (tasks too long for it: see alloc info)"),
+        None => state,
     }
 }
 
@@ -361,6 +365,9 @@ fn print_queue(q: &Queue, json: bool) -> Result<()> {
     );
     if let Some(e) = &q.last_error {
         println!("last error   {e} ({} in a row)", q.failures);
+    }
+    if let Some(note) = &q.too_long {
+        println!("too long     {note}");
     }
     let mut t = crate::table::new(&["ALLOCATION", "STATE", ">WAITED", ">WORKERS", "LOG"]);
     for a in &q.allocations {

@@ -327,7 +327,8 @@ pub(crate) struct RunArgs {
 pub(crate) struct TraceArgs {
     #[command(flatten)]
     remote: RemoteArgs,
-    /// The job id.
+    /// The job id: `7` or `job-7`.
+    #[arg(value_parser = crate::cluster_cmd::job_number)]
     job: u64,
     /// Write it here instead of to stdout.
     #[arg(long, short)]
@@ -349,7 +350,8 @@ pub(crate) struct SubmitArgs {
 pub(crate) struct StatusArgs {
     #[command(flatten)]
     remote: RemoteArgs,
-    /// A job id; without it, every job and worker.
+    /// A job id (`7` or `job-7`); without it, every job and worker.
+    #[arg(value_parser = crate::cluster_cmd::job_number)]
     job: Option<u64>,
     /// Print JSON.
     #[arg(long)]
@@ -367,7 +369,8 @@ pub(crate) struct StatusArgs {
 pub(crate) struct JobArgs {
     #[command(flatten)]
     remote: RemoteArgs,
-    /// The job id.
+    /// The job id: `7` or `job-7`.
+    #[arg(value_parser = crate::cluster_cmd::job_number)]
     job: u64,
 }
 
@@ -375,7 +378,8 @@ pub(crate) struct JobArgs {
 pub(crate) struct LogsArgs {
     #[command(flatten)]
     remote: RemoteArgs,
-    /// The job id.
+    /// The job id: `7` or `job-7`.
+    #[arg(value_parser = crate::cluster_cmd::job_number)]
     job: u64,
     /// The task's name, e.g. tile[3].
     task: String,
@@ -1108,4 +1112,24 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
         server.wait().await?;
     }
     printed
+}
+
+/// A job id as the commands take it: its number (`flotilla submit` prints it) or the
+/// number as statuses and messages write it, `job-1`.
+pub(crate) fn job_number(s: &str) -> std::result::Result<u64, String> {
+    let n = s.strip_prefix("job-").unwrap_or(s);
+    n.parse()
+        .map_err(|_| format!("{s:?} is not a job id (a number, or job-NUMBER)"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_job_id_is_its_number_or_job_number() {
+        assert_eq!(super::job_number("7"), Ok(7));
+        assert_eq!(super::job_number("job-7"), Ok(7));
+        let e = super::job_number("job-x").expect_err("refused");
+        assert!(e.contains("\"job-x\" is not a job id"), "{e}");
+        assert!(super::job_number("task-7").is_err());
+    }
 }

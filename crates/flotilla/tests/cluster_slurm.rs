@@ -168,6 +168,27 @@ const ONE_AT_A_TIME: [&str; 10] = [
     "--worker-arg=none",
 ];
 
+/// One allocation at a time, of 1 minute, whose worker (one CPU) leaves at 45 s, starting
+/// its grace (2 s) + 15 s before: 28 s for tasks.
+const ONE_MINUTE: [&str; 16] = [
+    "--partition",
+    "debug",
+    "--time-limit",
+    "1m",
+    "--max-allocs",
+    "1",
+    "--backlog",
+    "1",
+    "--idle-timeout",
+    "30s",
+    "--worker-arg=--isolation",
+    "--worker-arg=none",
+    "--worker-arg=--cpus",
+    "--worker-arg=1",
+    "--worker-arg=--grace",
+    "--worker-arg=2s",
+];
+
 const LONG: Duration = Duration::from_secs(240);
 
 #[test]
@@ -331,27 +352,7 @@ fn workers_leave_before_their_allocation_ends_and_no_task_is_lost() {
     // 1-minute allocations: each worker leaves at 45 s, starting its grace + 15 s before.
     // One CPU each, tasks of 8 s: an allocation runs three or four, then the rest wait for
     // the next.
-    add(
-        &c,
-        &[
-            "--partition",
-            "debug",
-            "--time-limit",
-            "1m",
-            "--max-allocs",
-            "1",
-            "--backlog",
-            "1",
-            "--idle-timeout",
-            "30s",
-            "--worker-arg=--isolation",
-            "--worker-arg=none",
-            "--worker-arg=--cpus",
-            "--worker-arg=1",
-            "--worker-arg=--grace",
-            "--worker-arg=2s",
-        ],
-    );
+    add(&c, &ONE_MINUTE);
     let text = "name = \"long\"\n[[task]]\nid = \"t\"\narray = \"0..6\"\n\
                 cmd = [\"sh\", \"-c\", \"sleep 8; echo done > out-{i}.txt\"]\n\
                 outputs = [\"out-{i}.txt\"]\n";
@@ -375,4 +376,54 @@ fn workers_leave_before_their_allocation_ends_and_no_task_is_lost() {
         "{:?}",
         s.tasks
     );
+}
+
+/// A task longer than a worker of the queue ever has, with no checkpoint: its attempt is
+/// preempted as the first allocation's worker leaves, and from what it ran the coordinator
+/// learns it needs more than any allocation of the queue offers. The queue then asks for no
+/// allocation for it (rather than one after another, each cutting it again or sitting
+/// idle), says so in `alloc info`, and the task says why it waits.
+#[test]
+fn a_task_longer_than_every_allocation_is_not_given_allocation_after_allocation() {
+    let Some(slurm) = Slurm::start(16957) else {
+        return;
+    };
+    let c = slurm.cluster();
+    // 1-minute allocations: 28 s for tasks. Reactive: the round that first sees the
+    // allocation ended may have read the work before the cut (the task running, its
+    // runtime unknown), which the predictive rule would count as work to come.
+    let q = add(&c, &[&ONE_MINUTE[..], &["--rule", "reactive"]].concat());
+    let text = "name = \"endless\"\n[[task]]\nid = \"sim\"\ncmd = [\"sleep\", \"600\"]\n";
+    let job = c.submit_toml("endless.toml", text);
+    let q = wait_until("the queue to find the task too long", LONG, || {
+        let q = info(&c, q.id);
+        let ended = q
+            .allocations
+            .first()
+            .is_some_and(|a| a.state == AllocState::Ended);
+        (ended && q.too_long.is_some()).then_some(q)
+    });
+    // Seen ended in the round that would have asked for the next: none was.
+    assert_eq!(q.allocations.len(), 1, "{q:?}");
+    let note = q.too_long.clone().unwrap_or_default();
+    assert!(
+        note.starts_with("1 task(s) need more than the 28s"),
+        "{note}"
+    );
+    assert!(note.contains("/sim"), "{note}");
+    let s = c.status(job).expect("the job");
+    let t = &s.tasks[0];
+    let message = t.message.clone().unwrap_or_default();
+    assert!(
+        t.failures == 0 && message.contains("with no checkpoint"),
+        "{:?} {message}",
+        t.state
+    );
+    let out = c.cli(&["alloc", "info", &q.id.to_string()]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("too long     1 task(s)"),
+        "{out:?}"
+    );
+    let out = c.cli(&["cancel", &job.to_string()]);
+    assert!(out.status.success(), "{out:?}");
 }

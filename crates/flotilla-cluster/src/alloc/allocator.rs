@@ -10,6 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use flotilla_core::duration::format_duration;
+
 use parking_lot::Mutex;
 
 use super::pbs;
@@ -524,6 +526,7 @@ impl Allocator {
                         cpus: q.cpus_per_worker(),
                         gpus: q.spec.gpus_per_worker,
                         hw_class: q.learned_hw.clone(),
+                        time_s: Some(q.task_time_s()),
                     },
                 )
             })
@@ -602,6 +605,18 @@ impl Allocator {
             return;
         };
         let work = view.work.get(&q.id).cloned().unwrap_or_default();
+        q.too_long = work.longest.as_ref().map(|(name, needs)| {
+            let secs = |s: f64| format_duration(Duration::from_secs(s.ceil() as u64));
+            format!(
+                "{} task(s) need more than the {} a worker of its allocations has for tasks \
+                 (the longest, {name}, is taken to need {}, from an attempt preempted with no \
+                 checkpoint), so no allocation is asked for them; give them a checkpoint, or \
+                 add a queue with a longer --time-limit",
+                work.too_long,
+                secs(q.task_time_s()),
+                secs(*needs)
+            )
+        });
         let queue_wait_s = q.queue_wait_s();
         let future_cpus = mean_width(
             &work.left,
@@ -798,6 +813,7 @@ mod tests {
                     truncated: false,
                     deadline_s: None,
                     due_cpu_s: 0.0,
+                    ..WorkLeft::default()
                 },
             )]),
             workers: Vec::new(),
@@ -842,6 +858,39 @@ mod tests {
         assert_eq!(q.learned_hw.as_deref(), Some("cpu"));
         let reread = Queues::load(dir.path()).expect("saved");
         assert_eq!(reread.queues[&q.id], q);
+    }
+
+    #[test]
+    fn tasks_too_long_for_the_queue_ask_for_nothing_and_are_named() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let fake = Arc::new(Fake::default());
+        let a = allocator(dir.path(), fake.clone());
+        let q = a.add(spec("predictive")).expect("added");
+        let shapes = a.shapes();
+        assert_eq!(shapes[0].1.time_s, Some(q.task_time_s()));
+        // The core left the task out (it needs 75 minutes; allocations give an hour).
+        let mut view = CoreView::default();
+        view.work.insert(
+            q.id,
+            WorkLeft {
+                too_long: 1,
+                longest: Some(("job-1/sim".into(), 4500.0)),
+                ..WorkLeft::default()
+            },
+        );
+        a.round(&view);
+        assert!(fake.submitted.lock().is_empty());
+        let note = a.info(q.id).expect("q").too_long.expect("a note");
+        assert!(
+            note.starts_with(&format!(
+                "1 task(s) need more than the {} a worker",
+                format_duration(Duration::from_secs(q.task_time_s() as u64))
+            )) && note.contains("job-1/sim, is taken to need 1h15m"),
+            "{note}"
+        );
+        // Gone once no task is too long.
+        a.round(&CoreView::default());
+        assert!(a.info(q.id).expect("q").too_long.is_none());
     }
 
     #[test]

@@ -258,6 +258,11 @@ pub struct Queue {
     pub learned_hw: Option<String>,
     /// Allocations submitted so far (names the next batch script).
     pub submitted: u64,
+    /// The tasks waiting that need more time than one of its allocations offers (learned
+    /// from attempts preempted at their allocation's end with no checkpoint): it asks for
+    /// no allocation for them. `None`: no such task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub too_long: Option<String>,
 }
 
 impl Queue {
@@ -272,6 +277,29 @@ impl Queue {
             .cpus_per_worker
             .or(self.learned_cpus)
             .unwrap_or(1.0)
+    }
+
+    /// The seconds one of its workers has for tasks: its `--time-limit` in an allocation
+    /// ([`super::slurm::worker_time_limit`]) less its grace (`--grace` among the worker
+    /// arguments, or the default) and the time it starts leaving before
+    /// ([`crate::worker::LEAVE_EARLY`]).
+    pub fn task_time_s(&self) -> f64 {
+        let args = &self.spec.worker_args;
+        let grace = args
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a.strip_prefix("--grace") {
+                Some("") => args.get(i + 1).map(String::as_str),
+                Some(v) => v.strip_prefix('='),
+                None => None,
+            })
+            .next_back()
+            .and_then(|v| flotilla_core::duration::parse_duration(v).ok())
+            .unwrap_or(crate::worker::DEFAULT_GRACE);
+        let limit = std::time::Duration::from_secs(self.spec.time_limit_s);
+        super::slurm::worker_time_limit(limit)
+            .saturating_sub(grace + crate::worker::LEAVE_EARLY)
+            .as_secs_f64()
     }
 
     /// Its settings as the policy reads them.
@@ -553,6 +581,7 @@ impl Queues {
                 learned_cpus: None,
                 learned_hw: None,
                 submitted: 0,
+                too_long: None,
             },
         );
         id
@@ -598,6 +627,26 @@ mod tests {
             sbatch_args: Vec::new(),
             worker_args: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_worker_has_its_time_limit_less_its_grace_and_the_leaving_for_tasks() {
+        let mut qs = Queues::default();
+        let mut with = |args: &[&str], limit: u64| {
+            let mut sp = spec();
+            sp.time_limit_s = limit;
+            sp.worker_args = args.iter().map(|a| a.to_string()).collect();
+            let id = qs.add(sp, "t".into());
+            qs.get(id).expect("added").task_time_s()
+        };
+        // 1 h: the worker's limit is 59 m; less 30 s of default grace and 15 s.
+        assert_eq!(with(&[], 3600), 3540.0 - 45.0);
+        assert_eq!(with(&["--grace", "2m"], 3600), 3540.0 - 135.0);
+        assert_eq!(with(&["--cpus", "1", "--grace=5s"], 3600), 3540.0 - 20.0);
+        // 2 min: a quarter inside, 90 s; less 45 s.
+        assert_eq!(with(&[], 120), 45.0);
+        // Less than the grace: nothing.
+        assert_eq!(with(&["--grace", "10m"], 600), 0.0);
     }
 
     #[test]

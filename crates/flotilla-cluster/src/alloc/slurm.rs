@@ -71,9 +71,7 @@ pub const SLURM_IDS: &str = "\"$SLURM_JOB_ID-$SLURM_NODEID\"";
 /// quarter of it and at most 60 s inside the batch system's own, which also counts the
 /// start).
 pub fn worker_command(queue: &BatchQueue, launch: &WorkerLaunch, name: &str, ids: &str) -> String {
-    let inside = queue
-        .time_limit
-        .saturating_sub((queue.time_limit / 4).min(Duration::from_secs(60)));
+    let inside = worker_time_limit(queue.time_limit);
     let mut cmd = format!(
         "exec {} worker --server {} --token-file {} --name {}-{ids} \
          --work-dir {}/{ids} --data-listen 0.0.0.0:0 \
@@ -91,6 +89,12 @@ pub fn worker_command(queue: &BatchQueue, launch: &WorkerLaunch, name: &str, ids
         cmd.push_str(&shell_word(a));
     }
     cmd
+}
+
+/// A worker's `--time-limit` in an allocation of `limit`: a quarter of it and at most 60 s
+/// inside the batch system's own (which also counts the worker's start).
+pub fn worker_time_limit(limit: Duration) -> Duration {
+    limit.saturating_sub((limit / 4).min(Duration::from_secs(60)))
 }
 
 /// `HH:MM:SS` (days folded into hours), as `sbatch --time` takes it.

@@ -94,6 +94,9 @@ pub(crate) struct Job {
     /// Whether some of its tasks may ask for no CPU (they can be placed on workers whose
     /// CPUs are all taken).
     pub(crate) cpuless: bool,
+    /// Tasks whose longest attempt preempted with no checkpoint ran this many seconds: each
+    /// needs more ([`super::coordinator::CUT_MARGIN`]).
+    pub(crate) cut: HashMap<TaskId, f64>,
     pub(crate) id: JobId,
     pub(crate) name: String,
     pub(crate) dir: String,
@@ -243,6 +246,7 @@ impl Job {
         });
         Job {
             cpuless,
+            cut: HashMap::new(),
             id,
             name,
             dir,

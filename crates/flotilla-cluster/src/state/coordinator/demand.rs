@@ -23,6 +23,12 @@ pub struct WorkLeft {
     pub deadline_s: Option<f64>,
     /// CPU-seconds of the tasks in `left` whose jobs have a deadline.
     pub due_cpu_s: f64,
+    /// Tasks not ended that fit such a worker but need more time than one offers
+    /// ([`WorkerShape::time_s`]; an attempt cut with no checkpoint tells), left out of the
+    /// rest.
+    pub too_long: u64,
+    /// The one of them that needs the most: its name (`job-1/sim[4]`) and seconds.
+    pub longest: Option<(String, f64)>,
 }
 
 /// A batch queue's workers, as [`Coordinator::work_left`] reads them.
@@ -35,6 +41,8 @@ pub struct WorkerShape {
     /// Its hardware class, once one has joined (the model's key); else the classes of the
     /// live workers stand in.
     pub hw_class: Option<String>,
+    /// The longest a task may run on one (its allocation's time limit); `None`: no limit.
+    pub time_s: Option<f64>,
 }
 
 impl Coordinator {
@@ -42,7 +50,8 @@ impl Coordinator {
     /// the waiting CPUs, and at most `limit` tasks left timed by the performance model
     /// (`default_secs` where it knows nothing yet). A task whose every option asks more than
     /// the shape offers is left out (such a worker cannot run it; what depends on it is
-    /// laid out as if it could start at once).
+    /// laid out as if it could start at once). So is a task that needs more than such a
+    /// worker's whole time ([`WorkLeft::too_long`]).
     pub fn work_left(&self, shape: &WorkerShape, default_secs: f64, limit: usize) -> WorkLeft {
         const SLACK: f64 = 1e-9;
         let fits = |r: &flotilla_core::Resources| {
@@ -66,6 +75,36 @@ impl Coordinator {
             let Some(j) = self.jobs.get(job) else {
                 continue;
             };
+            // The tasks that need more than a worker of the shape offers.
+            let mut long: HashMap<TaskId, f64> = HashMap::new();
+            if let Some(limit) = shape.time_s {
+                for &t in j.cut.keys() {
+                    let needs = stand_ins
+                        .iter()
+                        .filter_map(|hw| self.needs(j, t, hw))
+                        .min_by(f64::total_cmp);
+                    let fits_one = j.options(t).iter().any(|(_, r)| fits(r));
+                    if let Some(needs) = needs.filter(|s| *s > limit && fits_one) {
+                        long.insert(t, needs);
+                    }
+                }
+            }
+            let ended = |t: TaskId| {
+                matches!(
+                    j.tasks[t.index()].state,
+                    TaskState::Done | TaskState::Failed | TaskState::Cancelled
+                )
+            };
+            for (&t, &needs) in &long {
+                if ended(t) {
+                    continue;
+                }
+                out.too_long += 1;
+                if out.longest.as_ref().is_none_or(|(_, s)| needs > *s) {
+                    let name = format!("{}/{}", j.id, j.graph.task(t).name);
+                    out.longest = Some((name, needs));
+                }
+            }
             // Per class: the CPUs of its first option that fits (None: it does not fit),
             // and its time.
             let mut classes: HashMap<usize, Option<(f64, f64)>> = HashMap::new();
@@ -86,7 +125,15 @@ impl Coordinator {
                     continue;
                 }
                 if let Some((cpus, _)) = class_of(TaskId::new(c.first)) {
-                    out.waiting_cpus += cpus * c.ready.len() as f64;
+                    let ready = if long.is_empty() {
+                        c.ready.len()
+                    } else {
+                        c.ready
+                            .iter()
+                            .filter(|&&i| !long.contains_key(&TaskId::new(i)))
+                            .count()
+                    };
+                    out.waiting_cpus += cpus * ready as f64;
                 }
             }
             if out.truncated {
@@ -99,15 +146,15 @@ impl Coordinator {
                 .map(|d| j.submitted.saturating_add(d.as_millis() as Millis));
             let mut at: HashMap<TaskId, usize> = HashMap::new();
             for &t in j.graph.topological_order() {
-                let state = j.tasks[t.index()].state;
-                if matches!(
-                    state,
-                    TaskState::Done | TaskState::Failed | TaskState::Cancelled
-                ) {
+                if ended(t) || long.contains_key(&t) {
                     continue;
                 }
                 let Some((cpus, secs)) = class_of(t) else {
                     continue;
+                };
+                let secs = match j.cut.get(&t) {
+                    Some(ran) => secs.max(ran * CUT_MARGIN),
+                    None => secs,
                 };
                 if out.left.len() >= limit {
                     out.truncated = true;

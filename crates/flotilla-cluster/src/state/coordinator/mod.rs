@@ -118,6 +118,13 @@ fn submission_key(tenant: &str, request_id: &str) -> String {
     format!("{tenant}\n{request_id}")
 }
 
+/// A task preempted with no checkpoint after running `s` seconds needs more: it is placed
+/// again on a worker that leaves only if that worker has `CUT_MARGIN × s` left, and a batch
+/// queue whose allocations are shorter does not ask for workers for it (without a margin a
+/// task cut at its allocation's end would start again on every next allocation, as each
+/// offers about what the last one did, and never finish).
+pub(crate) const CUT_MARGIN: f64 = 1.25;
+
 impl Coordinator {
     /// An empty coordinator.
     pub fn new(config: Config) -> Self {
@@ -200,8 +207,19 @@ impl Coordinator {
             return true;
         };
         let left_s = at.saturating_sub(self.now) as f64 / 1000.0;
-        self.predicted(j, t, &w.spec.hw_class)
+        self.needs(j, t, &w.spec.hw_class)
             .is_none_or(|secs| secs <= left_s)
+    }
+
+    /// The seconds task `t` of `j` is taken to need on `hw`: the performance model's, or
+    /// more where an attempt of it was preempted with no checkpoint after running longer
+    /// ([`CUT_MARGIN`] × that); `None`: nothing known.
+    pub(super) fn needs(&self, j: &Job, t: TaskId, hw: &str) -> Option<f64> {
+        let cut = j.cut.get(&t).map(|ran| ran * CUT_MARGIN);
+        match (self.predicted(j, t, hw), cut) {
+            (Some(p), Some(c)) => Some(p.max(c)),
+            (p, c) => p.or(c),
+        }
     }
 
     /// The id the next submitted job should get (ids are never reused, even after a restart:

@@ -337,7 +337,23 @@ impl Coordinator {
             return;
         }
         let from = if files > 0 {
+            // It moved on: what it needs now is less than it ran.
+            j.cut.remove(&t);
             format!("; resumes from its {files} checkpoint file(s)")
+        } else if usage.wall_seconds > 0.0 {
+            let ran = j.cut.entry(t).or_insert(0.0);
+            *ran = ran.max(usage.wall_seconds);
+            let secs = |s: f64| {
+                flotilla_core::duration::format_duration(std::time::Duration::from_secs(
+                    s.ceil() as u64
+                ))
+            };
+            format!(
+                " after {}, with no checkpoint: it goes to a worker that leaves only if that \
+                 worker has {} left",
+                secs(usage.wall_seconds),
+                secs(*ran * super::CUT_MARGIN)
+            )
         } else {
             String::new()
         };

@@ -561,6 +561,7 @@ resources = { cpus = 64 }
         cpus: 4.0,
         gpus: 0.0,
         hw_class: Some("node".into()),
+        time_s: None,
     };
     let w = sim.c.work_left(&shape, 60.0, 100);
     // `a` waits (2 CPUs); `big` fits no such worker; `b` follows `a`, its time unknown.
@@ -633,4 +634,79 @@ fn tasks_queued_on_a_leaving_worker_that_would_outlast_it_are_taken_back() {
     let a = assigns(&out);
     assert_eq!(a.len(), 2);
     assert!(a.iter().all(|(w, _)| *w == other));
+}
+
+#[test]
+fn a_task_cut_at_its_allocations_end_with_no_checkpoint_needs_more_than_it_ran() {
+    let mut sim = Sim::new(0);
+    // A task of a runtime not known yet, on an allocation's worker with 100 s left.
+    let first = sim.join_leaving(wspec(1.0, &[]), 100_000);
+    let (job, _) = sim.submit("name = \"cut\"\n[[task]]\nid = \"sim\"\ncmd = [\"true\"]\n");
+    let t = sim.tref(job, "sim");
+    assert_eq!(sim.state(job, "sim"), TaskState::Assigned);
+    // The allocation ends: the attempt is preempted after 95 s, with no checkpoint.
+    sim.now += 95_000;
+    let preempted = AttemptOutcome::Preempted {
+        checkpoint: Vec::new(),
+    };
+    sim.finish_with(first, t, 1, preempted, Vec::new(), None, 95.0);
+    sim.ev(Event::WorkerLost {
+        worker: first,
+        reason: "its allocation ended".into(),
+    });
+    assert_eq!(sim.state(job, "sim"), TaskState::Ready);
+    let status = sim.c.job_status(job).expect("known job");
+    let message = status.tasks[t.task.index()]
+        .message
+        .clone()
+        .unwrap_or_default();
+    // 1.25 × 95 s, rounded up.
+    assert!(
+        message.contains("after 1m35s, with no checkpoint") && message.contains("1m59s left"),
+        "{message}"
+    );
+
+    // A batch queue whose allocations offer less asks for nothing, and says why; one with
+    // longer allocations counts it with the time it needs.
+    let shape = |time_s: f64| WorkerShape {
+        cpus: 1.0,
+        gpus: 0.0,
+        hw_class: Some("cpu".into()),
+        time_s: Some(time_s),
+    };
+    let short = sim.c.work_left(&shape(110.0), 60.0, 100);
+    assert_eq!(
+        (short.waiting_cpus, short.left.len()),
+        (0.0, 0),
+        "{short:?}"
+    );
+    assert_eq!(short.too_long, 1);
+    let (name, needs) = short.longest.expect("the longest");
+    assert!(
+        name.ends_with("/sim") && needs == 95.0 * super::coordinator::CUT_MARGIN,
+        "{name} {needs}"
+    );
+    let long = sim.c.work_left(&shape(600.0), 60.0, 100);
+    assert_eq!((long.waiting_cpus, long.too_long), (1.0, 0), "{long:?}");
+    assert_eq!(long.left[0].secs, 95.0 * super::coordinator::CUT_MARGIN);
+
+    // The next allocation's worker offers about what the last did: not taken there.
+    let next = sim.join_leaving(wspec(1.0, &[]), 105_000);
+    assert_eq!(sim.state(job, "sim"), TaskState::Ready);
+    // One with 2 minutes (more than 1.25 × 95 s) takes it.
+    let roomy = sim.join_leaving(wspec(1.0, &[]), 120_000);
+    assert_eq!(sim.state(job, "sim"), TaskState::Assigned);
+    assert!(next != roomy);
+    // Preempted there with a checkpoint, it has moved on: what it ran is no bound now.
+    sim.now += 110_000;
+    let checkpoint = AttemptOutcome::Preempted {
+        checkpoint: vec![ObjectRef {
+            path: "s.ckpt".into(),
+            hash: "c".repeat(64),
+            size: 1,
+        }],
+    };
+    sim.finish_with(roomy, t, 2, checkpoint, Vec::new(), None, 110.0);
+    let w = sim.c.work_left(&shape(110.0), 60.0, 100);
+    assert_eq!((w.too_long, w.left.len()), (0, 1), "{w:?}");
 }

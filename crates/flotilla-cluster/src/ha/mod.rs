@@ -222,10 +222,50 @@ pub struct Node {
     objects: Arc<network::ObjectPeers>,
     /// This node's object store as the group port writes it (copies from the leader).
     store: Arc<crate::objects::ObjectStore>,
+    /// Whether it takes part in the group (`None` until known; see [`Node::admitted`]).
+    admission: watch::Receiver<Option<std::result::Result<(), String>>>,
 }
 
 fn raft_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
     ClusterError::Config(format!("the group: {what}: {e}"))
+}
+
+/// Sets this node up in the group: a blank node first asks the others whether it may
+/// ([`refuse_if_held`]; its group port takes Raft's messages once it may); then a founder
+/// whose Raft is not initialized initializes it with `--peers` (every founder does, with
+/// the same members: whichever is first, the others' attempts are refused as done).
+async fn take_part(
+    raft: &Raft,
+    config: &GroupConfig,
+    (blank, admitted): (bool, &std::sync::atomic::AtomicBool),
+    state_dir: &Path,
+    token: &str,
+    ca: Option<&[u8]>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<()> {
+    if blank {
+        if !refuse_if_held(config, state_dir, token, ca, stop).await? {
+            return Ok(()); // stopping
+        }
+        admitted.store(true, std::sync::atomic::Ordering::Release);
+    }
+    let initialized = raft
+        .is_initialized()
+        .await
+        .map_err(|e| raft_err("state", e))?;
+    if !initialized && !config.join {
+        let members: BTreeMap<NodeId, BasicNode> = config
+            .peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as NodeId + 1, BasicNode::new(p)))
+            .collect();
+        match raft.initialize(members).await {
+            Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+            Err(e) => return Err(raft_err("initialize", e)),
+        }
+    }
+    Ok(())
 }
 
 /// A node starting with nothing on disk asks the others whether it has held the group's
@@ -233,14 +273,15 @@ fn raft_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
 /// has: its log and its vote are lost, and Raft's promises rest on every node keeping
 /// them (a node that forgot what it acknowledged can make a majority that lacks a
 /// committed entry). Waits until another node answers: a group whose nodes all start
-/// blank answers itself, each node answering before it takes part.
+/// blank answers itself, each node answering before it takes part. `Ok(false)`: stopped
+/// before an answer came.
 async fn refuse_if_held(
     config: &GroupConfig,
     state_dir: &Path,
     token: &str,
     ca: Option<&[u8]>,
     stop: &mut watch::Receiver<bool>,
-) -> Result<()> {
+) -> Result<bool> {
     let me = config.node_id;
     let others: Vec<(NodeId, String)> = config
         .peers
@@ -268,7 +309,7 @@ async fn refuse_if_held(
             )));
         }
         if answers.iter().any(|(_, r)| r.is_ok()) {
-            return Ok(());
+            return Ok(true);
         }
         if !told {
             tracing::warn!(
@@ -282,9 +323,7 @@ async fn refuse_if_held(
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             r = stop.changed() => {
                 if r.is_err() || *stop.borrow() {
-                    return Err(ClusterError::Config(
-                        "stopped before another node of the group answered".into(),
-                    ));
+                    return Ok(false);
                 }
             }
         }
@@ -456,27 +495,25 @@ impl Node {
             }
         });
         tracing::info!(node = config.node_id, %at, "group port listening");
-        if blank {
-            refuse_if_held(&config, state_dir, token, peer_ca.as_deref(), &mut stop).await?;
-            admitted.store(true, std::sync::atomic::Ordering::Release);
-        }
-        let initialized = raft
-            .is_initialized()
-            .await
-            .map_err(|e| raft_err("state", e))?;
-        if !initialized && !config.join {
-            let members: BTreeMap<NodeId, BasicNode> = config
-                .peers
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (i as NodeId + 1, BasicNode::new(p)))
-                .collect();
-            // Every node initializes with the same members: whichever does first, the
-            // others' attempts are refused as already done.
-            match raft.initialize(members).await {
-                Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
-                Err(e) => return Err(raft_err("initialize", e)),
-            }
+        // Taking part (after asking the others, when blank) goes on in the background:
+        // the nodes of a new group may be started one after another.
+        let (admission_tx, admission) = watch::channel(None);
+        {
+            let (raft, config, state_dir) = (raft.clone(), config.clone(), state_dir.to_owned());
+            let (token, mut stop) = (token.to_string(), stop.clone());
+            tokio::spawn(async move {
+                let r = take_part(
+                    &raft,
+                    &config,
+                    (blank, &admitted),
+                    &state_dir,
+                    &token,
+                    peer_ca.as_deref(),
+                    &mut stop,
+                )
+                .await;
+                let _ = admission_tx.send(Some(r.map_err(|e| e.to_string())));
+            });
         }
         // The nodes uploads and task logs are copied to follow the group's members (added
         // and removed with `flotilla admin group`); `--peers` until the group is set up.
@@ -555,7 +592,20 @@ impl Node {
             handle: tokio::runtime::Handle::current(),
             objects,
             store,
+            admission,
         }))
+    }
+
+    /// Waits until this node takes part in the group: `Err` when it may not (it held the
+    /// log and its state is gone) or its Raft could not be set up.
+    pub async fn admitted(&self) -> Result<()> {
+        let mut rx = self.admission.clone();
+        let r = rx
+            .wait_for(Option::is_some)
+            .await
+            .map(|r| r.clone())
+            .map_err(|_| ClusterError::Config("the group's start-up task ended".into()))?;
+        r.unwrap_or(Ok(())).map_err(ClusterError::Config)
     }
 
     /// Copies an object this node (the leader) was given to the others; returns once a

@@ -325,6 +325,8 @@ async fn lead_and_follow(
                 .and_then(|n| n.parse::<u32>().ok())
         })
         .unwrap_or(0);
+    // Refused (it held the log and its state is gone): the server stops, saying why.
+    node.admitted().await?;
     loop {
         let Some(mut journal) = node.lead(&mut stopping).await? else {
             return Ok(());

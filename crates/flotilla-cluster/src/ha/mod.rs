@@ -308,14 +308,26 @@ async fn refuse_if_held(
                 state_dir.display()
             )));
         }
-        if answers.iter().any(|(_, r)| r.is_ok()) {
+        // A node of an older version cannot tell (it keeps no such record): an answer too.
+        if answers
+            .iter()
+            .any(|(_, r)| matches!(r, Ok(_) | Err(network::NoAnswer::Older)))
+        {
             return Ok(true);
         }
         if !told {
+            let why: Vec<String> = answers
+                .iter()
+                .filter_map(|(id, r)| match r {
+                    Err(network::NoAnswer::Unreachable(why)) => Some(format!("node {id}: {why}")),
+                    _ => None,
+                })
+                .collect();
             tracing::warn!(
                 node = me,
                 "this node starts with an empty state folder: waiting for another node of \
-                 the group to say whether it held the group's log before"
+                 the group to say whether it held the group's log before ({})",
+                why.join("; ")
             );
             told = true;
         }
@@ -333,9 +345,17 @@ async fn refuse_if_held(
 /// While this node leads: commits the members that have held the log
 /// ([`Payload::Held`]) whenever it changes: a member is added once the leader has seen it
 /// acknowledge an entry, and dropped once it is no longer a member (removed, it may be
-/// added again under its id with an empty state folder).
-async fn record_held(raft: Raft, sm: StateMachine, me: NodeId, mut stop: watch::Receiver<bool>) {
+/// added again under its id with an empty state folder). Not while a member runs an older
+/// flotilla, which could not read the entry (a rolling upgrade): it asks every member
+/// first, again at most every 30 s.
+async fn record_held(
+    (raft, sm): (Raft, StateMachine),
+    me: NodeId,
+    (token, ca): (String, Option<Vec<u8>>),
+    mut stop: watch::Receiver<bool>,
+) {
     let mut metrics = raft.metrics();
+    let mut older_until: Option<tokio::time::Instant> = None;
     loop {
         let want = {
             let m = metrics.borrow_and_update();
@@ -354,10 +374,38 @@ async fn record_held(raft: Raft, sm: StateMachine, me: NodeId, mut stop: watch::
                         want.insert(*id);
                     }
                 }
-                (want != had).then_some(want)
+                let others: Vec<(NodeId, String)> = m
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .filter(|(id, _)| **id != me)
+                    .map(|(id, n)| (*id, group_addr(&n.addr).unwrap_or_else(|| n.addr.clone())))
+                    .collect();
+                (want != had).then_some((want, others))
             })
         };
-        if let Some(want) = want.flatten() {
+        let waiting = older_until.is_some_and(|t| tokio::time::Instant::now() < t);
+        if let Some((want, others)) = want.flatten().filter(|_| !waiting) {
+            let asked = futures::future::join_all(others.iter().map(|(id, addr)| {
+                let (token, ca) = (&token, ca.as_deref());
+                async move { (*id, network::ask_held(addr, ca, token, me).await) }
+            }))
+            .await;
+            if let Some((old, _)) = asked
+                .iter()
+                .find(|(_, r)| matches!(r, Err(network::NoAnswer::Older)))
+            {
+                if older_until.is_none() {
+                    tracing::warn!(
+                        node = old,
+                        "a member runs an older flotilla: the members that held the log are \
+                         recorded once every member is upgraded"
+                    );
+                }
+                older_until = Some(tokio::time::Instant::now() + Duration::from_secs(30));
+                continue;
+            }
+            older_until = None;
             let ids: Vec<NodeId> = want.into_iter().collect();
             match raft.client_write(Payload::Held(ids.clone())).await {
                 Ok(_) => tracing::debug!(?ids, "the members that held the log"),
@@ -500,7 +548,7 @@ impl Node {
         let (admission_tx, admission) = watch::channel(None);
         {
             let (raft, config, state_dir) = (raft.clone(), config.clone(), state_dir.to_owned());
-            let (token, mut stop) = (token.to_string(), stop.clone());
+            let (token, mut stop, ca) = (token.to_string(), stop.clone(), peer_ca.clone());
             tokio::spawn(async move {
                 let r = take_part(
                     &raft,
@@ -508,7 +556,7 @@ impl Node {
                     (blank, &admitted),
                     &state_dir,
                     &token,
-                    peer_ca.as_deref(),
+                    ca.as_deref(),
                     &mut stop,
                 )
                 .await;
@@ -558,9 +606,9 @@ impl Node {
         });
         // The leader records which members have held the log (see `refuse_if_held`).
         tokio::spawn(record_held(
-            raft.clone(),
-            sm.clone(),
+            (raft.clone(), sm.clone()),
             config.node_id,
+            (token.to_string(), peer_ca.clone()),
             stop.clone(),
         ));
         // A follower's compaction finishes at the next entry it applies, or here when the

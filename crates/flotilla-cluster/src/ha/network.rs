@@ -211,27 +211,45 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
-/// Asks the node whose group port is `addr` whether node `id` has held the group's log;
-/// `Err`: no answer (down, unreachable, another token).
+/// Why [`ask_held`] got no yes or no.
+#[derive(Debug)]
+pub(super) enum NoAnswer {
+    /// The node runs an older flotilla, which does not know the question (nor the record).
+    Older,
+    /// Down, unreachable, another token...: why.
+    Unreachable(String),
+}
+
+/// Asks the node whose group port is `addr` whether node `id` has held the group's log.
 pub(super) async fn ask_held(
     addr: &str,
     ca: Option<&[u8]>,
     token: &str,
     id: NodeId,
-) -> Result<bool, String> {
-    let mut client = connect(addr, ca).await?;
-    let body = postcard::to_allocvec(&Rpc::Held(id)).map_err(|e| e.to_string())?;
+) -> Result<bool, NoAnswer> {
+    let mut client = connect(addr, ca).await.map_err(NoAnswer::Unreachable)?;
+    let body =
+        postcard::to_allocvec(&Rpc::Held(id)).map_err(|e| NoAnswer::Unreachable(e.to_string()))?;
     let req = framed(body, Duration::from_secs(2), &format!("Bearer {token}"));
-    let r = client
-        .call(req)
-        .await
-        .map_err(|s| s.message().to_string())?;
-    match postcard::from_bytes(&r.into_inner().body).map_err(|e| e.to_string())? {
-        Reply::Held(held) => Ok(held),
-        Reply::Refused(why) => Err(why),
-        _ => Err("a reply of another kind".into()),
+    let r = client.call(req).await.map_err(|s| {
+        // What `Service::call` answers to a message it cannot decode.
+        if s.code() == tonic::Code::InvalidArgument && s.message().starts_with(UNDECODED) {
+            NoAnswer::Older
+        } else {
+            NoAnswer::Unreachable(s.message().to_string())
+        }
+    })?;
+    match postcard::from_bytes(&r.into_inner().body) {
+        Ok(Reply::Held(held)) => Ok(held),
+        Ok(Reply::Refused(why)) => Err(NoAnswer::Unreachable(why)),
+        Ok(_) => Err(NoAnswer::Unreachable("a reply of another kind".into())),
+        Err(e) => Err(NoAnswer::Unreachable(e.to_string())),
     }
 }
+
+/// How [`Service::call`] refuses a message it cannot decode (one of a newer version). The
+/// words every version so far has used: keep them.
+const UNDECODED: &str = "a group message";
 
 /// Whether `path` names a task log as the coordinator writes them:
 /// `logs/JOB/TASK.ATTEMPT.out` or `.err`, numbers only (nothing else may be written).
@@ -294,7 +312,7 @@ impl crate::proto::group_server::Group for Service {
         req: tonic::Request<GroupFrame>,
     ) -> Result<tonic::Response<GroupFrame>, tonic::Status> {
         let rpc: Rpc = postcard::from_bytes(&req.get_ref().body)
-            .map_err(|e| tonic::Status::invalid_argument(format!("a group message: {e}")))?;
+            .map_err(|e| tonic::Status::invalid_argument(format!("{UNDECODED}: {e}")))?;
         let raft_rpc = matches!(rpc, Rpc::Append(_) | Rpc::Vote(_) | Rpc::Snapshot(_));
         if raft_rpc && !self.admitted.load(std::sync::atomic::Ordering::Acquire) {
             let body = postcard::to_allocvec(&Reply::Refused(
@@ -537,6 +555,48 @@ impl ObjectPeers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node of an older version: every message it cannot decode is refused as
+    /// [`Service::call`] refuses it (`Rpc::Held` is one).
+    struct Older;
+
+    #[tonic::async_trait]
+    impl crate::proto::group_server::Group for Older {
+        async fn call(
+            &self,
+            _req: tonic::Request<GroupFrame>,
+        ) -> Result<tonic::Response<GroupFrame>, tonic::Status> {
+            Err(tonic::Status::invalid_argument(
+                "a group message: Found an enum variant discriminant that was not expected",
+            ))
+        }
+    }
+
+    #[test]
+    fn an_older_node_is_told_apart_from_one_that_does_not_answer() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = l.local_addr().expect("address").to_string();
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(crate::proto::group_server::GroupServer::new(Older))
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+            );
+            let r = ask_held(&addr, None, "token", 3).await;
+            assert!(matches!(r, Err(NoAnswer::Older)), "{r:?}");
+            let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let addr = gone.local_addr().expect("address").to_string();
+            drop(gone);
+            let r = ask_held(&addr, None, "token", 3).await;
+            assert!(matches!(r, Err(NoAnswer::Unreachable(_))), "{r:?}");
+        });
+    }
 
     #[test]
     fn only_task_log_paths_are_appended_to() {

@@ -374,14 +374,17 @@ async fn record_held(
                         want.insert(*id);
                     }
                 }
-                let others: Vec<(NodeId, String)> = m
-                    .membership_config
-                    .membership()
-                    .nodes()
-                    .filter(|(id, _)| **id != me)
-                    .map(|(id, n)| (*id, group_addr(&n.addr).unwrap_or_else(|| n.addr.clone())))
-                    .collect();
-                (want != had).then_some((want, others))
+                // Built only on a change (this runs at every entry the leader commits).
+                (want != had).then(|| {
+                    let others: Vec<(NodeId, String)> = m
+                        .membership_config
+                        .membership()
+                        .nodes()
+                        .filter(|(id, _)| **id != me)
+                        .map(|(id, n)| (*id, group_addr(&n.addr).unwrap_or_else(|| n.addr.clone())))
+                        .collect();
+                    (want, others)
+                })
             })
         };
         let waiting = older_until.is_some_and(|t| tokio::time::Instant::now() < t);

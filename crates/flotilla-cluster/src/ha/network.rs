@@ -324,7 +324,19 @@ impl crate::proto::group_server::Group for Service {
             return Ok(tonic::Response::new(GroupFrame { body }));
         }
         let reply = match rpc {
-            Rpc::Held(id) => Reply::Held(self.sm.held().contains(&id)),
+            // A member that held it: once removed (its membership change is in the log of
+            // every node of the majority that committed it), it may be added again blank.
+            Rpc::Held(id) => {
+                let member = self
+                    .raft
+                    .metrics()
+                    .borrow()
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .any(|(n, _)| *n == id);
+                Reply::Held(member && self.sm.held().contains(&id))
+            }
             Rpc::Append(r) => match self.raft.append_entries(r).await {
                 Ok(r) => Reply::Append(r),
                 Err(e) => Reply::Refused(e.to_string()),

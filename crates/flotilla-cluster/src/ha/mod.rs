@@ -290,7 +290,7 @@ async fn refuse_if_held(
         .map(|(i, p)| (i as NodeId + 1, group_addr(p).unwrap_or_else(|| p.clone())))
         .filter(|(id, _)| *id != me)
         .collect();
-    let mut told = false;
+    let (mut told, mut rounds) = (false, 0u32);
     loop {
         let answers =
             futures::future::join_all(others.iter().map(|(id, addr)| async move {
@@ -331,8 +331,12 @@ async fn refuse_if_held(
             );
             told = true;
         }
+        // Often at first: the nodes of a new group start together, and one that has not
+        // taken part when the others go on cannot vote.
+        rounds += 1;
+        let pause = if rounds <= 20 { 100 } else { 500 };
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = tokio::time::sleep(Duration::from_millis(pause)) => {}
             r = stop.changed() => {
                 if r.is_err() || *stop.borrow() {
                     return Ok(false);

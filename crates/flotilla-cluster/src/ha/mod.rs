@@ -290,14 +290,19 @@ async fn refuse_if_held(
         .map(|(i, p)| (i as NodeId + 1, group_addr(p).unwrap_or_else(|| p.clone())))
         .filter(|(id, _)| *id != me)
         .collect();
-    let (mut told, mut rounds) = (false, 0u32);
+    const HELD_ROUNDS: u32 = 10;
+    let (mut told, mut rounds, mut held_rounds) = (false, 0u32, 0u32);
     loop {
         let answers =
             futures::future::join_all(others.iter().map(|(id, addr)| async move {
                 (*id, network::ask_held(addr, ca, token, me).await)
             }))
             .await;
-        if let Some((by, _)) = answers.iter().find(|(_, r)| matches!(r, Ok(true))) {
+        // Said for a second in a row (a node just removed, to be added again under its
+        // id, is still a member for a moment in the others' view).
+        let said = answers.iter().find(|(_, r)| matches!(r, Ok(true)));
+        held_rounds = if said.is_some() { held_rounds + 1 } else { 0 };
+        if let Some((by, _)) = said.filter(|_| held_rounds >= HELD_ROUNDS) {
             return Err(ClusterError::Config(format!(
                 "node {me} has held the group's log (node {by} says so), but its state folder \
                  {} holds none: a node that lost its state may not take part again under its \
@@ -309,9 +314,10 @@ async fn refuse_if_held(
             )));
         }
         // A node of an older version cannot tell (it keeps no such record): an answer too.
-        if answers
-            .iter()
-            .any(|(_, r)| matches!(r, Ok(_) | Err(network::NoAnswer::Older)))
+        if said.is_none()
+            && answers
+                .iter()
+                .any(|(_, r)| matches!(r, Ok(_) | Err(network::NoAnswer::Older)))
         {
             return Ok(true);
         }

@@ -41,7 +41,8 @@ pub struct WorkerShape {
     /// Its hardware class, once one has joined (the model's key); else the classes of the
     /// live workers stand in.
     pub hw_class: Option<String>,
-    /// The longest a task may run on one (its allocation's time limit); `None`: no limit.
+    /// The longest a task may run on one (`Queue::task_time_s`: its limit in the allocation
+    /// less its grace and leaving); `None`: no limit.
     pub time_s: Option<f64>,
 }
 

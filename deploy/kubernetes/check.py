@@ -654,11 +654,14 @@ def check_adapter_values(repo, here, metrics, states):
 
 def check_containerfile(repo, objs_all):
     path = repo / "Containerfile"
-    where = "Containerfile (static checks; not built here)"
+    where = "Containerfile (static checks; deploy/container/check.sh builds and runs it)"
     if not check(path.exists(), f"{where}: exists"):
         return
     text = path.read_text()
-    froms = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M | re.I)
+    # The base images are ARGs (a mirror may override them): read FROM with their defaults.
+    args = dict(re.findall(r"^ARG\s+(\w+)=(\S+)", text, re.M))
+    froms = [(re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), f), a)
+             for f, a in re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M | re.I)]
     check(any("rust:" in f and "bookworm" in f and a == "builder" for f, a in froms), f"{where}: a rust:*-bookworm builder stage")
     check(re.search(r"cargo build --release --locked -p flotilla\b", text), f"{where}: cargo build --release --locked -p flotilla")
     check(any("debian:bookworm-slim" in f for f, _ in froms), f"{where}: a debian:bookworm-slim runtime stage")

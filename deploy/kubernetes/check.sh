@@ -11,7 +11,8 @@
 #      it should (the gpu overlay a container requesting nvidia.com/gpu, cpu-only none), the
 #      flags exist (docs/cli.md), the autoscaler's metric exists (the coordinator's http.rs),
 #      selectors, ports, Secrets, the worker's grace against the pod's, security settings;
-#   4. static checks of the Containerfile (no container engine here: it is not built).
+#   4. static checks of the Containerfile (deploy/container/check.sh builds the image and runs
+#      it as these manifests do).
 # Exits non-zero on any failure. Needs: bash, python3 (with venv), kubectl whose kustomize is
 # v5 or later (kubectl >= 1.27), and PyPI for the first run (later runs reuse the venv).
 #   deploy/kubernetes/check.sh

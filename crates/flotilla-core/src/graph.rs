@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{CoreError, JobError, Problem, Result};
 use crate::ids::TaskId;
-use crate::job::{Group, JobSpec, TaskBody, INDEX_PLACEHOLDER};
+use crate::job::{Group, JobSpec, Staging, TaskBody, INDEX_PLACEHOLDER};
 use crate::resources::Resources;
 use crate::source::Locator;
 use crate::validate::find_cycle;
@@ -517,7 +517,18 @@ pub(crate) fn expand(spec: &JobSpec) -> Result<TaskGraph> {
                 base: task.id.clone(),
                 index,
                 kind,
-                inputs: substitute_all(&task.inputs, i),
+                inputs: {
+                    let mut inputs = substitute_all(&task.inputs, i);
+                    // A WASM module is the task's program, a file of the job folder (or an
+                    // earlier task's output): in transfer staging it travels as an input,
+                    // listed or not (a process's program is the worker's).
+                    if let (Staging::Transfer, TaskBody::Wasm(w)) = (spec.staging, &task.body) {
+                        if !inputs.contains(&w.module) {
+                            inputs.push(w.module.clone());
+                        }
+                    }
+                    inputs
+                },
                 outputs: substitute_all(&task.outputs, i),
                 checkpoint: substitute_all(&task.checkpoint, i),
                 resources: resources.clone(),

@@ -1042,3 +1042,28 @@ fn checkpoint_patterns_expand_per_index_and_stay_in_the_job_folder() {
         "..",
     );
 }
+
+#[test]
+fn in_transfer_staging_a_wasm_module_travels_as_an_input_of_its_task() {
+    let text = |staging: &str| {
+        format!(
+            "name = \"j\"\nstaging = \"{staging}\"\n\n[[task]]\nid = \"w\"\nwasm = \"m.wasm\"\n\
+             inputs = [\"data.csv\"]\n\n[[task]]\nid = \"listed\"\nwasm = \"m.wasm\"\n\
+             inputs = [\"m.wasm\"]\n\n[[task]]\nid = \"p\"\ncmd = [\"true\"]\n"
+        )
+    };
+    let g = parse_job(&text("transfer"), "j.toml")
+        .unwrap()
+        .expand()
+        .unwrap();
+    let inputs = |name: &str| g.task(g.by_name(name).unwrap()).inputs.clone();
+    assert_eq!(inputs("w"), vec!["data.csv", "m.wasm"]);
+    assert_eq!(inputs("listed"), vec!["m.wasm"], "listed once, not twice");
+    assert!(inputs("p").is_empty());
+    // Shared staging: the module is read where it is; nothing travels.
+    let g = parse_job(&text("shared"), "j.toml")
+        .unwrap()
+        .expand()
+        .unwrap();
+    assert_eq!(g.task(g.by_name("w").unwrap()).inputs, vec!["data.csv"]);
+}

@@ -6,7 +6,8 @@
 # (shell tasks in an array, a task that joins their outputs, a WASM task) and gathers its
 # outputs, then a second job during which one worker is stopped as a pod eviction stops it
 # (SIGTERM through tini, then a grace period): its task must finish on the other worker with no
-# retry counted, and the stopped worker must exit cleanly.
+# retry counted, and the stopped worker must exit cleanly. Last, a worker allowed to make
+# user namespaces runs a task in a bubblewrap sandbox, with --isolation required.
 #
 #   bash deploy/container/smoke.sh [IMAGE]        # default flotilla:0.1.0; ENGINE=podman works too
 #
@@ -26,12 +27,12 @@ fail() { printf 'FAILED: %s\n' "$*" >&2; exit 1; }
 cleanup() {
   local rc=$?
   if [ "$rc" -ne 0 ]; then
-    for c in coord w1 w2; do
+    for c in coord w1 w2 w3; do
       echo "--- last log lines of $tag-$c" >&2
       "$engine" logs --tail 30 "$tag-$c" >&2 2>&1 || true
     done
   fi
-  "$engine" rm -f "$tag-coord" "$tag-w1" "$tag-w2" >/dev/null 2>&1 || true
+  "$engine" rm -f "$tag-coord" "$tag-w1" "$tag-w2" "$tag-w3" >/dev/null 2>&1 || true
   "$engine" volume rm "$tag-state" "$tag-w1" "$tag-w2" >/dev/null 2>&1 || true
   "$engine" network rm "$tag" >/dev/null 2>&1 || true
   rm -rf "$work"
@@ -191,4 +192,34 @@ for t in job["tasks"]:
     assert t["failures"] == 0, "a preempted attempt was counted as a failure"
     assert where == "w2", "a task ended on the stopped worker"
 assert any(t["attempts"] >= 2 for t in job["tasks"]), "no task was preempted"'
+
+say "a worker with task sandboxes: user namespaces allowed, /proc unmasked"
+# What docs/kubernetes.md ("Security") says a pod needs for sandboxes: a seccomp profile that
+# lets bubblewrap make user namespaces, and an unmasked /proc (Kubernetes: procMount Unmasked)
+# so that it can mount one for the task's PID namespace. With --isolation required the worker
+# refuses to start without them; its task sees bubblewrap, not tini, as its PID 1.
+unmask=(--security-opt systempaths=unconfined)
+case "$(basename "$engine")" in podman*) unmask=(--security-opt unmask=ALL) ;; esac
+"$engine" stop -t 60 "$tag-w2" >/dev/null
+"$engine" run -d --name "$tag-w3" --network "$tag" --hostname node-w3 "${locked[@]}" \
+  --security-opt seccomp=unconfined "${unmask[@]}" \
+  -v "$work/worker/token:/etc/flotilla/worker/token:ro" \
+  -e FLOTILLA_SERVER=coord:7070 -e HOME=/tmp -e FLOTILLA_LOG=info --entrypoint tini "$image" -- \
+  flotilla worker --name w3 --token-file /etc/flotilla/worker/token --data-listen 0.0.0.0:7071 \
+  --work-dir /tmp/work --cpus 1 --mem 1GiB --gpus none --isolation required >/dev/null
+mkdir -p "$work/job3"
+cat > "$work/job3/job.toml" <<'TOML'
+name = "container-sandbox"
+staging = "transfer"
+
+[[task]]
+id = "where"
+cmd = ["sh", "-c", "cat /proc/1/comm > pid1.txt"]
+outputs = ["pid1.txt"]
+TOML
+chown -R "$uid:$uid" "$work/job3"
+client -v "$work/job3:/job" "$image" submit /job/job.toml --token-file /etc/flotilla/admin/token --wait
+pid1=$(cat "$work/job3/pid1.txt")
+echo "the task's PID 1: $pid1"
+[ "$pid1" = bwrap ] || fail "the task ran outside a sandbox (its PID 1 is '$pid1')"
 say "passed"

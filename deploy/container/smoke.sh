@@ -144,9 +144,54 @@ assert len(ran) == 2, "one worker ran everything"'
 "$engine" exec "$tag-coord" flotilla logs "${admin[@]}" 1 hello | tee "$work/hello.out"
 grep -q 'hello from wasm' "$work/hello.out" || fail "the WASM task's output is not in its log"
 
-say "a worker stopped mid-task, as a pod eviction stops it"
+say "the coordinator's container restarted mid-job, as a StatefulSet's pod restarts"
 mkdir -p "$work/job2"
 cat > "$work/job2/job.toml" <<'TOML'
+name = "container-restart"
+staging = "transfer"
+
+[[task]]
+id = "slow"
+array = "0..2"
+cmd = ["sh", "-c", "sleep 4 && echo {i} > out-{i}.txt"]
+outputs = ["out-{i}.txt"]
+TOML
+chown -R "$uid:$uid" "$work/job2"
+client -v "$work/job2:/job" "$image" \
+  submit /job/job.toml --token-file /etc/flotilla/admin/token | tail -n 1 > "$work/job2.id"
+job2=$(cat "$work/job2.id")
+running=0
+for _ in $(seq 1 120); do
+  running=$(status_json "$job2" | python3 -c '
+import json, sys
+print(sum(t["state"] == "running" for t in json.load(sys.stdin)["tasks"]))')
+  [ "$running" = 2 ] && break
+  sleep 0.25
+done
+[ "$running" = 2 ] || fail "the tasks of $job2 did not start (running: $running)"
+"$engine" restart -t 30 "$tag-coord" >/dev/null
+client -v "$work/job2:/job" "$image" wait "$job2" --token-file /etc/flotilla/admin/token \
+  --connect-timeout 60s
+for i in 0 1; do
+  [ "$(cat "$work/job2/out-$i.txt" 2>/dev/null)" = "$i" ] || fail "out-$i.txt was not gathered"
+done
+status_json "$job2" | python3 -c '
+import json, sys
+job = json.load(sys.stdin)
+assert job["state"] == "succeeded", job["state"]
+for t in job["tasks"]:
+    print("  %s: %s, attempt %d, failures %d: %s" % (t["name"], t["state"], t["attempts"], t["failures"], t["message"]))
+    assert t["failures"] == 0, "the restart cost a task a failure"
+    assert t["attempts"] == 1, "the restart made a running task start again"'
+status_json | python3 -c '
+import json, sys
+names = sorted(w["name"] for w in json.load(sys.stdin)["workers"])
+print("  workers back:", names)
+assert names == ["w1", "w2"], names'
+
+say "a worker stopped mid-task, as a pod eviction stops it"
+mkdir -p "$work/job3"
+cat > "$work/job3/job.toml" <<'TOML'
 name = "container-evict"
 staging = "transfer"
 
@@ -156,20 +201,20 @@ array = "0..2"
 cmd = ["sh", "-c", "sleep 6 && echo {i} > out-{i}.txt"]
 outputs = ["out-{i}.txt"]
 TOML
-chown -R "$uid:$uid" "$work/job2"
-client -v "$work/job2:/job" "$image" \
-  submit /job/job.toml --token-file /etc/flotilla/admin/token | tail -n 1 > "$work/job2.id"
-job2=$(cat "$work/job2.id")
+chown -R "$uid:$uid" "$work/job3"
+client -v "$work/job3:/job" "$image" \
+  submit /job/job.toml --token-file /etc/flotilla/admin/token | tail -n 1 > "$work/job3.id"
+job3=$(cat "$work/job3.id")
 running=""
 for _ in $(seq 1 120); do
-  running=$(status_json "$job2" | python3 -c '
+  running=$(status_json "$job3" | python3 -c '
 import json, sys
 job = json.load(sys.stdin)
 print(" ".join(job["workers"][str(t["worker"])] for t in job["tasks"] if t["state"] == "running"))')
   case " $running " in *" w1 "*) break ;; esac
   sleep 0.25
 done
-case " $running " in *" w1 "*) ;; *) fail "no task of $job2 ran on w1 (running on: '$running')" ;; esac
+case " $running " in *" w1 "*) ;; *) fail "no task of $job3 ran on w1 (running on: '$running')" ;; esac
 started=$(date +%s)
 "$engine" stop -t 60 "$tag-w1" >/dev/null
 took=$(( $(date +%s) - started ))
@@ -177,11 +222,11 @@ code=$("$engine" inspect -f '{{.State.ExitCode}}' "$tag-w1")
 echo "w1 stopped in ${took}s, exit code $code"
 [ "$code" = 0 ] || fail "the stopped worker exited with $code"
 # Waited for from a client with the job folder: `wait` gathers the outputs into it.
-client -v "$work/job2:/job" "$image" wait "$job2" --token-file /etc/flotilla/admin/token
+client -v "$work/job3:/job" "$image" wait "$job3" --token-file /etc/flotilla/admin/token
 for i in 0 1; do
-  [ "$(cat "$work/job2/out-$i.txt" 2>/dev/null)" = "$i" ] || fail "out-$i.txt was not gathered"
+  [ "$(cat "$work/job3/out-$i.txt" 2>/dev/null)" = "$i" ] || fail "out-$i.txt was not gathered"
 done
-status_json "$job2" | python3 -c '
+status_json "$job3" | python3 -c '
 import json, sys
 job = json.load(sys.stdin)
 assert job["state"] == "succeeded", job["state"]
@@ -207,8 +252,8 @@ case "$(basename "$engine")" in podman*) unmask=(--security-opt unmask=ALL) ;; e
   -e FLOTILLA_SERVER=coord:7070 -e HOME=/tmp -e FLOTILLA_LOG=info --entrypoint tini "$image" -- \
   flotilla worker --name w3 --token-file /etc/flotilla/worker/token --data-listen 0.0.0.0:7071 \
   --work-dir /tmp/work --cpus 1 --mem 1GiB --gpus none --isolation required >/dev/null
-mkdir -p "$work/job3"
-cat > "$work/job3/job.toml" <<'TOML'
+mkdir -p "$work/job4"
+cat > "$work/job4/job.toml" <<'TOML'
 name = "container-sandbox"
 staging = "transfer"
 
@@ -217,9 +262,9 @@ id = "where"
 cmd = ["sh", "-c", "cat /proc/1/comm > pid1.txt"]
 outputs = ["pid1.txt"]
 TOML
-chown -R "$uid:$uid" "$work/job3"
-client -v "$work/job3:/job" "$image" submit /job/job.toml --token-file /etc/flotilla/admin/token --wait
-pid1=$(cat "$work/job3/pid1.txt")
+chown -R "$uid:$uid" "$work/job4"
+client -v "$work/job4:/job" "$image" submit /job/job.toml --token-file /etc/flotilla/admin/token --wait
+pid1=$(cat "$work/job4/pid1.txt")
 echo "the task's PID 1: $pid1"
 [ "$pid1" = bwrap ] || fail "the task ran outside a sandbox (its PID 1 is '$pid1')"
 say "passed"

@@ -298,3 +298,52 @@ fn workers_leave_when_idle_or_when_their_time_limit_is_near() {
     );
     assert!(status.success(), "it left cleanly: {status:?}");
 }
+
+/// A coordinator stopped with SIGTERM (systemd restarting it, a pod restarted) while each
+/// worker runs a task, then started again: the workers come back with their attempts and
+/// nothing runs twice. Before, the stop closed the workers' sessions, the coordinator took
+/// each closure for a lost worker and queued its task on the other worker (journaled), and
+/// after the restart it cancelled the running attempt and ran the task again (found running
+/// the image in containers, deploy/container/smoke.sh).
+#[test]
+fn a_coordinator_stopped_with_sigterm_mid_job_reruns_nothing() {
+    let mut c = Cluster::start(2, 1);
+    let dir = c.job_dir();
+    let job = c.submit_toml(
+        "graceful.toml",
+        r#"
+name = "graceful"
+[[task]]
+id = "slow"
+array = "0..2"
+cmd = ["sh", "-c", "echo run >> runs-{i}.txt; while [ ! -e go ]; do sleep 0.05; done"]
+"#,
+    );
+    c.wait_status(job, "both tasks running", Duration::from_secs(60), |s| {
+        s.counts.running == 2
+    });
+    c.stop_server();
+    c.restart_server();
+    c.wait_workers(2);
+    c.wait_status(
+        job,
+        "both tasks running again, on the workers that came back",
+        Duration::from_secs(60),
+        |s| s.counts.running == 2,
+    );
+    std::fs::write(dir.join("go"), b"").unwrap();
+    let s = c.wait_job(job, Duration::from_secs(60));
+    assert_succeeded(&s);
+    for t in &s.tasks {
+        assert_eq!(
+            t.attempts, 1,
+            "{} was placed again: {:?}",
+            t.name, t.message
+        );
+        assert_eq!(t.failures, 0, "{}", t.name);
+    }
+    for i in 0..2 {
+        let runs = std::fs::read_to_string(dir.join(format!("runs-{i}.txt"))).unwrap();
+        assert_eq!(runs.lines().count(), 1, "slow[{i}] ran {runs:?}");
+    }
+}

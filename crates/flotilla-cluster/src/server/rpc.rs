@@ -1038,6 +1038,7 @@ impl Workers for Api {
         let store = self.store.clone();
         let group = self.group.clone();
         let mut revoked = access.revocations();
+        let stopping = self.stop.subscribe();
         tokio::spawn(async move {
             loop {
                 let msg = tokio::select! {
@@ -1093,7 +1094,13 @@ impl Workers for Api {
                     }
                 }
             }
-            offer_patiently(&core, Req::SessionClosed(worker)).await;
+            // A session that ends because the coordinator stops is not a lost worker: the
+            // worker comes back to the restarted coordinator with its attempts. Taken as lost,
+            // its attempts were placed again (journaled) on workers not yet disconnected, and
+            // after the restart its running attempts were cancelled and run again.
+            if !*stopping.borrow() {
+                offer_patiently(&core, Req::SessionClosed(worker)).await;
+            }
         });
         let out = tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok);
         Ok(Response::new(revocable(

@@ -441,6 +441,24 @@ impl Cluster {
         *self.client.borrow_mut() = None;
     }
 
+    /// Stops the coordinator as systemd or the kubelet does: SIGTERM, then waits for it to
+    /// exit by itself.
+    pub(crate) fn stop_server(&mut self) {
+        if let Some(mut p) = self.server.take() {
+            p.signal(libc::SIGTERM);
+            let status = wait_until(
+                "the coordinator to exit after SIGTERM",
+                Duration::from_secs(60),
+                || p.status(),
+            );
+            assert!(
+                status.success(),
+                "the coordinator exited with {status} after SIGTERM"
+            );
+        }
+        *self.client.borrow_mut() = None;
+    }
+
     /// Starts the coordinator again on the same state directory and the same port.
     pub(crate) fn restart_server(&mut self) {
         self.restart_server_with(&[]);

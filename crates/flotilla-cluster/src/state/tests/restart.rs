@@ -959,3 +959,108 @@ fn outputs_lost_after_success_reopen_the_job_and_the_reopening_replays() {
     assert_eq!(sim.c.job_status(job).unwrap().state, JobState::Succeeded);
     assert!(sim.c.lost_outputs(job).is_empty());
 }
+
+/// Two workers each running one task when the coordinator restarts: both come back under
+/// new ids at once, each reporting its own attempt, in either order. Both attempts are
+/// adopted: none is cancelled, none placed again. (Running the image in containers, one was
+/// cancelled and run again after a SIGTERM restart; the cause was the server taking the
+/// stop's closed sessions for lost workers, tested in tests/cluster_faults.rs. This is the
+/// state machine's part, with and without queues and steals.)
+#[test]
+fn two_workers_that_rejoin_at_once_keep_their_running_attempts() {
+    for queue_depth in [0, 4] {
+        for w2_first in [false, true] {
+            let mut sim = Sim::new(queue_depth);
+            let mut journal: Vec<JournalRecord> = Vec::new();
+            let (w1, _) = sim.join(wspec(1.0, &[]));
+            let (w2, _) = sim.join(wspec(1.0, &[]));
+            let text = "[[task]]\nid = \"slow\"\narray = \"0..2\"\ncmd = [\"x\"]\n";
+            let spec = parse_job(text, "job.toml").unwrap();
+            let job = sim.c.next_job_id();
+            let ev = Event::JobSubmitted {
+                job,
+                spec,
+                dir: "/d".into(),
+                tenant: "t".into(),
+            };
+            journal.extend(JournalRecord::from_event(&ev));
+            let mut out = sim.ev(ev);
+            journal.extend(sim.c.take_journal_records());
+            // Until each worker runs one (a worker with a queue may take both first, and
+            // the idle one then steal).
+            let mut on: std::collections::BTreeMap<WorkerId, (TaskRef, u32)> = Default::default();
+            for _ in 0..10 {
+                for (w, a) in assigns(&out) {
+                    on.insert(w, (a.task, a.attempt));
+                }
+                let mut next = Vec::new();
+                for c in &out {
+                    if let Command::Retract {
+                        worker,
+                        task,
+                        attempt,
+                    } = c
+                    {
+                        on.remove(worker);
+                        sim.now += 1;
+                        next.extend(sim.ev(Event::TaskReturned {
+                            worker: *worker,
+                            task: *task,
+                            attempt: *attempt,
+                        }));
+                    }
+                }
+                journal.extend(sim.c.take_journal_records());
+                out = next;
+                if out.is_empty() {
+                    break;
+                }
+            }
+            assert_eq!(on.len(), 2, "one task on each worker: {on:?}");
+            for (&w, &(task, attempt)) in &on {
+                sim.ev(Event::TaskStarted {
+                    worker: w,
+                    task,
+                    attempt,
+                });
+            }
+            journal.extend(sim.c.take_journal_records());
+            // Restart: both come back, each with its own attempt running.
+            let mut c = replayed(&journal, 10_000);
+            let order = if w2_first { [w2, w1] } else { [w1, w2] };
+            let mut out = Vec::new();
+            for (k, prev) in order.into_iter().enumerate() {
+                let id = c.next_worker_id();
+                let now = 10_001 + k as u64;
+                c.handle(
+                    now,
+                    Event::WorkerJoined {
+                        worker: id,
+                        spec: wspec(1.0, &[]),
+                        running: vec![on[&prev]],
+                        held: vec![],
+                        previous: Some(prev),
+                    },
+                    &mut out,
+                )
+                .unwrap();
+                c.handle(
+                    now,
+                    Event::WorkerReconciled {
+                        worker: id,
+                        previous: prev,
+                    },
+                    &mut out,
+                )
+                .unwrap();
+            }
+            let ctx = format!("queue depth {queue_depth}, w2 first: {w2_first}");
+            assert!(cancels(&out).is_empty(), "{ctx}: {out:?}");
+            assert!(assigns(&out).is_empty(), "{ctx}: {out:?}");
+            let s = c.job_status(job).unwrap();
+            for t in &s.tasks {
+                assert_eq!(t.state, TaskState::Running, "{ctx}: {t:?}");
+            }
+        }
+    }
+}

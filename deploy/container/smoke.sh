@@ -144,6 +144,32 @@ assert len(ran) == 2, "one worker ran everything"'
 "$engine" exec "$tag-coord" flotilla logs "${admin[@]}" 1 hello | tee "$work/hello.out"
 grep -q 'hello from wasm' "$work/hello.out" || fail "the WASM task's output is not in its log"
 
+say "the coordinator's HTTP port, as the probes and the autoscaler's scraper see it"
+coord_ip=$("$engine" inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' "$tag-coord")
+python3 - "http://$coord_ip:9090" "$work/admin/token" <<'PY'
+import sys, urllib.error, urllib.request
+base, token = sys.argv[1], open(sys.argv[2]).read().strip()
+def get(path, auth=None):
+    req = urllib.request.Request(base + path)
+    if auth:
+        req.add_header("Authorization", "Bearer " + auth)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+status, _ = get("/")
+assert status == 200, f"the liveness probe's / answered {status}"
+status, _ = get("/metrics")
+assert status == 401, f"/metrics without a token answered {status}"
+status, body = get("/metrics", token)
+assert status == 200, f"/metrics with the admin token answered {status}"
+for name in ("flotilla_ready_queue_depth", "flotilla_tasks"):
+    assert name in body, f"/metrics has no {name}"
+print("  / 200 without a token; /metrics 401 without, 200 with the admin token, "
+      "flotilla_ready_queue_depth and flotilla_tasks in it")
+PY
+
 say "the coordinator's container restarted mid-job, as a StatefulSet's pod restarts"
 mkdir -p "$work/job2"
 cat > "$work/job2/job.toml" <<'TOML'

@@ -212,6 +212,17 @@ pub struct GroupStatus {
     pub members: Vec<GroupMember>,
 }
 
+impl GroupStatus {
+    /// The leader's API address as the group lists it (`--peers`), which clients and workers
+    /// can reach: the address it listens on may be `0.0.0.0`, which they cannot.
+    pub fn leader_address(&self) -> Option<&str> {
+        self.members
+            .iter()
+            .find(|m| m.id == self.node_id)
+            .map(|m| m.address.as_str())
+    }
+}
+
 /// A running node: its Raft, its state machine and its group port.
 pub struct Node {
     raft: Raft,
@@ -971,5 +982,34 @@ impl Node {
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!("the group's Raft did not stop cleanly: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+
+    #[test]
+    fn the_leader_is_named_by_its_address_in_the_group() {
+        let member = |id: NodeId, address: &str| GroupMember {
+            id,
+            address: address.into(),
+            leader: id == 3,
+            matched: None,
+            voter: true,
+            held: true,
+        };
+        let mut g = GroupStatus {
+            node_id: 3,
+            members: vec![
+                member(1, "n1:7070"),
+                member(2, "n2:7070"),
+                member(3, "n3:7070"),
+            ],
+            ..GroupStatus::default()
+        };
+        assert_eq!(g.leader_address(), Some("n3:7070"));
+        g.node_id = 9; // not (or no longer) a member
+        assert_eq!(g.leader_address(), None);
     }
 }

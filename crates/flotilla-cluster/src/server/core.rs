@@ -1475,6 +1475,7 @@ impl Core {
         for w in &mut workers {
             w.heartbeat_age_s = self.last_seen.get(&w.id).map(|t| t.elapsed().as_secs_f64());
         }
+        let group = self.group.as_ref().map(|g| g.status());
         state::ClusterStatus {
             jobs: self
                 .coord
@@ -1492,8 +1493,12 @@ impl Core {
                 syncs: self.journal.syncs(),
                 error: self.blocked.as_ref().map(|b| b.error.clone()),
             }),
-            leader: self.group.as_ref().map(|_| self.api_addr.clone()),
-            group: self.group.as_ref().map(|g| g.status()),
+            // Its address in the group's list: `--listen 0.0.0.0:7070` reached no one.
+            leader: group.as_ref().map(|g| {
+                g.leader_address()
+                    .map_or_else(|| self.api_addr.clone(), str::to_string)
+            }),
+            group,
         }
     }
 

@@ -187,13 +187,18 @@ impl Client {
 
     /// Connects like [`Client::connect`], trying again while the coordinator cannot be
     /// reached (refused: not started yet, or restarting and replaying its journal), with
-    /// backoff from 50 ms to 1 s, for at most `patience`. Other errors return at once.
+    /// backoff from 50 ms to 1 s, for at most `patience`. Other errors (a TLS certificate
+    /// that does not verify among them) return at once.
     pub async fn connect_patiently(remote: &Remote, patience: std::time::Duration) -> Result<Self> {
         let end = tokio::time::Instant::now() + patience;
         let mut pause = std::time::Duration::from_millis(50);
         loop {
             match Self::connect(remote).await {
-                Err(ClusterError::Connect { .. }) if tokio::time::Instant::now() + pause < end => {
+                // A certificate that does not verify will not verify later either.
+                Err(ClusterError::Connect { message, .. })
+                    if !message.contains("certificate")
+                        && tokio::time::Instant::now() + pause < end =>
+                {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(std::time::Duration::from_secs(1));
                 }

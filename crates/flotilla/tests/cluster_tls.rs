@@ -149,6 +149,12 @@ fn job_runs_over_tls_and_plain_or_wrong_token_clients_are_refused() {
         err.contains("certificate"),
         "unknown CA: {err:?} does not name the certificate"
     );
+    // Something answered: the error says so, not that no coordinator runs there (it did, and
+    // was sought for the whole --connect-timeout before).
+    assert!(
+        err.contains("does not verify") && !err.contains("no coordinator answered"),
+        "unknown CA: {err:?} does not say the certificate does not verify"
+    );
     eprintln!(
         "tls test: {:.2} s; unknown CA error: {}",
         started.elapsed().as_secs_f64(),

@@ -864,11 +864,22 @@ fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> ClusterError {
         || chain.contains("h2 protocol error")
         || chain.contains("operation was canceled"));
     if !tls && transport {
+        // The deepest cause says what the connection saw ("frame with invalid size": TLS
+        // bytes read as HTTP/2); the status's own text is a dump of the transport's types.
+        let mut root: &dyn std::error::Error = &s;
+        while let Some(next) = root.source() {
+            root = next;
+        }
+        let seen = if std::ptr::addr_eq(root, &s as &dyn std::error::Error) {
+            s.message().to_string()
+        } else {
+            root.to_string()
+        };
         ClusterError::Connect {
             addr: addr.to_string(),
             message: format!(
-                "{chain} (no HTTP/2 answer over plain TCP: the server may speak TLS; \
-                 pass --tls-ca with the CA certificate that signed its certificate)"
+                "no HTTP/2 answer over plain TCP ({seen}): the server may speak TLS; \
+                 pass --tls-ca with the CA certificate that signed its certificate"
             ),
         }
     } else {

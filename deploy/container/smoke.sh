@@ -170,37 +170,54 @@ print("  / 200 without a token; /metrics 401 without, 200 with the admin token, 
       "flotilla_ready_queue_depth and flotilla_tasks in it")
 PY
 
-say "the coordinator's container restarted mid-job, as a StatefulSet's pod restarts"
-mkdir -p "$work/job2"
-cat > "$work/job2/job.toml" <<'TOML'
-name = "container-restart"
+# A transfer-staging job in $work/NAME: two tasks that each sleep SECS, then write
+# out-{i}.txt. Submitted without waiting; prints its id.
+submit_pair() {
+  local name=$1 secs=$2
+  mkdir -p "$work/$name"
+  cat > "$work/$name/job.toml" <<TOML
+name = "container-$name"
 staging = "transfer"
 
 [[task]]
-id = "slow"
+id = "t"
 array = "0..2"
-cmd = ["sh", "-c", "sleep 4 && echo {i} > out-{i}.txt"]
+cmd = ["sh", "-c", "sleep $secs && echo {i} > out-{i}.txt"]
 outputs = ["out-{i}.txt"]
 TOML
-chown -R "$uid:$uid" "$work/job2"
-client -v "$work/job2:/job" "$image" \
-  submit /job/job.toml --token-file /etc/flotilla/admin/token | tail -n 1 > "$work/job2.id"
-job2=$(cat "$work/job2.id")
-running=0
-for _ in $(seq 1 120); do
-  running=$(status_json "$job2" | python3 -c '
+  chown -R "$uid:$uid" "$work/$name"
+  client -v "$work/$name:/job" "$image" \
+    submit /job/job.toml --token-file /etc/flotilla/admin/token | tail -n 1
+}
+# Waits until the workers running JOB's tasks match the shell pattern WANT (names, spaced).
+wait_running() {
+  local job=$1 want=$2 running=""
+  for _ in $(seq 1 120); do
+    running=$(status_json "$job" | python3 -c '
 import json, sys
-print(sum(t["state"] == "running" for t in json.load(sys.stdin)["tasks"]))')
-  [ "$running" = 2 ] && break
-  sleep 0.25
-done
-[ "$running" = 2 ] || fail "the tasks of $job2 did not start (running: $running)"
+job = json.load(sys.stdin)
+print(" ".join(sorted(job["workers"][str(t["worker"])] for t in job["tasks"] if t["state"] == "running")))')
+    # shellcheck disable=SC2254 # a pattern on purpose
+    case " $running " in $want) return 0 ;; esac
+    sleep 0.25
+  done
+  fail "the tasks of $job did not run as expected ($want): running on '$running'"
+}
+# Follows JOB of $work/NAME to its end from a client, which gathers its outputs there.
+wait_gathered() {
+  local name=$1 job=$2
+  client -v "$work/$name:/job" "$image" wait "$job" --token-file /etc/flotilla/admin/token \
+    --connect-timeout 60s
+  for i in 0 1; do
+    [ "$(cat "$work/$name/out-$i.txt" 2>/dev/null)" = "$i" ] || fail "$name: out-$i.txt was not gathered"
+  done
+}
+
+say "the coordinator's container restarted mid-job, as a StatefulSet's pod restarts"
+job2=$(submit_pair restart 4)
+wait_running "$job2" " w1 w2 "
 "$engine" restart -t 30 "$tag-coord" >/dev/null
-client -v "$work/job2:/job" "$image" wait "$job2" --token-file /etc/flotilla/admin/token \
-  --connect-timeout 60s
-for i in 0 1; do
-  [ "$(cat "$work/job2/out-$i.txt" 2>/dev/null)" = "$i" ] || fail "out-$i.txt was not gathered"
-done
+wait_gathered restart "$job2"
 status_json "$job2" | python3 -c '
 import json, sys
 job = json.load(sys.stdin)
@@ -216,42 +233,15 @@ print("  workers back:", names)
 assert names == ["w1", "w2"], names'
 
 say "a worker stopped mid-task, as a pod eviction stops it"
-mkdir -p "$work/job3"
-cat > "$work/job3/job.toml" <<'TOML'
-name = "container-evict"
-staging = "transfer"
-
-[[task]]
-id = "long"
-array = "0..2"
-cmd = ["sh", "-c", "sleep 6 && echo {i} > out-{i}.txt"]
-outputs = ["out-{i}.txt"]
-TOML
-chown -R "$uid:$uid" "$work/job3"
-client -v "$work/job3:/job" "$image" \
-  submit /job/job.toml --token-file /etc/flotilla/admin/token | tail -n 1 > "$work/job3.id"
-job3=$(cat "$work/job3.id")
-running=""
-for _ in $(seq 1 120); do
-  running=$(status_json "$job3" | python3 -c '
-import json, sys
-job = json.load(sys.stdin)
-print(" ".join(job["workers"][str(t["worker"])] for t in job["tasks"] if t["state"] == "running"))')
-  case " $running " in *" w1 "*) break ;; esac
-  sleep 0.25
-done
-case " $running " in *" w1 "*) ;; *) fail "no task of $job3 ran on w1 (running on: '$running')" ;; esac
+job3=$(submit_pair evict 6)
+wait_running "$job3" "* w1 *"
 started=$(date +%s)
 "$engine" stop -t 60 "$tag-w1" >/dev/null
 took=$(( $(date +%s) - started ))
 code=$("$engine" inspect -f '{{.State.ExitCode}}' "$tag-w1")
 echo "w1 stopped in ${took}s, exit code $code"
 [ "$code" = 0 ] || fail "the stopped worker exited with $code"
-# Waited for from a client with the job folder: `wait` gathers the outputs into it.
-client -v "$work/job3:/job" "$image" wait "$job3" --token-file /etc/flotilla/admin/token
-for i in 0 1; do
-  [ "$(cat "$work/job3/out-$i.txt" 2>/dev/null)" = "$i" ] || fail "out-$i.txt was not gathered"
-done
+wait_gathered evict "$job3"
 status_json "$job3" | python3 -c '
 import json, sys
 job = json.load(sys.stdin)

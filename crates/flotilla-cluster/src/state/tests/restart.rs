@@ -20,6 +20,26 @@ fn succeeded_in(worker: WorkerId, task: TaskRef, wall: f64, variant: Option<&str
     }
 }
 
+/// Submits `text` as a job (folder `/d`, tenant `t`), journaling its submission and what
+/// it caused (assignments), as the server does; its id and the commands.
+fn submit_journaled(
+    sim: &mut Sim,
+    journal: &mut Vec<JournalRecord>,
+    text: &str,
+) -> (JobId, Vec<Command>) {
+    let job = sim.c.next_job_id();
+    let ev = Event::JobSubmitted {
+        job,
+        spec: parse_job(text, "job.toml").unwrap(),
+        dir: "/d".into(),
+        tenant: "t".into(),
+    };
+    journal.extend(JournalRecord::from_event(&ev));
+    let out = sim.ev(ev);
+    journal.extend(sim.c.take_journal_records());
+    (job, out)
+}
+
 /// Runs a replay of `records` into a fresh coordinator and calls `recovered`.
 fn replayed(records: &[JournalRecord], now: Millis) -> Coordinator {
     let mut c = Coordinator::new(config(0));
@@ -36,16 +56,7 @@ fn after_a_restart_finished_tasks_stay_done_and_assigned_ones_wait_for_their_wor
     let mut sim = Sim::new(0);
     let mut journal: Vec<JournalRecord> = Vec::new();
     let text = "[[task]]\nid = \"t\"\narray = \"0..4\"\ncmd = [\"x\"]\n[[task]]\nid = \"end\"\ncmd = [\"y\"]\nafter = [\"t\"]\n";
-    let spec = parse_job(text, "job.toml").unwrap();
-    let job = sim.c.next_job_id();
-    let ev = Event::JobSubmitted {
-        job,
-        spec,
-        dir: "/d".into(),
-        tenant: "t".into(),
-    };
-    journal.extend(JournalRecord::from_event(&ev));
-    sim.ev(ev);
+    let (job, _) = submit_journaled(&mut sim, &mut journal, text);
     let (w1, _) = sim.join(wspec(3.0, &[]));
     journal.extend(sim.c.take_journal_records());
     assert_eq!(journal.len(), 4, "the submission and three assignments");
@@ -163,16 +174,7 @@ fn after_a_restart_finished_tasks_stay_done_and_assigned_ones_wait_for_their_wor
 fn replay_rebuilds_backoff_cancel_and_the_perf_model() {
     let mut sim = Sim::new(0);
     let mut journal = Vec::new();
-    let spec = parse_job(VARIANTS, "job.toml").unwrap();
-    let job = sim.c.next_job_id();
-    let ev = Event::JobSubmitted {
-        job,
-        spec,
-        dir: "/d".into(),
-        tenant: "t".into(),
-    };
-    journal.extend(JournalRecord::from_event(&ev));
-    sim.ev(ev);
+    let (job, _) = submit_journaled(&mut sim, &mut journal, VARIANTS);
     let (w, out) = sim.join(wspec(1.0, &[]));
     journal.extend(sim.c.take_journal_records());
     let a = assigns(&out);
@@ -519,20 +521,7 @@ fn replay_accepts_what_was_accepted_live() {
     // journaled); a lineage rerun reassigns a Done task. Both must replay.
     let mut sim = Sim::new(0);
     let mut journal = Vec::new();
-    let spec = parse_job(
-        "staging = \"transfer\"\n[[task]]\nid = \"a\"\ncmd = [\"a\"]\noutputs = [\"a.out\"]\n[[task]]\nid = \"b\"\ncmd = [\"b\"]\nafter = [\"a\"]\n",
-        "job.toml",
-    )
-    .unwrap();
-    let job = sim.c.next_job_id();
-    let ev = Event::JobSubmitted {
-        job,
-        spec,
-        dir: "/d".into(),
-        tenant: "t".into(),
-    };
-    journal.extend(JournalRecord::from_event(&ev));
-    sim.ev(ev);
+    let (job, _) = submit_journaled(&mut sim, &mut journal, "staging = \"transfer\"\n[[task]]\nid = \"a\"\ncmd = [\"a\"]\noutputs = [\"a.out\"]\n[[task]]\nid = \"b\"\ncmd = [\"b\"]\nafter = [\"a\"]\n");
     let (w1, _) = sim.join(wspec(1.0, &[]));
     let (w2, _) = sim.join(wspec(1.0, &[]));
     journal.extend(sim.c.take_journal_records());
@@ -599,16 +588,7 @@ fn a_rejoining_worker_releases_the_assignments_it_never_received() {
     let mut sim = Sim::new(0);
     let mut journal: Vec<JournalRecord> = Vec::new();
     let text = "[[task]]\nid = \"t\"\narray = \"0..2\"\ncmd = [\"x\"]\n";
-    let spec = parse_job(text, "job.toml").unwrap();
-    let job = sim.c.next_job_id();
-    let ev = Event::JobSubmitted {
-        job,
-        spec,
-        dir: "/d".into(),
-        tenant: "t".into(),
-    };
-    journal.extend(JournalRecord::from_event(&ev));
-    sim.ev(ev);
+    let (job, _) = submit_journaled(&mut sim, &mut journal, text);
     let (w1, _) = sim.join(wspec(2.0, &[]));
     journal.extend(sim.c.take_journal_records());
     let t = |i: u32| TaskRef {
@@ -664,16 +644,7 @@ fn after_a_restart_only_the_proven_previous_worker_claims_attempts_and_outputs()
     let mut sim = Sim::new(0);
     let mut journal: Vec<JournalRecord> = Vec::new();
     let text = "staging = \"transfer\"\n[[task]]\nid = \"a\"\ncmd = [\"x\"]\noutputs = [\"a.out\"]\n[[task]]\nid = \"b\"\ncmd = [\"y\"]\narray = \"0..2\"\n";
-    let spec = parse_job(text, "job.toml").unwrap();
-    let job = sim.c.next_job_id();
-    let ev = Event::JobSubmitted {
-        job,
-        spec,
-        dir: "/d".into(),
-        tenant: "t".into(),
-    };
-    journal.extend(JournalRecord::from_event(&ev));
-    sim.ev(ev);
+    let (job, _) = submit_journaled(&mut sim, &mut journal, text);
     let (w1, _) = sim.join(wspec(3.0, &[]));
     journal.extend(sim.c.take_journal_records());
     let a = sim.tref(job, "a");
@@ -798,20 +769,7 @@ fn after_a_restart_only_the_proven_previous_worker_claims_attempts_and_outputs()
 fn a_compacted_journal_replays_to_the_same_state() {
     let mut sim = Sim::new(0);
     let mut journal: Vec<JournalRecord> = Vec::new();
-    let submit = |sim: &mut Sim, journal: &mut Vec<JournalRecord>, text: &str| {
-        let job = sim.c.next_job_id();
-        let ev = Event::JobSubmitted {
-            job,
-            spec: parse_job(text, "job.toml").unwrap(),
-            dir: "/d".into(),
-            tenant: "t".into(),
-        };
-        journal.extend(JournalRecord::from_event(&ev));
-        sim.ev(ev);
-        journal.extend(sim.c.take_journal_records());
-        job
-    };
-    let old = submit(
+    let (old, _) = submit_journaled(
         &mut sim,
         &mut journal,
         "[[task]]\nid = \"a\"\ncmd = [\"x\"]\n",
@@ -826,7 +784,7 @@ fn a_compacted_journal_replays_to_the_same_state() {
     let ev = Event::JobRemoved { job: old };
     journal.extend(JournalRecord::from_event(&ev));
     sim.ev(ev);
-    let live = submit(
+    let (live, _) = submit_journaled(
         &mut sim,
         &mut journal,
         "[[task]]\nid = \"b\"\narray = \"0..3\"\ncmd = [\"y\"]\n",
@@ -872,16 +830,7 @@ fn outputs_lost_after_success_reopen_the_job_and_the_reopening_replays() {
     let mut sim = Sim::new(0);
     let mut journal: Vec<JournalRecord> = Vec::new();
     let text = "staging = \"transfer\"\n[[task]]\nid = \"a\"\ncmd = [\"a\"]\noutputs = [\"a.out\"]\n[[task]]\nid = \"b\"\ncmd = [\"b\"]\nafter = [\"a\"]\noutputs = [\"b.out\"]\n[[task]]\nid = \"quiet\"\ncmd = [\"q\"]\n";
-    let spec = parse_job(text, "job.toml").unwrap();
-    let job = sim.c.next_job_id();
-    let ev = Event::JobSubmitted {
-        job,
-        spec,
-        dir: "/d".into(),
-        tenant: "t".into(),
-    };
-    journal.extend(JournalRecord::from_event(&ev));
-    sim.ev(ev);
+    let (job, _) = submit_journaled(&mut sim, &mut journal, text);
     let (w1, _) = sim.join(wspec(4.0, &[]));
     for (name, out) in [("a", Some("a.out")), ("quiet", None), ("b", Some("b.out"))] {
         journal.extend(sim.c.take_journal_records());
@@ -975,16 +924,7 @@ fn two_workers_that_rejoin_at_once_keep_their_running_attempts() {
             let (w1, _) = sim.join(wspec(1.0, &[]));
             let (w2, _) = sim.join(wspec(1.0, &[]));
             let text = "[[task]]\nid = \"slow\"\narray = \"0..2\"\ncmd = [\"x\"]\n";
-            let spec = parse_job(text, "job.toml").unwrap();
-            let job = sim.c.next_job_id();
-            let ev = Event::JobSubmitted {
-                job,
-                spec,
-                dir: "/d".into(),
-                tenant: "t".into(),
-            };
-            journal.extend(JournalRecord::from_event(&ev));
-            let mut out = sim.ev(ev);
+            let (job, mut out) = submit_journaled(&mut sim, &mut journal, text);
             journal.extend(sim.c.take_journal_records());
             // Until each worker runs one (a worker with a queue may take both first, and
             // the idle one then steal).

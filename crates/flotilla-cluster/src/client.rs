@@ -187,18 +187,14 @@ impl Client {
 
     /// Connects like [`Client::connect`], trying again while the coordinator cannot be
     /// reached (refused: not started yet, or restarting and replaying its journal), with
-    /// backoff from 50 ms to 1 s, for at most `patience`. Other errors (a TLS certificate
-    /// that does not verify among them) return at once.
+    /// backoff from 50 ms to 1 s, for at most `patience`. Other errors (TLS ones among them:
+    /// a certificate that does not verify will not verify later) return at once.
     pub async fn connect_patiently(remote: &Remote, patience: std::time::Duration) -> Result<Self> {
         let end = tokio::time::Instant::now() + patience;
         let mut pause = std::time::Duration::from_millis(50);
         loop {
             match Self::connect(remote).await {
-                // A certificate that does not verify will not verify later either.
-                Err(ClusterError::Connect { message, .. })
-                    if !message.contains("certificate")
-                        && tokio::time::Instant::now() + pause < end =>
-                {
+                Err(ClusterError::Connect { .. }) if tokio::time::Instant::now() + pause < end => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(std::time::Duration::from_secs(1));
                 }
@@ -849,8 +845,8 @@ fn uploads(graph: &flotilla_core::TaskGraph, dir: &Path) -> Result<Vec<proto::Up
     Ok(files)
 }
 
-/// Turns a transport-level HTTP/2 failure of a plain-TCP client into a connection error that
-/// says the server may want TLS; other errors are converted as usual.
+/// Turns a transport-level HTTP/2 failure of a plain-TCP client into a TLS error that says
+/// the server may want TLS; other errors are converted as usual.
 fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> ClusterError {
     let chain = crate::transport::error_chain(&s);
     // Errors the transport made up (not sent by the server) carry their cause as a source.
@@ -875,7 +871,7 @@ fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> ClusterError {
         } else {
             root.to_string()
         };
-        ClusterError::Connect {
+        ClusterError::Tls {
             addr: addr.to_string(),
             message: format!(
                 "no HTTP/2 answer over plain TCP ({seen}): the server may speak TLS; \

@@ -33,6 +33,15 @@ pub enum ClusterError {
         /// Why.
         message: String,
     },
+    /// The other side was reached but TLS stood between: its certificate does not verify
+    /// against the CA given, or it speaks TLS to a plain-TCP client. Waiting does not help.
+    #[error("cannot connect to {addr}: {message}")]
+    Tls {
+        /// The address.
+        addr: String,
+        /// What the connection saw, and what to pass.
+        message: String,
+    },
     /// The other side answered with an error.
     #[error("{0}")]
     Rpc(String),

@@ -150,9 +150,23 @@ impl Remote {
                 )
                 .map_err(|e| ClusterError::Config(format!("tls: {e}")))?;
         }
-        ep.connect().await.map_err(|e| ClusterError::Connect {
-            addr: addr.to_string(),
-            message: error_chain(&e),
+        ep.connect().await.map_err(|e| {
+            let message = error_chain(&e);
+            if message.contains("invalid peer certificate") {
+                ClusterError::Tls {
+                    addr: addr.to_string(),
+                    message: format!(
+                        "{message} (the server answered with a TLS certificate that does not \
+                         verify: --tls-ca must be the CA that signed it, and the certificate \
+                         must name the host of the address)"
+                    ),
+                }
+            } else {
+                ClusterError::Connect {
+                    addr: addr.to_string(),
+                    message,
+                }
+            }
         })
     }
 }

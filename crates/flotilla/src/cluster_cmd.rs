@@ -54,25 +54,7 @@ impl RemoteArgs {
             .map_err(|e| anyhow::anyhow!("--connect-timeout {:?}: {e}", self.connect_timeout))?;
         Client::connect_patiently(&remote, patience)
             .await
-            .map_err(|e| match &e {
-                // Something answered, over TLS, with a certificate that does not verify:
-                // not a coordinator that is missing.
-                flotilla::cluster::ClusterError::Connect { message, .. }
-                    if message.contains("certificate") =>
-                {
-                    anyhow::anyhow!(
-                        "{e}\n(the server at {} answered with a TLS certificate that does not \
-                         verify: --tls-ca must be the CA that signed it, and the certificate \
-                         must name the host of --server)",
-                        self.server
-                    )
-                }
-                // Already says what to do (a plain client at a TLS coordinator).
-                flotilla::cluster::ClusterError::Connect { message, .. }
-                    if message.contains("may speak TLS") =>
-                {
-                    e.into()
-                }
+            .map_err(|e| match e {
                 flotilla::cluster::ClusterError::Connect { .. } => anyhow::anyhow!(
                     "{e}\n(no coordinator answered at {} within {}: is `flotilla server` \
                      running there? The address comes from --server or FLOTILLA_SERVER; \
@@ -80,7 +62,8 @@ impl RemoteArgs {
                     self.server,
                     self.connect_timeout
                 ),
-                _ => e.into(),
+                // `Tls` says what to pass, as the other errors say what went wrong.
+                e => e.into(),
             })
     }
 }

@@ -779,15 +779,29 @@ impl Journal {
         out.extend_from_slice(MAGIC);
         let mut records = 0u64;
         let mut marker = None;
+        // The last clock record not yet copied: copied before the next record kept, so that
+        // every kept record replays at the time it was made.
+        let mut clock = None;
         for (i, &(a, b)) in ranges.iter().enumerate() {
             let r: JournalRecord = postcard::from_bytes(&bytes[a..b])
                 .map_err(|e| corrupt(i as u64, a - RECORD_HEADER, e.to_string()))?;
             if r.always_kept() || r.job().is_some_and(|j| live.contains(&j)) {
+                if let Some((ca, cb)) = clock.take() {
+                    out.extend_from_slice(&bytes[ca - RECORD_HEADER..cb]);
+                    records += 1;
+                }
                 out.extend_from_slice(&bytes[a - RECORD_HEADER..b]);
                 records += 1;
             } else if matches!(r, JournalRecord::Replicated { .. }) {
                 marker = Some((a, b));
+            } else if matches!(r, JournalRecord::Clock { .. }) {
+                clock = Some((a, b));
             }
+        }
+        // The records appended meanwhile, copied after these, may rely on the last clock.
+        if let Some((ca, cb)) = clock {
+            out.extend_from_slice(&bytes[ca - RECORD_HEADER..cb]);
+            records += 1;
         }
         let payload = postcard::to_stdvec(checkpoint).map_err(|source| JournalError::Encode {
             path: path.to_path_buf(),
@@ -1259,7 +1273,8 @@ after = ["sim"]
             | JournalRecord::CreditsGranted { .. }
             | JournalRecord::PoolWorker { .. }
             | JournalRecord::Ledger { .. }
-            | JournalRecord::Replicated { .. } => {}
+            | JournalRecord::Replicated { .. }
+            | JournalRecord::Clock { .. } => {}
         }
         r
     }
@@ -1357,6 +1372,47 @@ after = ["sim"]
         assert_eq!(j.len(), 6);
         assert_eq!(j.replay().unwrap(), want_all);
         assert_eq!(j.garbage(), 0, "nothing is left to drop");
+    }
+
+    #[test]
+    fn compaction_keeps_the_clock_each_kept_record_was_made_at() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal.log");
+        let recs = records();
+        let clock = |at_ms: u64| JournalRecord::Clock { at_ms };
+        let checkpoint = JournalRecord::Checkpoint {
+            next_job: 3,
+            next_worker: 3,
+            model: "{}".into(),
+        };
+        let gone: Vec<JournalRecord> = recs.iter().map(|r| for_job(r, 1)).collect();
+        let kept: Vec<JournalRecord> = recs[..3].iter().map(|r| for_job(r, 2)).collect();
+        let mut j = Journal::open(&path).unwrap();
+        j.append(&[clock(100), gone[0].clone(), kept[0].clone()])
+            .unwrap();
+        // A clock followed only by dropped records, then one before a kept record.
+        j.append(&[clock(200), gone[1].clone(), clock(300), gone[2].clone()])
+            .unwrap();
+        j.append(&[kept[1].clone(), clock(400), gone[3].clone()])
+            .unwrap();
+        j.append(&[JournalRecord::JobRemoved { job: JobId::new(1) }])
+            .unwrap();
+        let c = j.start_compaction(checkpoint.clone()).unwrap();
+        // Made at 400 too (the clock did not move): it must not replay at 300.
+        j.append(&kept[2..3]).unwrap();
+        j.finish_compaction(c).expect("compacted");
+        assert_eq!(
+            j.replay().unwrap(),
+            vec![
+                clock(100),
+                kept[0].clone(),
+                clock(300),
+                kept[1].clone(),
+                clock(400),
+                checkpoint,
+                kept[2].clone(),
+            ]
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod kit;
 
 use std::time::Duration;
 
+use flotilla::cluster::state::JournalRecord;
 use kit::{assert_succeeded, wait_until, Cluster, Opts};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -77,8 +78,20 @@ fn a_damaged_record_stops_the_start_and_recovery_keeps_what_came_before_it() {
     assert_eq!(c.overview().unwrap().jobs.len(), 3);
     c.kill_server();
     let path = c.state.join("journal.log");
+    // The second job's submission (clock records come before each).
+    let n = {
+        let mut j = flotilla::cluster::journal::Journal::open(&path).unwrap();
+        j.replay()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, JournalRecord::JobSubmittedText { .. }))
+            .nth(1)
+            .expect("three submissions")
+            .0
+    };
     let mut bytes = std::fs::read(&path).unwrap();
-    let at = record_offset(&bytes, 1);
+    let at = record_offset(&bytes, n);
     // A damaged length: format 1 took it for a torn write and silently cut off the rest.
     bytes[at + 1] ^= 0x10;
     std::fs::write(&path, &bytes).unwrap();
@@ -90,7 +103,7 @@ fn a_damaged_record_stops_the_start_and_recovery_keeps_what_came_before_it() {
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("journal.log"), "{err}");
-    assert!(err.contains(&format!("record 1 at byte {at}")), "{err}");
+    assert!(err.contains(&format!("record {n} at byte {at}")), "{err}");
     assert!(err.contains("--recover-journal"), "{err}");
     assert_eq!(
         std::fs::read(&path).unwrap(),
@@ -100,7 +113,11 @@ fn a_damaged_record_stops_the_start_and_recovery_keeps_what_came_before_it() {
 
     c.restart_server_with(&["--recover-journal"]);
     let s = c.overview().expect("the coordinator answers");
-    assert_eq!(s.jobs.len(), 1, "only the record before the damage is kept");
+    assert_eq!(
+        s.jobs.len(),
+        1,
+        "only the records before the damage are kept"
+    );
     let aside = c.state.join(format!("journal.log.damaged-{at}"));
     assert_eq!(
         std::fs::read(aside).unwrap(),
@@ -170,4 +187,64 @@ fn a_submission_sent_again_with_its_request_id_gets_the_job_it_made_across_a_res
     }
     let new = c.submit_with_id(&file, "req-1").expect("submitted");
     assert!(new.0 > other.0, "{new} after {other}");
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A job's times (submitted, finished, makespan, and so the workers' utilization) are the same
+/// after the coordinator restarts: the journal keeps the clock they were made at. They used
+/// to count from the restart: a job finished before it showed a makespan of 0 ms, and one
+/// running across it a utilization above 100%.
+#[test]
+fn a_jobs_times_are_the_same_after_a_restart() {
+    let mut c = Cluster::start(1, 1);
+    let before = unix_ms();
+    let done = c.submit_toml(
+        "nap.toml",
+        "name = \"nap\"\n[[task]]\nid = \"t\"\ncmd = [\"sleep\", \"0.3\"]\n",
+    );
+    let was = c.wait_job(done, WAIT);
+    assert_succeeded(&was);
+    let after = unix_ms();
+    assert!(
+        (before..=after).contains(&was.submitted_ms),
+        "submitted_ms is the Unix time of the submission: {} not in {before}..={after}",
+        was.submitted_ms
+    );
+    assert!(was.makespan_s >= 0.3, "{}", was.makespan_s);
+    let running = c.submit_toml(
+        "long.toml",
+        "name = \"long\"\n[[task]]\nid = \"t\"\ncmd = [\"sleep\", \"600\"]\n",
+    );
+    let submitted = c.status(running).unwrap().submitted_ms;
+
+    for stop in ["SIGKILL", "SIGTERM"] {
+        if stop == "SIGKILL" {
+            c.kill_server();
+        } else {
+            c.stop_server();
+        }
+        c.restart_server();
+        let now = wait_until("the restarted coordinator", WAIT, || c.status(done));
+        assert_eq!(
+            (now.submitted_ms, now.finished_ms, now.makespan_s),
+            (was.submitted_ms, was.finished_ms, was.makespan_s),
+            "after a {stop}"
+        );
+        for w in &now.per_worker {
+            assert!(
+                w.busy_s <= now.makespan_s,
+                "worker {} busy {} s in a makespan of {} s",
+                w.worker,
+                w.busy_s,
+                now.makespan_s
+            );
+        }
+        assert_eq!(c.status(running).unwrap().submitted_ms, submitted);
+    }
 }

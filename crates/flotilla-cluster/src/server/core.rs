@@ -231,7 +231,11 @@ pub(super) struct LogInfo {
 pub(super) struct Core {
     coord: Coordinator,
     journal: Journal,
+    /// The clock: `base` milliseconds since the Unix epoch at `epoch`, then monotonic.
     epoch: Instant,
+    base: Millis,
+    /// The clock of the last [`JournalRecord::Clock`] this core wrote or replayed.
+    journal_clock: Option<Millis>,
     sessions: Arc<Mutex<HashMap<WorkerId, mpsc::Receiver<proto::CoordinatorMessage>>>>,
     /// Each worker's command queue (bounded: a worker that does not read is dropped).
     senders: HashMap<WorkerId, mpsc::Sender<proto::CoordinatorMessage>>,
@@ -320,6 +324,14 @@ const RETRY_APPEND: Duration = Duration::from_millis(250);
 /// that commit a submission in a group stop leading once the group holds it, before it is
 /// answered: the client loses the answer of a job that exists (and sends it again). Unset,
 /// it costs one atomic load per commit.
+/// Milliseconds since the Unix epoch by the system's clock (0 before it).
+fn unix_ms() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis().min(u128::from(u64::MAX)) as Millis)
+        .unwrap_or(0)
+}
+
 fn lose_submit_answer(records: &[JournalRecord]) -> bool {
     use std::sync::atomic::{AtomicU32, Ordering};
     static LEFT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
@@ -767,8 +779,21 @@ impl Core {
         Ok(out)
     }
 
+    /// Milliseconds since the Unix epoch, never going back within a process.
     fn now(&self) -> Millis {
-        self.epoch.elapsed().as_millis() as Millis
+        self.base
+            .saturating_add(self.epoch.elapsed().as_millis().min(u128::from(u64::MAX)) as Millis)
+    }
+
+    /// Writes a [`JournalRecord::Clock`] at `records[mark]`, before the records made at `now`
+    /// from there on, when there are some and the clock moved since the last one written. A
+    /// group's coordinators write none (see the record).
+    fn stamp(&mut self, now: Millis, records: &mut Vec<JournalRecord>, mark: usize) {
+        if self.group.is_some() || records.len() <= mark || self.journal_clock == Some(now) {
+            return;
+        }
+        records.insert(mark, JournalRecord::Clock { at_ms: now });
+        self.journal_clock = Some(now);
     }
 
     /// Builds the state machine from the journal.
@@ -790,6 +815,8 @@ impl Core {
             coord: Coordinator::new(config.coordinator.clone()),
             journal,
             epoch: Instant::now(),
+            base: unix_ms(),
+            journal_clock: None,
             sessions,
             senders: HashMap::new(),
             worker_queue: config.worker_queue.max(1),
@@ -850,11 +877,29 @@ impl Core {
         core.load_uploads();
         let records = core.journal.replay()?;
         let n = records.len();
+        let clocks = || {
+            records.iter().filter_map(|r| match r {
+                JournalRecord::Clock { at_ms } => Some(*at_ms),
+                _ => None,
+            })
+        };
+        // Records replay at the clock written before them; those of a journal from before
+        // clocks were written (or before the first one) at the first one, or now. The clock
+        // then goes on from the last one at least, whatever the system's clock says.
+        let mut at = clocks().next();
+        if let Some(last) = clocks().max() {
+            core.base = core.base.max(last.saturating_add(1));
+            core.journal_clock = Some(last);
+        }
         let now = core.now();
         let mut sink = Vec::new();
         for (record, r) in records.into_iter().enumerate() {
+            if let JournalRecord::Clock { at_ms } = r {
+                at = Some(at_ms);
+                continue;
+            }
             core.coord
-                .replay(now, r, &mut sink)
+                .replay(at.unwrap_or(now), r, &mut sink)
                 .map_err(|source| ClusterError::Replay { record, source })?;
             sink.clear();
         }
@@ -1067,10 +1112,12 @@ impl Core {
                 if lost {
                     self.metrics.lost_workers.inc();
                 }
+                let mark = records.len();
                 if let Some(r) = rec {
                     records.push(r);
                 }
                 records.extend(self.coord.take_journal_records());
+                self.stamp(now, records, mark);
                 true
             }
             Err(e) => {
@@ -1208,9 +1255,11 @@ impl Core {
                 let rec = JournalRecord::from_event(&ev);
                 match self.coord.handle(now, ev, cmds) {
                     Ok(()) => {
+                        let mark = records.len();
                         records.extend(rec);
                         // Credits may unpause jobs: what they placed is journaled too.
                         records.extend(self.coord.take_journal_records());
+                        self.stamp(now, records, mark);
                         after.push(Box::new(move |_| {
                             let _ = reply.send(Ok(()));
                         }));
@@ -1238,8 +1287,10 @@ impl Core {
                 let rec = JournalRecord::from_event(&ev);
                 match self.coord.handle(now, ev, cmds) {
                     Ok(()) => {
+                        let mark = records.len();
                         records.extend(rec);
                         records.extend(self.coord.take_journal_records());
+                        self.stamp(now, records, mark);
                         let pool = self.coord.job_summary(job).and_then(|s| s.pool);
                         let json = serde_json::to_string(&pool).unwrap_or_default();
                         after.push(Box::new(move |_| {
@@ -1326,6 +1377,7 @@ impl Core {
             }
         }
         // The journal keeps the job file; a replay parses and expands it again.
+        let mark = records.len();
         records.push(JournalRecord::JobSubmittedText {
             job,
             toml,
@@ -1333,6 +1385,7 @@ impl Core {
             tenant,
         });
         records.extend(self.coord.take_journal_records());
+        self.stamp(now, records, mark);
         let tasks = self
             .coord
             .job_summary(job)
@@ -1386,8 +1439,10 @@ impl Core {
                 let _ = reply.send(Err(Status::failed_precondition(e.to_string())));
             }
             Ok(()) => {
+                let mark = records.len();
                 records.extend(rec);
                 records.extend(self.coord.take_journal_records());
+                self.stamp(now, records, mark);
                 after.push(Box::new(move |core: &mut Core| {
                     core.forget(job);
                     let _ = reply.send(Ok(()));

@@ -734,6 +734,17 @@ pub enum JournalRecord {
         /// The tenant and the client's request id.
         key: String,
     },
+    /// The coordinator's clock, in milliseconds since the Unix epoch, when the records after
+    /// it (up to the next one) were made: replaying them at that time keeps what a job's
+    /// times say (submitted, finished, makespan, utilization, retention) across restarts.
+    /// Written before a record whenever the clock moved since the last one, by a coordinator
+    /// alone (a group of coordinators writes none: a node of an older version, mid rolling
+    /// upgrade, could not read it). Replays as nothing; compaction keeps the one before each
+    /// record it keeps.
+    Clock {
+        /// Milliseconds since the Unix epoch.
+        at_ms: u64,
+    },
 }
 
 impl JournalRecord {
@@ -821,7 +832,8 @@ impl JournalRecord {
             | JournalRecord::PoolWorker { .. }
             | JournalRecord::Ledger { .. }
             | JournalRecord::Verdict { .. }
-            | JournalRecord::Replicated { .. } => None,
+            | JournalRecord::Replicated { .. }
+            | JournalRecord::Clock { .. } => None,
         }
     }
 
@@ -932,7 +944,8 @@ impl JournalRecord {
             | JournalRecord::Ledger { .. }
             | JournalRecord::Verdict { .. }
             | JournalRecord::Replicated { .. }
-            | JournalRecord::Submission { .. } => return Ok(None),
+            | JournalRecord::Submission { .. }
+            | JournalRecord::Clock { .. } => return Ok(None),
         }))
     }
 }

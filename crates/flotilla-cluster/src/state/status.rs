@@ -136,7 +136,7 @@ pub struct JobStatus {
     pub total: u64,
     /// Failed attempts that were retried.
     pub retries: u32,
-    /// When it was submitted (coordinator milliseconds).
+    /// When it was submitted (milliseconds since the Unix epoch, by the coordinator's clock).
     pub submitted_ms: Millis,
     /// When it finished.
     pub finished_ms: Option<Millis>,

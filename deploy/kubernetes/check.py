@@ -676,6 +676,40 @@ def check_containerfile(repo, objs_all):
     check(uids == {10001}, f"{where}: the manifests run as the image's uid ({uids})")
 
 
+def check_client_example(name, objs, flags):
+    """A client pod of the examples: labelled so the NetworkPolicies admit it, locked down as
+    the other pods are, and every `flotilla CMD --flag` in its command exists."""
+    templates = list(pod_templates(objs))
+    check(templates, f"{name}: holds a pod template")
+    for o, t in templates:
+        where = f"{name}: {o['kind']}/{o['metadata']['name']}"
+        labels = t.get("metadata", {}).get("labels", {})
+        check(labels.get("app.kubernetes.io/name") == "flotilla"
+              and labels.get("app.kubernetes.io/component") == "client",
+              f"{where}: labelled as a flotilla client (the NetworkPolicies admit it)")
+        spec = t.get("spec", {})
+        check(spec.get("automountServiceAccountToken") is False,
+              f"{where}: no service account token")
+        check(spec.get("securityContext", {}).get("runAsNonRoot") is True, f"{where}: non-root")
+        for c in spec.get("containers", []):
+            sc = c.get("securityContext", {})
+            check(sc.get("allowPrivilegeEscalation") is False
+                  and sc.get("capabilities", {}).get("drop") == ["ALL"],
+                  f"{where}/{c['name']}: no privilege escalation, every capability dropped")
+            words = " ".join(c.get("command", []) + c.get("args", [])).split()
+            for i, w in enumerate(words):
+                if w != "flotilla" or i + 1 >= len(words):
+                    continue
+                cmd, known = words[i + 1], flags.get(words[i + 1])
+                check(known is not None, f"{where}: `flotilla {cmd}` is a command (docs/cli.md)")
+                for a in words[i + 2:]:
+                    if a in ("&&", "||", ";", "|"):
+                        break
+                    if a.startswith("--"):
+                        check(a.split("=", 1)[0] in (known or set()),
+                              f"{where}: `flotilla {cmd} {a}` exists (docs/cli.md)")
+
+
 def main():
     version, repo = sys.argv[1], Path(sys.argv[2])
     here = repo / "deploy" / "kubernetes"
@@ -697,6 +731,12 @@ def main():
         check_workers(name, objs)
         check_network_policies(name, objs)
         check_overlay(name, objs, metrics, states)
+    for f in sorted((here / "examples").glob("*.yaml")):
+        name = f"examples/{f.name}"
+        objs = [o for o in yaml.safe_load_all(f.read_text()) if o]
+        print(f"--- {name}: {len(objs)} objects")
+        check_schemas(name, objs, version)
+        check_client_example(name, objs, flags)
     print("--- outside the renders")
     check_adapter_values(repo, here, metrics, states)
     check_containerfile(repo, list(rendered.values()))

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Starts a one-node Kubernetes 1.20 on this machine, as root: etcd (Debian's etcd-server), the
+# binaries of build.sh, Docker (Debian's docker.io, already running) through the kubelet's
+# dockershim, Debian's CNI bridge plugin, and dnsmasq as a stand-in for CoreDNS (dns.py writes
+# the Services' and StatefulSet pods' names for it). Also a registry on 127.0.0.1:5000
+# (Debian's docker-registry) to push images to. Writes $DIR/kubeconfig.
+#   apt-get install etcd-server containernetworking-plugins dnsmasq-base docker-registry
+#   deploy/kubernetes/testcluster/up.sh && export KUBECONFIG=$DIR/kubeconfig
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+DIR=${TESTCLUSTER_DIR:-/var/tmp/flotilla-testcluster}
+B=$DIR/bin
+NODE_IP=${NODE_IP:-$(ip -4 -o route get 1.1.1.1 | sed -n 's/.* src \([0-9.]*\).*/\1/p')}
+export KUBECONFIG=$DIR/kubeconfig
+mkdir -p "$DIR"/{logs,etcd,kubelet,cni,dns,registry,pv/state}
+start() { local name=$1; shift; (nohup "$@" >"$DIR/logs/$name.log" 2>&1 & echo $! >"$DIR/logs/$name.pid"); }
+
+[ -f "$DIR/sa.key" ] || { openssl genrsa -out "$DIR/sa.key" 2048 && openssl rsa -in "$DIR/sa.key" -pubout -out "$DIR/sa.pub"; } 2>/dev/null
+token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+echo "$token,admin,admin,system:masters" >"$DIR/tokens.csv"
+chmod 600 "$DIR/tokens.csv"
+cat >"$DIR/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}}]
+contexts: [{name: local, context: {cluster: local, user: admin}}]
+users: [{name: admin, user: {token: "$token"}}]
+current-context: local
+KC
+chmod 600 "$DIR/kubeconfig"
+cp "$here/cni.conflist" "$DIR/cni/10-pods.conflist"
+printf 'version: 0.1\nstorage: {filesystem: {rootdirectory: %s}}\nhttp: {addr: "127.0.0.1:5000"}\n' \
+  "$DIR/registry" >"$DIR/registry.yml"
+# The kubelet's dockershim wants its sandbox image present.
+docker image inspect localhost/k8s/pause:3.2 >/dev/null 2>&1 ||
+  tar -C "$B" -c pause | docker import -c 'ENTRYPOINT ["/pause"]' - localhost/k8s/pause:3.2
+
+sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
+start registry docker-registry serve "$DIR/registry.yml"
+start etcd etcd --name node1 --data-dir "$DIR/etcd" --listen-client-urls http://127.0.0.1:2379 \
+  --advertise-client-urls http://127.0.0.1:2379 --listen-peer-urls http://127.0.0.1:2380
+sleep 2
+start apiserver "$B/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
+  --token-auth-file="$DIR/tokens.csv" --secure-port=6443 --cert-dir="$DIR/apiserver-certs" \
+  --advertise-address="$NODE_IP" --kubelet-preferred-address-types=InternalIP \
+  --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=AlwaysAllow --allow-privileged=true \
+  --service-account-key-file="$DIR/sa.pub" --service-account-signing-key-file="$DIR/sa.key" \
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local
+for _ in $(seq 60); do kubectl get --raw /healthz >/dev/null 2>&1 && break; sleep 1; done
+start controller-manager "$B/kube-controller-manager" --kubeconfig="$DIR/kubeconfig" \
+  --service-account-private-key-file="$DIR/sa.key" --leader-elect=false --cluster-cidr=10.244.0.0/16
+start scheduler "$B/kube-scheduler" --kubeconfig="$DIR/kubeconfig" --leader-elect=false
+touch "$DIR/dns/hosts"
+start dnsmasq dnsmasq --keep-in-foreground --no-resolv --no-hosts --addn-hosts="$DIR/dns/hosts" \
+  --listen-address="$NODE_IP" --bind-interfaces --pid-file="$DIR/dns/dnsmasq.pid"
+start dns-sync python3 "$here/dns.py" "$DIR/dns/hosts" "$DIR/dns/dnsmasq.pid"
+# Eviction and image garbage collection at a few percent only: at the defaults (imagefs 15%)
+# the kubelet of a shared build machine deletes every image it did not pull itself.
+start kubelet "$B/kubelet" --kubeconfig="$DIR/kubeconfig" --container-runtime=docker \
+  --pod-infra-container-image=localhost/k8s/pause:3.2 --network-plugin=cni \
+  --cni-bin-dir=/usr/lib/cni --cni-conf-dir="$DIR/cni" --root-dir="$DIR/kubelet" \
+  --cluster-dns="$NODE_IP" --cluster-domain=cluster.local --fail-swap-on=false \
+  --cgroup-driver=cgroupfs --hostname-override=node1 --node-ip="$NODE_IP" \
+  '--eviction-hard=memory.available<200Mi,nodefs.available<3%,imagefs.available<3%' \
+  --image-gc-high-threshold=100 --image-gc-low-threshold=99
+for _ in $(seq 90); do kubectl get node node1 2>/dev/null | grep -q ' Ready' && break; sleep 1; done
+# No volume provisioner: one local PersistentVolume for the coordinator's claim.
+sed "s#@STATE@#$DIR/pv/state#" "$here/pv.yaml" | kubectl apply -f -
+kubectl get nodes -o wide

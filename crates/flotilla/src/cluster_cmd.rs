@@ -1101,9 +1101,20 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
             .logs(JobId::new(a.job), &a.task, a.follow, a.stderr)
             .await?;
         let mut out = std::io::stdout().lock();
+        let mut wrote = false;
         while let Some(c) = s.message().await? {
+            wrote |= !c.data.is_empty();
             out.write_all(&c.data)?;
             out.flush()?;
+        }
+        // Said on stderr, so that stdout holds the task's own output only.
+        if !wrote && a.stderr {
+            eprintln!("({} wrote nothing to stderr)", a.task);
+        } else if !wrote {
+            eprintln!(
+                "({} wrote nothing to stdout; --stderr shows its stderr)",
+                a.task
+            );
         }
         anyhow::Ok(())
     }

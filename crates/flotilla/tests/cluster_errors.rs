@@ -364,6 +364,10 @@ name = "talk"
 id = "talker"
 array = "0..2"
 cmd = ["sh", "-c", "echo hello from talker {i}; echo line two; echo complaint {i} >&2"]
+
+[[task]]
+id = "quiet"
+cmd = ["true"]
 "#,
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -371,8 +375,23 @@ cmd = ["sh", "-c", "echo hello from talker {i}; echo line two; echo complaint {i
     let logs = c.cli(&["logs", &job, "talker[1]"]);
     assert!(logs.status.success(), "{}", text(&logs.stderr));
     assert_eq!(text(&logs.stdout), "hello from talker 1\nline two\n");
+    assert_eq!(
+        text(&logs.stderr),
+        "",
+        "nothing is added to a task's output"
+    );
     let err = c.cli(&["logs", &job, "talker[1]", "--stderr"]);
     assert_eq!(text(&err.stdout), "complaint 1\n");
+    // A task that wrote nothing: said so on stderr (it printed nothing at all, found in
+    // Kubernetes), stdout left empty.
+    let quiet = c.cli(&["logs", &job, "quiet"]);
+    assert!(quiet.status.success(), "{}", text(&quiet.stderr));
+    assert_eq!(text(&quiet.stdout), "");
+    assert!(
+        text(&quiet.stderr).contains("quiet wrote nothing to stdout"),
+        "{}",
+        text(&quiet.stderr)
+    );
     // An unknown task is an error that names it.
     let none = c.cli(&["logs", &job, "nobody"]);
     assert!(!none.status.success());

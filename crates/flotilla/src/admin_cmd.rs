@@ -283,6 +283,12 @@ fn print_group(g: &flotilla::cluster::ha::GroupStatus, json: bool) -> Result<()>
         ]);
     }
     println!("{t}");
+    if !g.journal_clock {
+        println!(
+            "the journal's clock is not written: a member runs an older flotilla (jobs' times \
+             replay at the last clock written until every member is upgraded)"
+        );
+    }
     Ok(())
 }
 

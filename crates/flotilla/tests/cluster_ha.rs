@@ -68,7 +68,14 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // Jobs keep their times across failovers once every member reads the journal's clock.
+    wait_until(
+        "every member to read the journal's clock",
+        Duration::from_secs(60),
+        || g.overview()?.group?.journal_clock.then_some(()),
+    );
     let job = g.submit(&dag.write(&dir, "failover", Some("0.1")));
+    let submitted = g.status(job).expect("the job's status").submitted_ms;
     let first = g.leader();
     let before = wait_until(
         "a quarter of the tasks done",
@@ -87,6 +94,10 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
     let took = g.kill_leader(first);
     let s = g.wait_job(job, JOB_TIMEOUT);
     assert_succeeded(&s);
+    assert_eq!(
+        s.submitted_ms, submitted,
+        "the new leader counts the job from the failover"
+    );
     dag.check_outputs(&dir);
     let runs = dag.completed_runs(&dir);
     for (i, n) in runs.iter().enumerate() {
@@ -151,9 +162,13 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
     let s2 = g.wait_job(job2, JOB_TIMEOUT);
     assert_succeeded(&s2);
     dag2.check_outputs(&dir2);
-    // The first job is still known, and still succeeded, on the third leader.
+    // The first job is still known, and still succeeded, on the third leader, with its times.
     let s1 = g.status(job).expect("the first job's status");
     assert_succeeded(&s1);
+    assert_eq!(
+        (s1.submitted_ms, s1.finished_ms, s1.makespan_s),
+        (s.submitted_ms, s.finished_ms, s.makespan_s)
+    );
 }
 
 /// Found under load (`bench/stress-tests.sh`): a node just elected whose first commit of the

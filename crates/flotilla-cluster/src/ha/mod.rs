@@ -210,6 +210,10 @@ pub struct GroupStatus {
     pub purged: Option<u64>,
     /// Every member.
     pub members: Vec<GroupMember>,
+    /// Whether this node would journal its clock leading: no member answers as a version that
+    /// cannot read it (jobs' times are then kept across failovers).
+    #[serde(default)]
+    pub journal_clock: bool,
 }
 
 impl GroupStatus {
@@ -235,6 +239,8 @@ pub struct Node {
     store: Arc<crate::objects::ObjectStore>,
     /// Whether it takes part in the group (`None` until known; see [`Node::admitted`]).
     admission: watch::Receiver<Option<std::result::Result<(), String>>>,
+    /// Whether every member reads clock records in the group's log (see [`watch_features`]).
+    clock: Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn raft_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
@@ -358,6 +364,64 @@ async fn refuse_if_held(
                 if r.is_err() || *stop.borrow() {
                     return Ok(false);
                 }
+            }
+        }
+    }
+}
+
+/// Keeps `clock` saying whether the other members read clock records in the group's log
+/// ([`network::FEATURE_JOURNAL_CLOCK`]; see
+/// [`JournalRecord::Clock`](crate::state::JournalRecord::Clock)), asking them every 5 s:
+/// false while one answers as an older version (mid rolling upgrade) or without the feature.
+/// A member that does not answer counts as one that reads them, as for [`record_held`]: a
+/// leader that lost a member to a crash keeps jobs' times (the member comes back as the
+/// version it was, or an upgrade).
+async fn watch_features(
+    raft: Raft,
+    me: NodeId,
+    (token, ca): (String, Option<Vec<u8>>),
+    clock: Arc<std::sync::atomic::AtomicBool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut every = tokio::time::interval(Duration::from_secs(5));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            r = stop.changed() => {
+                if r.is_err() || *stop.borrow() {
+                    break;
+                }
+            }
+        }
+        let others: Vec<String> = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .nodes()
+            .filter(|(id, _)| **id != me)
+            .map(|(_, n)| group_addr(&n.addr).unwrap_or_else(|| n.addr.clone()))
+            .collect();
+        let asked = futures::future::join_all(
+            others
+                .iter()
+                .map(|addr| network::ask_features(addr, ca.as_deref(), &token)),
+        )
+        .await;
+        let all = asked.iter().all(|r| match r {
+            Ok(f) => f & network::FEATURE_JOURNAL_CLOCK != 0,
+            Err(network::NoAnswer::Older) => false,
+            Err(network::NoAnswer::Unreachable(_)) => true,
+        });
+        if clock.swap(all, std::sync::atomic::Ordering::AcqRel) != all {
+            if all {
+                tracing::info!("every member reads the journal's clock: jobs' times are kept");
+            } else {
+                tracing::info!(
+                    "a member runs an older flotilla: the journal's clock is not written until \
+                     every member reads it"
+                );
             }
         }
     }
@@ -635,6 +699,14 @@ impl Node {
             (token.to_string(), peer_ca.clone()),
             stop.clone(),
         ));
+        let clock = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tokio::spawn(watch_features(
+            raft.clone(),
+            config.node_id,
+            (token.to_string(), peer_ca.clone()),
+            clock.clone(),
+            stop.clone(),
+        ));
         // A follower's compaction finishes at the next entry it applies, or here when the
         // group is idle.
         let finisher = sm.clone();
@@ -665,6 +737,7 @@ impl Node {
             objects,
             store,
             admission,
+            clock,
         }))
     }
 
@@ -942,6 +1015,12 @@ impl Node {
         Ok(self.status())
     }
 
+    /// Whether the leader may write clock records: no member answers as a version that cannot
+    /// read them (see [`watch_features`]).
+    pub fn writes_clock(&self) -> bool {
+        self.clock.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The group as this node sees it.
     pub fn status(&self) -> GroupStatus {
         let m = self.raft.metrics().borrow().clone();
@@ -974,6 +1053,7 @@ impl Node {
             snapshot: m.snapshot.map(|l| l.index),
             purged: m.purged.map(|l| l.index),
             members,
+            journal_clock: self.writes_clock(),
         }
     }
 

@@ -40,6 +40,10 @@ enum Rpc {
     /// Has node `id` held the group's log? (Asked by a node starting with an empty state
     /// folder, before it takes part.)
     Held(NodeId),
+    /// Which of [`FEATURES`] the node has: asked before the leader writes to the group's log
+    /// what a node of an older version could not read (that node cannot decode the question
+    /// either, and is told apart as older).
+    Features,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -55,7 +59,14 @@ enum Reply {
     Object(Option<Vec<u8>>),
     /// Whether the node asked about has held the group's log, as the answering node knows.
     Held(bool),
+    /// The node's [`FEATURES`].
+    Features(u32),
 }
+
+/// What this version reads in the group's log that earlier ones did not, a bit each.
+pub(super) const FEATURES: u32 = FEATURE_JOURNAL_CLOCK;
+/// It reads [`JournalRecord::Clock`](crate::state::JournalRecord::Clock).
+pub(super) const FEATURE_JOURNAL_CLOCK: u32 = 1;
 
 /// A client of the group port at `addr` (TLS when `ca` is given, verifying against it).
 async fn connect(addr: &str, ca: Option<&[u8]>) -> Result<GroupClient<Channel>, String> {
@@ -220,16 +231,11 @@ pub(super) enum NoAnswer {
     Unreachable(String),
 }
 
-/// Asks the node whose group port is `addr` whether node `id` has held the group's log.
-pub(super) async fn ask_held(
-    addr: &str,
-    ca: Option<&[u8]>,
-    token: &str,
-    id: NodeId,
-) -> Result<bool, NoAnswer> {
+/// Sends `rpc` to the node whose group port is `addr`: its reply, or why there is none
+/// ([`NoAnswer::Older`] when the node could not decode it).
+async fn ask(addr: &str, ca: Option<&[u8]>, token: &str, rpc: &Rpc) -> Result<Reply, NoAnswer> {
     let mut client = connect(addr, ca).await.map_err(NoAnswer::Unreachable)?;
-    let body =
-        postcard::to_allocvec(&Rpc::Held(id)).map_err(|e| NoAnswer::Unreachable(e.to_string()))?;
+    let body = postcard::to_allocvec(rpc).map_err(|e| NoAnswer::Unreachable(e.to_string()))?;
     let req = framed(body, Duration::from_secs(2), &format!("Bearer {token}"));
     let r = client.call(req).await.map_err(|s| {
         // What `Service::call` answers to a message it cannot decode.
@@ -240,10 +246,34 @@ pub(super) async fn ask_held(
         }
     })?;
     match postcard::from_bytes(&r.into_inner().body) {
-        Ok(Reply::Held(held)) => Ok(held),
         Ok(Reply::Refused(why)) => Err(NoAnswer::Unreachable(why)),
-        Ok(_) => Err(NoAnswer::Unreachable("a reply of another kind".into())),
+        Ok(reply) => Ok(reply),
         Err(e) => Err(NoAnswer::Unreachable(e.to_string())),
+    }
+}
+
+/// Asks the node whose group port is `addr` whether node `id` has held the group's log.
+pub(super) async fn ask_held(
+    addr: &str,
+    ca: Option<&[u8]>,
+    token: &str,
+    id: NodeId,
+) -> Result<bool, NoAnswer> {
+    match ask(addr, ca, token, &Rpc::Held(id)).await? {
+        Reply::Held(held) => Ok(held),
+        _ => Err(NoAnswer::Unreachable("a reply of another kind".into())),
+    }
+}
+
+/// Asks the node whose group port is `addr` for its [`FEATURES`].
+pub(super) async fn ask_features(
+    addr: &str,
+    ca: Option<&[u8]>,
+    token: &str,
+) -> Result<u32, NoAnswer> {
+    match ask(addr, ca, token, &Rpc::Features).await? {
+        Reply::Features(f) => Ok(f),
+        _ => Err(NoAnswer::Unreachable("a reply of another kind".into())),
     }
 }
 
@@ -337,6 +367,7 @@ impl crate::proto::group_server::Group for Service {
                     .any(|(n, _)| *n == id);
                 Reply::Held(member && self.sm.held().contains(&id))
             }
+            Rpc::Features => Reply::Features(FEATURES),
             Rpc::Append(r) => match self.raft.append_entries(r).await {
                 Ok(r) => Reply::Append(r),
                 Err(e) => Reply::Refused(e.to_string()),
@@ -601,6 +632,8 @@ mod tests {
                     .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
             );
             let r = ask_held(&addr, None, "token", 3).await;
+            assert!(matches!(r, Err(NoAnswer::Older)), "{r:?}");
+            let r = ask_features(&addr, None, "token").await;
             assert!(matches!(r, Err(NoAnswer::Older)), "{r:?}");
             let gone = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
             let addr = gone.local_addr().expect("address").to_string();

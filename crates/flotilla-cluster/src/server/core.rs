@@ -786,10 +786,11 @@ impl Core {
     }
 
     /// Writes a [`JournalRecord::Clock`] at `records[mark]`, before the records made at `now`
-    /// from there on, when there are some and the clock moved since the last one written. A
-    /// group's coordinators write none (see the record).
+    /// from there on, when there are some and the clock moved since the last one written. In a
+    /// group, only once every member reads it (see [`crate::ha::Node::writes_clock`]).
     fn stamp(&mut self, now: Millis, records: &mut Vec<JournalRecord>, mark: usize) {
-        if self.group.is_some() || records.len() <= mark || self.journal_clock == Some(now) {
+        let older = self.group.as_ref().is_some_and(|g| !g.writes_clock());
+        if older || records.len() <= mark || self.journal_clock == Some(now) {
             return;
         }
         records.insert(mark, JournalRecord::Clock { at_ms: now });

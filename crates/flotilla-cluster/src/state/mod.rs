@@ -737,10 +737,10 @@ pub enum JournalRecord {
     /// The coordinator's clock, in milliseconds since the Unix epoch, when the records after
     /// it (up to the next one) were made: replaying them at that time keeps what a job's
     /// times say (submitted, finished, makespan, utilization, retention) across restarts.
-    /// Written before a record whenever the clock moved since the last one, by a coordinator
-    /// alone (a group of coordinators writes none: a node of an older version, mid rolling
-    /// upgrade, could not read it). Replays as nothing; compaction keeps the one before each
-    /// record it keeps.
+    /// Written before a record whenever the clock moved since the last one; in a group of
+    /// coordinators only while every member reads it (a node of an older version, mid rolling
+    /// upgrade, could not). Replays as nothing; compaction keeps the one before each record it
+    /// keeps.
     Clock {
         /// Milliseconds since the Unix epoch.
         at_ms: u64,

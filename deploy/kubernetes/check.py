@@ -26,6 +26,7 @@ import yaml
 NAMESPACE = "flotilla"
 ADMIN_SECRET = "flotilla-admin-token"
 WORKER_SECRET = "flotilla-worker-token"
+TLS_SECRET = "flotilla-tls"  # components/tls: tls.crt, tls.key, ca.crt
 METRICS_SECRET = "flotilla-metrics-token"
 STATE_DIR = "/var/lib/flotilla"
 # The worker waits --grace + this long for its tasks after it is asked to leave (worker.rs).
@@ -303,7 +304,7 @@ def check_pods(name, objs, flags):
                       f"(unknown: {', '.join(sorted(used - known)) or 'none'})")
         for v in volumes.values():
             if "secret" in v:
-                check(v["secret"]["secretName"] in (ADMIN_SECRET, WORKER_SECRET),
+                check(v["secret"]["secretName"] in (ADMIN_SECRET, WORKER_SECRET, TLS_SECRET),
                       f"{where}: Secret {v['secret']['secretName']} is one docs/kubernetes.md says to create")
 
 
@@ -341,6 +342,47 @@ def secret_file(spec, c, path):
         if i["path"] == rel:
             return v, best, i["key"], i.get("mode", sec.get("defaultMode", 0o644))
     return None
+
+
+def check_tls(name, objs):
+    """components/tls: the coordinator serves TLS from the Secret's certificate and key, every
+    worker verifies it with the Secret's CA and holds no key; without it, no side has TLS."""
+    coords, ws = coordinator(objs), workers(objs)
+    if not coords:
+        return
+    c0 = coords[0]["spec"]["template"]
+    cc = c0["spec"]["containers"][0]
+    _, cargs = flotilla_args(cc)
+    tls = "--tls-cert" in cargs
+    for o in ws:
+        t = o["spec"]["template"]
+        wc = t["spec"]["containers"][0]
+        _, wargs = flotilla_args(wc)
+        where = f"{name}: Deployment/{o['metadata']['name']}"
+        check(("--tls-ca" in wargs) == tls,
+              f"{where}: --tls-ca {'given' if tls else 'absent'}, as the coordinator "
+              f"{'serves' if tls else 'does not serve'} TLS")
+        if tls and "--tls-ca" in wargs:
+            ca = flag_values(wargs, "--tls-ca")
+            f = secret_file(t["spec"], wc, ca[0]) if ca else None
+            check(f is not None and f[0]["secret"]["secretName"] == TLS_SECRET and f[2] == "ca.crt",
+                  f"{where}: --tls-ca is the key ca.crt of the Secret {TLS_SECRET}")
+        for v in t["spec"].get("volumes", []):
+            sec = v.get("secret", {})
+            if sec.get("secretName") == TLS_SECRET:
+                keys = [i["key"] for i in sec.get("items") or []]
+                check(sec.get("items") and "tls.key" not in keys,
+                      f"{where}: mounts only {', '.join(keys) or 'every key'} of {TLS_SECRET}, never tls.key")
+    if not tls:
+        return
+    where = f"{name}: StatefulSet/{coords[0]['metadata']['name']}"
+    for flag, key in (("--tls-cert", "tls.crt"), ("--tls-key", "tls.key")):
+        vals = flag_values(cargs, flag)
+        f = secret_file(c0["spec"], cc, vals[0]) if vals else None
+        check(f is not None and f[0]["secret"]["secretName"] == TLS_SECRET and f[2] == key,
+              f"{where}: {flag} is the key {key} of the Secret {TLS_SECRET}")
+        if f is not None and key == "tls.key":
+            check(f[3] & 0o007 == 0, f"{where}: the TLS key is not readable by others (mode {f[3]:o})")
 
 
 def check_admin_token(where, spec, c, args):
@@ -730,6 +772,7 @@ def main():
         check_coordinator(name, objs)
         check_workers(name, objs)
         check_network_policies(name, objs)
+        check_tls(name, objs)
         check_overlay(name, objs, metrics, states)
     for f in sorted((here / "examples").glob("*.yaml")):
         name = f"examples/{f.name}"

@@ -94,6 +94,7 @@ for c in "$here"/components/*/; do
   combo cpu-only "$(basename "$c")"
 done
 combo gpu prometheus-servicemonitor autoscale-keda
+combo gpu tls
 
 # --- validate ---
 "$venv/bin/python" "$here/check.py" "$K8S_VERSION" "$repo" "${renders[@]}"

@@ -75,10 +75,11 @@ pub(crate) struct ServerArgs {
     #[arg(long)]
     listen: Option<SocketAddr>,
     /// This coordinator's number in a group of coordinators: its position in --peers
-    /// (the first is number one). The group elects one leader, which alone opens its API
-    /// port; the journal and the tokens are replicated on a majority before anything is
-    /// acknowledged.
-    #[arg(long, requires = "peers")]
+    /// (the first is number one), or `ordinal`: one more than the number that ends this
+    /// machine's host name (a StatefulSet's pod `flotilla-coordinator-2` is node 3). The group
+    /// elects one leader, which alone opens its API port; the journal and the tokens are
+    /// replicated on a majority before anything is acknowledged.
+    #[arg(long, requires = "peers", value_parser = node_id_arg)]
     node_id: Option<u64>,
     /// Every coordinator of the group by its API address, in node-id order (the same list on
     /// every node, and for clients and workers in --server or FLOTILLA_SERVER). Each node
@@ -1126,6 +1127,38 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
     printed
 }
 
+/// `--node-id`: a number from 1, or `ordinal` (see [`ordinal_node_id`]) with this machine's
+/// host name.
+fn node_id_arg(s: &str) -> std::result::Result<u64, String> {
+    if s == "ordinal" {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .ok_or("ordinal: this machine's host name cannot be read")?;
+        return ordinal_node_id(host.trim());
+    }
+    match s.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a node id (a number from 1, or `ordinal`)"
+        )),
+    }
+}
+
+/// The node id of a host named as a StatefulSet names its pods, `NAME-ORDINAL`: the ordinal
+/// plus one (node ids start at 1, ordinals at 0).
+fn ordinal_node_id(host: &str) -> std::result::Result<u64, String> {
+    host.rsplit_once('-')
+        .and_then(|(_, n)| n.parse::<u64>().ok())
+        .and_then(|n| n.checked_add(1))
+        .ok_or_else(|| {
+            format!(
+                "ordinal: the host name {host:?} does not end in -NUMBER (a StatefulSet's pod \
+                 name does)"
+            )
+        })
+}
+
 /// A job id as the commands take it: its number (`flotilla submit` prints it) or the
 /// number as statuses and messages write it, `job-1`.
 pub(crate) fn job_number(s: &str) -> std::result::Result<u64, String> {
@@ -1143,5 +1176,17 @@ mod tests {
         let e = super::job_number("job-x").expect_err("refused");
         assert!(e.contains("\"job-x\" is not a job id"), "{e}");
         assert!(super::job_number("task-7").is_err());
+    }
+
+    #[test]
+    fn a_node_id_is_a_number_or_the_ordinal_of_a_statefulset_pod() {
+        assert_eq!(super::ordinal_node_id("flotilla-coordinator-0"), Ok(1));
+        assert_eq!(super::ordinal_node_id("flotilla-coordinator-2"), Ok(3));
+        let e = super::ordinal_node_id("coordinator").expect_err("refused");
+        assert!(e.contains("does not end in -NUMBER"), "{e}");
+        assert!(super::ordinal_node_id("node-x").is_err());
+        assert_eq!(super::node_id_arg("2"), Ok(2));
+        assert!(super::node_id_arg("0").is_err());
+        assert!(super::node_id_arg("two").is_err());
     }
 }

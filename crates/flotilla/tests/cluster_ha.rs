@@ -636,3 +636,30 @@ fn a_node_that_held_the_log_is_refused_with_an_empty_state_folder_until_replaced
         assert_succeeded(&g.status(job).expect("every job"));
     }
 }
+
+/// A node listening on every interface (`--listen 0.0.0.0:PORT`, as a pod does) opens its
+/// group port there at once, though its own name in --peers does not resolve: a
+/// StatefulSet's pod starts before its DNS record exists, and such a node exited ("--peers:
+/// cannot resolve this node's ...") until it did, restarting in a back-off (found running
+/// components/ha on Kubernetes). Its node id is taken from a host name, as a pod's.
+#[test]
+fn a_node_on_every_interface_opens_its_group_port_before_its_name_resolves() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = kit::group::free_pair(&HashSet::new());
+    let q = kit::group::free_pair(&HashSet::from([p, p + 1]));
+    let mut cmd = std::process::Command::new(kit::BIN);
+    cmd.args(["server", "--node-id", "1", "--listen", &format!("0.0.0.0:{p}")])
+        .arg("--peers")
+        .arg(format!("flotilla-pod-0.flotilla.invalid:{p},127.0.0.1:{q}"))
+        .arg("--state")
+        .arg(dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null());
+    let (mut node, _log) = kit::spawn_logged(cmd, "node 1");
+    wait_until("the group port to open", Duration::from_secs(60), || {
+        assert!(!node.exited(), "the node exited (see its log above)");
+        std::net::TcpStream::connect(("127.0.0.1", p + 1)).ok()
+    });
+    assert!(!node.exited());
+    node.kill();
+}

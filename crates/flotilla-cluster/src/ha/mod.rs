@@ -523,9 +523,12 @@ impl Node {
     /// this node reaches the others over TLS, verifying them against
     /// [`GroupConfig::peer_ca`]. `max_uploads` caps the objects this node keeps for the
     /// group as it caps its own uploads (`flotilla server --max-uploads`): a copy beyond is
-    /// refused, and a submission a majority cannot keep is refused too.
+    /// refused, and a submission a majority cannot keep is refused too. The group port is
+    /// `listen`'s port + 1, on every interface when `listen` is (else on the address this
+    /// node's entry in --peers resolves to).
     pub async fn start(
         config: GroupConfig,
+        listen: SocketAddr,
         state_dir: &Path,
         token: &str,
         (fsync, max_uploads): (bool, Option<u64>),
@@ -570,14 +573,21 @@ impl Node {
         )
         .await
         .map_err(|e| raft_err("start", e))?;
-        let own = group_addr(config.own_api()).unwrap_or_default();
-        let at: SocketAddr = tokio::net::lookup_host(&own)
-            .await
-            .ok()
-            .and_then(|mut a| a.next())
-            .ok_or_else(|| {
-                ClusterError::Config(format!("--peers: cannot resolve this node's {own}"))
-            })?;
+        // On every interface when the API is (`--listen 0.0.0.0:PORT`): then this node's own
+        // name in --peers need not resolve yet (a pod's DNS record appears after it starts).
+        let at: SocketAddr = match listen.port().checked_add(1) {
+            Some(port) if listen.ip().is_unspecified() => SocketAddr::new(listen.ip(), port),
+            _ => {
+                let own = group_addr(config.own_api()).unwrap_or_default();
+                tokio::net::lookup_host(&own)
+                    .await
+                    .ok()
+                    .and_then(|mut a| a.next())
+                    .ok_or_else(|| {
+                        ClusterError::Config(format!("--peers: cannot resolve this node's {own}"))
+                    })?
+            }
+        };
         let listener = tokio::net::TcpListener::bind(at)
             .await
             .map_err(|e| ClusterError::Bind {

@@ -230,6 +230,7 @@ impl Server {
         }
         let node = crate::ha::Node::start(
             group,
+            config.listen,
             &config.state_dir,
             &token,
             (config.fsync, config.max_uploads),

@@ -33,7 +33,7 @@ pub(crate) struct Group {
 }
 
 /// A port `p` with `p + 1` free too (the API and the group port), from the ephemeral range.
-fn free_pair(taken: &HashSet<u16>) -> u16 {
+pub(crate) fn free_pair(taken: &HashSet<u16>) -> u16 {
     loop {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         let p = l.local_addr().expect("its address").port();

@@ -866,6 +866,17 @@ fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> ClusterError {
         while let Some(next) = root.source() {
             root = next;
         }
+        // Refused: nothing listens there now (a coordinator that restarts, a port-forward
+        // gone), which TLS has nothing to do with.
+        if root
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return ClusterError::Connect {
+                addr: addr.to_string(),
+                message: root.to_string(),
+            };
+        }
         let seen = if std::ptr::addr_eq(root, &s as &dyn std::error::Error) {
             s.message().to_string()
         } else {
@@ -912,6 +923,17 @@ mod tests {
         let s = tonic::Status::unknown("h2 protocol error: http2 error");
         let e = plain_to_tls_hint("h:1", false, s).to_string();
         assert!(e.contains("--tls-ca"), "{e}");
+    }
+
+    /// Found through a stale `kubectl port-forward`: a connection refused under an RPC was
+    /// said to be a server that may speak TLS.
+    #[test]
+    fn a_refused_connection_is_no_tls_hint_but_no_coordinator_answering() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let s = tonic::Status::from_error(Box::new(refused));
+        let e = plain_to_tls_hint("h:1", false, s);
+        assert!(matches!(e, ClusterError::Connect { .. }), "{e:?}");
+        assert!(!e.to_string().contains("TLS"), "{e}");
     }
 
     #[test]

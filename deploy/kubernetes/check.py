@@ -430,9 +430,12 @@ def check_coordinator(name, objs):
     s = sts[0]
     where = f"{name}: StatefulSet/{s['metadata']['name']}"
     spec = s["spec"]["template"]["spec"]
-    check(s["spec"].get("replicas") == 1, f"{where}: one replica (a state folder takes one coordinator)")
     c = spec["containers"][0]
     sub, args = flotilla_args(c)
+    if "--node-id" in args:
+        check_group(name, s, c, args, objs)
+    else:
+        check(s["spec"].get("replicas") == 1, f"{where}: one replica (a state folder takes one coordinator)")
     check(sub == "server", f"{where}: runs `flotilla server`")
     check(flag_values(args, "--listen") == ["0.0.0.0:7070"], f"{where}: --listen 0.0.0.0:7070")
     check(flag_values(args, "--http-listen") == ["0.0.0.0:9090"], f"{where}: --http-listen 0.0.0.0:9090 (dashboard, /metrics)")
@@ -471,6 +474,45 @@ def check_coordinator(name, objs):
               and exposed[0].get("protocol", "TCP") == "TCP",
               f"{name}: Service/{svc[0]['metadata']['name']} exposes the rendezvous on TCP {rdv_port}"
               f" (the port ranks are told)")
+
+
+def check_group(name, s, c, args, objs):
+    """components/ha: as many nodes as --peers lists, each named as its pod resolves, started
+    together, probed where every node listens, reachable by the others before any is ready."""
+    where = f"{name}: StatefulSet/{s['metadata']['name']}"
+    n, sts, svc_name = s["spec"].get("replicas"), s["metadata"]["name"], s["spec"]["serviceName"]
+    check(flag_values(args, "--node-id") == ["ordinal"], f"{where}: --node-id ordinal (each pod its own node)")
+    peers = ",".join(flag_values(args, "--peers")).split(",")
+    want = [f"{sts}-{i}.{svc_name}:7070" for i in range(n or 0)]
+    check(n in (3, 5) and peers == want,
+          f"{where}: {n} replicas, --peers names each pod as its Service resolves it, in ordinal order "
+          f"({', '.join(peers)})")
+    check(s["spec"].get("podManagementPolicy") == "Parallel",
+          f"{where}: podManagementPolicy Parallel (one pod alone never becomes ready: it needs a majority)")
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    check(ports.get("group") == ports.get("api", 0) + 1, f"{where}: container port \"group\" is the API port + 1")
+    # Followers open no other port; and a rolling update waits for each pod to be ready.
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        port = (c.get(probe, {}).get("tcpSocket") or {}).get("port")
+        check(port == "group", f"{where}: {probe} on the group port (every node listens there)")
+    svc = [x for x in objs if x["kind"] == "Service" and x["metadata"]["name"] == svc_name]
+    if svc:
+        sv = svc[0]["spec"]
+        check(sv.get("publishNotReadyAddresses") is True,
+              f"{name}: Service/{svc_name} publishes pods not ready (the nodes find each other before a leader)")
+        check(any(p.get("targetPort") == "group" for p in sv.get("ports", [])),
+              f"{name}: Service/{svc_name} lists the group port")
+    labels = s["spec"]["template"]["metadata"]["labels"]
+    admitted = False
+    for np in (x for x in objs if x["kind"] == "NetworkPolicy"):
+        if not labels_match(np["spec"]["podSelector"], labels):
+            continue
+        for rule in np["spec"].get("ingress", []):
+            froms = [f.get("podSelector") for f in rule.get("from", []) if "namespaceSelector" not in f]
+            if any(f and labels_match(f, labels) for f in froms) and any(
+                    p.get("port") == "group" for p in rule.get("ports", [])):
+                admitted = True
+    check(admitted, f"{name}: the coordinators' NetworkPolicy admits the other coordinators on the group port")
 
 
 def check_workers(name, objs):

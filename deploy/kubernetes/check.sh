@@ -95,6 +95,7 @@ for c in "$here"/components/*/; do
 done
 combo gpu prometheus-servicemonitor autoscale-keda
 combo gpu tls
+combo gpu ha
 
 # --- validate ---
 "$venv/bin/python" "$here/check.py" "$K8S_VERSION" "$repo" "${renders[@]}"

@@ -12,7 +12,7 @@ DIR=${TESTCLUSTER_DIR:-/var/tmp/flotilla-testcluster}
 B=$DIR/bin
 NODE_IP=${NODE_IP:-$(ip -4 -o route get 1.1.1.1 | sed -n 's/.* src \([0-9.]*\).*/\1/p')}
 export KUBECONFIG=$DIR/kubeconfig
-mkdir -p "$DIR"/{logs,etcd,kubelet,cni,dns,registry,pv/state}
+mkdir -p "$DIR"/{logs,etcd,kubelet,cni,dns,registry} "$DIR"/pv/state-{0,1,2}
 start() { local name=$1; shift; (nohup "$@" >"$DIR/logs/$name.log" 2>&1 & echo $! >"$DIR/logs/$name.pid"); }
 
 [ -f "$DIR/sa.key" ] || { openssl genrsa -out "$DIR/sa.key" 2048 && openssl rsa -in "$DIR/sa.key" -pubout -out "$DIR/sa.pub"; } 2>/dev/null
@@ -64,6 +64,6 @@ start kubelet "$B/kubelet" --kubeconfig="$DIR/kubeconfig" --container-runtime=do
   '--eviction-hard=memory.available<200Mi,nodefs.available<3%,imagefs.available<3%' \
   --image-gc-high-threshold=100 --image-gc-low-threshold=99
 for _ in $(seq 90); do kubectl get node node1 2>/dev/null | grep -q ' Ready' && break; sleep 1; done
-# No volume provisioner: one local PersistentVolume for the coordinator's claim.
-sed "s#@STATE@#$DIR/pv/state#" "$here/pv.yaml" | kubectl apply -f -
+# No volume provisioner: local PersistentVolumes for the coordinators' claims.
+sed "s#@DIR@#$DIR#" "$here/pv.yaml" | kubectl apply -f -
 kubectl get nodes -o wide

@@ -648,13 +648,19 @@ fn a_node_on_every_interface_opens_its_group_port_before_its_name_resolves() {
     let p = kit::group::free_pair(&HashSet::new());
     let q = kit::group::free_pair(&HashSet::from([p, p + 1]));
     let mut cmd = std::process::Command::new(kit::BIN);
-    cmd.args(["server", "--node-id", "1", "--listen", &format!("0.0.0.0:{p}")])
-        .arg("--peers")
-        .arg(format!("flotilla-pod-0.flotilla.invalid:{p},127.0.0.1:{q}"))
-        .arg("--state")
-        .arg(dir.path())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null());
+    cmd.args([
+        "server",
+        "--node-id",
+        "1",
+        "--listen",
+        &format!("0.0.0.0:{p}"),
+    ])
+    .arg("--peers")
+    .arg(format!("flotilla-pod-0.flotilla.invalid:{p},127.0.0.1:{q}"))
+    .arg("--state")
+    .arg(dir.path())
+    .stdin(std::process::Stdio::null())
+    .stdout(std::process::Stdio::null());
     let (mut node, _log) = kit::spawn_logged(cmd, "node 1");
     wait_until("the group port to open", Duration::from_secs(60), || {
         assert!(!node.exited(), "the node exited (see its log above)");

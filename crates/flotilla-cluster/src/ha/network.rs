@@ -126,9 +126,15 @@ impl RaftNetworkFactory<TypeConfig> for Net {
             header: format!("Bearer {}", self.token),
             ca: self.ca.clone(),
             client: None,
+            pending: false,
+            stalled: 0,
         }
     }
 }
+
+/// After this many calls in a row that failed or never finished (their caller gave up on
+/// them: openraft's timeouts drop the call), a peer's connection is made anew.
+const STALLED_RECONNECT: u32 = 3;
 
 /// The way to one other node.
 pub(super) struct Peer {
@@ -137,6 +143,10 @@ pub(super) struct Peer {
     header: String,
     ca: Option<Vec<u8>>,
     client: Option<GroupClient<Channel>>,
+    /// A call is under way (still set at the next call: its caller dropped it).
+    pending: bool,
+    /// Calls in a row that failed or never finished.
+    stalled: u32,
 }
 
 fn unreachable<E: std::error::Error>(e: impl std::fmt::Display) -> RPCError<NodeId, BasicNode, E> {
@@ -154,6 +164,17 @@ impl Peer {
         ttl: Duration,
     ) -> Result<Reply, RPCError<NodeId, BasicNode, E>> {
         let body = postcard::to_allocvec(&rpc).map_err(network)?;
+        if std::mem::take(&mut self.pending) {
+            self.stalled += 1;
+        }
+        // A connection whose calls hang (the node's pod came back on another IP: the old
+        // one neither answers nor refuses) is dropped, and the next connection resolves the
+        // node's name again. Without this the leader reached a recreated pod only once that
+        // pod had started an election, and stepped down for it.
+        if self.stalled >= STALLED_RECONNECT {
+            self.client = None;
+            self.stalled = 0;
+        }
         if self.client.is_none() {
             let c = connect(&self.addr, self.ca.as_deref())
                 .await
@@ -163,9 +184,16 @@ impl Peer {
         let Some(client) = self.client.as_mut() else {
             return Err(unreachable("no connection"));
         };
-        match client.call(framed(body, ttl, &self.header)).await {
-            Ok(r) => postcard::from_bytes(&r.into_inner().body).map_err(network),
+        self.pending = true;
+        let r = client.call(framed(body, ttl, &self.header)).await;
+        self.pending = false;
+        match r {
+            Ok(r) => {
+                self.stalled = 0;
+                postcard::from_bytes(&r.into_inner().body).map_err(network)
+            }
             Err(s) => {
+                self.stalled += 1;
                 if s.code() == tonic::Code::Unavailable {
                     // Reconnect next time (the node restarted).
                     self.client = None;
@@ -640,6 +668,126 @@ mod tests {
             drop(gone);
             let r = ask_held(&addr, None, "token", 3).await;
             assert!(matches!(r, Err(NoAnswer::Unreachable(_))), "{r:?}");
+        });
+    }
+
+    /// Answers every message with `Held(true)`.
+    struct Answers;
+
+    #[tonic::async_trait]
+    impl crate::proto::group_server::Group for Answers {
+        async fn call(
+            &self,
+            _req: tonic::Request<GroupFrame>,
+        ) -> Result<tonic::Response<GroupFrame>, tonic::Status> {
+            let body = postcard::to_allocvec(&Reply::Held(true))
+                .map_err(|e| tonic::Status::internal(e.to_string()))?;
+            Ok(tonic::Response::new(GroupFrame { body }))
+        }
+    }
+
+    /// A TCP relay to `to` whose connections, once `freeze` is raised past the generation
+    /// they were accepted in, stop passing bytes but stay open: what a pod's old IP does
+    /// once the pod was made again elsewhere.
+    async fn freezing_relay(
+        to: std::net::SocketAddr,
+        freeze: Arc<std::sync::atomic::AtomicU32>,
+    ) -> std::net::SocketAddr {
+        use std::sync::atomic::Ordering;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let at = l.local_addr().expect("address");
+        tokio::spawn(async move {
+            while let Ok((a, _)) = l.accept().await {
+                let born = freeze.load(Ordering::SeqCst);
+                let Ok(b) = tokio::net::TcpStream::connect(to).await else {
+                    continue;
+                };
+                let (ar, aw) = a.into_split();
+                let (br, bw) = b.into_split();
+                for (mut r, mut w) in [
+                    (
+                        Box::new(ar) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                        Box::new(bw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                    ),
+                    (Box::new(br), Box::new(aw)),
+                ] {
+                    let freeze = freeze.clone();
+                    tokio::spawn(async move {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        let mut buf = vec![0u8; 64 * 1024];
+                        while let Ok(n) = r.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                            if freeze.load(Ordering::SeqCst) > born {
+                                // Held open, silent, for as long as the test runs.
+                                std::future::pending::<()>().await;
+                            }
+                            if w.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        at
+    }
+
+    /// A call given up after `ttl`, as openraft gives up on its calls.
+    async fn call_within(peer: &mut Peer, ttl: Duration) -> Option<Reply> {
+        tokio::time::timeout(ttl, peer.call::<std::io::Error>(Rpc::Held(1), ttl))
+            .await
+            .ok()?
+            .ok()
+    }
+
+    #[test]
+    fn a_peer_whose_connection_hangs_connects_anew() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let server = l.local_addr().expect("address");
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(crate::proto::group_server::GroupServer::new(Answers))
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+            );
+            let freeze = Arc::new(std::sync::atomic::AtomicU32::new(0));
+            let relay = freezing_relay(server, freeze.clone()).await;
+            let mut peer = Net::new("token", None)
+                .new_client(
+                    2,
+                    &BasicNode {
+                        // The API address: the group port is the next one.
+                        addr: format!("127.0.0.1:{}", relay.port() - 1),
+                    },
+                )
+                .await;
+            let ttl = Duration::from_millis(200);
+            assert!(matches!(
+                call_within(&mut peer, ttl).await,
+                Some(Reply::Held(true))
+            ));
+            freeze.store(1, std::sync::atomic::Ordering::SeqCst);
+            // openraft gives up on each call after its timeout, dropping it, as here.
+            let mut answered = None;
+            for i in 0..10 {
+                if let Some(Reply::Held(true)) = call_within(&mut peer, ttl).await {
+                    answered = Some(i);
+                    break;
+                }
+            }
+            let i = answered.expect("the peer never connected anew: its calls hung for good");
+            assert!(i >= 1, "the frozen connection answered");
         });
     }
 

@@ -320,10 +320,6 @@ const MAX_UNWRITTEN: usize = 1_000_000;
 /// How often an append that failed is tried again.
 const RETRY_APPEND: Duration = Duration::from_millis(250);
 
-/// Test hook: with `FLOTILLA_FAULT=lose-submit-answer:N`, the first N turns of this process
-/// that commit a submission in a group stop leading once the group holds it, before it is
-/// answered: the client loses the answer of a job that exists (and sends it again). Unset,
-/// it costs one atomic load per commit.
 /// Milliseconds since the Unix epoch by the system's clock (0 before it).
 fn unix_ms() -> Millis {
     std::time::SystemTime::now()
@@ -332,6 +328,10 @@ fn unix_ms() -> Millis {
         .unwrap_or(0)
 }
 
+/// Test hook: with `FLOTILLA_FAULT=lose-submit-answer:N`, the first N turns of this process
+/// that commit a submission in a group stop leading once the group holds it, before it is
+/// answered: the client loses the answer of a job that exists (and sends it again). Unset,
+/// it costs one atomic load per commit.
 fn lose_submit_answer(records: &[JournalRecord]) -> bool {
     use std::sync::atomic::{AtomicU32, Ordering};
     static LEFT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
@@ -787,7 +787,8 @@ impl Core {
 
     /// Writes a [`JournalRecord::Clock`] at `records[mark]`, before the records made at `now`
     /// from there on, when there are some and the clock moved since the last one written. In a
-    /// group, only once every member reads it (see [`crate::ha::Node::writes_clock`]).
+    /// group, only while no member answers as a version that cannot read it (see
+    /// [`crate::ha::Node::writes_clock`]).
     fn stamp(&mut self, now: Millis, records: &mut Vec<JournalRecord>, mark: usize) {
         let older = self.group.as_ref().is_some_and(|g| !g.writes_clock());
         if older || records.len() <= mark || self.journal_clock == Some(now) {

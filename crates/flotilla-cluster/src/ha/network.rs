@@ -643,6 +643,20 @@ mod tests {
         }
     }
 
+    /// Serves `group` as a group port on a loopback port of its own: its address.
+    async fn serve(group: impl crate::proto::group_server::Group) -> std::net::SocketAddr {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let at = l.local_addr().expect("address");
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(crate::proto::group_server::GroupServer::new(group))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+        );
+        at
+    }
+
     #[test]
     fn an_older_node_is_told_apart_from_one_that_does_not_answer() {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -650,15 +664,7 @@ mod tests {
             .build()
             .expect("a runtime");
         rt.block_on(async {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            let addr = l.local_addr().expect("address").to_string();
-            tokio::spawn(
-                tonic::transport::Server::builder()
-                    .add_service(crate::proto::group_server::GroupServer::new(Older))
-                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
-            );
+            let addr = serve(Older).await.to_string();
             let r = ask_held(&addr, None, "token", 3).await;
             assert!(matches!(r, Err(NoAnswer::Older)), "{r:?}");
             let r = ask_features(&addr, None, "token").await;
@@ -752,15 +758,7 @@ mod tests {
             .build()
             .expect("a runtime");
         rt.block_on(async {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
-            let server = l.local_addr().expect("address");
-            tokio::spawn(
-                tonic::transport::Server::builder()
-                    .add_service(crate::proto::group_server::GroupServer::new(Answers))
-                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
-            );
+            let server = serve(Answers).await;
             let freeze = Arc::new(std::sync::atomic::AtomicU32::new(0));
             let relay = freezing_relay(server, freeze.clone()).await;
             let mut peer = Net::new("token", None)

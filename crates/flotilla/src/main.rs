@@ -1240,44 +1240,8 @@ fn print_all(bytes: &[u8]) -> Result<bool> {
     }
 }
 
-/// Whether `cmd` only asks a coordinator (or itself) and prints: such a command stops quietly
-/// when its output is closed (`flotilla status | head`), as `cat` does, killed by SIGPIPE
-/// (the Rust runtime ignores it, and every `print!` then panics on the closed pipe). Not the
-/// commands that run tasks or serve (`run`, `server`, `worker`, `bench`): they write to pipes
-/// of their own (a worker's guard), where a closed end must be an error they handle, not a
-/// signal that ends every task with them.
-fn ends_quietly_on_a_closed_stdout(cmd: &Command) -> bool {
-    matches!(
-        cmd,
-        Command::Submit(_)
-            | Command::Status(_)
-            | Command::Wait(_)
-            | Command::Cancel(_)
-            | Command::Rm(_)
-            | Command::Logs(_)
-            | Command::Trace(_)
-            | Command::Admin(_)
-            | Command::Alloc(_)
-            | Command::Provider(_)
-            | Command::Ledger(_)
-            | Command::Budget(_)
-            | Command::Devices(_)
-            | Command::Simulate(_)
-            | Command::Completions { .. }
-            | Command::CliReference
-            | Command::Man { .. }
-    )
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if ends_quietly_on_a_closed_stdout(&cli.command) {
-        // SAFETY: at the start of main, before any thread or runtime exists; restores the
-        // default disposition of one signal.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
-    }
     // The group's Raft (openraft) reports every unreachable peer as an error while a node is
     // down; our own lines say what matters (who leads, a node that stops leading).
     // `FLOTILLA_LOG=warn,openraft=info` shows it.

@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use flotilla::cluster::access::Quota;
 
 use crate::cluster_cmd::RemoteArgs;
+use crate::out::outln;
 
 /// `flotilla admin ...`.
 #[derive(Subcommand)]
@@ -190,12 +191,12 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
                 .tenant_add_with_credits(&a.name, &quota, a.credits.as_deref().unwrap_or(""))
                 .await?;
             eprintln!("tenant {} added (token {}); its token:", a.name, t.id);
-            println!("{}", t.token);
+            outln!("{}", t.token);
         }
         AdminCmd::Tenant(TenantCmd::List(a)) => {
             let tenants = a.remote.client().await?.tenant_list().await?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&tenants)?);
+                outln!("{}", serde_json::to_string_pretty(&tenants)?);
             } else {
                 let mut t =
                     crate::table::new(&["TENANT", ">CPUS", ">GPUS", ">RUNNING JOBS", ">TASKS/JOB"]);
@@ -208,18 +209,18 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
                         limit(x.quota.tasks),
                     ]);
                 }
-                println!("{t}");
+                outln!("{t}");
             }
         }
         AdminCmd::WorkerToken(WorkerTokenCmd::Add(a)) => {
             let t = a.remote.client().await?.worker_token_add(&a.name).await?;
             eprintln!("worker enrolment token {} added; the token:", t.id);
-            println!("{}", t.token);
+            outln!("{}", t.token);
         }
         AdminCmd::Token(TokenCmd::List(a)) => {
             let tokens = a.remote.client().await?.token_list().await?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&tokens)?);
+                outln!("{}", serde_json::to_string_pretty(&tokens)?);
             } else {
                 let mut table = crate::table::new(&["ID", "ROLE", "NAME", "STATE"]);
                 for t in tokens {
@@ -230,17 +231,17 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
                         (if t.revoked { "revoked" } else { "active" }).to_string(),
                     ]);
                 }
-                println!("{table}");
+                outln!("{table}");
             }
         }
         AdminCmd::Provider(ProviderCmd::Add(a)) => {
             let t = a.remote.client().await?.provider_add(&a.name).await?;
             eprintln!("provider {} added (token {}); its token:", a.name, t.id);
-            println!("{}", t.token);
+            outln!("{}", t.token);
         }
         AdminCmd::Worker(WorkerCmd::Drain(a)) => {
             let ids = a.remote.client().await?.worker_drain(&a.name).await?;
-            println!(
+            outln!(
                 "draining {}: their tasks checkpoint and move; they leave",
                 ids.join(", ")
             );
@@ -256,7 +257,7 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
         }
         AdminCmd::Token(TokenCmd::Revoke(a)) => {
             let t = a.remote.client().await?.token_revoke(&a.id).await?;
-            println!("{} ({} {}) revoked", t.id, t.role, t.name);
+            outln!("{} ({} {}) revoked", t.id, t.role, t.name);
         }
     }
     Ok(())
@@ -265,7 +266,7 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
 /// The group's members after a change, as a table (or JSON).
 fn print_group(g: &flotilla::cluster::ha::GroupStatus, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(g)?);
+        outln!("{}", serde_json::to_string_pretty(g)?);
         return Ok(());
     }
     let mut t = crate::table::new(&["NODE", "ADDRESS", "ROLE", ">MATCHED"]);
@@ -282,9 +283,9 @@ fn print_group(g: &flotilla::cluster::ha::GroupStatus, json: bool) -> Result<()>
             m.matched.map_or("-".to_string(), |i| i.to_string()),
         ]);
     }
-    println!("{t}");
+    outln!("{t}");
     if !g.journal_clock {
-        println!(
+        outln!(
             "the journal's clock is not written: a member runs an older flotilla (jobs' times \
              replay at the last clock written until every member is upgraded)"
         );
@@ -305,7 +306,7 @@ pub(crate) async fn provider(cmd: ProviderTopCmd) -> Result<()> {
         ProviderTopCmd::List(a) => {
             let list = a.remote.client().await?.provider_list().await?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                outln!("{}", serde_json::to_string_pretty(&list)?);
             } else {
                 let mut t = crate::table::new(&[
                     "PROVIDER",
@@ -344,7 +345,7 @@ pub(crate) async fn provider(cmd: ProviderTopCmd) -> Result<()> {
                         p.prices.join("; "),
                     ]);
                 }
-                println!("{t}");
+                outln!("{t}");
             }
         }
     }
@@ -381,9 +382,11 @@ pub(crate) struct BudgetArgs {
 pub(crate) async fn budget(a: BudgetArgs) -> Result<()> {
     let job = flotilla::core::JobId::new(a.job);
     let doc = a.remote.client().await?.budget(job, &a.amount).await?;
-    println!(
+    outln!(
         "{job}: budget {} credits (spent {}, held {})",
-        doc["budget"], doc["spent"], doc["held"]
+        doc["budget"],
+        doc["spent"],
+        doc["held"]
     );
     Ok(())
 }
@@ -392,7 +395,7 @@ pub(crate) async fn budget(a: BudgetArgs) -> Result<()> {
 pub(crate) async fn ledger(a: LedgerArgs) -> Result<()> {
     let doc = a.remote.client().await?.ledger(a.tenant.as_deref()).await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
     let mut t = crate::table::new(&["KIND", "ACCOUNT", ">BALANCE"]);
@@ -403,9 +406,9 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<()> {
             flotilla::pool::Credits::micro(acc["balance_micro"].as_i64().unwrap_or(0)).to_string(),
         ]);
     }
-    println!("{t}");
+    outln!("{t}");
     if let Some(total) = doc["total_micro"].as_i64() {
-        println!(
+        outln!(
             "total {} (credits handed out: {})",
             flotilla::pool::Credits::micro(total),
             doc["issued"]

@@ -12,6 +12,7 @@ use flotilla::core::duration::{format_duration, parse_duration};
 
 use crate::admin_cmd::ListArgs;
 use crate::cluster_cmd::RemoteArgs;
+use crate::out::outln;
 
 /// `flotilla alloc ...`.
 #[derive(Subcommand)]
@@ -180,14 +181,14 @@ async fn add(
     };
     let q = a.remote.client().await?.alloc_add(req).await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&q)?);
+        outln!("{}", serde_json::to_string_pretty(&q)?);
     } else {
         let place = match (manager, q.spec.partition.is_empty()) {
             ("pbs", true) => "PBS, the default queue".to_string(),
             ("pbs", false) => format!("PBS queue {}", q.spec.partition),
             _ => format!("Slurm partition {}", q.spec.partition),
         };
-        println!(
+        outln!(
             "allocation queue {} added: {place}, {} worker(s) per allocation, \
              at most {}; workers run {} and join {}",
             q.id,
@@ -214,7 +215,7 @@ pub(crate) async fn alloc(cmd: AllocCmd) -> Result<()> {
         AllocCmd::List(a) => {
             let list = a.remote.client().await?.alloc_list().await?;
             if a.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                outln!("{}", serde_json::to_string_pretty(&list)?);
             } else {
                 let mut t = crate::table::new(&[
                     ">ID",
@@ -247,7 +248,7 @@ pub(crate) async fn alloc(cmd: AllocCmd) -> Result<()> {
                         q.last_error.clone().unwrap_or_default(),
                     ]);
                 }
-                println!("{t}");
+                outln!("{t}");
             }
         }
         AllocCmd::Info(a) => {
@@ -304,34 +305,34 @@ fn state(q: &Queue) -> String {
 
 fn print_short(q: &Queue, json: bool, what: &str) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(q)?);
+        outln!("{}", serde_json::to_string_pretty(q)?);
     } else {
-        println!("allocation queue {} {what}", q.id);
+        outln!("allocation queue {} {what}", q.id);
     }
     Ok(())
 }
 
 fn print_queue(q: &Queue, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(q)?);
+        outln!("{}", serde_json::to_string_pretty(q)?);
         return Ok(());
     }
     let s = &q.spec;
-    println!("queue        {} {}", q.id, s.name);
-    println!("state        {}", state(q));
+    outln!("queue        {} {}", q.id, s.name);
+    outln!("state        {}", state(q));
     match (s.manager.as_str(), s.partition.is_empty()) {
-        ("pbs", true) => println!("manager      pbs (the default queue)"),
-        ("pbs", false) => println!("manager      pbs (queue {})", s.partition),
-        _ => println!("manager      {} (partition {})", s.manager, s.partition),
+        ("pbs", true) => outln!("manager      pbs (the default queue)"),
+        ("pbs", false) => outln!("manager      pbs (queue {})", s.partition),
+        _ => outln!("manager      {} (partition {})", s.manager, s.partition),
     }
-    println!(
+    outln!(
         "allocations  {} worker(s) each, {} at most, {} queued at most, time limit {}",
         s.workers_per_alloc,
         s.max_allocs,
         s.backlog,
         format_duration(Duration::from_secs(s.time_limit_s))
     );
-    println!(
+    outln!(
         "workers      {} CPUs each{}, leave after {} idle; run {}; join {}",
         q.cpus_per_worker(),
         if s.cpus_per_worker.is_some() {
@@ -345,13 +346,13 @@ fn print_queue(q: &Queue, json: bool) -> Result<()> {
         s.worker_program,
         s.server_address
     );
-    println!("rule         {}", s.rule);
-    println!("work folder  {}", s.work_dir);
+    outln!("rule         {}", s.rule);
+    outln!("work folder  {}", s.work_dir);
     if !s.sbatch_args.is_empty() {
         let command = if s.manager == "pbs" { "qsub" } else { "sbatch" };
-        println!("{command:<12} {}", s.sbatch_args.join(" "));
+        outln!("{command:<12} {}", s.sbatch_args.join(" "));
     }
-    println!(
+    outln!(
         "queue wait   {}",
         if q.waits_s.is_empty() {
             "not seen yet".into()
@@ -364,10 +365,10 @@ fn print_queue(q: &Queue, json: bool) -> Result<()> {
         }
     );
     if let Some(e) = &q.last_error {
-        println!("last error   {e} ({} in a row)", q.failures);
+        outln!("last error   {e} ({} in a row)", q.failures);
     }
     if let Some(note) = &q.too_long {
-        println!("too long     {note}");
+        outln!("too long     {note}");
     }
     let mut t = crate::table::new(&["ALLOCATION", "STATE", ">WAITED", ">WORKERS", "LOG"]);
     for a in &q.allocations {
@@ -388,6 +389,6 @@ fn print_queue(q: &Queue, json: bool) -> Result<()> {
             a.log(&s.work_dir),
         ]);
     }
-    println!("{t}");
+    outln!("{t}");
     Ok(())
 }

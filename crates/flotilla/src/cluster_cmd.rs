@@ -17,6 +17,8 @@ use flotilla::core::JobId;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::sync::watch;
 
+use crate::out::outln;
+
 /// How a client reaches the coordinator.
 #[derive(Args, Clone, Debug)]
 pub(crate) struct RemoteArgs {
@@ -650,6 +652,8 @@ async fn follow(client: &mut Client, job: JobId, label: &str) -> Result<bool> {
         None
     };
     let mut last_line = Instant::now() - Duration::from_secs(10);
+    // The first failure to write progress (stdout closed under us); the wait goes on to the end.
+    let mut shown: Result<()> = Ok(());
     let finished = client
         .wait(job, |ev: &proto::JobEvent| {
             if let Some(b) = &bar {
@@ -658,16 +662,21 @@ async fn follow(client: &mut Client, job: JobId, label: &str) -> Result<bool> {
                 if ev.state == "failed" || ev.state == "backoff" {
                     b.println(format!("  {} {}: {}", ev.name, ev.state, ev.message));
                 }
-            } else {
+            } else if shown.is_ok() {
+                let mut line = |args: std::fmt::Arguments<'_>| {
+                    if shown.is_ok() {
+                        shown = crate::out::write(args, true);
+                    }
+                };
                 if ev.state == "failed" || ev.state == "backoff" {
-                    println!(
+                    line(format_args!(
                         "  {} {} (attempt {}): {}",
                         ev.name, ev.state, ev.attempt, ev.message
-                    );
+                    ));
                 }
                 if ev.job_finished || last_line.elapsed() >= Duration::from_secs(1) {
                     last_line = Instant::now();
-                    println!("{label}: {}/{} tasks done", ev.done, ev.total);
+                    line(format_args!("{label}: {}/{} tasks done", ev.done, ev.total));
                 }
             }
         })
@@ -675,6 +684,7 @@ async fn follow(client: &mut Client, job: JobId, label: &str) -> Result<bool> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    shown?;
     Ok(finished.succeeded())
 }
 
@@ -722,23 +732,26 @@ async fn failure_tails(client: &mut Client, status: &JobStatus) -> Vec<(String, 
 }
 
 /// The summary of a job with the stderr tails of its failed tasks.
-async fn summarize(client: &mut Client, status: &JobStatus) {
+async fn summarize(client: &mut Client, status: &JobStatus) -> Result<()> {
     let cluster = client.cluster_status().await.ok();
     let tails = failure_tails(client, status).await;
-    print_summary(status, cluster.as_ref(), &tails);
+    print_summary(status, cluster.as_ref(), &tails)
 }
 
 fn print_summary(
     status: &JobStatus,
     cluster: Option<&ClusterStatus>,
     tails: &[(String, Vec<String>)],
-) {
-    println!(
+) -> Result<()> {
+    outln!(
         "job {} ({}, tenant {}): {}",
-        status.id.0, status.name, status.tenant, status.state
+        status.id.0,
+        status.name,
+        status.tenant,
+        status.state
     );
     if let Some(w) = &status.waiting {
-        println!("  waiting: {w}");
+        outln!("  waiting: {w}");
     }
     if let Ok(serde_json::Value::Object(c)) = serde_json::to_value(&status.counts) {
         let parts: Vec<String> = c
@@ -746,12 +759,12 @@ fn print_summary(
             .filter(|(_, v)| v.as_u64().is_some_and(|n| n > 0))
             .map(|(k, v)| format!("{v} {k}"))
             .collect();
-        println!("  tasks: {}", parts.join(", "));
+        outln!("  tasks: {}", parts.join(", "));
     }
-    println!("  retries: {}", status.retries);
+    outln!("  retries: {}", status.retries);
     let m = status.makespan_s;
-    println!("  makespan: {}", fmt_secs(m));
-    println!("  critical path: {}", fmt_secs(status.critical_path_s));
+    outln!("  makespan: {}", fmt_secs(m));
+    outln!("  critical path: {}", fmt_secs(status.critical_path_s));
     // Per worker: tasks run and busy time, as a share of its CPUs over the makespan.
     for share in &status.per_worker {
         let (w, n, busy) = (share.worker, share.tasks, share.busy_s);
@@ -764,25 +777,25 @@ fn print_summary(
             // Utilization is of a live worker's CPUs; a gone worker's are no longer known.
             Some(cpus) => {
                 let util = if m > 0.0 { busy / (cpus * m) } else { 0.0 };
-                println!(
+                outln!(
                     "  worker {w} ({wname}): {n} tasks, busy {}, utilization {:.0}%",
                     fmt_secs(busy),
                     util * 100.0
                 );
             }
-            None => println!("  worker {w} ({wname}): {n} tasks, busy {}", fmt_secs(busy)),
+            None => outln!("  worker {w} ({wname}): {n} tasks, busy {}", fmt_secs(busy)),
         }
     }
     if let Some(p) = &status.pool {
         let budget = p
             .budget
             .map_or("its tenant's balance".to_string(), |b| format!("{b:.6}"));
-        println!(
+        outln!(
             "  pool: spent {:.6} credits, held {:.6}, budget {budget}, verify {}, {} result(s) rejected",
             p.spent, p.held, p.verify, p.rejected
         );
         if let (Some(ms), Some(d)) = (p.deadline_ms, &p.deadline) {
-            println!(
+            outln!(
                 "  deadline: {} after submission: {d}",
                 fmt_secs(ms as f64 / 1000.0)
             );
@@ -791,7 +804,7 @@ fn print_summary(
         for t in status.tasks.iter().take(20) {
             let on = t.provider.as_deref().unwrap_or("the operator's own worker");
             let why = t.placement.as_ref().map_or("", |r| r.why.as_str());
-            println!(
+            outln!(
                 "  task {}: {} on {on}, cost {:.6}{}",
                 t.name,
                 t.state,
@@ -805,18 +818,19 @@ fn print_summary(
         }
     }
     for t in status.failed_tasks().take(10) {
-        println!(
+        outln!(
             "  failed: {} — {}",
             t.name,
             t.message.as_deref().unwrap_or("")
         );
         if let Some((_, lines)) = tails.iter().find(|(n, _)| *n == t.name) {
-            println!("    last lines of its stderr:");
+            outln!("    last lines of its stderr:");
             for l in lines {
-                println!("    | {l}");
+                outln!("    | {l}");
             }
         }
     }
+    Ok(())
 }
 
 pub(crate) async fn run(a: RunArgs) -> Result<bool> {
@@ -871,11 +885,11 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         );
     }
     if a.json {
-        println!("{}", serde_json::to_string(&status)?);
+        outln!("{}", serde_json::to_string(&status)?);
     } else {
-        summarize(&mut client, &status).await;
-        println!("  wall time: {}", fmt_secs(started.elapsed().as_secs_f64()));
-        println!("  outputs in {}", job_dir.display());
+        summarize(&mut client, &status).await?;
+        outln!("  wall time: {}", fmt_secs(started.elapsed().as_secs_f64()));
+        outln!("  outputs in {}", job_dir.display());
     }
     let _ = stop_tx.send(true);
     let _ = worker.await;
@@ -928,11 +942,11 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
         // The summary names failed tasks and why, even those that failed before the event
         // stream was opened (the stream does not replay them).
         let status = client.job_status(s.job).await?;
-        summarize(&mut client, &status).await;
+        summarize(&mut client, &status).await?;
         gather_if_transfer(&mut client, &status, ok).await?;
     }
     // The job id alone on the last line of stdout, for scripts.
-    println!("{}", s.job.0);
+    outln!("{}", s.job.0);
     Ok(ok)
 }
 
@@ -943,15 +957,15 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
             .job_status_range(job, a.tasks_from, a.tasks_limit)
             .await?;
         if a.json {
-            println!("{}", serde_json::to_string_pretty(&s)?);
+            outln!("{}", serde_json::to_string_pretty(&s)?);
         } else {
-            summarize(&mut client, &s).await;
+            summarize(&mut client, &s).await?;
         }
         return Ok(());
     }
     let s = client.cluster_status().await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        outln!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
     }
     let mut jobs = crate::table::new(&[
@@ -974,7 +988,7 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
             j.waiting.clone().unwrap_or_default(),
         ]);
     }
-    println!("{jobs}\n");
+    outln!("{jobs}\n");
     let mut workers = crate::table::new(&[
         "WORKER",
         "NAME",
@@ -1003,10 +1017,10 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
             w.provider.clone().unwrap_or_default(),
         ]);
     }
-    println!("{workers}");
+    outln!("{workers}");
     if let Some(j) = &s.journal {
-        println!();
-        println!(
+        outln!();
+        outln!(
             "journal {}: {} records, {:.1} MiB, fsync {} ({} fsyncs)",
             j.path,
             j.records,
@@ -1023,7 +1037,7 @@ pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     let job = JobId::new(a.job);
     let ok = follow(&mut client, job, &format!("{job}")).await?;
     let status = client.job_status(job).await?;
-    summarize(&mut client, &status).await;
+    summarize(&mut client, &status).await?;
     gather_if_transfer(&mut client, &status, ok).await?;
     Ok(ok)
 }

@@ -4,6 +4,7 @@ mod admin_cmd;
 mod alloc_cmd;
 mod cli_doc;
 mod cluster_cmd;
+mod out;
 mod table;
 
 use std::path::PathBuf;
@@ -13,6 +14,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use flotilla::bench::{linalg, overhead};
 use flotilla::sched::PolicyKind;
+use out::{out, outln};
 
 /// `0.1.0 (commit 0123456789ab)`: the version and the git commit it was built from.
 const VERSION: &str = concat!(
@@ -632,9 +634,9 @@ fn name<T: ValueEnum>(v: &T) -> String {
 
 fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce(&T) -> String) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string(v)?);
+        outln!("{}", serde_json::to_string(v)?);
     } else {
-        println!("{}", human(v));
+        outln!("{}", human(v));
     }
     Ok(())
 }
@@ -804,9 +806,9 @@ fn run(cli: Cli) -> Result<bool> {
                 "tls_over_plain": framed_tls / framed,
             });
             if a.json {
-                println!("{r}");
+                outln!("{r}");
             } else {
-                println!(
+                outln!(
                     "transfer {} MiB over loopback: gRPC {grpc:.2} GB/s, framed TCP {framed:.2} GB/s (framed/gRPC {:.2}), framed over TLS {framed_tls:.2} GB/s (TLS/plain {:.2})",
                     a.mib,
                     framed / grpc,
@@ -837,10 +839,14 @@ fn run_local(command: Command) -> Result<()> {
                 a.rounds,
                 staging,
                 |p| {
-                    if a.json {
-                        println!("{}", serde_json::to_string(&p).unwrap_or_default());
+                    // A closed stdout shows nothing more; the ranks finish their rounds.
+                    let _ = if a.json {
+                        out::write(
+                            format_args!("{}", serde_json::to_string(&p).unwrap_or_default()),
+                            true,
+                        )
                     } else {
-                        println!(
+                        out::write(format_args!(
                         "allreduce f32 sum ranks={} transport={} memory={} bytes={:>10}: {:>10.1} us  algbw {:.3} GB/s  busbw {:.3} GB/s",
                         p.ranks,
                         p.transport,
@@ -849,8 +855,8 @@ fn run_local(command: Command) -> Result<()> {
                         p.seconds * 1e6,
                         p.algbw_gbs,
                         p.busbw_gbs
-                    );
-                    }
+                    ), true)
+                    };
                 },
             )?;
             Ok(())
@@ -870,7 +876,7 @@ fn run_local(command: Command) -> Result<()> {
             )?;
             if rank == 0 {
                 for p in points {
-                    println!("{}", serde_json::to_string(&p)?);
+                    outln!("{}", serde_json::to_string(&p)?);
                 }
             }
             Ok(())
@@ -904,10 +910,10 @@ fn run_local(command: Command) -> Result<()> {
                 };
                 if a.json {
                     for r in &reports {
-                        println!("{}", serde_json::to_string(r)?);
+                        outln!("{}", serde_json::to_string(r)?);
                     }
                 } else {
-                    println!(
+                    outln!(
                         "market {run:<12} {} providers, {} jobs x {} seeds: {:.2} credits, deadlines met {}/{}, \
                          {} preemptions, wasted {:.0} of {:.0} CPU-s, {:.0} kJ, mean makespan {:.0} s",
                         a.providers,
@@ -1170,9 +1176,9 @@ fn run_local(command: Command) -> Result<()> {
             let points = flotilla::bench::copy::run(&name(&a.device), a.mib << 20, a.reps)?;
             for p in points {
                 if a.json {
-                    println!("{}", serde_json::to_string(&p)?);
+                    outln!("{}", serde_json::to_string(&p)?);
                 } else {
-                    println!(
+                    outln!(
                         "copy {} {:<32} {} {} MiB: {:.2} GB/s",
                         p.direction,
                         p.memory,
@@ -1187,9 +1193,9 @@ fn run_local(command: Command) -> Result<()> {
         Command::Devices(a) => {
             let report = flotilla::devices_report::report();
             if a.json {
-                println!("{}", serde_json::to_string(&report)?);
+                outln!("{}", serde_json::to_string(&report)?);
             } else {
-                print!("{}", report.human());
+                out!("{}", report.human());
             }
             Ok(())
         }
@@ -1257,6 +1263,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
+        // `flotilla status | head`: the reader has all it wanted.
+        Err(e) if out::is_closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("flotilla: {e:#}");
             ExitCode::FAILURE

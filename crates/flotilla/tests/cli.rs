@@ -251,3 +251,51 @@ fn log_lines_can_be_json() {
         "{err}"
     );
 }
+
+/// Runs `flotilla ARGS` against `c` with its standard output a pipe whose reader has already
+/// gone (as `flotilla status | head` once `head` has its lines): every write fails.
+fn into_closed_pipe(c: &Cluster, args: &[&str]) -> std::process::Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    Command::new(BIN)
+        .args(args)
+        .current_dir(c.job_dir())
+        .env("FLOTILLA_SERVER", c.addr.to_string())
+        .env("FLOTILLA_TOKEN", &c.token)
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let c = Cluster::start(1, 1);
+    let job = c.submit_toml(
+        "quick.toml",
+        "name = \"quick\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
+    );
+    c.wait_job(job, Duration::from_secs(60));
+    let id = job.0.to_string();
+    for args in [
+        vec!["status"],
+        vec!["status", "--json"],
+        vec!["status", id.as_str()],
+        vec!["wait", id.as_str()],
+        vec!["devices"],
+        vec!["admin", "token", "list"],
+        vec!["completions", "bash"],
+    ] {
+        let out = into_closed_pipe(&c, &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && err.is_empty(),
+            "flotilla {args:?} into a closed pipe: {:?}, stderr:\n{err}",
+            out.status
+        );
+    }
+    // A real failure still says so: the pipe is not an excuse for hiding errors.
+    let out = into_closed_pipe(&c, &["status", "no-such-job"]);
+    assert!(!out.status.success(), "{out:?}");
+}

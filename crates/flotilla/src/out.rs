@@ -1,0 +1,68 @@
+//! Standard output that may be closed under us: `flotilla status | head` stops reading after
+//! ten lines. `println!` panics there (with a backtrace); these writes fail instead, with
+//! [`StdoutClosed`], which `main` turns into a quiet exit. SIGPIPE is not restored to its
+//! default for this: the same commands write to sockets, where a closed peer must be an error,
+//! not a silent death of the process.
+
+use std::fmt;
+use std::io::{self, Write};
+
+/// Standard output was closed by its reader: nothing more can be shown, nothing went wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("standard output was closed")]
+pub(crate) struct StdoutClosed;
+
+/// Writes `args` to standard output, then a newline when `newline`.
+pub(crate) fn write(args: fmt::Arguments<'_>, newline: bool) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    let written = out.write_fmt(args).and_then(|()| {
+        if newline {
+            out.write_all(b"\n")
+        } else {
+            Ok(())
+        }
+    });
+    match written {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        Err(e) => Err(anyhow::Error::new(e).context("writing to standard output")),
+    }
+}
+
+/// Whether `e` is standard output closed by its reader (see [`StdoutClosed`]).
+pub(crate) fn is_closed(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<StdoutClosed>().is_some()
+}
+
+/// `println!` that returns from the enclosing function (with `?`) when standard output fails.
+macro_rules! outln {
+    () => {
+        $crate::out::write(format_args!(""), true)?
+    };
+    ($($arg:tt)*) => {
+        $crate::out::write(format_args!($($arg)*), true)?
+    };
+}
+
+/// `print!` that returns from the enclosing function (with `?`) when standard output fails.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::out::write(format_args!($($arg)*), false)?
+    };
+}
+
+pub(crate) use {out, outln};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_stdout_is_told_apart_from_other_errors() {
+        assert!(is_closed(&StdoutClosed.into()));
+        let other = anyhow::Error::new(io::Error::from(io::ErrorKind::BrokenPipe));
+        assert!(!is_closed(&other), "a broken socket is not a closed stdout");
+        let wrapped = anyhow::Error::new(StdoutClosed).context("printing the table");
+        assert!(is_closed(&wrapped), "found under a context too");
+    }
+}

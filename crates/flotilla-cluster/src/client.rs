@@ -170,18 +170,20 @@ impl Finished {
 
 impl Client {
     /// Connects to the coordinator at `remote`.
-    pub async fn connect(remote: &Remote) -> Result<Self> {
-        let channel = remote.channel().await?;
-        let add = TokenAdd::new(&remote.token)?;
-        let inner = CoordinatorClient::with_interceptor(channel.clone(), add.clone())
-            .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES);
-        let admin = AdminClient::with_interceptor(channel, add);
-        Ok(Self {
-            inner,
-            admin,
-            addr: remote.addr.clone(),
-            tls: remote.tls_ca.is_some(),
+    pub fn connect<'a>(remote: &'a Remote) -> crate::Boxed<'a, Result<Self>> {
+        crate::boxed(async move {
+            let channel = remote.channel().await?;
+            let add = TokenAdd::new(&remote.token)?;
+            let inner = CoordinatorClient::with_interceptor(channel.clone(), add.clone())
+                .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES);
+            let admin = AdminClient::with_interceptor(channel, add);
+            Ok(Self {
+                inner,
+                admin,
+                addr: remote.addr.clone(),
+                tls: remote.tls_ca.is_some(),
+            })
         })
     }
 
@@ -189,18 +191,25 @@ impl Client {
     /// reached (refused: not started yet, or restarting and replaying its journal), with
     /// backoff from 50 ms to 1 s, for at most `patience`. Other errors (TLS ones among them:
     /// a certificate that does not verify will not verify later) return at once.
-    pub async fn connect_patiently(remote: &Remote, patience: std::time::Duration) -> Result<Self> {
-        let end = tokio::time::Instant::now() + patience;
-        let mut pause = std::time::Duration::from_millis(50);
-        loop {
-            match Self::connect(remote).await {
-                Err(ClusterError::Connect { .. }) if tokio::time::Instant::now() + pause < end => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(std::time::Duration::from_secs(1));
+    pub fn connect_patiently<'a>(
+        remote: &'a Remote,
+        patience: std::time::Duration,
+    ) -> crate::Boxed<'a, Result<Self>> {
+        crate::boxed(async move {
+            let end = tokio::time::Instant::now() + patience;
+            let mut pause = std::time::Duration::from_millis(50);
+            loop {
+                match Self::connect(remote).await {
+                    Err(ClusterError::Connect { .. })
+                        if tokio::time::Instant::now() + pause < end =>
+                    {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(std::time::Duration::from_secs(1));
+                    }
+                    r => return r,
                 }
-                r => return r,
             }
-        }
+        })
     }
 
     /// An RPC's error; a plain-TCP client that got no HTTP/2 answer is told that the
@@ -211,8 +220,8 @@ impl Client {
 
     /// Validates the job file here (so errors name the file and line at once), then submits
     /// it; its folder is the file's folder.
-    pub async fn submit_file(&mut self, path: &Path) -> Result<Submitted> {
-        self.submit_file_with_id(path, None).await
+    pub fn submit_file<'a>(&'a mut self, path: &'a Path) -> crate::Boxed<'a, Result<Submitted>> {
+        crate::boxed(async move { self.submit_file_with_id(path, None).await })
     }
 
     /// A new id for a submission ([`Client::submit_file_with_id`]): 128 random bits, in hex.
@@ -224,68 +233,78 @@ impl Client {
     /// id (its answer was lost to a leader change or a broken connection, an error for which
     /// [`ClusterError::is_transient`](crate::ClusterError::is_transient) holds), it is
     /// answered with the job it made instead of making a second one.
-    pub async fn submit_file_with_id(
-        &mut self,
-        path: &Path,
-        request_id: Option<&str>,
-    ) -> Result<Submitted> {
-        let text = std::fs::read_to_string(path).map_err(|e| ClusterError::io(path, e))?;
-        let abs = std::fs::canonicalize(path).map_err(|e| ClusterError::io(path, e))?;
-        let dir = abs
-            .parent()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "/".to_string());
-        let file_name = path
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "job.toml".into());
-        let spec = flotilla_core::parse_job(&text, &file_name)?;
-        spec.validate()?;
-        // Only transfer staging needs the expanded tasks here (their inputs are uploaded);
-        // the coordinator expands the job itself, within its limits.
-        let files = if spec.staging == flotilla_core::Staging::Transfer {
-            uploads(&spec.expand()?, Path::new(&dir))?
-        } else {
-            Vec::new()
-        };
-        self.submit_request(proto::SubmitRequest {
-            file_name,
-            toml: text,
-            dir,
-            tenant: String::new(),
-            files,
-            request_id: request_id.unwrap_or_default().to_string(),
+    pub fn submit_file_with_id<'a>(
+        &'a mut self,
+        path: &'a Path,
+        request_id: Option<&'a str>,
+    ) -> crate::Boxed<'a, Result<Submitted>> {
+        crate::boxed(async move {
+            let text = std::fs::read_to_string(path).map_err(|e| ClusterError::io(path, e))?;
+            let abs = std::fs::canonicalize(path).map_err(|e| ClusterError::io(path, e))?;
+            let dir = abs
+                .parent()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "/".to_string());
+            let file_name = path
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "job.toml".into());
+            let spec = flotilla_core::parse_job(&text, &file_name)?;
+            spec.validate()?;
+            // Only transfer staging needs the expanded tasks here (their inputs are uploaded);
+            // the coordinator expands the job itself, within its limits.
+            let files = if spec.staging == flotilla_core::Staging::Transfer {
+                uploads(&spec.expand()?, Path::new(&dir))?
+            } else {
+                Vec::new()
+            };
+            self.submit_request(proto::SubmitRequest {
+                file_name,
+                toml: text,
+                dir,
+                tenant: String::new(),
+                files,
+                request_id: request_id.unwrap_or_default().to_string(),
+            })
+            .await
         })
-        .await
     }
 
     /// Submits a job built in code; `dir` is its folder.
-    pub async fn submit_spec(&mut self, spec: &JobSpec, dir: &Path) -> Result<Submitted> {
-        let text = spec.to_toml();
-        self.submit_text(
-            &format!("{}.toml", spec.name),
-            &text,
-            &dir.display().to_string(),
-        )
-        .await
+    pub fn submit_spec<'a>(
+        &'a mut self,
+        spec: &'a JobSpec,
+        dir: &'a Path,
+    ) -> crate::Boxed<'a, Result<Submitted>> {
+        crate::boxed(async move {
+            let text = spec.to_toml();
+            self.submit_text(
+                &format!("{}.toml", spec.name),
+                &text,
+                &dir.display().to_string(),
+            )
+            .await
+        })
     }
 
     /// Submits a job file's text.
-    pub async fn submit_text(
-        &mut self,
-        file_name: &str,
-        toml: &str,
-        dir: &str,
-    ) -> Result<Submitted> {
-        self.submit_request(proto::SubmitRequest {
-            file_name: file_name.to_string(),
-            toml: toml.to_string(),
-            dir: dir.to_string(),
-            tenant: String::new(),
-            files: Vec::new(),
-            request_id: String::new(),
+    pub fn submit_text<'a>(
+        &'a mut self,
+        file_name: &'a str,
+        toml: &'a str,
+        dir: &'a str,
+    ) -> crate::Boxed<'a, Result<Submitted>> {
+        crate::boxed(async move {
+            self.submit_request(proto::SubmitRequest {
+                file_name: file_name.to_string(),
+                toml: toml.to_string(),
+                dir: dir.to_string(),
+                tenant: String::new(),
+                files: Vec::new(),
+                request_id: String::new(),
+            })
+            .await
         })
-        .await
     }
 
     async fn submit_request(&mut self, req: proto::SubmitRequest) -> Result<Submitted> {
@@ -305,57 +324,66 @@ impl Client {
     /// A job's status (what `flotilla status JOB --json` prints): its counts, failures and
     /// per-worker totals, and its tasks, or the first
     /// [`STATUS_TASKS`](crate::state::STATUS_TASKS) of a larger job.
-    pub async fn job_status(&mut self, job: JobId) -> Result<JobStatus> {
-        self.job_status_range(job, 0, None).await
+    pub fn job_status<'a>(&'a mut self, job: JobId) -> crate::Boxed<'a, Result<JobStatus>> {
+        crate::boxed(async move { self.job_status_range(job, 0, None).await })
     }
 
     /// [`Client::job_status`] listing at most `limit` tasks (the default when `None`) from
     /// id `from` on.
-    pub async fn job_status_range(
-        &mut self,
+    pub fn job_status_range<'a>(
+        &'a mut self,
         job: JobId,
         from: u64,
         limit: Option<u64>,
-    ) -> Result<JobStatus> {
-        let json = self
-            .inner
-            .status(proto::StatusRequest {
-                job: Some(job.0),
-                trace: false,
-                task_from: from,
-                task_limit: limit,
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner()
-            .json;
-        serde_json::from_str(&json)
-            .map_err(|e| ClusterError::Rpc(format!("bad status document of {job}: {e}")))
+    ) -> crate::Boxed<'a, Result<JobStatus>> {
+        crate::boxed(async move {
+            let json = self
+                .inner
+                .status(proto::StatusRequest {
+                    job: Some(job.0),
+                    trace: false,
+                    task_from: from,
+                    task_limit: limit,
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner()
+                .json;
+            serde_json::from_str(&json)
+                .map_err(|e| ClusterError::Rpc(format!("bad status document of {job}: {e}")))
+        })
     }
 
     /// Every job and live worker (what `flotilla status --json` prints).
-    pub async fn cluster_status(&mut self) -> Result<ClusterStatus> {
-        let json = self.status_document(None).await?;
-        serde_json::from_str(&json)
-            .map_err(|e| ClusterError::Rpc(format!("bad cluster status document: {e}")))
+    pub fn cluster_status<'a>(&'a mut self) -> crate::Boxed<'a, Result<ClusterStatus>> {
+        crate::boxed(async move {
+            let json = self.status_document(None).await?;
+            serde_json::from_str(&json)
+                .map_err(|e| ClusterError::Rpc(format!("bad cluster status document: {e}")))
+        })
     }
 
     /// A job's attempts in time (`flotilla trace`; [`JobTrace::to_chrome`] renders it).
-    pub async fn job_trace(&mut self, job: JobId) -> Result<crate::state::JobTrace> {
-        let json = self
-            .inner
-            .status(proto::StatusRequest {
-                job: Some(job.0),
-                trace: true,
-                task_from: 0,
-                task_limit: None,
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner()
-            .json;
-        serde_json::from_str(&json)
-            .map_err(|e| ClusterError::Rpc(format!("bad trace document of {job}: {e}")))
+    pub fn job_trace<'a>(
+        &'a mut self,
+        job: JobId,
+    ) -> crate::Boxed<'a, Result<crate::state::JobTrace>> {
+        crate::boxed(async move {
+            let json = self
+                .inner
+                .status(proto::StatusRequest {
+                    job: Some(job.0),
+                    trace: true,
+                    task_from: 0,
+                    task_limit: None,
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner()
+                .json;
+            serde_json::from_str(&json)
+                .map_err(|e| ClusterError::Rpc(format!("bad trace document of {job}: {e}")))
+        })
     }
 
     async fn status_document(&mut self, job: Option<JobId>) -> Result<String> {
@@ -374,121 +402,149 @@ impl Client {
     }
 
     /// The stream of a job's events, starting with the current state of each task.
-    pub async fn watch(&mut self, job: JobId) -> Result<tonic::Streaming<JobEvent>> {
-        Ok(self
-            .inner
-            .watch(proto::WatchRequest { job: job.0 })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner())
+    pub fn watch<'a>(
+        &'a mut self,
+        job: JobId,
+    ) -> crate::Boxed<'a, Result<tonic::Streaming<JobEvent>>> {
+        crate::boxed(async move {
+            Ok(self
+                .inner
+                .watch(proto::WatchRequest { job: job.0 })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner())
+        })
     }
 
     /// Follows a job to its end, calling `on_event` for every event.
-    pub async fn wait(
-        &mut self,
+    pub fn wait<'a>(
+        &'a mut self,
         job: JobId,
-        mut on_event: impl FnMut(&JobEvent),
-    ) -> Result<Finished> {
-        // The coordinator drops a watcher that falls too far behind: the stream then ends
-        // early, and watching again starts from the job's state at that moment.
-        let mut rewatches = 0u32;
-        loop {
-            let mut s = self.watch(job).await?;
-            let mut got = false;
-            while let Some(ev) = s.message().await.map_err(|e| self.rpc_err(e))? {
-                got = true;
-                on_event(&ev);
-                if ev.job_finished {
-                    return Ok(Finished {
-                        state: ev.job_state,
-                    });
+        on_event: impl FnMut(&JobEvent) + Send + 'a,
+    ) -> crate::Boxed<'a, Result<Finished>> {
+        self.wait_dyn(job, Box::new(on_event))
+    }
+
+    /// [`Client::wait`] past its one generic parameter: compiled here, once.
+    fn wait_dyn<'a>(
+        &'a mut self,
+        job: JobId,
+        mut on_event: Box<dyn FnMut(&JobEvent) + Send + 'a>,
+    ) -> crate::Boxed<'a, Result<Finished>> {
+        crate::boxed(async move {
+            // The coordinator drops a watcher that falls too far behind: the stream then ends
+            // early, and watching again starts from the job's state at that moment.
+            let mut rewatches = 0u32;
+            loop {
+                let mut s = self.watch(job).await?;
+                let mut got = false;
+                while let Some(ev) = s.message().await.map_err(|e| self.rpc_err(e))? {
+                    got = true;
+                    on_event(&ev);
+                    if ev.job_finished {
+                        return Ok(Finished {
+                            state: ev.job_state,
+                        });
+                    }
+                }
+                rewatches = if got { 0 } else { rewatches + 1 };
+                if rewatches >= 3 {
+                    return Err(ClusterError::Rpc(format!(
+                        "the coordinator closed the event stream of {job} before it finished"
+                    )));
                 }
             }
-            rewatches = if got { 0 } else { rewatches + 1 };
-            if rewatches >= 3 {
-                return Err(ClusterError::Rpc(format!(
-                    "the coordinator closed the event stream of {job} before it finished"
-                )));
-            }
-        }
+        })
     }
 
     /// Cancels a job: its running tasks are stopped, the others are not started.
-    pub async fn cancel(&mut self, job: JobId) -> Result<()> {
-        self.inner
-            .cancel(proto::CancelRequest { job: job.0 })
-            .await
-            .map_err(|e| self.rpc_err(e))?;
-        Ok(())
+    pub fn cancel<'a>(&'a mut self, job: JobId) -> crate::Boxed<'a, Result<()>> {
+        crate::boxed(async move {
+            self.inner
+                .cancel(proto::CancelRequest { job: job.0 })
+                .await
+                .map_err(|e| self.rpc_err(e))?;
+            Ok(())
+        })
     }
 
     /// Forgets a finished job on the coordinator (its tasks, logs and the list of its
     /// uploads): `flotilla rm`. A running job is refused (cancel it first).
-    pub async fn remove(&mut self, job: JobId) -> Result<()> {
-        self.inner
-            .remove(proto::RemoveRequest { job: job.0 })
-            .await
-            .map_err(|e| self.rpc_err(e))?;
-        Ok(())
+    pub fn remove<'a>(&'a mut self, job: JobId) -> crate::Boxed<'a, Result<()>> {
+        crate::boxed(async move {
+            self.inner
+                .remove(proto::RemoveRequest { job: job.0 })
+                .await
+                .map_err(|e| self.rpc_err(e))?;
+            Ok(())
+        })
     }
 
     /// A task's captured output (`task` is its name, e.g. `tile[3]`); with `follow`, the
     /// stream goes on until the task ends.
-    pub async fn logs(
-        &mut self,
+    pub fn logs<'a>(
+        &'a mut self,
         job: JobId,
-        task: &str,
+        task: &'a str,
         follow: bool,
         stderr: bool,
-    ) -> Result<tonic::Streaming<proto::LogChunk>> {
-        Ok(self
-            .inner
-            .logs(proto::LogsRequest {
-                job: job.0,
-                task: task.to_string(),
-                follow,
-                stderr,
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner())
+    ) -> crate::Boxed<'a, Result<tonic::Streaming<proto::LogChunk>>> {
+        crate::boxed(async move {
+            Ok(self
+                .inner
+                .logs(proto::LogsRequest {
+                    job: job.0,
+                    task: task.to_string(),
+                    follow,
+                    stderr,
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner())
+        })
     }
 
     /// Transfer staging: every output of the job's done tasks (path relative to the job
     /// folder, blake3 hash, size) with the data address of a live worker holding it; or,
     /// when some were lost with their workers, [`Outputs::Rebuilding`]: the coordinator runs
     /// the tasks that made them again (the job is running again).
-    pub async fn outputs(&mut self, job: JobId) -> Result<Outputs> {
-        let r = self
-            .inner
-            .outputs(proto::OutputsRequest { job: job.0 })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        if !r.rebuilding.is_empty() {
-            return Ok(Outputs::Rebuilding(r.rebuilding));
-        }
-        Ok(Outputs::Ready(
-            r.outputs
-                .into_iter()
-                .filter_map(|i| {
-                    let o = i.object?;
-                    Some(GatheredOutput {
-                        path: o.path,
-                        hash: o.hash,
-                        size: o.size,
-                        from: i.from,
-                        ticket: i.ticket,
-                        cert: i.from_cert,
+    pub fn outputs<'a>(&'a mut self, job: JobId) -> crate::Boxed<'a, Result<Outputs>> {
+        crate::boxed(async move {
+            let r = self
+                .inner
+                .outputs(proto::OutputsRequest { job: job.0 })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            if !r.rebuilding.is_empty() {
+                return Ok(Outputs::Rebuilding(r.rebuilding));
+            }
+            Ok(Outputs::Ready(
+                r.outputs
+                    .into_iter()
+                    .filter_map(|i| {
+                        let o = i.object?;
+                        Some(GatheredOutput {
+                            path: o.path,
+                            hash: o.hash,
+                            size: o.size,
+                            from: i.from,
+                            ticket: i.ticket,
+                            cert: i.from_cert,
+                        })
                     })
-                })
-                .collect(),
-        ))
+                    .collect(),
+            ))
+        })
     }
 
     /// [`Client::gather_with`] saying nothing of what it waits for.
-    pub async fn gather(&mut self, job: JobId, dir: &Path) -> Result<Vec<GatheredOutput>> {
-        self.gather_with(job, dir, |_| {}).await
+    pub fn gather<'a>(
+        &'a mut self,
+        job: JobId,
+        dir: &'a Path,
+    ) -> crate::Boxed<'a, Result<Vec<GatheredOutput>>> {
+        crate::boxed(async move { self.gather_with(job, dir, |_| {}).await })
     }
 
     /// Transfer staging: fetches every output of `job` from the worker holding it into
@@ -499,284 +555,349 @@ impl Client {
     /// them again, and this waits for the job to end again (`note` is told why) before it
     /// asks once more. A holder that dies during the gather is noticed by the coordinator
     /// within its heartbeat timeout; the gather asks again meanwhile, with backoff.
-    pub async fn gather_with(
-        &mut self,
+    pub fn gather_with<'a>(
+        &'a mut self,
         job: JobId,
-        dir: &Path,
-        mut note: impl FnMut(&str),
-    ) -> Result<Vec<GatheredOutput>> {
-        // Each round either fetches everything, or waits for a rebuild or a lost holder to be
-        // noticed: a bounded number, so that a job whose outputs are lost at every try ends.
-        const ROUNDS: u32 = 12;
-        let mut backoff = std::time::Duration::from_millis(250);
-        let mut last_error = String::new();
-        for _ in 0..ROUNDS {
-            let outs = match self.outputs(job).await {
-                Ok(Outputs::Ready(outs)) => outs,
-                Ok(Outputs::Rebuilding(why)) => {
-                    note(&why);
-                    let end = self.wait(job, |_| {}).await?;
-                    if !end.succeeded() {
-                        return Err(ClusterError::Rpc(format!(
-                            "{job} {} while rebuilding its lost outputs ({why})",
-                            end.state
-                        )));
+        dir: &'a Path,
+        note: impl FnMut(&str) + Send + 'a,
+    ) -> crate::Boxed<'a, Result<Vec<GatheredOutput>>> {
+        self.gather_dyn(job, dir, Box::new(note))
+    }
+
+    /// [`Client::gather_with`] past its one generic parameter: compiled here, once.
+    fn gather_dyn<'a>(
+        &'a mut self,
+        job: JobId,
+        dir: &'a Path,
+        mut note: Box<dyn FnMut(&str) + Send + 'a>,
+    ) -> crate::Boxed<'a, Result<Vec<GatheredOutput>>> {
+        crate::boxed(async move {
+            // Each round either fetches everything, or waits for a rebuild or a lost holder to be
+            // noticed: a bounded number, so that a job whose outputs are lost at every try ends.
+            const ROUNDS: u32 = 12;
+            let mut backoff = std::time::Duration::from_millis(250);
+            let mut last_error = String::new();
+            for _ in 0..ROUNDS {
+                let outs = match self.outputs(job).await {
+                    Ok(Outputs::Ready(outs)) => outs,
+                    Ok(Outputs::Rebuilding(why)) => {
+                        note(&why);
+                        let end = self.wait(job, |_| {}).await?;
+                        if !end.succeeded() {
+                            return Err(ClusterError::Rpc(format!(
+                                "{job} {} while rebuilding its lost outputs ({why})",
+                                end.state
+                            )));
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                // Workers rejoining a restarted coordinator, or a holder not yet found lost.
-                Err(ClusterError::Rpc(e)) if e.contains("rejoined") => {
-                    last_error = e;
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(std::time::Duration::from_secs(4));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            match fetch_all(&outs, dir).await {
-                Ok(()) => return Ok(outs),
-                Err(e) => {
-                    // Its holder may have just died: the coordinator finds it lost within its
-                    // heartbeat timeout and then names another holder or rebuilds.
-                    note(&format!("{e}; asking the coordinator again"));
-                    last_error = e.to_string();
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(std::time::Duration::from_secs(4));
+                    // Workers rejoining a restarted coordinator, or a holder not yet found lost.
+                    Err(ClusterError::Rpc(e)) if e.contains("rejoined") => {
+                        last_error = e;
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(std::time::Duration::from_secs(4));
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                match fetch_all(&outs, dir).await {
+                    Ok(()) => return Ok(outs),
+                    Err(e) => {
+                        // Its holder may have just died: the coordinator finds it lost within its
+                        // heartbeat timeout and then names another holder or rebuilds.
+                        note(&format!("{e}; asking the coordinator again"));
+                        last_error = e.to_string();
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(std::time::Duration::from_secs(4));
+                    }
                 }
             }
-        }
-        Err(ClusterError::Rpc(format!(
-            "cannot gather the outputs of {job} after {ROUNDS} tries: {last_error}"
-        )))
+            Err(ClusterError::Rpc(format!(
+                "cannot gather the outputs of {job} after {ROUNDS} tries: {last_error}"
+            )))
+        })
     }
 
     /// Admin: adds tenant `name` with `quota`; its token.
-    pub async fn tenant_add(&mut self, name: &str, quota: &Quota) -> Result<NewToken> {
-        self.tenant_add_with_credits(name, quota, "").await
+    pub fn tenant_add<'a>(
+        &'a mut self,
+        name: &'a str,
+        quota: &'a Quota,
+    ) -> crate::Boxed<'a, Result<NewToken>> {
+        crate::boxed(async move { self.tenant_add_with_credits(name, quota, "").await })
     }
 
     /// Admin: adds tenant `name` with `quota` and hands it `credits` (a decimal amount; ""
     /// for none); its token.
-    pub async fn tenant_add_with_credits(
-        &mut self,
-        name: &str,
-        quota: &Quota,
-        credits: &str,
-    ) -> Result<NewToken> {
-        let r = self
-            .admin
-            .tenant_add(proto::TenantAddRequest {
-                name: name.to_string(),
-                cpus: quota.cpus,
-                gpus: quota.gpus,
-                running_jobs: quota.running_jobs,
-                tasks: quota.tasks,
-                credits: credits.to_string(),
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        Ok(r.into())
+    pub fn tenant_add_with_credits<'a>(
+        &'a mut self,
+        name: &'a str,
+        quota: &'a Quota,
+        credits: &'a str,
+    ) -> crate::Boxed<'a, Result<NewToken>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .tenant_add(proto::TenantAddRequest {
+                    name: name.to_string(),
+                    cpus: quota.cpus,
+                    gpus: quota.gpus,
+                    running_jobs: quota.running_jobs,
+                    tasks: quota.tasks,
+                    credits: credits.to_string(),
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            Ok(r.into())
+        })
     }
 
     /// Admin: every tenant.
-    pub async fn tenant_list(&mut self) -> Result<Vec<Tenant>> {
-        let r = self
-            .admin
-            .tenant_list(proto::TenantListRequest {})
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("tenant list: {e}")))
+    pub fn tenant_list<'a>(&'a mut self) -> crate::Boxed<'a, Result<Vec<Tenant>>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .tenant_list(proto::TenantListRequest {})
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            serde_json::from_str(&r.json)
+                .map_err(|e| ClusterError::Rpc(format!("tenant list: {e}")))
+        })
     }
 
     /// Admin: a new worker enrolment token.
-    pub async fn worker_token_add(&mut self, name: &str) -> Result<NewToken> {
-        let r = self
-            .admin
-            .worker_token_add(proto::WorkerTokenAddRequest {
-                name: name.to_string(),
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        Ok(r.into())
+    pub fn worker_token_add<'a>(&'a mut self, name: &'a str) -> crate::Boxed<'a, Result<NewToken>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .worker_token_add(proto::WorkerTokenAddRequest {
+                    name: name.to_string(),
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            Ok(r.into())
+        })
     }
 
     /// Admin: a new provider of machines (the pool) and its token.
-    pub async fn provider_add(&mut self, name: &str) -> Result<NewToken> {
-        let r = self
-            .admin
-            .provider_add(proto::ProviderAddRequest {
-                name: name.to_string(),
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        Ok(r.into())
+    pub fn provider_add<'a>(&'a mut self, name: &'a str) -> crate::Boxed<'a, Result<NewToken>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .provider_add(proto::ProviderAddRequest {
+                    name: name.to_string(),
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            Ok(r.into())
+        })
     }
 
     /// Admin: adds an allocation queue (`flotilla alloc add`); the queue made.
-    pub async fn alloc_add(&mut self, req: proto::AllocAddRequest) -> Result<crate::alloc::Queue> {
-        let r = self
-            .admin
-            .alloc_add(req)
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        alloc_json(&r.json)
+    pub fn alloc_add<'a>(
+        &'a mut self,
+        req: proto::AllocAddRequest,
+    ) -> crate::Boxed<'a, Result<crate::alloc::Queue>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .alloc_add(req)
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            alloc_json(&r.json)
+        })
     }
 
     /// Admin: every allocation queue.
-    pub async fn alloc_list(&mut self) -> Result<Vec<crate::alloc::Queue>> {
-        let r = self
-            .admin
-            .alloc_list(proto::AllocListRequest {})
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        alloc_json(&r.json)
+    pub fn alloc_list<'a>(&'a mut self) -> crate::Boxed<'a, Result<Vec<crate::alloc::Queue>>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .alloc_list(proto::AllocListRequest {})
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            alloc_json(&r.json)
+        })
     }
 
     /// Admin: acts on allocation queue `queue` (`info`, `pause` with `reason`, `resume`,
     /// `remove`); the queue as it is after.
-    pub async fn alloc_queue(
-        &mut self,
+    pub fn alloc_queue<'a>(
+        &'a mut self,
         op: AllocOp,
         queue: u32,
-        reason: &str,
-    ) -> Result<crate::alloc::Queue> {
-        let req = proto::AllocQueueRequest {
-            queue,
-            reason: reason.to_string(),
-        };
-        let r = match op {
-            AllocOp::Info => self.admin.alloc_info(req).await,
-            AllocOp::Pause => self.admin.alloc_pause(req).await,
-            AllocOp::Resume => self.admin.alloc_resume(req).await,
-            AllocOp::Remove => self.admin.alloc_remove(req).await,
-        }
-        .map_err(|e| self.rpc_err(e))?
-        .into_inner();
-        alloc_json(&r.json)
+        reason: &'a str,
+    ) -> crate::Boxed<'a, Result<crate::alloc::Queue>> {
+        crate::boxed(async move {
+            let req = proto::AllocQueueRequest {
+                queue,
+                reason: reason.to_string(),
+            };
+            let r = match op {
+                AllocOp::Info => self.admin.alloc_info(req).await,
+                AllocOp::Pause => self.admin.alloc_pause(req).await,
+                AllocOp::Resume => self.admin.alloc_resume(req).await,
+                AllocOp::Remove => self.admin.alloc_remove(req).await,
+            }
+            .map_err(|e| self.rpc_err(e))?
+            .into_inner();
+            alloc_json(&r.json)
+        })
     }
 
     /// Drains the live workers named `name` (or with id `name`); their ids.
-    pub async fn worker_drain(&mut self, name: &str) -> Result<Vec<String>> {
-        let r = self
-            .admin
-            .worker_drain(proto::WorkerDrainRequest {
-                name: name.to_string(),
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("drain: {e}")))
+    pub fn worker_drain<'a>(&'a mut self, name: &'a str) -> crate::Boxed<'a, Result<Vec<String>>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .worker_drain(proto::WorkerDrainRequest {
+                    name: name.to_string(),
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("drain: {e}")))
+        })
     }
 
     /// Adds node `node_id`, whose API address is `address`, to the group of coordinators
     /// (it runs `flotilla server ... --join`); returns once it votes, with the group's
     /// status.
-    pub async fn group_add(
-        &mut self,
+    pub fn group_add<'a>(
+        &'a mut self,
         node_id: u64,
-        address: &str,
-    ) -> Result<crate::ha::GroupStatus> {
-        let r = self
-            .admin
-            .group_member_add(proto::GroupMemberRequest {
-                node_id,
-                address: address.to_string(),
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("group add: {e}")))
+        address: &'a str,
+    ) -> crate::Boxed<'a, Result<crate::ha::GroupStatus>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .group_member_add(proto::GroupMemberRequest {
+                    node_id,
+                    address: address.to_string(),
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("group add: {e}")))
+        })
     }
 
     /// Removes node `node_id` from the group of coordinators; the group's status after.
-    pub async fn group_remove(&mut self, node_id: u64) -> Result<crate::ha::GroupStatus> {
-        let r = self
-            .admin
-            .group_member_remove(proto::GroupMemberRequest {
-                node_id,
-                address: String::new(),
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("group remove: {e}")))
+    pub fn group_remove<'a>(
+        &'a mut self,
+        node_id: u64,
+    ) -> crate::Boxed<'a, Result<crate::ha::GroupStatus>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .group_member_remove(proto::GroupMemberRequest {
+                    node_id,
+                    address: String::new(),
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            serde_json::from_str(&r.json)
+                .map_err(|e| ClusterError::Rpc(format!("group remove: {e}")))
+        })
     }
 
     /// Lets job `job` spend `amount` more credits (`"50"`, `"+12.5"`); its pool accounts
     /// after, as JSON.
-    pub async fn budget(&mut self, job: JobId, amount: &str) -> Result<serde_json::Value> {
-        let r = self
-            .inner
-            .budget(proto::BudgetRequest {
-                job: job.0,
-                amount: amount.to_string(),
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("budget: {e}")))
+    pub fn budget<'a>(
+        &'a mut self,
+        job: JobId,
+        amount: &'a str,
+    ) -> crate::Boxed<'a, Result<serde_json::Value>> {
+        crate::boxed(async move {
+            let r = self
+                .inner
+                .budget(proto::BudgetRequest {
+                    job: job.0,
+                    amount: amount.to_string(),
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("budget: {e}")))
+        })
     }
 
     /// The ledger as the caller may see it (`tenant`: the admin's filter), as JSON:
     /// `accounts` (name, kind, balance), and for the admin `platform`, `issued` and `total`.
-    pub async fn ledger(&mut self, tenant: Option<&str>) -> Result<serde_json::Value> {
-        let r = self
-            .inner
-            .ledger(proto::LedgerRequest {
-                tenant: tenant.unwrap_or_default().to_string(),
-            })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("ledger: {e}")))
+    pub fn ledger<'a>(
+        &'a mut self,
+        tenant: Option<&'a str>,
+    ) -> crate::Boxed<'a, Result<serde_json::Value>> {
+        crate::boxed(async move {
+            let r = self
+                .inner
+                .ledger(proto::LedgerRequest {
+                    tenant: tenant.unwrap_or_default().to_string(),
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("ledger: {e}")))
+        })
     }
 
     /// The providers with their live workers and prices (admin and tenants).
-    pub async fn provider_list(&mut self) -> Result<Vec<ProviderSummary>> {
-        let r = self
-            .inner
-            .provider_list(proto::ProviderListRequest {})
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("provider list: {e}")))
+    pub fn provider_list<'a>(&'a mut self) -> crate::Boxed<'a, Result<Vec<ProviderSummary>>> {
+        crate::boxed(async move {
+            let r = self
+                .inner
+                .provider_list(proto::ProviderListRequest {})
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            serde_json::from_str(&r.json)
+                .map_err(|e| ClusterError::Rpc(format!("provider list: {e}")))
+        })
     }
 
     /// Admin: every token (ids, roles, names; never a token).
-    pub async fn token_list(&mut self) -> Result<Vec<TokenInfo>> {
-        let r = self
-            .admin
-            .token_list(proto::TokenListRequest {})
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("token list: {e}")))
+    pub fn token_list<'a>(&'a mut self) -> crate::Boxed<'a, Result<Vec<TokenInfo>>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .token_list(proto::TokenListRequest {})
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("token list: {e}")))
+        })
     }
 
     /// Admin: revokes token `id`.
-    pub async fn token_revoke(&mut self, id: &str) -> Result<TokenInfo> {
-        let r = self
-            .admin
-            .token_revoke(proto::TokenRevokeRequest { id: id.to_string() })
-            .await
-            .map_err(|e| self.rpc_err(e))?
-            .into_inner();
-        serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("token revoke: {e}")))
+    pub fn token_revoke<'a>(&'a mut self, id: &'a str) -> crate::Boxed<'a, Result<TokenInfo>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .token_revoke(proto::TokenRevokeRequest { id: id.to_string() })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            serde_json::from_str(&r.json)
+                .map_err(|e| ClusterError::Rpc(format!("token revoke: {e}")))
+        })
     }
 
     /// Asks the coordinator to stop (used by `flotilla run` for its in-process server).
-    pub async fn shutdown(&mut self) -> Result<()> {
-        self.inner
-            .shutdown(proto::ShutdownRequest {})
-            .await
-            .map_err(|e| self.rpc_err(e))?;
-        Ok(())
+    pub fn shutdown<'a>(&'a mut self) -> crate::Boxed<'a, Result<()>> {
+        crate::boxed(async move {
+            self.inner
+                .shutdown(proto::ShutdownRequest {})
+                .await
+                .map_err(|e| self.rpc_err(e))?;
+            Ok(())
+        })
     }
 }
 

@@ -150,64 +150,66 @@ fn pinned_client(fingerprint: &str) -> Result<tokio_rustls::TlsConnector> {
 
 /// Serves `store` over framed TCP on `addr` (port 0 picks one) to whom `gate` admits;
 /// returns the bound address.
-pub async fn serve_framed(
+pub fn serve_framed(
     addr: SocketAddr,
     store: Arc<ObjectStore>,
     gate: Gate,
-) -> Result<SocketAddr> {
-    serve_framed_tls(addr, store, gate, None).await
+) -> crate::Boxed<'static, Result<SocketAddr>> {
+    crate::boxed(async move { serve_framed_tls(addr, store, gate, None).await })
 }
 
 /// [`serve_framed`], over TLS with `tls` when given: a connection that does not complete
 /// the handshake within [`AUTH_TIMEOUT`] is closed.
-pub async fn serve_framed_tls(
+pub fn serve_framed_tls(
     addr: SocketAddr,
     store: Arc<ObjectStore>,
     gate: Gate,
     tls: Option<Arc<DataTls>>,
-) -> Result<SocketAddr> {
-    let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config.clone()));
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ClusterError::Bind {
-            addr: addr.to_string(),
-            source,
-        })?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    tokio::spawn(async move {
-        while let Ok((sock, peer)) = listener.accept().await {
-            let _ = sock.set_nodelay(true);
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                tracing::warn!(
-                    "framed object server: {peer} refused, {MAX_CONNECTIONS} connections open"
-                );
-                tokio::spawn(async move {
-                    let mut framed = Framed::new(sock, codec(MAX_REQUEST));
-                    let _ = framed.send(fail("too many connections, try again")).await;
-                });
-                continue;
-            };
-            let (store, gate, acceptor) = (store.clone(), gate.clone(), acceptor.clone());
-            tokio::spawn(async move {
-                let served = match acceptor {
-                    None => serve_one(sock, &store, &gate).await,
-                    Some(a) => match tokio::time::timeout(AUTH_TIMEOUT, a.accept(sock)).await {
-                        Ok(Ok(tls)) => serve_one(tls, &store, &gate).await,
-                        Ok(Err(e)) => Err(ClusterError::Rpc(format!("TLS handshake: {e}"))),
-                        Err(_) => Err(ClusterError::Rpc("no TLS handshake in time".into())),
-                    },
+) -> crate::Boxed<'static, Result<SocketAddr>> {
+    crate::boxed(async move {
+        let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config.clone()));
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ClusterError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        tokio::spawn(async move {
+            while let Ok((sock, peer)) = listener.accept().await {
+                let _ = sock.set_nodelay(true);
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    tracing::warn!(
+                        "framed object server: {peer} refused, {MAX_CONNECTIONS} connections open"
+                    );
+                    tokio::spawn(async move {
+                        let mut framed = Framed::new(sock, codec(MAX_REQUEST));
+                        let _ = framed.send(fail("too many connections, try again")).await;
+                    });
+                    continue;
                 };
-                if let Err(e) = served {
-                    tracing::debug!("framed object request from {peer}: {e}");
-                }
-                drop(slot);
-            });
-        }
-    });
-    Ok(local)
+                let (store, gate, acceptor) = (store.clone(), gate.clone(), acceptor.clone());
+                tokio::spawn(async move {
+                    let served = match acceptor {
+                        None => serve_one(sock, &store, &gate).await,
+                        Some(a) => match tokio::time::timeout(AUTH_TIMEOUT, a.accept(sock)).await {
+                            Ok(Ok(tls)) => serve_one(tls, &store, &gate).await,
+                            Ok(Err(e)) => Err(ClusterError::Rpc(format!("TLS handshake: {e}"))),
+                            Err(_) => Err(ClusterError::Rpc("no TLS handshake in time".into())),
+                        },
+                    };
+                    if let Err(e) = served {
+                        tracing::debug!("framed object request from {peer}: {e}");
+                    }
+                    drop(slot);
+                });
+            }
+        });
+        Ok(local)
+    })
 }
 
 async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
@@ -260,18 +262,26 @@ async fn serve_one<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Fetches `hash` from a framed server into memory, hashing it (what a real fetch does
 /// besides writing the file); returns the bytes received.
-pub async fn fetch_framed(addr: SocketAddr, token: &str, hash: &str) -> Result<u64> {
-    fetch_framed_into(&addr.to_string(), (token, ""), hash, u64::MAX, |_| Ok(())).await
+pub fn fetch_framed<'a>(
+    addr: SocketAddr,
+    token: &'a str,
+    hash: &'a str,
+) -> crate::Boxed<'a, Result<u64>> {
+    crate::boxed(async move {
+        fetch_framed_into(&addr.to_string(), (token, ""), hash, u64::MAX, |_| Ok(())).await
+    })
 }
 
 /// [`fetch_framed`] over TLS, from the server whose certificate has fingerprint `cert`.
-pub async fn fetch_framed_pinned(
+pub fn fetch_framed_pinned<'a>(
     addr: SocketAddr,
-    token: &str,
-    cert: &str,
-    hash: &str,
-) -> Result<u64> {
-    fetch_framed_into(&addr.to_string(), (token, cert), hash, u64::MAX, |_| Ok(())).await
+    token: &'a str,
+    cert: &'a str,
+    hash: &'a str,
+) -> crate::Boxed<'a, Result<u64>> {
+    crate::boxed(async move {
+        fetch_framed_into(&addr.to_string(), (token, cert), hash, u64::MAX, |_| Ok(())).await
+    })
 }
 
 /// Fetches `hash` from the framed server at `addr` (`host:port`) into `tmp`, checks its
@@ -435,79 +445,84 @@ pub(crate) async fn fuzz_both_ends(data: &[u8]) {
 }
 
 /// Fetches `hash` over gRPC (`Objects.Fetch`) into memory, hashing it; returns the bytes.
-pub async fn fetch_grpc(from: &Remote, hash: &str) -> Result<u64> {
-    let ch = from.channel().await?;
-    let mut client = ObjectsClient::with_interceptor(ch, crate::auth::TokenAdd::new(&from.token)?)
-        .max_decoding_message_size(CHUNK + 4096);
-    let mut s = client
-        .fetch(proto::FetchRequest {
-            hash: hash.to_string(),
-            ticket: String::new(),
-        })
-        .await?
-        .into_inner();
-    let mut h = blake3::Hasher::new();
-    let mut total = 0u64;
-    while let Some(c) = s.message().await? {
-        h.update(&c.data);
-        total += c.data.len() as u64;
-    }
-    let got = h.finalize().to_hex().to_string();
-    if got != hash {
-        return Err(ClusterError::Rpc(format!(
-            "object has hash {got}, expected {hash}"
-        )));
-    }
-    Ok(total)
+pub fn fetch_grpc<'a>(from: &'a Remote, hash: &'a str) -> crate::Boxed<'a, Result<u64>> {
+    crate::boxed(async move {
+        let ch = from.channel().await?;
+        let mut client =
+            ObjectsClient::with_interceptor(ch, crate::auth::TokenAdd::new(&from.token)?)
+                .max_decoding_message_size(CHUNK + 4096);
+        let mut s = client
+            .fetch(proto::FetchRequest {
+                hash: hash.to_string(),
+                ticket: String::new(),
+            })
+            .await?
+            .into_inner();
+        let mut h = blake3::Hasher::new();
+        let mut total = 0u64;
+        while let Some(c) = s.message().await? {
+            h.update(&c.data);
+            total += c.data.len() as u64;
+        }
+        let got = h.finalize().to_hex().to_string();
+        if got != hash {
+            return Err(ClusterError::Rpc(format!(
+                "object has hash {got}, expected {hash}"
+            )));
+        }
+        Ok(total)
+    })
 }
 
 /// One side-by-side measurement: GB/s (1e9 B/s) of gRPC, of framed TCP and of framed TCP
 /// over TLS (a pinned certificate, as workers use with a TLS coordinator) moving the same
 /// object of `bytes` bytes over loopback, the median of `reps` fetches each, alternated.
-pub async fn compare(bytes: usize, reps: usize) -> Result<(f64, f64, f64)> {
-    let dir = std::env::temp_dir().join(format!("flotilla-transfer-{}", std::process::id()));
-    let store = Arc::new(ObjectStore::open(&dir)?);
-    let data: Vec<u8> = (0..bytes)
-        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-        .collect();
-    let (hash, _) = store.put_bytes(&data)?;
-    drop(data);
-    let token = "bench-token".to_string();
-    let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let grpc = crate::objects::serve_objects(any, store.clone(), token.clone()).await?;
-    let framed = serve_framed(any, store.clone(), Gate::token(token.clone())).await?;
-    let tls = Arc::new(DataTls::generate()?);
-    let print = tls.fingerprint().to_string();
-    let framed_tls =
-        serve_framed_tls(any, store.clone(), Gate::token(token.clone()), Some(tls)).await?;
-    let remote = Remote::new(grpc.to_string(), token.clone());
-    let (mut g, mut f, mut s): (Vec<Duration>, Vec<Duration>, Vec<Duration>) =
-        (Vec::new(), Vec::new(), Vec::new());
-    // One warm-up each: connections, page cache.
-    fetch_grpc(&remote, &hash).await?;
-    fetch_framed(framed, &token, &hash).await?;
-    fetch_framed_pinned(framed_tls, &token, &print, &hash).await?;
-    for _ in 0..reps.max(1) {
-        let t = Instant::now();
+pub fn compare(bytes: usize, reps: usize) -> crate::Boxed<'static, Result<(f64, f64, f64)>> {
+    crate::boxed(async move {
+        let dir = std::env::temp_dir().join(format!("flotilla-transfer-{}", std::process::id()));
+        let store = Arc::new(ObjectStore::open(&dir)?);
+        let data: Vec<u8> = (0..bytes)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let (hash, _) = store.put_bytes(&data)?;
+        drop(data);
+        let token = "bench-token".to_string();
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let grpc = crate::objects::serve_objects(any, store.clone(), token.clone()).await?;
+        let framed = serve_framed(any, store.clone(), Gate::token(token.clone())).await?;
+        let tls = Arc::new(DataTls::generate()?);
+        let print = tls.fingerprint().to_string();
+        let framed_tls =
+            serve_framed_tls(any, store.clone(), Gate::token(token.clone()), Some(tls)).await?;
+        let remote = Remote::new(grpc.to_string(), token.clone());
+        let (mut g, mut f, mut s): (Vec<Duration>, Vec<Duration>, Vec<Duration>) =
+            (Vec::new(), Vec::new(), Vec::new());
+        // One warm-up each: connections, page cache.
         fetch_grpc(&remote, &hash).await?;
-        g.push(t.elapsed());
-        let t = Instant::now();
         fetch_framed(framed, &token, &hash).await?;
-        f.push(t.elapsed());
-        let t = Instant::now();
         fetch_framed_pinned(framed_tls, &token, &print, &hash).await?;
-        s.push(t.elapsed());
-    }
-    let _ = std::fs::remove_dir_all(&dir);
-    let med = |v: &mut Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2].as_secs_f64()
-    };
-    Ok((
-        bytes as f64 / med(&mut g) / 1e9,
-        bytes as f64 / med(&mut f) / 1e9,
-        bytes as f64 / med(&mut s) / 1e9,
-    ))
+        for _ in 0..reps.max(1) {
+            let t = Instant::now();
+            fetch_grpc(&remote, &hash).await?;
+            g.push(t.elapsed());
+            let t = Instant::now();
+            fetch_framed(framed, &token, &hash).await?;
+            f.push(t.elapsed());
+            let t = Instant::now();
+            fetch_framed_pinned(framed_tls, &token, &print, &hash).await?;
+            s.push(t.elapsed());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let med = |v: &mut Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2].as_secs_f64()
+        };
+        Ok((
+            bytes as f64 / med(&mut g) / 1e9,
+            bytes as f64 / med(&mut f) / 1e9,
+            bytes as f64 / med(&mut s) / 1e9,
+        ))
+    })
 }
 
 #[cfg(test)]

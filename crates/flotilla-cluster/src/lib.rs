@@ -36,3 +36,19 @@ pub use error::{ClusterError, Result};
 pub use server::{Server, ServerConfig};
 pub use transport::{Remote, ServerTls};
 pub use worker::{run_worker, WorkerConfig, WorkerGpu};
+
+/// The future of an entry point of this crate (the [`Client`]'s calls, [`Server::start`],
+/// [`run_worker`]...): boxed, so that its body is compiled here, once.
+///
+/// An `async fn`'s body is compiled in the crate that polls it, with every generic it reaches
+/// (tonic, hyper, openraft, tokio's tasks). Called from the `flotilla` library and binary, the
+/// whole coordinator, worker and client were compiled three times in a release build; behind a
+/// `dyn Future` made here they are compiled in this crate only (see ARCHITECTURE.md, "Build
+/// time"). One allocation per call is the price.
+pub type Boxed<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// Boxes `f` as a [`Boxed`] future. Called in a non-generic function of the crate that defines
+/// `f`, it compiles `f`'s body in that crate (the `flotilla` library's benchmarks use it too).
+pub fn boxed<'a, T, F: std::future::Future<Output = T> + Send + 'a>(f: F) -> Boxed<'a, T> {
+    Box::pin(f)
+}

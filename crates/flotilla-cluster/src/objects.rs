@@ -431,40 +431,42 @@ pub(crate) fn objects_service(
 /// Serves `store` over gRPC (`Objects.Fetch`) on `addr` (port 0 picks one); returns the bound
 /// address. Workers serve their objects over framed TCP instead ([`crate::framed`]); this one
 /// is kept for measuring the two side by side.
-pub async fn serve_objects(
+pub fn serve_objects(
     addr: SocketAddr,
     store: Arc<ObjectStore>,
     token: String,
-) -> Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ClusterError::Bind {
-            addr: addr.to_string(),
-            source,
-        })?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
-    let svc = ObjectsServer::with_interceptor(
-        ObjectsService {
-            store,
-            tickets: None,
-            group: None,
-        },
-        TokenCheck::new(token),
-    );
-    tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        if let Err(e) = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .add_service(svc)
-            .serve_with_incoming(incoming)
+) -> crate::Boxed<'static, Result<SocketAddr>> {
+    crate::boxed(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
             .await
-        {
-            tracing::error!("object server stopped: {e}");
-        }
-    });
-    Ok(local)
+            .map_err(|source| ClusterError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
+        let svc = ObjectsServer::with_interceptor(
+            ObjectsService {
+                store,
+                tickets: None,
+                group: None,
+            },
+            TokenCheck::new(token),
+        );
+        tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            if let Err(e) = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(svc)
+                .serve_with_incoming(incoming)
+                .await
+            {
+                tracing::error!("object server stopped: {e}");
+            }
+        });
+        Ok(local)
+    })
 }
 
 /// Fetches `hash` into the store: from a worker's data server (framed TCP, `from.token` is

@@ -98,30 +98,34 @@ impl Remote {
     /// paused, accepts connections but answers nothing within [`GROUP_PROBE`] and is passed
     /// over). Its connections then ping every 2 s and drop after 3 s without an answer, so
     /// a session with a leader that freezes later moves on too.
-    pub async fn channel(&self) -> Result<Channel> {
-        let addrs = self.addrs();
-        if addrs.len() <= 1 {
-            return self.channel_to(&self.addr, false).await;
-        }
-        let mut why = Vec::new();
-        for a in addrs {
-            match self.channel_to(a, true).await {
-                Ok(c) => {
-                    if answers(c.clone()).await {
-                        return Ok(c);
-                    }
-                    why.push(format!("{a}: accepts but answers nothing (frozen?)"));
-                }
-                Err(ClusterError::Connect { message, .. }) => why.push(format!("{a}: {message}")),
-                Err(e) => return Err(e),
+    pub fn channel<'a>(&'a self) -> crate::Boxed<'a, Result<Channel>> {
+        crate::boxed(async move {
+            let addrs = self.addrs();
+            if addrs.len() <= 1 {
+                return self.channel_to(&self.addr, false).await;
             }
-        }
-        Err(ClusterError::Connect {
-            addr: self.addr.clone(),
-            message: format!(
-                "no coordinator of the group accepts (none leads yet, or none runs): {}",
-                why.join("; ")
-            ),
+            let mut why = Vec::new();
+            for a in addrs {
+                match self.channel_to(a, true).await {
+                    Ok(c) => {
+                        if answers(c.clone()).await {
+                            return Ok(c);
+                        }
+                        why.push(format!("{a}: accepts but answers nothing (frozen?)"));
+                    }
+                    Err(ClusterError::Connect { message, .. }) => {
+                        why.push(format!("{a}: {message}"))
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(ClusterError::Connect {
+                addr: self.addr.clone(),
+                message: format!(
+                    "no coordinator of the group accepts (none leads yet, or none runs): {}",
+                    why.join("; ")
+                ),
+            })
         })
     }
 

@@ -890,138 +890,144 @@ impl Owner {
 
 /// Runs a worker until `shutdown` turns true: connects (retrying while the coordinator is
 /// unreachable), registers, runs tasks, reconnects after a broken session.
-pub async fn run_worker(config: WorkerConfig, mut shutdown: watch::Receiver<bool>) -> Result<()> {
-    let ledger = config.ledger()?;
-    // The work folder first: the sandbox holder is checked with a task entering it.
-    std::fs::create_dir_all(&config.work_dir).map_err(|e| ClusterError::io(&config.work_dir, e))?;
-    let sandboxing = Sandboxing::find(&config)?;
-    let objects = Arc::new(ObjectStore::open_capped(
-        &config.work_dir.join("objects"),
-        config
-            .max_store
-            .map(|cap| (cap, "flotilla worker --max-store")),
-    )?);
-    let data_keys = Arc::new(parking_lot::RwLock::new(Vec::new()));
-    // With a coordinator over TLS, the objects travel over TLS too, with a certificate made
-    // now: the coordinator hands its fingerprint to whoever fetches from here.
-    let data_tls = if config.remote.uses_tls() {
-        Some(Arc::new(crate::framed::DataTls::generate()?))
-    } else {
-        None
-    };
-    let data_cert = data_tls
-        .as_ref()
-        .map(|t| t.fingerprint().to_string())
-        .unwrap_or_default();
-    let data = crate::framed::serve_framed_tls(
-        config.data_listen,
-        objects.clone(),
-        crate::framed::Gate::Tickets(data_keys.clone()),
-        data_tls,
-    )
-    .await?;
-    let sandbox_watch = match config.max_sandbox {
-        Some(cap) => Some(crate::sandbox_watch::SandboxWatch::start(cap).map_err(|e| {
-            ClusterError::Config(format!("cannot start the sandbox size watcher: {e}"))
-        })?),
-        None => None,
-    };
-    let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Out>();
-    let wasm = WasmRunner::new().map_err(|e| {
-        tracing::warn!("wasm tasks disabled: {e}");
-        e.to_string()
-    });
-    let guard = match config.guard.as_deref() {
-        Some([program, args @ ..]) => {
-            let mut cmd = std::process::Command::new(program);
-            cmd.args(args);
-            Some(flotilla_exec::Guard::start(cmd).map_err(|e| {
-                ClusterError::Config(format!("cannot start the task guard {program}: {e}"))
-            })?)
-        }
-        _ => None,
-    };
-    let shared = Arc::new(Shared {
-        pool: Pool::new(),
-        previous: Mutex::new(None),
-        credential: Mutex::new(String::new()),
-        data_keys,
-        config,
-        guard,
-        sandboxing,
-        local: Mutex::new(Local {
-            agent: Agent::new(ledger),
-            runs: HashMap::new(),
-        }),
-        out: out_tx,
-        wasm,
-        objects,
-        sandbox_watch,
-        data_bound: data,
-        data_cert,
-        rendezvous_port: std::sync::atomic::AtomicU32::new(0),
-        rendezvous_cert: Mutex::new(String::new()),
-        epoch: Instant::now(),
-        checkpoints: Mutex::new(HashMap::new()),
-        staged: Mutex::new(HashMap::new()),
-    });
-    let mut backoff = Duration::from_millis(100);
-    let mut owner = Owner::new(&shared.config);
-    // Registered outside its availability: it says so at once.
-    if let Err(why) = owner.may_work(&shared) {
-        reclaim(&shared, &why);
-    }
-    loop {
-        if *shutdown.borrow() {
-            break;
-        }
-        match session(&shared, &mut out_rx, &mut shutdown, &mut owner).await {
-            Ok(SessionEnd::Shutdown) => break,
-            Ok(SessionEnd::Broken(why)) => {
-                tracing::warn!("session with the coordinator ended: {why}; reconnecting");
-                backoff = Duration::from_millis(100);
-            }
-            Err(e @ ClusterError::Version { .. }) => return Err(e),
-            Err(e) => {
-                tracing::warn!("cannot reach the coordinator: {e}; retrying in {backoff:?}");
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.changed() => {}
-        }
-        // A group's next leader opens its port about a second after the last one died: ask
-        // every half second then, not every two.
-        let most = if shared.config.remote.addrs().len() > 1 {
-            Duration::from_millis(500)
+pub fn run_worker(
+    config: WorkerConfig,
+    mut shutdown: watch::Receiver<bool>,
+) -> crate::Boxed<'static, Result<()>> {
+    crate::boxed(async move {
+        let ledger = config.ledger()?;
+        // The work folder first: the sandbox holder is checked with a task entering it.
+        std::fs::create_dir_all(&config.work_dir)
+            .map_err(|e| ClusterError::io(&config.work_dir, e))?;
+        let sandboxing = Sandboxing::find(&config)?;
+        let objects = Arc::new(ObjectStore::open_capped(
+            &config.work_dir.join("objects"),
+            config
+                .max_store
+                .map(|cap| (cap, "flotilla worker --max-store")),
+        )?);
+        let data_keys = Arc::new(parking_lot::RwLock::new(Vec::new()));
+        // With a coordinator over TLS, the objects travel over TLS too, with a certificate made
+        // now: the coordinator hands its fingerprint to whoever fetches from here.
+        let data_tls = if config.remote.uses_tls() {
+            Some(Arc::new(crate::framed::DataTls::generate()?))
         } else {
-            Duration::from_secs(2)
+            None
         };
-        backoff = (backoff * 2).min(most);
-    }
-    // Stop what still runs.
-    let running: Vec<CancelHandle> = shared
-        .local
-        .lock()
-        .runs
-        .values()
-        .map(|r| r.cancel.clone())
-        .collect();
-    for c in running {
-        c.cancel();
-    }
-    // The emptied cgroups kept for reuse, then this process's cgroup folder with whatever
-    // still runs in it (attempts still stopping die with their worker). What a killed worker
-    // leaves is removed at the next start of a worker of its name.
-    flotilla_exec::drain_cgroup_pool();
-    if let Some(parent) = shared
-        .sandboxing
-        .as_ref()
-        .and_then(|sb| sb.cgroups.as_ref())
-    {
-        flotilla_exec::remove_cgroup_tree(parent);
-    }
-    Ok(())
+        let data_cert = data_tls
+            .as_ref()
+            .map(|t| t.fingerprint().to_string())
+            .unwrap_or_default();
+        let data = crate::framed::serve_framed_tls(
+            config.data_listen,
+            objects.clone(),
+            crate::framed::Gate::Tickets(data_keys.clone()),
+            data_tls,
+        )
+        .await?;
+        let sandbox_watch = match config.max_sandbox {
+            Some(cap) => Some(crate::sandbox_watch::SandboxWatch::start(cap).map_err(|e| {
+                ClusterError::Config(format!("cannot start the sandbox size watcher: {e}"))
+            })?),
+            None => None,
+        };
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Out>();
+        let wasm = WasmRunner::new().map_err(|e| {
+            tracing::warn!("wasm tasks disabled: {e}");
+            e.to_string()
+        });
+        let guard = match config.guard.as_deref() {
+            Some([program, args @ ..]) => {
+                let mut cmd = std::process::Command::new(program);
+                cmd.args(args);
+                Some(flotilla_exec::Guard::start(cmd).map_err(|e| {
+                    ClusterError::Config(format!("cannot start the task guard {program}: {e}"))
+                })?)
+            }
+            _ => None,
+        };
+        let shared = Arc::new(Shared {
+            pool: Pool::new(),
+            previous: Mutex::new(None),
+            credential: Mutex::new(String::new()),
+            data_keys,
+            config,
+            guard,
+            sandboxing,
+            local: Mutex::new(Local {
+                agent: Agent::new(ledger),
+                runs: HashMap::new(),
+            }),
+            out: out_tx,
+            wasm,
+            objects,
+            sandbox_watch,
+            data_bound: data,
+            data_cert,
+            rendezvous_port: std::sync::atomic::AtomicU32::new(0),
+            rendezvous_cert: Mutex::new(String::new()),
+            epoch: Instant::now(),
+            checkpoints: Mutex::new(HashMap::new()),
+            staged: Mutex::new(HashMap::new()),
+        });
+        let mut backoff = Duration::from_millis(100);
+        let mut owner = Owner::new(&shared.config);
+        // Registered outside its availability: it says so at once.
+        if let Err(why) = owner.may_work(&shared) {
+            reclaim(&shared, &why);
+        }
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            match session(&shared, &mut out_rx, &mut shutdown, &mut owner).await {
+                Ok(SessionEnd::Shutdown) => break,
+                Ok(SessionEnd::Broken(why)) => {
+                    tracing::warn!("session with the coordinator ended: {why}; reconnecting");
+                    backoff = Duration::from_millis(100);
+                }
+                Err(e @ ClusterError::Version { .. }) => return Err(e),
+                Err(e) => {
+                    tracing::warn!("cannot reach the coordinator: {e}; retrying in {backoff:?}");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.changed() => {}
+            }
+            // A group's next leader opens its port about a second after the last one died: ask
+            // every half second then, not every two.
+            let most = if shared.config.remote.addrs().len() > 1 {
+                Duration::from_millis(500)
+            } else {
+                Duration::from_secs(2)
+            };
+            backoff = (backoff * 2).min(most);
+        }
+        // Stop what still runs.
+        let running: Vec<CancelHandle> = shared
+            .local
+            .lock()
+            .runs
+            .values()
+            .map(|r| r.cancel.clone())
+            .collect();
+        for c in running {
+            c.cancel();
+        }
+        // The emptied cgroups kept for reuse, then this process's cgroup folder with whatever
+        // still runs in it (attempts still stopping die with their worker). What a killed worker
+        // leaves is removed at the next start of a worker of its name.
+        flotilla_exec::drain_cgroup_pool();
+        if let Some(parent) = shared
+            .sandboxing
+            .as_ref()
+            .and_then(|sb| sb.cgroups.as_ref())
+        {
+            flotilla_exec::remove_cgroup_tree(parent);
+        }
+        Ok(())
+    })
 }
 
 /// Whether a process of this PID exists (signal 0 checks without sending anything).

@@ -170,44 +170,48 @@ impl Server {
     /// Opens the state directory (replaying the journal), binds, and starts serving. In a
     /// group ([`ServerConfig::group`]) it joins the group and returns at once; the API port
     /// opens when this node leads (see [`crate::ha`]).
-    pub async fn start(config: ServerConfig) -> Result<Server> {
-        std::fs::create_dir_all(&config.state_dir)
-            .map_err(|e| ClusterError::io(&config.state_dir, e))?;
-        let token = match &config.admin_token_file {
-            Some(file) => crate::auth::read_admin_token_file(file)?,
-            None => load_or_create_token(&config.state_dir)?,
-        };
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let stop_tx = Arc::new(stop_tx);
-        let (done_tx, done_rx) = watch::channel(None);
-        if let Some(group) = config.group.clone() {
-            return Self::start_in_group(config, group, token, stop_tx, stop_rx, done_tx, done_rx)
+    pub fn start(config: ServerConfig) -> crate::Boxed<'static, Result<Server>> {
+        crate::boxed(async move {
+            std::fs::create_dir_all(&config.state_dir)
+                .map_err(|e| ClusterError::io(&config.state_dir, e))?;
+            let token = match &config.admin_token_file {
+                Some(file) => crate::auth::read_admin_token_file(file)?,
+                None => load_or_create_token(&config.state_dir)?,
+            };
+            let (stop_tx, stop_rx) = watch::channel(false);
+            let stop_tx = Arc::new(stop_tx);
+            let (done_tx, done_rx) = watch::channel(None);
+            if let Some(group) = config.group.clone() {
+                return Self::start_in_group(
+                    config, group, token, stop_tx, stop_rx, done_tx, done_rx,
+                )
                 .await;
-        }
-        let access = Arc::new(
-            Access::open(&config.state_dir, &token)
-                .map_err(|e| ClusterError::Config(e.to_string()))?,
-        );
-        let journal_path = config.state_dir.join("journal.log");
-        let mut journal = if config.recover_journal {
-            Journal::open_recovering(&journal_path)?.0
-        } else {
-            Journal::open(&journal_path)?
-        };
-        journal.set_sync(if config.fsync {
-            SyncMode::Always
-        } else {
-            SyncMode::Process
-        });
-        let served = serve(&config, access, journal, None, &stop_tx, stop_rx, done_tx).await?;
-        Ok(Server {
-            addr: served.addr,
-            http_addr: served.http_addr,
-            token,
-            stop: stop_tx,
-            done: done_rx,
-            #[cfg(test)]
-            core: served.core,
+            }
+            let access = Arc::new(
+                Access::open(&config.state_dir, &token)
+                    .map_err(|e| ClusterError::Config(e.to_string()))?,
+            );
+            let journal_path = config.state_dir.join("journal.log");
+            let mut journal = if config.recover_journal {
+                Journal::open_recovering(&journal_path)?.0
+            } else {
+                Journal::open(&journal_path)?
+            };
+            journal.set_sync(if config.fsync {
+                SyncMode::Always
+            } else {
+                SyncMode::Process
+            });
+            let served = serve(&config, access, journal, None, &stop_tx, stop_rx, done_tx).await?;
+            Ok(Server {
+                addr: served.addr,
+                http_addr: served.http_addr,
+                token,
+                stop: stop_tx,
+                done: done_rx,
+                #[cfg(test)]
+                core: served.core,
+            })
         })
     }
 
@@ -292,15 +296,17 @@ impl Server {
     }
 
     /// Waits until the server has stopped (after `stop`, a `Shutdown` request, or an error).
-    pub async fn wait(mut self) -> Result<()> {
-        loop {
-            if let Some(r) = self.done.borrow().clone() {
-                return r.map_err(|e| ClusterError::Rpc(format!("server: {e}")));
+    pub fn wait(mut self) -> crate::Boxed<'static, Result<()>> {
+        crate::boxed(async move {
+            loop {
+                if let Some(r) = self.done.borrow().clone() {
+                    return r.map_err(|e| ClusterError::Rpc(format!("server: {e}")));
+                }
+                if self.done.changed().await.is_err() {
+                    return Ok(());
+                }
             }
-            if self.done.changed().await.is_err() {
-                return Ok(());
-            }
-        }
+        })
     }
 }
 

@@ -310,223 +310,226 @@ fn xargs_rate(n: usize, parallel: usize) -> std::io::Result<f64> {
 }
 
 /// Runs the benchmark (needs a tokio runtime).
-pub async fn run(
-    cfg: &ClusterBenchConfig,
-) -> Result<ClusterBenchResult, Box<dyn std::error::Error + Send + Sync>> {
-    let dir = tempdir()?;
-    let job_dir = dir.join("job");
-    std::fs::create_dir_all(&job_dir)?;
-    std::fs::write(job_dir.join("noop.wat"), NOOP_WAT)?;
-    let text = job_text(&cfg.workload, &cfg.kind, cfg.tasks)?;
-    std::fs::write(job_dir.join("job.toml"), &text)?;
+pub fn run<'a>(
+    cfg: &'a ClusterBenchConfig,
+) -> flotilla_cluster::Boxed<'a, Result<ClusterBenchResult, Box<dyn std::error::Error + Send + Sync>>>
+{
+    flotilla_cluster::boxed(async move {
+        let dir = tempdir()?;
+        let job_dir = dir.join("job");
+        std::fs::create_dir_all(&job_dir)?;
+        std::fs::write(job_dir.join("noop.wat"), NOOP_WAT)?;
+        let text = job_text(&cfg.workload, &cfg.kind, cfg.tasks)?;
+        std::fs::write(job_dir.join("job.toml"), &text)?;
 
-    let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), dir.join("state"));
-    scfg.coordinator.queue_depth = 64;
-    scfg.coordinator.chain_depth = cfg.chain_depth;
-    // Every worker of the benchmark connects from 127.0.0.1 (a session and its channels):
-    // the per-address cap that protects a real coordinator would refuse hundreds of them.
-    scfg.max_connections_per_peer = scfg.max_connections_per_peer.max(cfg.workers * 4 + 64);
-    if cfg.scrapers > 0 {
-        scfg.http_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
-    }
-    if cfg.group > 0 && (cfg.scrapers > 0 || cfg.restarts > 0) {
-        return Err("--group runs without --scrapers and --restarts".into());
-    }
-    if cfg.failovers > 0 && cfg.group < 2 {
-        return Err("--failovers needs --group 2 or more".into());
-    }
-    let mut group = if cfg.group >= 2 {
-        Some(Group::start(cfg.group, &dir, &scfg).await?)
-    } else {
-        None
-    };
-    let server = match &group {
-        Some(_) => None,
-        None => Some(Server::start(scfg.clone()).await?),
-    };
-    let remote = match (&server, &group) {
-        (Some(s), _) => Remote::new(s.addr().to_string(), s.token().to_string()),
-        (None, Some(g)) => g.remote.clone(),
-        (None, None) => return Err("no coordinator".into()),
-    };
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut handles = Vec::new();
-    for w in 0..cfg.workers {
-        let mut wc = WorkerConfig::local(remote.clone());
-        // As `flotilla worker` runs: with its task guard.
-        wc.guard = crate::guard_command();
-        wc.enter = crate::enter_program();
-        wc.name = format!("bench-{w}");
-        wc.cpus = cfg.cpus_per_worker;
-        wc.work_dir = dir.join(format!("worker{w}"));
-        wc.isolation = cfg.isolation;
-        handles.push(tokio::spawn(run_worker(wc, stop_rx.clone())));
-    }
-    let mut client = Client::connect(&remote).await?;
-    // Wait until both workers registered.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let n = client.cluster_status().await?.workers.len();
-        if n >= cfg.workers {
-            break;
+        let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), dir.join("state"));
+        scfg.coordinator.queue_depth = 64;
+        scfg.coordinator.chain_depth = cfg.chain_depth;
+        // Every worker of the benchmark connects from 127.0.0.1 (a session and its channels):
+        // the per-address cap that protects a real coordinator would refuse hundreds of them.
+        scfg.max_connections_per_peer = scfg.max_connections_per_peer.max(cfg.workers * 4 + 64);
+        if cfg.scrapers > 0 {
+            scfg.http_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
         }
-        if Instant::now() > deadline {
-            return Err("workers did not register within 30 s".into());
+        if cfg.group > 0 && (cfg.scrapers > 0 || cfg.restarts > 0) {
+            return Err("--group runs without --scrapers and --restarts".into());
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Heartbeats alone: every worker connected, nothing to run.
-    let mut idle = (None, None, None);
-    if !cfg.idle.is_zero() {
-        let before = cpu_seconds();
-        let start = Instant::now();
-        tokio::time::sleep(cfg.idle).await;
-        let secs = start.elapsed().as_secs_f64();
-        if let (Some((p0, c0)), Some((p1, c1))) = (before, cpu_seconds()) {
-            let beats = cfg.workers as f64 * secs / scfg.heartbeat.as_secs_f64();
-            idle = (
-                Some((c1 - c0) * 1e6 / beats),
-                Some((p1 - p0) * 1e6 / beats),
-                Some((c1 - c0) / secs),
-            );
+        if cfg.failovers > 0 && cfg.group < 2 {
+            return Err("--failovers needs --group 2 or more".into());
         }
-    }
-    // One warm-up job (small), then the timed ones.
-    let warm = job_text(&cfg.workload, &cfg.kind, cfg.tasks.min(50))?;
-    let dir_s = job_dir.display().to_string();
-    let s = client.submit_text("warmup.toml", &warm, &dir_s).await?;
-    client.wait(s.job, |_| {}).await?;
-    let mut runs = Vec::new();
-    let mut scraped_runs = Vec::new();
-    let (mut scrapes, mut scraped_s) = (0u64, 0.0f64);
-    for _ in 0..cfg.reps.max(1) {
-        for with in [false, true] {
-            if with && cfg.scrapers == 0 {
-                continue;
-            }
-            let (scrape_stop, scrape_rx) = watch::channel(false);
-            let clients = match (with, server.as_ref().and_then(|s| s.http_addr())) {
-                (true, Some(http)) if cfg.dashboards => {
-                    dashboards(cfg.scrapers, http, remote.token.clone(), scrape_rx)
-                }
-                (true, Some(http)) => scrapers(
-                    cfg.scrapers,
-                    cfg.scrape_every,
-                    http,
-                    remote.token.clone(),
-                    scrape_rx,
-                ),
-                _ => Vec::new(),
-            };
-            let start = Instant::now();
-            let s = client.submit_text("job.toml", &text, &dir_s).await?;
-            let f = client.wait(s.job, |_| {}).await?;
-            let secs = start.elapsed().as_secs_f64();
-            let _ = scrape_stop.send(true);
-            for c in clients {
-                scrapes += c.await.unwrap_or(0);
-            }
-            if !f.succeeded() {
-                return Err(format!("benchmark job {} ended {}", s.job, f.state).into());
-            }
-            if with {
-                scraped_runs.push(secs);
-                scraped_s += secs;
-            } else {
-                runs.push(secs);
-            }
-        }
-    }
-    let mut failovers = Vec::new();
-    if let Some(g) = group.as_mut() {
-        for _ in 0..cfg.failovers {
-            failovers.push(g.failover().await?);
-        }
-    }
-    let _ = stop_tx.send(true);
-    for h in handles {
-        let _ = h.await;
-    }
-    if let Some(server) = server {
-        server.stop();
-        let _ = server.wait().await;
-    }
-    if let Some(g) = group {
-        g.stop().await;
-    }
-    let mut restarts = Vec::new();
-    for _ in 0..cfg.restarts {
-        let start = Instant::now();
-        let server = Server::start(scfg.clone()).await?;
-        let remote = Remote::new(server.addr().to_string(), server.token().to_string());
-        Client::connect(&remote).await?.cluster_status().await?;
-        restarts.push(start.elapsed().as_secs_f64());
-        server.stop();
-        let _ = server.wait().await;
-    }
-    let journal_bytes = std::fs::metadata(dir.join("state").join("journal.log"))
-        .ok()
-        .map(|m| m.len());
-    let _ = std::fs::remove_dir_all(&dir);
-    restarts.sort_by(f64::total_cmp);
-    let restart_s = restarts.get(restarts.len() / 2).copied();
-
-    let mut sorted = runs.clone();
-    sorted.sort_by(f64::total_cmp);
-    let med = sorted[sorted.len() / 2];
-    let n_tasks = match cfg.workload.as_str() {
-        "fanout" => cfg.tasks + 1,
-        _ => cfg.tasks,
-    };
-    let is_proc = cfg.workload == "true" || (cfg.workload != "wasm" && cfg.kind != "wasm");
-    let xargs = if cfg.xargs && is_proc && cfg.workload != "chain" {
-        let par = ((cfg.workers as f64) * cfg.cpus_per_worker)
-            .round()
-            .max(1.0) as usize;
-        Some(xargs_rate(n_tasks, par)?)
-    } else {
-        None
-    };
-    let rate = n_tasks as f64 / med;
-    let scraped_rate = (!scraped_runs.is_empty()).then(|| {
-        scraped_runs.sort_by(f64::total_cmp);
-        n_tasks as f64 / scraped_runs[scraped_runs.len() / 2]
-    });
-    Ok(ClusterBenchResult {
-        bench: "cluster",
-        chain_depth: cfg.chain_depth,
-        workload: cfg.workload.clone(),
-        kind: if cfg.workload == "true" || cfg.workload == "wasm" {
-            cfg.workload.clone()
+        let mut group = if cfg.group >= 2 {
+            Some(Group::start(cfg.group, &dir, &scfg).await?)
         } else {
-            cfg.kind.clone()
-        },
-        tasks: n_tasks,
-        workers: cfg.workers,
-        cpus_per_worker: cfg.cpus_per_worker,
-        seconds: med,
-        runs,
-        tasks_per_s: rate,
-        ms_per_task: med * 1e3 / n_tasks as f64,
-        xargs_tasks_per_s: xargs,
-        ratio_to_xargs: xargs.map(|x| rate / x),
-        group: cfg.group,
-        failover_s: {
-            let mut f = failovers.clone();
-            f.sort_by(f64::total_cmp);
-            f.get(f.len() / 2).copied()
-        },
-        failovers,
-        heartbeat_core_us: idle.0,
-        heartbeat_process_us: idle.1,
-        idle_core_share: idle.2,
-        restart_s,
-        journal_bytes: restart_s.and(journal_bytes),
-        scrapers: cfg.scrapers,
-        dashboards: cfg.dashboards,
-        scraped_tasks_per_s: scraped_rate,
-        ratio_scraped: scraped_rate.map(|s| s / rate),
-        scrapes_per_s: (scraped_s > 0.0).then(|| scrapes as f64 / scraped_s),
+            None
+        };
+        let server = match &group {
+            Some(_) => None,
+            None => Some(Server::start(scfg.clone()).await?),
+        };
+        let remote = match (&server, &group) {
+            (Some(s), _) => Remote::new(s.addr().to_string(), s.token().to_string()),
+            (None, Some(g)) => g.remote.clone(),
+            (None, None) => return Err("no coordinator".into()),
+        };
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut handles = Vec::new();
+        for w in 0..cfg.workers {
+            let mut wc = WorkerConfig::local(remote.clone());
+            // As `flotilla worker` runs: with its task guard.
+            wc.guard = crate::guard_command();
+            wc.enter = crate::enter_program();
+            wc.name = format!("bench-{w}");
+            wc.cpus = cfg.cpus_per_worker;
+            wc.work_dir = dir.join(format!("worker{w}"));
+            wc.isolation = cfg.isolation;
+            handles.push(tokio::spawn(run_worker(wc, stop_rx.clone())));
+        }
+        let mut client = Client::connect(&remote).await?;
+        // Wait until both workers registered.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let n = client.cluster_status().await?.workers.len();
+            if n >= cfg.workers {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err("workers did not register within 30 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Heartbeats alone: every worker connected, nothing to run.
+        let mut idle = (None, None, None);
+        if !cfg.idle.is_zero() {
+            let before = cpu_seconds();
+            let start = Instant::now();
+            tokio::time::sleep(cfg.idle).await;
+            let secs = start.elapsed().as_secs_f64();
+            if let (Some((p0, c0)), Some((p1, c1))) = (before, cpu_seconds()) {
+                let beats = cfg.workers as f64 * secs / scfg.heartbeat.as_secs_f64();
+                idle = (
+                    Some((c1 - c0) * 1e6 / beats),
+                    Some((p1 - p0) * 1e6 / beats),
+                    Some((c1 - c0) / secs),
+                );
+            }
+        }
+        // One warm-up job (small), then the timed ones.
+        let warm = job_text(&cfg.workload, &cfg.kind, cfg.tasks.min(50))?;
+        let dir_s = job_dir.display().to_string();
+        let s = client.submit_text("warmup.toml", &warm, &dir_s).await?;
+        client.wait(s.job, |_| {}).await?;
+        let mut runs = Vec::new();
+        let mut scraped_runs = Vec::new();
+        let (mut scrapes, mut scraped_s) = (0u64, 0.0f64);
+        for _ in 0..cfg.reps.max(1) {
+            for with in [false, true] {
+                if with && cfg.scrapers == 0 {
+                    continue;
+                }
+                let (scrape_stop, scrape_rx) = watch::channel(false);
+                let clients = match (with, server.as_ref().and_then(|s| s.http_addr())) {
+                    (true, Some(http)) if cfg.dashboards => {
+                        dashboards(cfg.scrapers, http, remote.token.clone(), scrape_rx)
+                    }
+                    (true, Some(http)) => scrapers(
+                        cfg.scrapers,
+                        cfg.scrape_every,
+                        http,
+                        remote.token.clone(),
+                        scrape_rx,
+                    ),
+                    _ => Vec::new(),
+                };
+                let start = Instant::now();
+                let s = client.submit_text("job.toml", &text, &dir_s).await?;
+                let f = client.wait(s.job, |_| {}).await?;
+                let secs = start.elapsed().as_secs_f64();
+                let _ = scrape_stop.send(true);
+                for c in clients {
+                    scrapes += c.await.unwrap_or(0);
+                }
+                if !f.succeeded() {
+                    return Err(format!("benchmark job {} ended {}", s.job, f.state).into());
+                }
+                if with {
+                    scraped_runs.push(secs);
+                    scraped_s += secs;
+                } else {
+                    runs.push(secs);
+                }
+            }
+        }
+        let mut failovers = Vec::new();
+        if let Some(g) = group.as_mut() {
+            for _ in 0..cfg.failovers {
+                failovers.push(g.failover().await?);
+            }
+        }
+        let _ = stop_tx.send(true);
+        for h in handles {
+            let _ = h.await;
+        }
+        if let Some(server) = server {
+            server.stop();
+            let _ = server.wait().await;
+        }
+        if let Some(g) = group {
+            g.stop().await;
+        }
+        let mut restarts = Vec::new();
+        for _ in 0..cfg.restarts {
+            let start = Instant::now();
+            let server = Server::start(scfg.clone()).await?;
+            let remote = Remote::new(server.addr().to_string(), server.token().to_string());
+            Client::connect(&remote).await?.cluster_status().await?;
+            restarts.push(start.elapsed().as_secs_f64());
+            server.stop();
+            let _ = server.wait().await;
+        }
+        let journal_bytes = std::fs::metadata(dir.join("state").join("journal.log"))
+            .ok()
+            .map(|m| m.len());
+        let _ = std::fs::remove_dir_all(&dir);
+        restarts.sort_by(f64::total_cmp);
+        let restart_s = restarts.get(restarts.len() / 2).copied();
+
+        let mut sorted = runs.clone();
+        sorted.sort_by(f64::total_cmp);
+        let med = sorted[sorted.len() / 2];
+        let n_tasks = match cfg.workload.as_str() {
+            "fanout" => cfg.tasks + 1,
+            _ => cfg.tasks,
+        };
+        let is_proc = cfg.workload == "true" || (cfg.workload != "wasm" && cfg.kind != "wasm");
+        let xargs = if cfg.xargs && is_proc && cfg.workload != "chain" {
+            let par = ((cfg.workers as f64) * cfg.cpus_per_worker)
+                .round()
+                .max(1.0) as usize;
+            Some(xargs_rate(n_tasks, par)?)
+        } else {
+            None
+        };
+        let rate = n_tasks as f64 / med;
+        let scraped_rate = (!scraped_runs.is_empty()).then(|| {
+            scraped_runs.sort_by(f64::total_cmp);
+            n_tasks as f64 / scraped_runs[scraped_runs.len() / 2]
+        });
+        Ok(ClusterBenchResult {
+            bench: "cluster",
+            chain_depth: cfg.chain_depth,
+            workload: cfg.workload.clone(),
+            kind: if cfg.workload == "true" || cfg.workload == "wasm" {
+                cfg.workload.clone()
+            } else {
+                cfg.kind.clone()
+            },
+            tasks: n_tasks,
+            workers: cfg.workers,
+            cpus_per_worker: cfg.cpus_per_worker,
+            seconds: med,
+            runs,
+            tasks_per_s: rate,
+            ms_per_task: med * 1e3 / n_tasks as f64,
+            xargs_tasks_per_s: xargs,
+            ratio_to_xargs: xargs.map(|x| rate / x),
+            group: cfg.group,
+            failover_s: {
+                let mut f = failovers.clone();
+                f.sort_by(f64::total_cmp);
+                f.get(f.len() / 2).copied()
+            },
+            failovers,
+            heartbeat_core_us: idle.0,
+            heartbeat_process_us: idle.1,
+            idle_core_share: idle.2,
+            restart_s,
+            journal_bytes: restart_s.and(journal_bytes),
+            scrapers: cfg.scrapers,
+            dashboards: cfg.dashboards,
+            scraped_tasks_per_s: scraped_rate,
+            ratio_scraped: scraped_rate.map(|s| s / rate),
+            scrapes_per_s: (scraped_s > 0.0).then(|| scrapes as f64 / scraped_s),
+        })
     })
 }
 

@@ -128,77 +128,83 @@ fn write_journal(state: &std::path::Path, tasks: u64) -> Result<Journal> {
 
 /// Restart time for each size in `sizes`, `reps` starts each; with `compaction`, of a
 /// journal whose big job was removed, before and after compacting it.
-pub async fn run(sizes: &[u64], reps: usize, compaction: bool) -> Result<Vec<RestartPoint>> {
-    let mut out = Vec::new();
-    for &tasks in sizes {
-        let dir = std::env::temp_dir().join(format!(
-            "flotilla-bench-restart-{}-{tasks}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        let state = dir.join("state");
-        let mut j = write_journal(&state, tasks)?;
-        if compaction {
-            // The big job is removed; a small one stays live.
-            let spec = parse_job(
-                "name = \"live\"\n[[task]]\nid = \"t\"\narray = \"0..10\"\ncmd = [\"true\"]\n",
-                "live.toml",
-            )?;
-            j.append(&[
-                JournalRecord::JobRemoved { job: JobId::new(1) },
-                JournalRecord::JobSubmitted {
-                    job: JobId::new(2),
-                    spec: Box::new(spec),
-                    dir: "/bench/live".into(),
-                    tenant: String::new(),
-                },
-            ])?;
-        }
-        let (records, journal_bytes) = (j.len(), j.bytes());
-        drop(j);
-        let runs = restarts(&state, reps, |s| {
+pub fn run<'a>(
+    sizes: &'a [u64],
+    reps: usize,
+    compaction: bool,
+) -> flotilla_cluster::Boxed<'a, Result<Vec<RestartPoint>>> {
+    flotilla_cluster::boxed(async move {
+        let mut out = Vec::new();
+        for &tasks in sizes {
+            let dir = std::env::temp_dir().join(format!(
+                "flotilla-bench-restart-{}-{tasks}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            let state = dir.join("state");
+            let mut j = write_journal(&state, tasks)?;
             if compaction {
-                s.jobs.len() == 1 && s.jobs[0].id == JobId::new(2)
-            } else {
-                s.jobs.first().is_some_and(|j| j.done == tasks)
+                // The big job is removed; a small one stays live.
+                let spec = parse_job(
+                    "name = \"live\"\n[[task]]\nid = \"t\"\narray = \"0..10\"\ncmd = [\"true\"]\n",
+                    "live.toml",
+                )?;
+                j.append(&[
+                    JournalRecord::JobRemoved { job: JobId::new(1) },
+                    JournalRecord::JobSubmitted {
+                        job: JobId::new(2),
+                        spec: Box::new(spec),
+                        dir: "/bench/live".into(),
+                        tenant: String::new(),
+                    },
+                ])?;
             }
-        })
-        .await?;
-        let mut point = RestartPoint {
-            bench: "restart",
-            tasks,
-            records,
-            journal_bytes,
-            restart_s: runs[runs.len() / 2],
-            runs_s: runs,
-            compacted_bytes: None,
-            compact_s: None,
-            restart_compacted_s: None,
-        };
-        if compaction {
-            let mut j = Journal::open(state.join("journal.log"))?;
-            j.replay()?;
-            let checkpoint = JournalRecord::Checkpoint {
-                next_job: 3,
-                next_worker: 2,
-                model: flotilla_sched::PerfModel::new().to_json(),
-            };
-            let start = Instant::now();
-            let c = j.start_compaction(checkpoint)?;
-            let report = j
-                .finish_compaction(c)
-                .context("the compaction failed (see the log)")?;
-            point.compact_s = Some(start.elapsed().as_secs_f64());
-            point.compacted_bytes = Some(report.bytes_after);
+            let (records, journal_bytes) = (j.len(), j.bytes());
             drop(j);
             let runs = restarts(&state, reps, |s| {
-                s.jobs.len() == 1 && s.jobs[0].id == JobId::new(2)
+                if compaction {
+                    s.jobs.len() == 1 && s.jobs[0].id == JobId::new(2)
+                } else {
+                    s.jobs.first().is_some_and(|j| j.done == tasks)
+                }
             })
             .await?;
-            point.restart_compacted_s = Some(runs[runs.len() / 2]);
+            let mut point = RestartPoint {
+                bench: "restart",
+                tasks,
+                records,
+                journal_bytes,
+                restart_s: runs[runs.len() / 2],
+                runs_s: runs,
+                compacted_bytes: None,
+                compact_s: None,
+                restart_compacted_s: None,
+            };
+            if compaction {
+                let mut j = Journal::open(state.join("journal.log"))?;
+                j.replay()?;
+                let checkpoint = JournalRecord::Checkpoint {
+                    next_job: 3,
+                    next_worker: 2,
+                    model: flotilla_sched::PerfModel::new().to_json(),
+                };
+                let start = Instant::now();
+                let c = j.start_compaction(checkpoint)?;
+                let report = j
+                    .finish_compaction(c)
+                    .context("the compaction failed (see the log)")?;
+                point.compact_s = Some(start.elapsed().as_secs_f64());
+                point.compacted_bytes = Some(report.bytes_after);
+                drop(j);
+                let runs = restarts(&state, reps, |s| {
+                    s.jobs.len() == 1 && s.jobs[0].id == JobId::new(2)
+                })
+                .await?;
+                point.restart_compacted_s = Some(runs[runs.len() / 2]);
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            out.push(point);
         }
-        let _ = std::fs::remove_dir_all(&dir);
-        out.push(point);
-    }
-    Ok(out)
+        Ok(out)
+    })
 }

@@ -168,15 +168,7 @@ pub fn serve_framed_tls(
 ) -> crate::Boxed<'static, Result<SocketAddr>> {
     crate::boxed(async move {
         let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.config.clone()));
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| ClusterError::Bind {
-                addr: addr.to_string(),
-                source,
-            })?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
+        let (listener, local) = crate::transport::bind(addr).await?;
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         tokio::spawn(async move {
             while let Ok((sock, peer)) = listener.accept().await {

@@ -437,15 +437,7 @@ pub fn serve_objects(
     token: String,
 ) -> crate::Boxed<'static, Result<SocketAddr>> {
     crate::boxed(async move {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| ClusterError::Bind {
-                addr: addr.to_string(),
-                source,
-            })?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
+        let (listener, local) = crate::transport::bind(addr).await?;
         let svc = ObjectsServer::with_interceptor(
             ObjectsService {
                 store,

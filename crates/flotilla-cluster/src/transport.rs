@@ -220,3 +220,20 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+/// Binds a TCP listener on `addr`; returns it with the address it got (port 0: the one
+/// chosen).
+pub(crate) async fn bind(
+    addr: std::net::SocketAddr,
+) -> Result<(tokio::net::TcpListener, std::net::SocketAddr)> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ClusterError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
+    Ok((listener, local))
+}

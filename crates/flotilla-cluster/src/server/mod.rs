@@ -487,15 +487,7 @@ async fn serve(
             .map_err(|e| ClusterError::Config(format!("cannot start the core thread: {e}")))?;
     }
 
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| ClusterError::Bind {
-            addr: config.listen.to_string(),
-            source: e,
-        })?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
+    let (listener, addr) = crate::transport::bind(config.listen).await?;
     let http_addr = match config.http_listen {
         Some(at) => Some(
             serve_http(

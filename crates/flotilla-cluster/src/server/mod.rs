@@ -581,6 +581,7 @@ async fn serve(
     let core_tx = req_tx.clone();
     let req_for_stop = req_tx;
     let fatal_out = fatal.clone();
+    let core_gone = core_done.clone();
     tokio::spawn(async move {
         let incoming = peers::incoming(listener, per_peer);
         let grace = stop_wait.clone();
@@ -598,6 +599,9 @@ async fn serve(
             }
         };
         let _ = req_for_stop.try_send(Req::Stop);
+        // `Server::wait` returns once the core has closed the journal: a coordinator started
+        // again on the same state right after finds it free (bounded, should the core hang).
+        let _ = tokio::time::timeout(STOP_GRACE, stopped(core_gone)).await;
         let r = match fatal.lock().clone() {
             Some(m) => Err(m),
             None => r.map_err(|e| e.to_string()),

@@ -34,6 +34,22 @@ async fn a_stopped_server_ends_without_error() {
     server.wait().await.expect("a clean stop");
 }
 
+#[tokio::test]
+async fn a_server_started_again_on_the_same_state_right_after_wait_finds_its_journal_free() {
+    // `wait` once returned before the core thread had closed the journal: starting again on
+    // the same state at once failed "in use by another coordinator" (`bench cluster
+    // --restarts` failed so at every try).
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    for round in 0..5 {
+        let server = Server::start(ServerConfig::new(listen, dir.path()))
+            .await
+            .unwrap_or_else(|e| panic!("start {round}: {e}"));
+        server.stop();
+        server.wait().await.expect("a clean stop");
+    }
+}
+
 /// The `Workers` service of a server reached through `remote`, presenting `token`.
 async fn workers_client(
     remote: &crate::Remote,

@@ -257,12 +257,7 @@ fn log_lines_can_be_json() {
 fn into_closed_pipe(c: &Cluster, args: &[&str]) -> std::process::Output {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    Command::new(BIN)
-        .args(args)
-        .current_dir(c.job_dir())
-        .env("FLOTILLA_SERVER", c.addr.to_string())
-        .env("FLOTILLA_TOKEN", &c.token)
-        .stdin(Stdio::null())
+    c.cli_command(args, &c.token)
         .stdout(writer)
         .stderr(Stdio::piped())
         .output()

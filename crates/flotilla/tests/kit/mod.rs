@@ -506,15 +506,20 @@ impl Cluster {
     /// Runs the CLI with `args`, then `extra` (instead of the cluster's remote arguments),
     /// presenting `token`.
     pub(crate) fn cli_raw(&self, args: &[&str], extra: &[String], token: &str) -> Output {
-        Command::new(BIN)
-            .args(args)
-            .args(extra)
+        let mut cmd = self.cli_command(args, token);
+        cmd.args(extra).output().expect("the flotilla binary runs")
+    }
+
+    /// The CLI with `args` against this cluster (FLOTILLA_SERVER set, `token` presented), in
+    /// the job folder, stdin closed: for a test that sets more (its stdout) before running it.
+    pub(crate) fn cli_command(&self, args: &[&str], token: &str) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
             .current_dir(self.job_dir())
             .env("FLOTILLA_SERVER", self.addr.to_string())
             .env("FLOTILLA_TOKEN", token)
-            .stdin(Stdio::null())
-            .output()
-            .expect("the flotilla binary runs")
+            .stdin(Stdio::null());
+        cmd
     }
 
     /// `flotilla submit FILE`: the job id from the last line of its output.

@@ -221,7 +221,7 @@ impl Client {
     /// Validates the job file here (so errors name the file and line at once), then submits
     /// it; its folder is the file's folder.
     pub fn submit_file<'a>(&'a mut self, path: &'a Path) -> crate::Boxed<'a, Result<Submitted>> {
-        crate::boxed(async move { self.submit_file_with_id(path, None).await })
+        self.submit_file_with_id(path, None)
     }
 
     /// A new id for a submission ([`Client::submit_file_with_id`]): 128 random bits, in hex.
@@ -325,7 +325,7 @@ impl Client {
     /// per-worker totals, and its tasks, or the first
     /// [`STATUS_TASKS`](crate::state::STATUS_TASKS) of a larger job.
     pub fn job_status<'a>(&'a mut self, job: JobId) -> crate::Boxed<'a, Result<JobStatus>> {
-        crate::boxed(async move { self.job_status_range(job, 0, None).await })
+        self.job_status_range(job, 0, None)
     }
 
     /// [`Client::job_status`] listing at most `limit` tasks (the default when `None`) from
@@ -544,7 +544,7 @@ impl Client {
         job: JobId,
         dir: &'a Path,
     ) -> crate::Boxed<'a, Result<Vec<GatheredOutput>>> {
-        crate::boxed(async move { self.gather_with(job, dir, |_| {}).await })
+        self.gather_with(job, dir, |_| {})
     }
 
     /// Transfer staging: fetches every output of `job` from the worker holding it into
@@ -624,7 +624,7 @@ impl Client {
         name: &'a str,
         quota: &'a Quota,
     ) -> crate::Boxed<'a, Result<NewToken>> {
-        crate::boxed(async move { self.tenant_add_with_credits(name, quota, "").await })
+        self.tenant_add_with_credits(name, quota, "")
     }
 
     /// Admin: adds tenant `name` with `quota` and hands it `credits` (a decimal amount; ""

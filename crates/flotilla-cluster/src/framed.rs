@@ -155,7 +155,7 @@ pub fn serve_framed(
     store: Arc<ObjectStore>,
     gate: Gate,
 ) -> crate::Boxed<'static, Result<SocketAddr>> {
-    crate::boxed(async move { serve_framed_tls(addr, store, gate, None).await })
+    serve_framed_tls(addr, store, gate, None)
 }
 
 /// [`serve_framed`], over TLS with `tls` when given: a connection that does not complete

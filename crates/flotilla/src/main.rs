@@ -707,11 +707,13 @@ fn run(cli: Cli) -> Result<bool> {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();
             clap_complete::generate(shell, &mut cmd, "flotilla", &mut script);
-            print_all(&script)
+            out::write_all(&script)?;
+            Ok(true)
         }
         Command::CliReference => {
             let text = cli_doc::markdown(&<Cli as clap::CommandFactory>::command());
-            print_all(text.as_bytes())
+            out::write_all(text.as_bytes())?;
+            Ok(true)
         }
         Command::Man { out } => {
             let pages = cli_doc::man_pages(&<Cli as clap::CommandFactory>::command(), &out)
@@ -1233,16 +1235,6 @@ fn run_local(command: Command) -> Result<()> {
             })
         }
         _ => unreachable!("cluster commands are dispatched in run()"),
-    }
-}
-
-/// Writes `bytes` to stdout; a reader that stopped early (`| head`) is not an error.
-fn print_all(bytes: &[u8]) -> Result<bool> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(true),
     }
 }
 

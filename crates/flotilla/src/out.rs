@@ -22,6 +22,17 @@ pub(crate) fn write(args: fmt::Arguments<'_>, newline: bool) -> anyhow::Result<(
             Ok(())
         }
     });
+    checked(written)
+}
+
+/// Writes `bytes` to standard output and flushes it.
+pub(crate) fn write_all(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    checked(out.write_all(bytes).and_then(|()| out.flush()))
+}
+
+/// A write's outcome: a closed pipe is [`StdoutClosed`], another error says where it was.
+fn checked(written: io::Result<()>) -> anyhow::Result<()> {
     match written {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),

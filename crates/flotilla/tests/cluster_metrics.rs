@@ -119,6 +119,26 @@ fn metrics_are_served_behind_the_token_and_parse() {
     assert!(body.contains("Bearer"), "{body}");
     assert_eq!(get(http, "/metrics", Some("not-a-token")).0, 401);
 
+    // No job yet: every task state has its series at 0, so the autoscalers' demand,
+    // sum(flotilla_tasks{state=~"ready|assigned|running"}), is 0 rather than no value (an
+    // HPA given no value keeps the replicas it last set).
+    let (code, body) = get(http, "/metrics", Some(&c.token));
+    assert_eq!(code, 200, "{body}");
+    let m = parse(&body);
+    for state in [
+        "waiting",
+        "ready",
+        "assigned",
+        "running",
+        "done",
+        "failed",
+        "cancelled",
+        "backoff",
+    ] {
+        let key = format!("flotilla_tasks{{state=\"{state}\"}}");
+        assert_eq!(m.get(&key), Some(&0.0), "{key} in {body}");
+    }
+
     let alice = last_line(&c.cli(&["admin", "tenant", "add", "alice"]));
     let job = "name = \"m\"\n[[task]]\nid = \"t\"\narray = \"0..12\"\ncmd = [\"true\"]\n";
     let path = c.job_dir().join("m.toml");
@@ -157,7 +177,11 @@ fn metrics_are_served_behind_the_token_and_parse() {
     assert_eq!(code, 200);
     let m = parse(&body);
     assert!(!m.keys().any(|k| k.contains("alice")), "{body}");
-    assert_eq!(m.get("flotilla_tasks{state=\"done\"}"), None, "{body}");
+    assert_eq!(
+        m.get("flotilla_tasks{state=\"done\"}"),
+        Some(&0.0),
+        "{body}"
+    );
 
     // A worker's enrolment token sees no jobs: 403.
     let wt = last_line(&c.cli(&["admin", "worker-token", "add", "--name", "w"]));

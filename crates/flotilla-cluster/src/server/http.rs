@@ -160,23 +160,26 @@ impl Metrics {
             .filter(|j| scope.sees(&j.tenant))
             .collect();
         let by_state = Family::<Vec<(String, String)>, Gauge>::default();
-        let mut states: BTreeMap<&str, u64> = BTreeMap::new();
+        // Every state has its series, 0 when no job holds such tasks: with none at all, a sum
+        // over them (the autoscalers' demand) would be no value instead of 0, and an HPA then
+        // keeps the replicas it last set instead of scaling down.
+        let mut states: BTreeMap<&str, u64> = TASK_STATES.iter().map(|s| (*s, 0)).collect();
         let mut retries = 0u64;
         let per_tenant_running = Family::<Vec<(String, String)>, Gauge>::default();
         let per_tenant_done = Family::<Vec<(String, String)>, Gauge>::default();
         let per_tenant_jobs = Family::<Vec<(String, String)>, Gauge>::default();
         for j in &jobs {
             let c = &j.counts;
-            for (name, n) in [
-                ("waiting", c.waiting),
-                ("ready", c.ready),
-                ("assigned", c.assigned),
-                ("running", c.running),
-                ("done", c.done),
-                ("failed", c.failed),
-                ("cancelled", c.cancelled),
-                ("backoff", c.backoff),
-            ] {
+            for (name, n) in TASK_STATES.iter().zip([
+                c.waiting,
+                c.ready,
+                c.assigned,
+                c.running,
+                c.done,
+                c.failed,
+                c.cancelled,
+                c.backoff,
+            ]) {
                 *states.entry(name).or_default() += n;
             }
             retries += u64::from(j.retries);
@@ -262,6 +265,18 @@ impl Metrics {
         out
     }
 }
+
+/// The states of `flotilla_tasks{state}`, in the order of the counts' fields.
+const TASK_STATES: [&str; 8] = [
+    "waiting",
+    "ready",
+    "assigned",
+    "running",
+    "done",
+    "failed",
+    "cancelled",
+    "backoff",
+];
 
 fn gauge(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)

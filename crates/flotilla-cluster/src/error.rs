@@ -23,7 +23,7 @@ pub enum ClusterError {
     #[error("the worker's offer: {0}")]
     Offer(#[from] flotilla_core::ledger::LedgerError),
     /// The job file was refused.
-    #[error("{0}")]
+    #[error(transparent)]
     Job(#[from] flotilla_core::CoreError),
     /// Could not reach the other side.
     #[error("cannot connect to {addr}: {message}")]

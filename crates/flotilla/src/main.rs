@@ -1258,8 +1258,65 @@ fn main() -> ExitCode {
         // `flotilla status | head`: the reader has all it wanted.
         Err(e) if out::is_closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("flotilla: {e:#}");
+            eprintln!("flotilla: {}", report(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes, `: `-separated, each cause left out where the message before it
+/// already says it: many of our errors put their source in their own message (`{path}:
+/// {source}`), and `{:#}` would then print it twice.
+fn report(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    let mut last = out.clone();
+    for cause in e.chain().skip(1) {
+        let said = cause.to_string();
+        if !last.contains(&said) {
+            out.push_str(": ");
+            out.push_str(&said);
+        }
+        last = said;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{path}: {source}")]
+    struct Says {
+        path: String,
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading the job")]
+    struct Quiet {
+        source: std::io::Error,
+    }
+
+    fn io() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no such file")
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_printed_once() {
+        let e = anyhow::Error::new(Says {
+            path: "job.toml".into(),
+            source: io(),
+        });
+        assert_eq!(report(&e), "job.toml: no such file");
+        // The same through a context, as the binary's edge adds them.
+        let e = e.context("submitting");
+        assert_eq!(report(&e), "submitting: job.toml: no such file");
+    }
+
+    #[test]
+    fn a_cause_the_message_leaves_out_is_added() {
+        let e = anyhow::Error::new(Quiet { source: io() });
+        assert_eq!(report(&e), "reading the job: no such file");
     }
 }

@@ -257,6 +257,12 @@ fn malformed_job_file_is_refused_naming_file_line_and_field() {
                 err.contains(field),
                 "flotilla {what}: {err:?} does not name the field {field}"
             );
+            // Said once: `submit` printed the refusal twice, its cause repeating it.
+            assert_eq!(
+                err.matches(&format!("{file}:{line}")).count(),
+                1,
+                "flotilla {what}: {err:?}"
+            );
         }
     }
     // Nothing reached the coordinator; `flotilla run` started nothing either.

@@ -206,7 +206,9 @@ impl Coordinator {
             if let Some(hs) = j.holders.get_mut(&tref.task) {
                 hs.retain(|h| *h != id);
             }
-            if j.is_active() && j.tasks[tref.task.index()].state == TaskState::Done {
+            // A task that declared no outputs left nothing here: nothing to rebuild.
+            let made_some = j.outputs.get(&tref.task).is_some_and(|o| !o.is_empty());
+            if made_some && j.is_active() && j.tasks[tref.task.index()].state == TaskState::Done {
                 lost.entry(tref.job).or_default().push(tref.task);
             }
         }

@@ -414,6 +414,7 @@ impl Coordinator {
             .get_mut(&task.job)
             .expect("callers checked the job");
         if j.staging == Staging::Transfer {
+            let made_some = !outputs.is_empty();
             j.outputs.insert(t, outputs);
             j.holders.insert(t, vec![ran_on]);
             // It fetched its predecessors' outputs: it holds them too.
@@ -430,7 +431,9 @@ impl Coordinator {
                 }
             }
             if let Some(w) = live {
-                w.holds.insert(task);
+                if made_some {
+                    w.holds.insert(task);
+                }
                 w.holds.extend(held);
             }
         }

@@ -203,6 +203,54 @@ fn a_lost_worker_s_tasks_are_placed_again_and_its_late_reports_ignored() {
     assert_eq!(sim.c.job_status(job).unwrap().counts.done, 2);
 }
 
+/// A task with no declared outputs leaves nothing on its worker: the worker's loss does not
+/// run it again (a scaled-down pod's finished tasks were rerun, 45 s of work each).
+#[test]
+fn a_lost_worker_reruns_only_the_finished_tasks_whose_outputs_it_held() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        r#"
+staging = "transfer"
+[[task]]
+id = "made"
+cmd = ["m"]
+outputs = ["m.out"]
+[[task]]
+id = "quiet"
+cmd = ["q"]
+[[task]]
+id = "last"
+cmd = ["l"]
+"#,
+    );
+    let (w1, out) = sim.join(wspec(2.0, &[]));
+    assert_eq!(names(&sim, &out), vec!["made", "quiet"]);
+    let (made, quiet) = (sim.tref(job, "made"), sim.tref(job, "quiet"));
+    let out = sim.finish_with(
+        w1,
+        made,
+        1,
+        AttemptOutcome::Succeeded,
+        vec![obj("m.out", 5)],
+        None,
+        1.0,
+    );
+    assert_eq!(names(&sim, &out), vec!["last"]);
+    sim.finish(w1, quiet, 1, AttemptOutcome::Succeeded);
+    // w1 dies with `last` running and both finished tasks' results on it.
+    sim.ev(Event::WorkerLost {
+        worker: w1,
+        reason: "scaled down".into(),
+    });
+    assert_eq!(sim.state(job, "quiet"), TaskState::Done);
+    assert_eq!(
+        sim.state(job, "made"),
+        TaskState::Ready,
+        "m.out is gone: made again"
+    );
+    assert_eq!(sim.state(job, "last"), TaskState::Ready);
+}
+
 #[test]
 fn lost_outputs_are_rebuilt_from_lineage() {
     let mut sim = Sim::new(0);

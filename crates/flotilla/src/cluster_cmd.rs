@@ -632,10 +632,19 @@ async fn interrupted() {
     }
 }
 
+/// Where [`follow`] shows its progress.
+#[derive(Clone, Copy, PartialEq)]
+enum Progress {
+    /// Standard output: a bar on a terminal, else a line a second.
+    Stdout,
+    /// Standard error, lines only: standard output is kept for a document (`run --json`).
+    Stderr,
+}
+
 /// Follows a job with a progress bar (or plain lines when stdout is not a terminal);
 /// returns whether it succeeded.
-async fn follow(client: &mut Client, job: JobId, label: &str) -> Result<bool> {
-    let tty = std::io::stdout().is_terminal();
+async fn follow(client: &mut Client, job: JobId, label: &str, to: Progress) -> Result<bool> {
+    let tty = to == Progress::Stdout && std::io::stdout().is_terminal();
     let bar = if tty {
         let b = ProgressBar::new(0);
         b.set_style(
@@ -663,10 +672,10 @@ async fn follow(client: &mut Client, job: JobId, label: &str) -> Result<bool> {
                     b.println(format!("  {} {}: {}", ev.name, ev.state, ev.message));
                 }
             } else if shown.is_ok() {
-                let mut line = |args: std::fmt::Arguments<'_>| {
-                    if shown.is_ok() {
-                        shown = crate::out::write(args, true);
-                    }
+                let mut line = |args: std::fmt::Arguments<'_>| match to {
+                    Progress::Stdout if shown.is_ok() => shown = crate::out::write(args, true),
+                    Progress::Stdout => {}
+                    Progress::Stderr => eprintln!("{args}"),
                 };
                 if ev.state == "failed" || ev.state == "backoff" {
                     line(format_args!(
@@ -871,7 +880,12 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let started = Instant::now();
     let submitted = client.submit_file(&job_path).await?;
     let label = format!("{} ({})", submitted.name, submitted.job);
-    let ok = follow(&mut client, submitted.job, &label).await?;
+    let to = if a.json {
+        Progress::Stderr
+    } else {
+        Progress::Stdout
+    };
+    let ok = follow(&mut client, submitted.job, &label, to).await?;
     let status = client.job_status(submitted.job).await?;
     gather_if_transfer(&mut client, &status, ok).await?;
     if let Some(path) = &a.trace {
@@ -938,7 +952,7 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     eprintln!("submitted {} ({} tasks)", s.name, s.tasks);
     let mut ok = true;
     if a.wait {
-        ok = follow(&mut client, s.job, &s.name).await?;
+        ok = follow(&mut client, s.job, &s.name, Progress::Stdout).await?;
         // The summary names failed tasks and why, even those that failed before the event
         // stream was opened (the stream does not replay them).
         let status = client.job_status(s.job).await?;
@@ -1035,7 +1049,7 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
 pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let job = JobId::new(a.job);
-    let ok = follow(&mut client, job, &format!("{job}")).await?;
+    let ok = follow(&mut client, job, &format!("{job}"), Progress::Stdout).await?;
     let status = client.job_status(job).await?;
     summarize(&mut client, &status).await?;
     gather_if_transfer(&mut client, &status, ok).await?;

@@ -44,8 +44,14 @@ fn copy_example(name: &str, skip: &[&str]) -> (tempfile::TempDir, PathBuf) {
 /// `flotilla run job.toml` in `dir`, two CPUs, no GPU; panics with its output unless it
 /// succeeded.
 fn run(dir: &Path) -> Output {
+    run_with(dir, &[])
+}
+
+/// [`run`] with more arguments.
+fn run_with(dir: &Path, more: &[&str]) -> Output {
     let out = Command::new(BIN)
         .args(["run", "job.toml", "--cpus", "2", "--gpus", "none"])
+        .args(more)
         .current_dir(dir)
         .env("FLOTILLA_HOME", dir.join(".home"))
         .output()
@@ -123,6 +129,25 @@ fn wordcount_counts_the_licences() {
     let first: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(first[1], "the", "{top}");
     assert!(first[0].parse::<u64>().unwrap() > 100, "{top}");
+}
+
+/// `flotilla run --json` into a pipe: standard output is the job's status document alone
+/// (the progress lines, printed there when it is not a terminal, broke it).
+#[test]
+fn run_json_prints_the_status_document_alone() {
+    let (_tmp, dir) = copy_example("wordcount", &["counts", "top.txt"]);
+    let out = run_with(&dir, &["--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let doc: serde_json::Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}):\n{stdout}"));
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    assert_eq!(doc["counts"]["done"], doc["total"], "{doc}");
+    // The progress went to standard error.
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("tasks done"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -1080,9 +1080,33 @@ pub(crate) async fn trace(a: TraceArgs) -> Result<()> {
 }
 
 pub(crate) async fn cancel(a: JobArgs) -> Result<()> {
+    use flotilla_cluster::state::JobState;
     let mut client = a.remote.client().await?;
-    client.cancel(JobId::new(a.job)).await?;
-    eprintln!("cancelled job {}", a.job);
+    let job = JobId::new(a.job);
+    // Say what happened: a finished job is left as it was (the coordinator ignores the
+    // cancel), and one may finish while the cancel is on its way.
+    let before = client.job_status_range(job, 0, Some(0)).await?;
+    if before.state != JobState::Running {
+        eprintln!(
+            "job {} had already finished ({}): nothing to cancel",
+            a.job,
+            before.state.as_str()
+        );
+        return Ok(());
+    }
+    client.cancel(job).await?;
+    let after = client.job_status_range(job, 0, Some(0)).await?;
+    match after.state {
+        JobState::Cancelled => eprintln!(
+            "cancelled job {} ({} of {} tasks had finished)",
+            a.job, after.counts.done, after.total
+        ),
+        state => eprintln!(
+            "job {} finished ({}) before the cancel reached it",
+            a.job,
+            state.as_str()
+        ),
+    }
     Ok(())
 }
 

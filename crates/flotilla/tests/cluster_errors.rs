@@ -356,6 +356,33 @@ cmd = ["touch", "later-ran"]
     );
     assert!(started.elapsed() < Duration::from_secs(600));
     assert!(!c.job_dir().join("later-ran").exists());
+    assert!(
+        text(&out.stderr).contains(&format!("cancelled job {}", job.0)),
+        "{}",
+        text(&out.stderr)
+    );
+    // Cancelling it again, or a job that succeeded, changes nothing and says so (both said
+    // "cancelled job N").
+    let again = c.cli(&["cancel", &job.0.to_string()]);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("had already finished (cancelled)"),
+        "{}",
+        text(&again.stderr)
+    );
+    let done = c.submit_toml(
+        "ok.toml",
+        "name = \"ok\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
+    );
+    assert_eq!(c.wait_job(done, WAIT).state, JobState::Succeeded);
+    let late = c.cli(&["cancel", &done.0.to_string()]);
+    assert!(late.status.success(), "{}", text(&late.stderr));
+    assert!(
+        text(&late.stderr).contains("had already finished (succeeded)"),
+        "{}",
+        text(&late.stderr)
+    );
+    assert_eq!(c.wait_job(done, WAIT).state, JobState::Succeeded);
 }
 
 #[test]

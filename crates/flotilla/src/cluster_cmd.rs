@@ -874,9 +874,28 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     wcfg.name = "local".into();
     wcfg.work_dir = state.join("worker");
     wcfg.isolation = a.isolation;
+    let mut client = Client::connect(&remote).await?;
+    // A run interrupted before its job ended (Ctrl-C, a kill) left that job running in the
+    // state folder: it would resume here, before and beside this one, unannounced. It is
+    // cancelled, and said so, before the worker starts.
+    let leftover = client.cluster_status().await?;
+    for j in leftover
+        .jobs
+        .iter()
+        .filter(|j| j.state == flotilla_cluster::state::JobState::Running)
+    {
+        client.cancel(j.id).await?;
+        eprintln!(
+            "cancelled job {} ({}), left unfinished by an earlier run in {} ({} of {} tasks done)",
+            j.id.0,
+            j.name,
+            state.display(),
+            j.done,
+            j.total
+        );
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let worker = tokio::spawn(run_worker(wcfg, stop_rx));
-    let mut client = Client::connect(&remote).await?;
     let started = Instant::now();
     let submitted = client.submit_file(&job_path).await?;
     let label = format!("{} ({})", submitted.name, submitted.job);

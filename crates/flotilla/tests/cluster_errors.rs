@@ -604,3 +604,55 @@ fn a_wasm_module_is_held_to_the_workers_maxima() {
     let m = spin.message.clone().unwrap_or_default();
     assert!(m.contains("timeout of 1s"), "{m}");
 }
+
+/// `flotilla run` killed mid-job leaves that job running in its state folder; the next run
+/// there cancels it and says so, instead of resuming it unannounced before its own job.
+#[test]
+fn a_run_after_an_interrupted_one_cancels_its_leftover_job_and_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"long\"\n[[task]]\nid = \"long\"\narray = \"0..2\"\ncmd = [\"sh\", \"-c\", \"echo $$ > long{i}.pid; exec sleep 600\"]\n",
+    )
+    .unwrap();
+    let mut first = Command::new(kit::BIN)
+        .args(["run", "job.toml", "--cpus", "1", "--gpus", "none"])
+        .current_dir(dir)
+        .env("FLOTILLA_HOME", dir.join(".home"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the first run's task to start", WAIT, || {
+        std::fs::read_to_string(dir.join("long0.pid"))
+            .ok()
+            .filter(|p| p.ends_with('\n'))
+    });
+    first.kill().unwrap();
+    first.wait().unwrap();
+
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"short\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
+    let second = Command::new(kit::BIN)
+        .args(["run", "job.toml", "--cpus", "1", "--gpus", "none"])
+        .current_dir(dir)
+        .env("FLOTILLA_HOME", dir.join(".home"))
+        .output()
+        .unwrap();
+    let err = text(&second.stderr);
+    assert!(second.status.success(), "{err}{}", text(&second.stdout));
+    assert!(
+        err.contains("cancelled job 1 (long), left unfinished by an earlier run"),
+        "{err}"
+    );
+    assert!(err.contains("0 of 2 tasks done"), "{err}");
+    assert!(
+        text(&second.stdout).contains("short"),
+        "{}",
+        text(&second.stdout)
+    );
+}

@@ -153,16 +153,31 @@ impl Remote {
                         .domain_name(host),
                 )
                 .map_err(|e| ClusterError::Config(format!("tls: {e}")))?;
+        } else if url.starts_with("https://") {
+            // An https:// address without --tls-ca: the system's trust store (and
+            // SSL_CERT_FILE / SSL_CERT_DIR where they are set), as a browser would.
+            ep = ep
+                .tls_config(
+                    ClientTlsConfig::new()
+                        .with_native_roots()
+                        .domain_name(host_of(addr)),
+                )
+                .map_err(|e| ClusterError::Config(format!("tls: {e}")))?;
         }
         ep.connect().await.map_err(|e| {
             let message = error_chain(&e);
             if message.contains("invalid peer certificate") {
+                let against = if self.tls_ca.is_some() {
+                    "--tls-ca must be the CA that signed it"
+                } else {
+                    "not against the system's trust store; pass --tls-ca with the CA that signed it"
+                };
                 ClusterError::Tls {
                     addr: addr.to_string(),
                     message: format!(
                         "{message} (the server answered with a TLS certificate that does not \
-                         verify: --tls-ca must be the CA that signed it, and the certificate \
-                         must name the host of the address)"
+                         verify: {against}, and the certificate must name the host of the \
+                         address)"
                     ),
                 }
             } else {

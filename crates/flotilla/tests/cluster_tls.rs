@@ -155,6 +155,31 @@ fn job_runs_over_tls_and_plain_or_wrong_token_clients_are_refused() {
         err.contains("does not verify") && !err.contains("no coordinator answered"),
         "unknown CA: {err:?} does not say the certificate does not verify"
     );
+    // An https:// address without --tls-ca verifies against the system's trust store, which
+    // SSL_CERT_FILE points at here (it failed: "Connecting to HTTPS without TLS enabled").
+    let https = format!("https://localhost:{}", c.addr.port());
+    let out = c
+        .cli_command(&["status"], &c.token)
+        .env("FLOTILLA_SERVER", &https)
+        .env("SSL_CERT_FILE", &cert)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{https} with the CA in the trust store: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = c
+        .cli_command(&["status"], &c.token)
+        .env("FLOTILLA_SERVER", &https)
+        .env("SSL_CERT_FILE", &other_cert)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(
+        !out.status.success() && err.contains("does not verify"),
+        "{https}, its CA not trusted: {err:?}"
+    );
     eprintln!(
         "tls test: {:.2} s; unknown CA error: {}",
         started.elapsed().as_secs_f64(),

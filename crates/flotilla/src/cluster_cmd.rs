@@ -614,6 +614,30 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     Ok(())
 }
 
+/// For `flotilla run`: once the local worker has registered, checks the job every second
+/// and cancels it when a ready task fits no worker even idle; returns why. Ends with the
+/// job (the caller aborts it then).
+async fn watch_never_fits(remote: Remote, job: JobId) -> Option<String> {
+    let mut client = Client::connect(&remote).await.ok()?;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(s) = client.cluster_status().await else {
+            continue;
+        };
+        if s.workers.is_empty() {
+            continue;
+        }
+        let j = s.jobs.iter().find(|j| j.id == job)?;
+        if j.state != flotilla_cluster::state::JobState::Running {
+            return None;
+        }
+        if let Some(why) = &j.never_fits {
+            client.cancel(job).await.ok()?;
+            return Some(why.clone());
+        }
+    }
+}
+
 /// Resolves at the first SIGINT or SIGTERM.
 async fn interrupted() {
     use tokio::signal::unix::{signal, SignalKind};
@@ -904,9 +928,21 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     } else {
         Progress::Stdout
     };
+    // The local worker is the only one there will be: a task larger than it offers would
+    // wait forever. A watch cancels the job when one appears, and says which.
+    let never = tokio::spawn(watch_never_fits(remote.clone(), submitted.job));
     let ok = follow(&mut client, submitted.job, &label, to).await?;
+    never.abort();
+    let too_large = never.await.ok().flatten();
     let status = client.job_status(submitted.job).await?;
     gather_if_transfer(&mut client, &status, ok).await?;
+    if let Some(why) = &too_large {
+        eprintln!(
+            "flotilla: {why}; it can never run on this machine's worker, so the job was \
+             cancelled (flotilla run has one worker: see --cpus and --gpus, or run the job on a \
+             cluster with larger workers)"
+        );
+    }
     if let Some(path) = &a.trace {
         let t = client.job_trace(submitted.job).await?;
         std::fs::write(path, t.to_chrome())

@@ -656,3 +656,33 @@ fn a_run_after_an_interrupted_one_cancels_its_leftover_job_and_says_so() {
         text(&second.stdout)
     );
 }
+
+/// `flotilla run` has one worker, this machine's: a task larger than it offers would wait
+/// forever ("0/2 tasks done", no word why). The run cancels the job, names the task and
+/// what it needs, and fails.
+#[test]
+fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"big\"\n[[task]]\nid = \"small\"\ncmd = [\"true\"]\n\
+         [[task]]\nid = \"huge\"\nafter = [\"small\"]\nresources = { cpus = 64 }\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
+    let out = Command::new(kit::BIN)
+        .args(["run", "job.toml", "--cpus", "2", "--gpus", "none"])
+        .current_dir(dir)
+        .env("FLOTILLA_HOME", dir.join(".home"))
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("task huge needs cpus=64") && err.contains("can never run on this machine"),
+        "{err}"
+    );
+    // The task before it ran; the large one was cancelled, not failed.
+    let summary = text(&out.stdout);
+    assert!(summary.contains("1 cancelled, 1 done"), "{summary}");
+}

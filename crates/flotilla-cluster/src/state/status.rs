@@ -9,6 +9,9 @@ use super::coordinator::Coordinator;
 use super::job::Job;
 use super::{JobState, Millis, Placement, TaskRef, TaskState, Usage};
 
+/// How many of a job's classes with ready tasks [`Coordinator::never_fits`] looks at.
+const NEVER_FITS_CLASSES: usize = 32;
+
 /// How many tasks are in each state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskCounts {
@@ -144,7 +147,8 @@ pub struct JobStatus {
     pub makespan_s: f64,
     /// The longest chain of dependent tasks, by their last attempts' wall times (seconds).
     pub critical_path_s: f64,
-    /// Why its ready tasks wait: its tenant's quota.
+    /// Why its ready tasks wait: its tenant's quota, its pool's pause, or a task too large for
+    /// every connected worker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
     /// Its pool accounts (a job with a `[pool]` section).
@@ -235,7 +239,8 @@ pub struct JobSummary {
     pub retries: u32,
     /// Seconds from submission to the end (or to now).
     pub makespan_s: f64,
-    /// Why its ready tasks wait: its tenant's quota.
+    /// Why its ready tasks wait: its tenant's quota, its pool's pause, or a task too large for
+    /// every connected worker.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
     /// Its pool accounts (a job with a `[pool]` section).
@@ -245,6 +250,10 @@ pub struct JobSummary {
     /// prediction or an estimate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta_s: Option<f64>,
+    /// A ready task no connected worker could take even idle, and what it needs (also in
+    /// `waiting` when nothing else holds the job back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub never_fits: Option<String>,
 }
 
 /// Every job and live worker, as `flotilla status` shows them.
@@ -649,6 +658,7 @@ impl Coordinator {
     }
 
     fn summary(&self, j: &Job) -> JobSummary {
+        let never_fits = j.is_active().then(|| self.never_fits(j)).flatten();
         JobSummary {
             id: j.id,
             name: j.name.clone(),
@@ -659,20 +669,92 @@ impl Coordinator {
             total: j.len() as u64,
             retries: j.retries,
             makespan_s: makespan(j, self.now()),
-            waiting: self.waiting(j),
+            waiting: self.held_back(j).or_else(|| never_fits.clone()),
             pool: self.pool_status(j),
             eta_s: self.eta(j),
+            never_fits,
         }
     }
 
-    /// Why a running job's ready tasks wait: its tenant's quota, or its budget.
+    /// Why a running job's ready tasks wait: its tenant's quota, its budget, or their size.
     fn waiting(&self, j: &Job) -> Option<String> {
+        if !j.is_active() {
+            return None;
+        }
+        self.held_back(j).or_else(|| self.never_fits(j))
+    }
+
+    /// What holds a running job's ready tasks back, other than their size: its tenant's
+    /// quota, or its pool's pause.
+    fn held_back(&self, j: &Job) -> Option<String> {
         if !j.is_active() {
             return None;
         }
         j.quota_wait
             .clone()
             .or_else(|| j.pool.as_deref().and_then(|p| p.paused.clone()))
+    }
+
+    /// A ready task of `j` that no connected worker could take even idle (its resources
+    /// exceed every worker's offer), named with what it needs: it waits for a larger worker,
+    /// and without this a user saw only "0/1 tasks done". The first such task of the first
+    /// [`NEVER_FITS_CLASSES`] classes with ready tasks (a bounded cost per status); with no
+    /// worker at all, that none is connected.
+    pub(crate) fn never_fits(&self, j: &Job) -> Option<String> {
+        let workers = self.workers_map();
+        if workers.is_empty() {
+            return j
+                .classes
+                .iter()
+                .any(|c| !c.ready.is_empty())
+                .then(|| "no worker is connected".to_string());
+        }
+        for c in j
+            .class_order
+            .iter()
+            .filter_map(|&c| j.classes.get(c))
+            .filter(|c| !c.ready.is_empty())
+            .take(NEVER_FITS_CLASSES)
+        {
+            let t = TaskId::new(*c.ready.first()?);
+            let inst = j.graph.task(t);
+            let options: Vec<&Resources> = match &inst.kind {
+                flotilla_core::TaskKind::Variants(vs) => vs.iter().map(|v| &v.resources).collect(),
+                _ => vec![&inst.resources],
+            };
+            if workers
+                .values()
+                .any(|w| options.iter().any(|r| w.fits_total(r)))
+            {
+                continue;
+            }
+            let needs = options
+                .iter()
+                .map(|r| r.to_string())
+                .collect::<Vec<_>>()
+                .join(" or ");
+            let offers = {
+                let mut seen: Vec<String> = workers
+                    .values()
+                    .map(|w| w.ledger_cap().to_string())
+                    .collect();
+                seen.sort_unstable();
+                seen.dedup();
+                let more = seen.len().saturating_sub(3);
+                seen.truncate(3);
+                format!(
+                    "no connected worker offers that (they offer {}{})",
+                    seen.join("; "),
+                    if more > 0 {
+                        format!(" and {more} more")
+                    } else {
+                        String::new()
+                    }
+                )
+            };
+            return Some(format!("task {} needs {needs}: {offers}", inst.name));
+        }
+        None
     }
 
     fn task_view(&self, j: &Job, id: TaskId) -> TaskStatus {

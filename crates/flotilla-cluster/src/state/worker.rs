@@ -117,6 +117,11 @@ impl Worker {
         Ledger::charge(need)
     }
 
+    /// What the worker offers in all.
+    pub(crate) fn ledger_cap(&self) -> &flotilla_core::Resources {
+        self.ledger.cap()
+    }
+
     /// Whether the request could ever run here (on an empty worker).
     pub(crate) fn fits_total(&self, need: &Resources) -> bool {
         self.ledger.fits_total(need)

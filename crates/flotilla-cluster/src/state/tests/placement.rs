@@ -710,3 +710,45 @@ fn a_task_cut_at_its_allocations_end_with_no_checkpoint_needs_more_than_it_ran()
     let w = sim.c.work_left(&shape(110.0), 60.0, 100);
     assert_eq!((w.too_long, w.left.len()), (0, 1), "{w:?}");
 }
+
+/// A ready task larger than every connected worker is named, with what it needs, until a
+/// worker that could take it joins (a user saw only "0/1 tasks done", forever).
+#[test]
+fn a_task_too_large_for_every_worker_is_named_in_the_job_s_status() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        r#"
+[[task]]
+id = "fits"
+cmd = ["a"]
+[[task]]
+id = "huge"
+cmd = ["b"]
+resources = { cpus = 4, custom = 1 }
+"#,
+    );
+    // No worker at all: said as such.
+    let s = sim.c.job_summary(job).unwrap();
+    assert_eq!(s.never_fits.as_deref(), Some("no worker is connected"));
+    let (_w1, _) = sim.join(wspec(2.0, &[]));
+    let s = sim.c.job_summary(job).unwrap();
+    let why = s.never_fits.clone().unwrap_or_default();
+    assert!(
+        why.contains("task huge needs cpus=4 custom=1")
+            && why.contains("no connected worker offers that (they offer cpus=2"),
+        "{why}"
+    );
+    assert_eq!(s.waiting.as_deref(), Some(why.as_str()));
+    assert_eq!(
+        sim.c.job_status(job).unwrap().waiting.as_deref(),
+        Some(why.as_str())
+    );
+    // Four CPUs but not the custom resource: still too large.
+    let (_w2, _) = sim.join(wspec(4.0, &[]));
+    assert!(sim.c.job_summary(job).unwrap().never_fits.is_some());
+    let mut big = wspec(8.0, &[]);
+    big.resources.custom.insert("custom".into(), 1.0);
+    let _ = sim.join(big);
+    let s = sim.c.job_summary(job).unwrap();
+    assert_eq!((s.never_fits, s.waiting), (None, None));
+}

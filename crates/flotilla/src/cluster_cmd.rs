@@ -363,8 +363,8 @@ pub(crate) struct StatusArgs {
     /// A job's status lists its tasks from this id on (a page of a large job).
     #[arg(long, default_value_t = 0, requires = "job")]
     tasks_from: u64,
-    /// A job's status lists at most this many tasks (10,000 by default; its counts, first
-    /// failures and per-worker totals are always whole).
+    /// A job's status lists at most this many tasks (50 as text, 10,000 with --json; its
+    /// counts, first failures and per-worker totals are always whole).
     #[arg(long, requires = "job")]
     tasks_limit: Option<u64>,
 }
@@ -1004,7 +1004,7 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
             Err(e) => return Err(e.into()),
         }
     };
-    eprintln!("submitted {} ({} tasks)", s.name, s.tasks);
+    eprintln!("submitted job {} ({}, {} tasks)", s.job.0, s.name, s.tasks);
     let mut ok = true;
     if a.wait {
         ok = follow(&mut client, s.job, &s.name, Progress::Stdout).await?;
@@ -1019,16 +1019,64 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     Ok(ok)
 }
 
+/// Tasks `flotilla status JOB` lists on the terminal without `--tasks-limit`.
+const TEXT_TASKS: u64 = 50;
+
+/// A job's page of tasks as a table, and how to see the next page.
+fn print_tasks(s: &JobStatus) -> Result<()> {
+    if s.tasks.is_empty() {
+        return Ok(());
+    }
+    let mut t = crate::table::new(&["TASK", "STATE", ">ATTEMPTS", "WORKER", ">WALL", "MESSAGE"]);
+    for task in &s.tasks {
+        let worker = task.worker.map_or(String::new(), |w| {
+            s.workers
+                .get(&w)
+                .map_or_else(|| w.to_string(), |n| format!("{w} ({n})"))
+        });
+        t.add_row([
+            task.name.clone(),
+            task.state.to_string(),
+            task.attempts.to_string(),
+            worker,
+            task.usage
+                .as_ref()
+                .map_or(String::new(), |u| fmt_secs(u.wall_seconds)),
+            task.message.clone().unwrap_or_default(),
+        ]);
+    }
+    outln!("\n{t}");
+    let end = s.tasks_from + s.tasks.len() as u64;
+    if end < s.total {
+        outln!(
+            "\ntasks {}–{} of {}; the next page: flotilla status {} --tasks-from {end} \
+             (--tasks-limit N for more at once)",
+            s.tasks_from,
+            end - 1,
+            s.total,
+            s.id.0
+        );
+    } else if s.tasks_from > 0 {
+        outln!("\ntasks {}–{} of {}", s.tasks_from, end - 1, s.total);
+    }
+    Ok(())
+}
+
 pub(crate) async fn status(a: StatusArgs) -> Result<()> {
     let mut client = a.remote.client().await?;
     if let Some(job) = a.job.map(JobId::new) {
-        let s = client
-            .job_status_range(job, a.tasks_from, a.tasks_limit)
-            .await?;
+        // On the terminal, a page of TEXT_TASKS tasks unless asked for more.
+        let limit = if a.json {
+            a.tasks_limit
+        } else {
+            Some(a.tasks_limit.unwrap_or(TEXT_TASKS))
+        };
+        let s = client.job_status_range(job, a.tasks_from, limit).await?;
         if a.json {
             outln!("{}", serde_json::to_string_pretty(&s)?);
         } else {
             summarize(&mut client, &s).await?;
+            print_tasks(&s)?;
         }
         return Ok(());
     }

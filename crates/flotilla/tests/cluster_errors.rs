@@ -77,6 +77,26 @@ cmd = ["touch", "next-ran"]
     // `flotilla wait` on the finished job agrees.
     let w = c.cli(&["wait", &job.0.to_string()]);
     assert!(!w.status.success());
+    // `flotilla status JOB` lists the tasks: each one's state, attempts and message.
+    let st = text(&c.cli(&["status", &job.0.to_string()]).stdout);
+    let row = |name: &str| {
+        st.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no row for {name} in:\n{st}"))
+            .to_string()
+    };
+    assert!(st.contains("TASK") && st.contains("ATTEMPTS"), "{st}");
+    assert!(
+        row("bad").contains("failed") && row("bad").contains("code 7"),
+        "{st}"
+    );
+    assert!(row("next").contains("cancelled"), "{st}");
+    // submit names the job it made on stderr at once (the id came only at the end).
+    assert!(
+        text(&out.stderr).contains(&format!("submitted job {} (fail, 2 tasks)", job.0)),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

@@ -787,12 +787,22 @@ fn print_summary(
         outln!("  waiting: {w}");
     }
     if let Ok(serde_json::Value::Object(c)) = serde_json::to_value(&status.counts) {
+        // A job that ended while some of its tasks ran: they are being stopped (they end
+        // cancelled once their workers have), not running on.
+        let ended = status.state != flotilla_cluster::state::JobState::Running;
         let parts: Vec<String> = c
             .iter()
             .filter(|(_, v)| v.as_u64().is_some_and(|n| n > 0))
-            .map(|(k, v)| format!("{v} {k}"))
+            .map(|(k, v)| match k.as_str() {
+                "running" | "assigned" if ended => format!("{v} stopping ({k})"),
+                _ => format!("{v} {k}"),
+            })
             .collect();
-        outln!("  tasks: {}", parts.join(", "));
+        if parts.is_empty() {
+            outln!("  tasks: none");
+        } else {
+            outln!("  tasks: {}", parts.join(", "));
+        }
     }
     outln!("  retries: {}", status.retries);
     let m = status.makespan_s;

@@ -706,3 +706,41 @@ fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
     let summary = text(&out.stdout);
     assert!(summary.contains("1 cancelled, 1 done"), "{summary}");
 }
+
+/// A job that fails while another of its tasks runs: that task is being stopped, and the
+/// summary says so ("1 running" in a failed job read as if it went on).
+#[test]
+fn the_summary_of_a_job_that_failed_mid_run_calls_its_running_tasks_stopping() {
+    let c = Cluster::start(1, 2);
+    let out = submit_wait(
+        &c,
+        "mid.toml",
+        r#"
+name = "mid"
+[defaults]
+retries = 0
+[[task]]
+id = "long"
+cmd = ["sh", "-c", "trap '' TERM; echo $$ > long.pid; exec sleep 30"]
+[[task]]
+id = "bad"
+cmd = ["sh", "-c", "while [ ! -s long.pid ]; do sleep 0.05; done; exit 3"]
+"#,
+    );
+    assert!(!out.status.success());
+    let summary = text(&out.stdout);
+    let tasks = summary
+        .lines()
+        .find(|l| l.trim_start().starts_with("tasks:"))
+        .unwrap_or_else(|| panic!("no tasks line in:\n{summary}"));
+    eprintln!("summary tasks line: {tasks}");
+    assert!(tasks.contains("1 failed"), "{summary}");
+    assert!(
+        tasks.contains("1 stopping (running)") || tasks.contains("1 cancelled"),
+        "{summary}"
+    );
+    assert!(
+        !tasks.replace("stopping (running)", "").contains("running"),
+        "{summary}"
+    );
+}

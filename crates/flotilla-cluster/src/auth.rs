@@ -111,10 +111,14 @@ pub fn find_token(token_file: Option<&Path>, state_dir: Option<&Path>) -> Result
         }
     }
     let looked: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+    let env = match std::env::var_os("FLOTILLA_TOKEN") {
+        Some(_) => "FLOTILLA_TOKEN is empty",
+        None => "FLOTILLA_TOKEN is not set",
+    };
     Err(ClusterError::Config(format!(
-        "no access token: FLOTILLA_TOKEN is not set, no --token-file was given{}; the \
-         coordinator writes the admin's token to STATE_DIR/token (`flotilla server --state \
-         STATE_DIR`), and `flotilla admin tenant add` prints a tenant's",
+        "no access token: {env}, no --token-file was given{}; the coordinator writes the \
+         admin's token to STATE_DIR/token (`flotilla server --state STATE_DIR`), and \
+         `flotilla admin tenant add` prints a tenant's token",
         if looked.is_empty() {
             String::new()
         } else {

@@ -87,9 +87,9 @@ impl Remote {
         if addr.starts_with("http://") || addr.starts_with("https://") {
             addr.to_string()
         } else if self.tls_ca.is_some() {
-            format!("https://{addr}")
+            format!("https://{}", with_port(addr))
         } else {
-            format!("http://{addr}")
+            format!("http://{}", with_port(addr))
         }
     }
 
@@ -211,6 +211,26 @@ async fn answers(ch: Channel) -> bool {
     }
 }
 
+/// The coordinator's port where an address names none.
+pub const DEFAULT_PORT: u16 = 7070;
+
+/// `addr` (`host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address) with
+/// [`DEFAULT_PORT`] where it names no port (`--server 127.0.0.1` went to port 80).
+fn with_port(addr: &str) -> String {
+    match addr.matches(':').count() {
+        0 => format!("{addr}:{DEFAULT_PORT}"),
+        1 => addr.to_string(),
+        _ if addr.starts_with('[') => {
+            if addr.contains("]:") {
+                addr.to_string()
+            } else {
+                format!("{addr}:{DEFAULT_PORT}")
+            }
+        }
+        _ => format!("[{addr}]:{DEFAULT_PORT}"),
+    }
+}
+
 pub(crate) fn host_of(addr: &str) -> String {
     let a = addr
         .trim_start_matches("https://")
@@ -251,4 +271,19 @@ pub(crate) async fn bind(
         .local_addr()
         .map_err(|e| ClusterError::Config(format!("listener address: {e}")))?;
     Ok((listener, local))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_port;
+
+    #[test]
+    fn an_address_without_a_port_gets_the_coordinator_s() {
+        assert_eq!(with_port("127.0.0.1"), "127.0.0.1:7070");
+        assert_eq!(with_port("coordinator"), "coordinator:7070");
+        assert_eq!(with_port("coordinator:9000"), "coordinator:9000");
+        assert_eq!(with_port("[::1]"), "[::1]:7070");
+        assert_eq!(with_port("[::1]:9000"), "[::1]:9000");
+        assert_eq!(with_port("::1"), "[::1]:7070");
+    }
 }

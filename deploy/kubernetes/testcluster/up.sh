@@ -16,6 +16,16 @@ mkdir -p "$DIR"/{logs,etcd,kubelet,cni,dns,registry} "$DIR"/pv/state-{0,1,2}
 start() { local name=$1; shift; (nohup "$@" >"$DIR/logs/$name.log" 2>&1 & echo $! >"$DIR/logs/$name.pid"); }
 
 [ -f "$DIR/sa.key" ] || { openssl genrsa -out "$DIR/sa.key" 2048 && openssl rsa -in "$DIR/sa.key" -pubout -out "$DIR/sa.pub"; } 2>/dev/null
+# The aggregation layer (for the External metrics API of an autoscaler's adapter): a
+# front-proxy CA and the client certificate the API server presents to extension servers.
+[ -f "$DIR/front-proxy-ca.crt" ] || {
+  openssl req -x509 -newkey rsa:2048 -nodes -days 365 -subj /CN=front-proxy-ca \
+    -keyout "$DIR/front-proxy-ca.key" -out "$DIR/front-proxy-ca.crt"
+  openssl req -newkey rsa:2048 -nodes -subj /CN=front-proxy-client \
+    -keyout "$DIR/front-proxy-client.key" -out "$DIR/front-proxy-client.csr"
+  openssl x509 -req -in "$DIR/front-proxy-client.csr" -CA "$DIR/front-proxy-ca.crt" \
+    -CAkey "$DIR/front-proxy-ca.key" -CAcreateserial -days 365 -out "$DIR/front-proxy-client.crt"
+} 2>/dev/null
 token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 echo "$token,admin,admin,system:masters" >"$DIR/tokens.csv"
 chmod 600 "$DIR/tokens.csv"
@@ -45,7 +55,11 @@ start apiserver "$B/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
   --advertise-address="$NODE_IP" --kubelet-preferred-address-types=InternalIP \
   --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=AlwaysAllow --allow-privileged=true \
   --service-account-key-file="$DIR/sa.pub" --service-account-signing-key-file="$DIR/sa.key" \
-  --service-account-issuer=https://kubernetes.default.svc.cluster.local
+  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+  --requestheader-client-ca-file="$DIR/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+  --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+  --requestheader-extra-headers-prefix=X-Remote-Extra- --proxy-client-cert-file="$DIR/front-proxy-client.crt" \
+  --proxy-client-key-file="$DIR/front-proxy-client.key" --enable-aggregator-routing=true
 for _ in $(seq 60); do kubectl get --raw /healthz >/dev/null 2>&1 && break; sleep 1; done
 start controller-manager "$B/kube-controller-manager" --kubeconfig="$DIR/kubeconfig" \
   --service-account-private-key-file="$DIR/sa.key" --leader-elect=false --cluster-cidr=10.244.0.0/16

@@ -821,12 +821,17 @@ fn print_summary(
             Some(cpus) => {
                 let util = if m > 0.0 { busy / (cpus * m) } else { 0.0 };
                 outln!(
-                    "  worker {w} ({wname}): {n} tasks, busy {}, utilization {:.0}%",
+                    "  worker {w} ({wname}): {n} task{}, busy {}, utilization {:.0}%",
+                    if n == 1 { "" } else { "s" },
                     fmt_secs(busy),
                     util * 100.0
                 );
             }
-            None => outln!("  worker {w} ({wname}): {n} tasks, busy {}", fmt_secs(busy)),
+            None => outln!(
+                "  worker {w} ({wname}): {n} task{}, busy {}",
+                if n == 1 { "" } else { "s" },
+                fmt_secs(busy)
+            ),
         }
     }
     if let Some(p) = &status.pool {

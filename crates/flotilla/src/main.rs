@@ -1245,8 +1245,10 @@ fn main() -> ExitCode {
     // `FLOTILLA_LOG=warn,openraft=info` shows it.
     let filter = tracing_subscriber::EnvFilter::try_from_env("FLOTILLA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,openraft=off"));
+    // Colours only on a terminal: a log file or a journal gets plain text.
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match cli.log_format {
         LogFormat::Text => logs.try_init(),

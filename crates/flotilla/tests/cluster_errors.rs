@@ -453,6 +453,15 @@ cmd = ["true"]
         "{}",
         text(&none.stderr)
     );
+    // An array's name alone: the error says to name one of its tasks.
+    let array = c.cli(&["logs", &job, "talker"]);
+    assert!(!array.status.success());
+    assert!(
+        text(&array.stderr)
+            .contains("talker is an array: name one of its tasks, such as talker[0]"),
+        "{}",
+        text(&array.stderr)
+    );
 }
 
 /// WASM tasks through the cluster: a module that prints its argument and writes a file in

@@ -1631,9 +1631,18 @@ impl Core {
     fn on_log_info(&self, job: JobId, task: &str) -> std::result::Result<LogInfo, Status> {
         match self.coord.task_status(job, task) {
             None if self.coord.job_summary(job).is_none() => Err(no_job(job)),
-            None => Err(Status::not_found(format!(
-                "job {job} has no task named {task:?}"
-            ))),
+            None => {
+                // `map` for the array `map[0..N]`: name one of its tasks.
+                let first = format!("{task}[0]");
+                let hint = if self.coord.task_status(job, &first).is_some() {
+                    format!(" ({task} is an array: name one of its tasks, such as {first})")
+                } else {
+                    String::new()
+                };
+                Err(Status::not_found(format!(
+                    "job {job} has no task named {task:?}{hint}"
+                )))
+            }
             Some(t) => {
                 let (out, err) = self.log_paths(job, t.id, t.attempts);
                 Ok(LogInfo {

@@ -124,6 +124,9 @@ pub(crate) fn signal_name(sig: i32) -> Option<&'static str> {
 /// "2s", "300ms", "1m30s", "2h", "1h5m".
 pub(crate) fn format_duration(d: Duration) -> String {
     let total_ms = d.as_millis();
+    if total_ms == 0 && !d.is_zero() {
+        return format!("{}µs", d.as_micros());
+    }
     if total_ms < 1000 {
         return format!("{total_ms}ms");
     }
@@ -177,6 +180,8 @@ mod tests {
         let mut o = outcome(Termination::TimedOut);
         o.timeout = Some(Duration::from_secs(2));
         assert_eq!(o.describe(), "killed after timeout of 2s");
+        // Below a millisecond, in microseconds ("0ms" read as no timeout at all).
+        assert_eq!(format_duration(Duration::from_micros(100)), "100µs");
         let mut o = outcome(Termination::MemoryExceeded);
         o.memory_limit = Some(64 << 20);
         assert_eq!(o.describe(), "exceeded its memory limit of 64 MiB");

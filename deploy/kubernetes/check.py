@@ -68,7 +68,9 @@ def metric_names(repo):
     """The metrics the coordinator exports (registered with the prefix flotilla_)."""
     src = (repo / "crates" / "flotilla-cluster" / "src" / "server" / "http.rs").read_text()
     names = {"flotilla_" + n for n in re.findall(r'r\.register\(\s*"([a-z_]+)"', src)}
-    states = set(re.findall(r'\("([a-z]+)", c\.[a-z_]+\)', src))
+    # The values of flotilla_tasks{state}: the TASK_STATES array.
+    m = re.search(r"const TASK_STATES: \[&str; \d+\] = \[(.*?)\];", src, re.S)
+    states = set(re.findall(r'"([a-z]+)"', m.group(1))) if m else set()
     return names, states
 
 

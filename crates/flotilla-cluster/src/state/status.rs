@@ -12,6 +12,27 @@ use super::{JobState, Millis, Placement, TaskRef, TaskState, Usage};
 /// How many of a job's classes with ready tasks [`Coordinator::never_fits`] looks at.
 const NEVER_FITS_CLASSES: usize = 32;
 
+/// How many copies of `need` fit side by side in `cap`, by each amount alone (GPUs by their
+/// shares, `gpu_mem` against the GPUs' memory in all): an upper bound, enough to tell a gang
+/// that can never start.
+fn copies(cap: &Resources, need: &Resources) -> u64 {
+    let mut n = u64::MAX;
+    let mut by = |have: f64, want: f64| {
+        if want > 0.0 {
+            // Rounding: 0.3 × 10 must fit in 3.
+            n = n.min(((have / want) + 1e-9).floor().max(0.0) as u64);
+        }
+    };
+    by(cap.cpus, need.cpus);
+    by(cap.gpus, need.gpus);
+    by(cap.mem as f64, need.mem as f64);
+    by(cap.gpu_mem as f64, need.gpu_mem as f64);
+    for (k, want) in &need.custom {
+        by(cap.custom.get(k).copied().unwrap_or(0.0), *want);
+    }
+    n
+}
+
 /// How many tasks are in each state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskCounts {
@@ -726,6 +747,20 @@ impl Coordinator {
                 .values()
                 .any(|w| options.iter().any(|r| w.fits_total(r)))
             {
+                // A gang starts all its members at once: they must fit side by side.
+                if let Some(g) = inst.gang.as_ref().filter(|g| g.size > 1) {
+                    let room = workers
+                        .values()
+                        .map(|w| copies(w.ledger_cap(), &inst.resources))
+                        .fold(0u64, u64::saturating_add);
+                    if room < u64::from(g.size) {
+                        return Some(format!(
+                            "the gang of task {} needs {} members of {} at once: the connected \
+                             workers hold {room}",
+                            inst.name, g.size, inst.resources
+                        ));
+                    }
+                }
                 continue;
             }
             let needs = options

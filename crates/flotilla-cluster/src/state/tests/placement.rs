@@ -752,3 +752,36 @@ resources = { cpus = 4, custom = 1 }
     let s = sim.c.job_summary(job).unwrap();
     assert_eq!((s.never_fits, s.waiting), (None, None));
 }
+
+/// A gang whose members fit one by one but not side by side on the workers there are is
+/// named too: it starts all at once or not at all.
+#[test]
+fn a_gang_too_large_for_the_workers_together_is_named_in_the_job_s_status() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        r#"
+[[task]]
+id = "rank"
+cmd = ["r"]
+group = { size = 3 }
+resources = { cpus = 1 }
+"#,
+    );
+    let _ = sim.join(wspec(1.0, &[]));
+    let _ = sim.join(wspec(1.0, &[]));
+    let why = sim
+        .c
+        .job_summary(job)
+        .unwrap()
+        .never_fits
+        .unwrap_or_default();
+    assert!(
+        why.contains("the gang of task rank[0] needs 3 members of cpus=1 at once")
+            && why.contains("the connected workers hold 2"),
+        "{why}"
+    );
+    // A third CPU anywhere: the gang starts.
+    let (_, out) = sim.join(wspec(1.0, &[]));
+    assert_eq!(assigns(&out).len(), 3);
+    assert_eq!(sim.c.job_summary(job).unwrap().never_fits, None);
+}

@@ -317,6 +317,10 @@ pub(crate) struct RunArgs {
     /// required (as `flotilla worker --isolation`).
     #[arg(long, default_value = "none")]
     isolation: Isolation,
+    /// Let tasks that say `network = true` run, with the network (as `flotilla worker
+    /// --allow-network`; without it they cannot run here).
+    #[arg(long)]
+    allow_network: bool,
     /// Write the job's attempts in time to this file as a Chrome/Perfetto trace (open it in
     /// ui.perfetto.dev), as `flotilla trace` does.
     #[arg(long)]
@@ -913,6 +917,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     wcfg.name = "local".into();
     wcfg.work_dir = state.join("worker");
     wcfg.isolation = a.isolation;
+    wcfg.allow_network = a.allow_network;
     let mut client = Client::connect(&remote).await?;
     // A run interrupted before its job ended (Ctrl-C, a kill) left that job running in the
     // state folder: it would resume here, before and beside this one, unannounced. It is
@@ -954,8 +959,8 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     if let Some(why) = &too_large {
         eprintln!(
             "flotilla: {why}; it can never run on this machine's worker, so the job was \
-             cancelled (flotilla run has one worker: see --cpus and --gpus, or run the job on a \
-             cluster with larger workers)"
+             cancelled (flotilla run has one worker: see --cpus, --gpus and --allow-network, \
+             or run the job on a cluster with larger workers)"
         );
     }
     if let Some(path) = &a.trace {

@@ -714,6 +714,31 @@ fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
     // The task before it ran; the large one was cancelled, not failed.
     let summary = text(&out.stdout);
     assert!(summary.contains("1 cancelled, 1 done"), "{summary}");
+
+    // A task that needs the network: cancelled the same way, and run with --allow-network.
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"net\"\n[[task]]\nid = \"fetch\"\nnetwork = true\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
+    let run = |more: &[&str]| {
+        Command::new(kit::BIN)
+            .args(["run", "job.toml", "--cpus", "1", "--gpus", "none"])
+            .args(more)
+            .current_dir(dir)
+            .env("FLOTILLA_HOME", dir.join(".home"))
+            .output()
+            .unwrap()
+    };
+    let without = run(&[]);
+    assert!(!without.status.success());
+    assert!(
+        text(&without.stderr).contains("task fetch needs cpus=1 network=1"),
+        "{}",
+        text(&without.stderr)
+    );
+    let with = run(&["--allow-network"]);
+    assert!(with.status.success(), "{}", text(&with.stderr));
 }
 
 /// A job that fails while another of its tasks runs: that task is being stopped, and the

@@ -398,8 +398,17 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<()> {
         outln!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
+    let accounts = doc["accounts"].as_array().map_or(&[][..], Vec::as_slice);
+    if accounts.is_empty() {
+        // A header over nothing read as a failure to list.
+        match &a.tenant {
+            Some(t) => eprintln!("no account for tenant {t} yet: no credits have moved for it"),
+            None => eprintln!("no accounts yet"),
+        }
+        return Ok(());
+    }
     let mut t = crate::table::new(&["KIND", "ACCOUNT", ">BALANCE"]);
-    for acc in doc["accounts"].as_array().into_iter().flatten() {
+    for acc in accounts {
         t.add_row([
             acc["kind"].as_str().unwrap_or("?").to_string(),
             acc["name"].as_str().unwrap_or("?").to_string(),

@@ -152,6 +152,15 @@ fn credits_handed_to_tenants_are_in_the_ledger_and_survive_a_restart() {
     assert_eq!(all["total_micro"], 120_500_000, "the grants are journaled");
     let table = c.cli(&["ledger"]);
     assert!(String::from_utf8_lossy(&table.stdout).contains("100.5"));
+    // A tenant with no account: said in words, not an empty table.
+    last_line(&c.cli(&["admin", "tenant", "add", "dave"]));
+    let none = c.cli(&["ledger", "--tenant", "dave"]);
+    assert!(none.status.success());
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("no account for tenant dave yet"),
+        "{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
 }
 
 /// Enrols a provider named `name` and starts one worker of its at `price`, with `env`.

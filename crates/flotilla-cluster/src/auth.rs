@@ -87,7 +87,15 @@ pub fn load_or_create_token(state_dir: &Path) -> Result<String> {
 /// Reads a token from a file given with `--token-file`.
 pub fn read_token_file(path: &Path) -> Result<String> {
     let t = std::fs::read_to_string(path).map_err(|e| ClusterError::io(path, e))?;
-    Ok(t.trim().to_string())
+    let t = t.trim();
+    if t.is_empty() {
+        // An empty token was sent as such and refused, again and again.
+        return Err(ClusterError::Config(format!(
+            "{}: the token file is empty",
+            path.display()
+        )));
+    }
+    Ok(t.to_string())
 }
 
 /// Where a client finds its token: `--token-file`, then `FLOTILLA_TOKEN`, then the state

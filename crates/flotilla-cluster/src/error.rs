@@ -100,6 +100,9 @@ pub enum ClusterError {
     /// cannot reach its group): trying again, on whichever node leads, may succeed.
     #[error("unavailable: {0}")]
     Unavailable(String),
+    /// The server refused the token presented (invalid, revoked or missing).
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 impl ClusterError {
@@ -124,7 +127,7 @@ impl ClusterError {
 impl From<tonic::Status> for ClusterError {
     fn from(s: tonic::Status) -> Self {
         match s.code() {
-            tonic::Code::Unauthenticated => ClusterError::Rpc(format!("refused: {}", s.message())),
+            tonic::Code::Unauthenticated => ClusterError::Refused(s.message().to_string()),
             tonic::Code::Unavailable => ClusterError::Unavailable(s.message().to_string()),
             _ => ClusterError::Rpc(s.message().to_string()),
         }

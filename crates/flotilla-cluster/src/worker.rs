@@ -987,6 +987,15 @@ pub fn run_worker(
                     backoff = Duration::from_millis(100);
                 }
                 Err(e @ ClusterError::Version { .. }) => return Err(e),
+                // The token is read once, at start: trying it again cannot help. Stopping
+                // shows the mistake (and a service manager's restart reads the token again).
+                Err(ClusterError::Refused(why)) => {
+                    return Err(ClusterError::Config(format!(
+                        "the coordinator refused this worker's token ({why}): check \
+                         --token-file or FLOTILLA_TOKEN (`flotilla admin worker-token add` \
+                         makes one); the worker stops rather than retry a token it cannot change"
+                    )))
+                }
                 Err(e) => {
                     tracing::warn!("cannot reach the coordinator: {e}; retrying in {backoff:?}");
                 }

@@ -321,6 +321,46 @@ fn client_with_a_wrong_token_is_refused() {
     assert!(c.overview().unwrap().jobs.is_empty());
     let ok = c.cli(&["status"]);
     assert!(ok.status.success(), "{}", text(&ok.stderr));
+
+    // A worker with a wrong token stops, saying why (it retried every 2 s forever); one with
+    // an empty token file does not start (it sent the empty token, refused, forever).
+    let worker = |token_file: &std::path::Path| {
+        Command::new(kit::BIN)
+            .args([
+                "worker",
+                "--cpus",
+                "1",
+                "--gpus",
+                "none",
+                "--isolation",
+                "none",
+            ])
+            .arg("--token-file")
+            .arg(token_file)
+            .env("FLOTILLA_SERVER", c.addr.to_string())
+            .env_remove("FLOTILLA_TOKEN")
+            .current_dir(c.job_dir())
+            .output()
+            .unwrap()
+    };
+    let bad = c.job_dir().join("bad.token");
+    std::fs::write(&bad, wrong).unwrap();
+    let out = worker(&bad);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("the coordinator refused this worker's token"),
+        "{}",
+        text(&out.stderr)
+    );
+    let empty = c.job_dir().join("empty.token");
+    std::fs::write(&empty, "\n").unwrap();
+    let out = worker(&empty);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("empty.token: the token file is empty"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]

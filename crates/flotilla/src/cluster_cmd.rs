@@ -121,6 +121,10 @@ pub(crate) struct ServerArgs {
           default_value_t = flotilla::cluster::ha::DEFAULT_SNAPSHOT_EVERY,
           value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_every: u64,
+    /// In a group: how long `flotilla admin group add` waits for the new node to hold the log
+    /// before it gives up (the node stays a learner, not a voter, until it does).
+    #[arg(long, env = "FLOTILLA_GROUP_ADD_TIMEOUT", default_value = "120s")]
+    group_add_timeout: String,
     /// Heartbeat timeout in milliseconds: a worker silent this long is declared lost.
     #[arg(long, default_value_t = 5000)]
     heartbeat_timeout_ms: u64,
@@ -445,6 +449,8 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
             g.peer_ca = a.peer_ca.clone();
             g.snapshot_every = a.snapshot_every;
             g.join = a.join;
+            g.add_timeout = flotilla::core::duration::parse_duration(&a.group_add_timeout)
+                .with_context(|| format!("--group-add-timeout {}", a.group_add_timeout))?;
             Some(g)
         }
         None => None,

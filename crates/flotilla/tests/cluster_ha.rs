@@ -555,6 +555,44 @@ fn a_node_is_added_and_another_removed_while_the_group_runs() {
 }
 
 /// Writes job `name`: three tasks that succeed.
+/// `admin group add` of a node that never answers (not started, a wrong address): it stays a
+/// learner and the command says so; it became a voter at once (openraft's blocking add gives
+/// up waiting and answers Ok), and the group of three then lost its majority with one node
+/// down.
+#[test]
+fn a_node_added_that_never_answers_stays_a_learner_and_the_group_keeps_its_majority() {
+    let _one = one_group_at_a_time();
+    let mut g = Group::start_with(1, &[("FLOTILLA_GROUP_ADD_TIMEOUT", "2s")]);
+    let taken: std::collections::HashSet<u16> = g
+        .peers
+        .iter()
+        .filter_map(|p| p.rsplit(':').next()?.parse().ok())
+        .flat_map(|p: u16| [p, p + 1])
+        .collect();
+    let nowhere = format!("127.0.0.1:{}", kit::group::free_pair(&taken));
+    let out = g.cli(&["admin", "group", "add", "5", &nowhere]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("did not catch up"),
+        "{out:?}"
+    );
+    let out = g.cli(&["status", "--json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status");
+    let five = status["group"]["members"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["id"] == 5))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(five["voter"], false, "{status}");
+    // One founder down: the other two are still a majority of the voters.
+    let leader = g.leader();
+    let down = (1..=3).find(|&i| i != leader).unwrap();
+    g.kill_node(down);
+    let dir = g.job_dir();
+    let job = g.submit(&array_job(&dir, "after"));
+    assert_succeeded(&g.wait_job(job, JOB_TIMEOUT));
+}
+
 fn array_job(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
     let file = dir.join(format!("{name}.toml"));
     std::fs::write(

@@ -186,3 +186,37 @@ fn job_runs_over_tls_and_plain_or_wrong_token_clients_are_refused() {
         String::from_utf8_lossy(&out.stderr).trim()
     );
 }
+
+/// `--tls-cert` and `--tls-key` given the wrong way round, or a key of another certificate:
+/// the server does not start, and says it of the flags (it blamed "the gang rendezvous").
+#[test]
+fn a_server_given_unusable_tls_files_names_the_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed(dir.path());
+    let other = tempfile::tempdir().unwrap();
+    let (_, other_key) = self_signed(other.path());
+    for (c, k, says) in [
+        (&key, &cert, "--tls-cert must hold the certificate"),
+        (
+            &cert,
+            &other_key,
+            "--tls-key is not the private key of --tls-cert",
+        ),
+    ] {
+        let out = std::process::Command::new(kit::BIN)
+            .args(["server", "--listen", "127.0.0.1:0", "--state"])
+            .arg(dir.path().join("state"))
+            .arg("--tls-cert")
+            .arg(c)
+            .arg("--tls-key")
+            .arg(k)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains("--tls-cert") && err.contains(says) && !err.contains("rendezvous"),
+            "{err}"
+        );
+    }
+}

@@ -109,10 +109,13 @@ pub struct GroupConfig {
     /// group up from `peers` but waits for the leader to add it
     /// (`flotilla admin group add`).
     pub join: bool,
+    /// How long `flotilla admin group add` waits for the new node to hold the log before
+    /// giving up (it stays a learner, not a voter, until it does).
+    pub add_timeout: Duration,
 }
 
-/// How long [`Node::add_member`] waits for a new node to catch up.
-const ADD_TIMEOUT: Duration = Duration::from_secs(120);
+/// The default for [`GroupConfig::add_timeout`].
+pub const DEFAULT_ADD_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The default for [`GroupConfig::snapshot_every`].
 pub const DEFAULT_SNAPSHOT_EVERY: u64 = 10_000;
@@ -157,6 +160,7 @@ impl GroupConfig {
             peer_ca: None,
             snapshot_every: DEFAULT_SNAPSHOT_EVERY,
             join: false,
+            add_timeout: DEFAULT_ADD_TIMEOUT,
         })
     }
 
@@ -972,20 +976,42 @@ impl Node {
         if let Some(other) = taken {
             return Err(format!("{addr} is node {other}'s address"));
         }
-        let wait = ADD_TIMEOUT;
-        match tokio::time::timeout(wait, self.raft.add_learner(id, BasicNode::new(addr), true))
-            .await
+        let wait = self.config.add_timeout;
+        let not_caught_up = || {
+            format!(
+                "node {id} at {addr} did not catch up within {wait:?} (is it running, with \
+                 `flotilla server --node-id {id} ... --join`?); it stays a learner until it \
+                 does, or until `flotilla admin group remove {id}`"
+            )
+        };
+        let added = match tokio::time::timeout(
+            wait,
+            self.raft.add_learner(id, BasicNode::new(addr), false),
+        )
+        .await
         {
-            Ok(Ok(_)) => {}
+            Ok(Ok(r)) => r,
             Ok(Err(e)) => return Err(format!("node {id} not added: {e}")),
-            Err(_) => {
-                return Err(format!(
-                    "node {id} at {addr} did not catch up within {wait:?} (is it running, \
-                     with `flotilla server --node-id {id} ... --join`?); it stays a learner \
-                     until it does, or until `flotilla admin group remove {id}`"
-                ))
-            }
-        }
+            Err(_) => return Err(not_caught_up()),
+        };
+        // Wait until it holds the log up to its own addition. (openraft's blocking
+        // add_learner gives up waiting after its default timeout and answers Ok all the same:
+        // a node that was never started became a voter, and the group then lost its
+        // majority with one more node down.)
+        let target = added.log_id.index;
+        self.raft
+            .wait(Some(wait))
+            .metrics(
+                |m| {
+                    m.replication
+                        .as_ref()
+                        .and_then(|r| r.get(&id).cloned().flatten())
+                        .is_some_and(|l| l.index >= target)
+                },
+                "the new learner to catch up",
+            )
+            .await
+            .map_err(|_| not_caught_up())?;
         let mut new = voters;
         new.insert(id);
         self.raft

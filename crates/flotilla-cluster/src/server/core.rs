@@ -868,9 +868,10 @@ impl Core {
             None => flotilla_collective::RendezvousServer::bind_restricted(&rdv_addr)
                 .map_err(rdv_err)?,
             Some(tls) => {
+                // The files' mistakes are the flags', not the rendezvous's.
                 let (cfg, print) =
                     flotilla_collective::tls::server_config_from_pem(&tls.cert, &tls.key)
-                        .map_err(rdv_err)?;
+                        .map_err(|e| tls_files_error(tls, &e.to_string()))?;
                 core.rendezvous_cert = print;
                 flotilla_collective::RendezvousServer::bind_restricted_tls(&rdv_addr, cfg)
                     .map_err(rdv_err)?
@@ -2090,6 +2091,27 @@ impl Core {
             }
         }
     }
+}
+
+/// `--tls-cert`/`--tls-key` that cannot serve, said as such, with the usual causes named.
+fn tls_files_error(tls: &crate::transport::ServerTls, why: &str) -> ClusterError {
+    let hint = if why.contains("UnsupportedCertVersion") {
+        "; the certificate must be X.509 version 3 with the server's names in subjectAltName \
+         (made with `openssl x509 -req`, add `-extfile` with a line `subjectAltName=DNS:HOST` \
+         or `IP:ADDR`)"
+    } else if why.contains("KeyMismatch") || why.contains("inconsistent") {
+        "; --tls-key is not the private key of --tls-cert"
+    } else if why.contains("no certificate") {
+        "; --tls-cert must hold the certificate (PEM), --tls-key its private key"
+    } else {
+        ""
+    };
+    ClusterError::Config(format!(
+        "--tls-cert {} / --tls-key {}: {}{hint}",
+        tls.cert.display(),
+        tls.key.display(),
+        why.replace("invalid peer certificate: ", "")
+    ))
 }
 
 #[cfg(test)]

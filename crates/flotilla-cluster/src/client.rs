@@ -968,7 +968,7 @@ fn uploads(graph: &flotilla_core::TaskGraph, dir: &Path) -> Result<Vec<proto::Up
 
 /// Turns a transport-level HTTP/2 failure of a plain-TCP client into a TLS error that says
 /// the server may want TLS; other errors are converted as usual.
-fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> ClusterError {
+pub(crate) fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> ClusterError {
     let chain = crate::transport::error_chain(&s);
     // Errors the transport made up (not sent by the server) carry their cause as a source.
     let transport = matches!(

@@ -1141,7 +1141,11 @@ async fn session(
                     .as_millis() as u64
             }),
         })
-        .await?
+        .await
+        // A plain-TCP worker at a TLS coordinator: say so, as a client would.
+        .map_err(|s| {
+            crate::client::plain_to_tls_hint(&cfg.remote.addr, cfg.remote.tls_ca.is_some(), s)
+        })?
         .into_inner();
     if reply.protocol_version != proto::PROTOCOL_VERSION {
         return Err(ClusterError::Version {

@@ -155,6 +155,38 @@ fn job_runs_over_tls_and_plain_or_wrong_token_clients_are_refused() {
         err.contains("does not verify") && !err.contains("no coordinator answered"),
         "unknown CA: {err:?} does not say the certificate does not verify"
     );
+    // A worker without --tls-ca says the server may speak TLS, as a client does (it logged
+    // only "h2 protocol error", again and again).
+    let log = certs.path().join("plain-worker.log");
+    let mut plain = std::process::Command::new(kit::BIN)
+        .args([
+            "worker",
+            "--cpus",
+            "1",
+            "--gpus",
+            "none",
+            "--isolation",
+            "none",
+        ])
+        .env("FLOTILLA_SERVER", c.addr.to_string())
+        .env("FLOTILLA_TOKEN", &c.token)
+        .current_dir(certs.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    kit::wait_until(
+        "the plain worker to say the server may speak TLS",
+        Duration::from_secs(60),
+        || {
+            std::fs::read_to_string(&log)
+                .ok()
+                .filter(|l| l.contains("the server may speak TLS"))
+        },
+    );
+    let _ = plain.kill();
+    let _ = plain.wait();
+
     // An https:// address without --tls-ca verifies against the system's trust store, which
     // SSL_CERT_FILE points at here (it failed: "Connecting to HTTPS without TLS enabled").
     let https = format!("https://localhost:{}", c.addr.port());

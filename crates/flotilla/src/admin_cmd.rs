@@ -241,8 +241,13 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
         }
         AdminCmd::Worker(WorkerCmd::Drain(a)) => {
             let ids = a.remote.client().await?.worker_drain(&a.name).await?;
+            let (whose, leave) = if ids.len() == 1 {
+                ("its", "it leaves")
+            } else {
+                ("their", "they leave")
+            };
             outln!(
-                "draining {}: their tasks checkpoint and move; they leave",
+                "draining {}: {whose} tasks checkpoint and move; {leave}",
                 ids.join(", ")
             );
         }

@@ -1030,7 +1030,13 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
             Err(e) => return Err(e.into()),
         }
     };
-    eprintln!("submitted job {} ({}, {} tasks)", s.job.0, s.name, s.tasks);
+    eprintln!(
+        "submitted job {} ({}, {} task{})",
+        s.job.0,
+        s.name,
+        s.tasks,
+        if s.tasks == 1 { "" } else { "s" }
+    );
     let mut ok = true;
     if a.wait {
         ok = follow(&mut client, s.job, &s.name, Progress::Stdout).await?;

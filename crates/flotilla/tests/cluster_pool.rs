@@ -379,6 +379,11 @@ fn a_drained_provider_s_task_resumes_elsewhere_from_its_checkpoint() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("its tasks checkpoint and move; it leaves"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let s = c.wait_job(id, Duration::from_secs(120));
     kit::assert_succeeded(&s);
     let t = &s.tasks[0];

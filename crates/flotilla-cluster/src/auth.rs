@@ -139,6 +139,8 @@ pub fn find_token(token_file: Option<&Path>, state_dir: Option<&Path>) -> Result
 #[derive(Clone)]
 pub struct TokenCheck {
     token: std::sync::Arc<String>,
+    /// What a refusal says: the group port's names the usual cause.
+    refusal: &'static str,
 }
 
 impl TokenCheck {
@@ -146,6 +148,16 @@ impl TokenCheck {
     pub fn new(token: String) -> Self {
         Self {
             token: std::sync::Arc::new(token),
+            refusal: "invalid or missing access token",
+        }
+    }
+
+    /// The check of a group's port: the other nodes present the group's admin token.
+    pub fn for_group(token: String) -> Self {
+        Self {
+            token: std::sync::Arc::new(token),
+            refusal: "this node refuses the token presented: every node of a group must hold \
+                      the same admin token (STATE/token, or --admin-token-file)",
         }
     }
 }
@@ -167,8 +179,8 @@ impl tonic::service::Interceptor for TokenCheck {
                 .remote_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "unknown peer".into());
-            tracing::warn!(%peer, "refused a request without a valid token");
-            Err(Status::unauthenticated("invalid or missing access token"))
+            tracing::warn!(%peer, "refused a request without a valid token: {}", self.refusal);
+            Err(Status::unauthenticated(self.refusal))
         }
     }
 }

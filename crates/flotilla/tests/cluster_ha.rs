@@ -593,6 +593,26 @@ fn a_node_added_that_never_answers_stays_a_learner_and_the_group_keeps_its_major
     assert_succeeded(&g.wait_job(job, JOB_TIMEOUT));
 }
 
+/// A node started with another admin token than the group's: the refusals say that every
+/// node must hold the same token (they said only "invalid or missing access token").
+#[test]
+fn a_node_with_another_token_is_told_every_node_must_hold_the_same() {
+    let _one = one_group_at_a_time();
+    let mut g = Group::start_some(0, &[1, 2]);
+    let token = g.state(3).join("token");
+    std::fs::write(&token, "another-token-0123456789abcdef-0123").unwrap();
+    let lines = g.restart_node_logged(3, false);
+    wait_until(
+        "node 3 to say why it refuses the group's requests",
+        Duration::from_secs(60),
+        || {
+            lines
+                .try_iter()
+                .find(|l| l.contains("every node of a group must hold the same admin token"))
+        },
+    );
+}
+
 fn array_job(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
     let file = dir.join(format!("{name}.toml"));
     std::fs::write(

@@ -624,7 +624,7 @@ impl Node {
             })
             .max_decoding_message_size(crate::proto::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(crate::proto::MAX_MESSAGE_BYTES),
-            crate::auth::TokenCheck::new(token.to_string()),
+            crate::auth::TokenCheck::for_group(token.to_string()),
         );
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let stop_serving = stop.clone();

@@ -674,6 +674,17 @@ fn a_wasm_module_is_held_to_the_workers_maxima() {
     assert!(m.contains("timeout of 1s"), "{m}");
 }
 
+/// `flotilla run job.toml` in `dir` on `cpus` CPUs and no GPU, with `more` arguments, its
+/// FLOTILLA_HOME inside `dir`.
+fn local_run(dir: &std::path::Path, cpus: &str, more: &[&str]) -> Command {
+    let mut cmd = Command::new(kit::BIN);
+    cmd.args(["run", "job.toml", "--cpus", cpus, "--gpus", "none"])
+        .args(more)
+        .current_dir(dir)
+        .env("FLOTILLA_HOME", dir.join(".home"));
+    cmd
+}
+
 /// `flotilla run` killed mid-job leaves that job running in its state folder; the next run
 /// there cancels it and says so, instead of resuming it unannounced before its own job.
 #[test]
@@ -685,10 +696,7 @@ fn a_run_after_an_interrupted_one_cancels_its_leftover_job_and_says_so() {
         "name = \"long\"\n[[task]]\nid = \"long\"\narray = \"0..2\"\ncmd = [\"sh\", \"-c\", \"echo $$ > long{i}.pid; exec sleep 600\"]\n",
     )
     .unwrap();
-    let mut first = Command::new(kit::BIN)
-        .args(["run", "job.toml", "--cpus", "1", "--gpus", "none"])
-        .current_dir(dir)
-        .env("FLOTILLA_HOME", dir.join(".home"))
+    let mut first = local_run(dir, "1", &[])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -706,12 +714,7 @@ fn a_run_after_an_interrupted_one_cancels_its_leftover_job_and_says_so() {
         "name = \"short\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
     )
     .unwrap();
-    let second = Command::new(kit::BIN)
-        .args(["run", "job.toml", "--cpus", "1", "--gpus", "none"])
-        .current_dir(dir)
-        .env("FLOTILLA_HOME", dir.join(".home"))
-        .output()
-        .unwrap();
+    let second = local_run(dir, "1", &[]).output().unwrap();
     let err = text(&second.stderr);
     assert!(second.status.success(), "{err}{}", text(&second.stdout));
     assert!(
@@ -739,12 +742,7 @@ fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
          [[task]]\nid = \"huge\"\nafter = [\"small\"]\nresources = { cpus = 64 }\ncmd = [\"true\"]\n",
     )
     .unwrap();
-    let out = Command::new(kit::BIN)
-        .args(["run", "job.toml", "--cpus", "2", "--gpus", "none"])
-        .current_dir(dir)
-        .env("FLOTILLA_HOME", dir.join(".home"))
-        .output()
-        .unwrap();
+    let out = local_run(dir, "2", &[]).output().unwrap();
     let err = text(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -761,15 +759,7 @@ fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
         "name = \"net\"\n[[task]]\nid = \"fetch\"\nnetwork = true\ncmd = [\"true\"]\n",
     )
     .unwrap();
-    let run = |more: &[&str]| {
-        Command::new(kit::BIN)
-            .args(["run", "job.toml", "--cpus", "1", "--gpus", "none"])
-            .args(more)
-            .current_dir(dir)
-            .env("FLOTILLA_HOME", dir.join(".home"))
-            .output()
-            .unwrap()
-    };
+    let run = |more: &[&str]| local_run(dir, "1", more).output().unwrap();
     let without = run(&[]);
     assert!(!without.status.success());
     assert!(
@@ -807,7 +797,6 @@ cmd = ["sh", "-c", "while [ ! -s long.pid ]; do sleep 0.05; done; exit 3"]
         .lines()
         .find(|l| l.trim_start().starts_with("tasks:"))
         .unwrap_or_else(|| panic!("no tasks line in:\n{summary}"));
-    eprintln!("summary tasks line: {tasks}");
     assert!(tasks.contains("1 failed"), "{summary}");
     assert!(
         tasks.contains("1 stopping (running)") || tasks.contains("1 cancelled"),

@@ -89,6 +89,43 @@ impl std::fmt::Display for Role {
 
 pub use crate::state::Quota;
 
+/// A change to a tenant's quotas (`flotilla admin tenant set`): for each, `None` keeps it,
+/// `Some(None)` lifts it (no limit), `Some(Some(v))` sets it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QuotaChange {
+    /// The most CPUs its tasks hold at once.
+    pub cpus: Option<Option<f64>>,
+    /// The most GPUs its tasks hold at once.
+    pub gpus: Option<Option<f64>>,
+    /// The most of its jobs that run at once.
+    pub running_jobs: Option<Option<u32>>,
+    /// The most tasks one of its jobs may have.
+    pub tasks: Option<Option<u64>>,
+}
+
+impl QuotaChange {
+    /// The quota names `flotilla admin tenant set` lifts (`--cpus none`).
+    pub const NAMES: [&'static str; 4] = ["cpus", "gpus", "running_jobs", "tasks"];
+
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.cpus.is_none()
+            && self.gpus.is_none()
+            && self.running_jobs.is_none()
+            && self.tasks.is_none()
+    }
+
+    /// `q` with the change made.
+    pub fn applied_to(&self, q: &Quota) -> Quota {
+        Quota {
+            cpus: self.cpus.unwrap_or(q.cpus),
+            gpus: self.gpus.unwrap_or(q.gpus),
+            running_jobs: self.running_jobs.unwrap_or(q.running_jobs),
+            tasks: self.tasks.unwrap_or(q.tasks),
+        }
+    }
+}
+
 /// A tenant as listed by `flotilla admin tenant list`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Tenant {
@@ -595,6 +632,27 @@ impl Access {
         })
     }
 
+    /// Changes tenant `name`'s quotas; the tenant as it is now. Jobs already running keep
+    /// what they hold: a lower quota holds back their next tasks, a higher one lets waiting
+    /// work start at the next placement.
+    pub fn set_quota(&self, name: &str, change: &QuotaChange) -> Result<Tenant> {
+        self.change(|reg| {
+            let t = reg
+                .tenants
+                .iter_mut()
+                .find(|t| t.name == name)
+                .ok_or_else(|| {
+                    AccessError::Refused(format!(
+                        "no tenant {name:?} (`flotilla admin tenant list` lists them)"
+                    ))
+                })?;
+            let quota = change.applied_to(&t.quota);
+            check_quota(&quota)?;
+            t.quota = quota;
+            Ok(t.clone())
+        })
+    }
+
     /// Adds a provider of machines and its token (shown once): workers that enrol with it
     /// are that provider's.
     pub fn add_provider(&self, name: &str) -> Result<(TokenInfo, String)> {
@@ -886,5 +944,46 @@ mod tests {
             .err()
             .expect("refused");
         assert!(e.to_string().contains("readable by others"), "{e}");
+    }
+
+    #[test]
+    fn a_quota_change_sets_lifts_and_keeps_and_is_saved() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let a = open(dir.path());
+        let q = Quota {
+            cpus: Some(4.0),
+            running_jobs: Some(1),
+            tasks: Some(10),
+            ..Quota::default()
+        };
+        a.add_tenant("alice", q).expect("added");
+        let change = QuotaChange {
+            cpus: Some(Some(8.0)),
+            running_jobs: Some(None),
+            gpus: Some(Some(1.0)),
+            ..QuotaChange::default()
+        };
+        let t = a.set_quota("alice", &change).expect("changed");
+        let want = Quota {
+            cpus: Some(8.0),
+            gpus: Some(1.0),
+            running_jobs: None,
+            tasks: Some(10),
+        };
+        assert_eq!(t.quota, want);
+        drop(a);
+        let a = open(dir.path());
+        assert_eq!(a.quota("alice"), Some(want.clone()));
+        // Refused changes leave it as it was.
+        let e = a.set_quota("bob", &change).expect_err("no bob");
+        assert!(e.to_string().contains("no tenant \"bob\""), "{e}");
+        let bad = QuotaChange {
+            cpus: Some(Some(-1.0)),
+            tasks: Some(Some(3)),
+            ..QuotaChange::default()
+        };
+        let e = a.set_quota("alice", &bad).expect_err("negative");
+        assert!(e.to_string().contains("quota cpus = -1"), "{e}");
+        assert_eq!(a.quota("alice"), Some(want));
     }
 }

@@ -667,6 +667,44 @@ impl Client {
         })
     }
 
+    /// Admin: changes tenant `name`'s quotas and hands it `grant` more credits (a decimal
+    /// amount; "" for none); the tenant as it is now.
+    pub fn tenant_set<'a>(
+        &'a mut self,
+        name: &'a str,
+        change: &'a crate::access::QuotaChange,
+        grant: &'a str,
+    ) -> crate::Boxed<'a, Result<Tenant>> {
+        crate::boxed(async move {
+            let lift = [
+                change.cpus == Some(None),
+                change.gpus == Some(None),
+                change.running_jobs == Some(None),
+                change.tasks == Some(None),
+            ];
+            let r = self
+                .admin
+                .tenant_set(proto::TenantSetRequest {
+                    name: name.to_string(),
+                    cpus: change.cpus.flatten(),
+                    gpus: change.gpus.flatten(),
+                    running_jobs: change.running_jobs.flatten(),
+                    tasks: change.tasks.flatten(),
+                    lift: crate::access::QuotaChange::NAMES
+                        .iter()
+                        .zip(lift)
+                        .filter(|(_, l)| *l)
+                        .map(|(n, _)| (*n).to_string())
+                        .collect(),
+                    grant: grant.to_string(),
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            serde_json::from_str(&r.json).map_err(|e| ClusterError::Rpc(format!("tenant set: {e}")))
+        })
+    }
+
     /// Admin: a new worker enrolment token.
     pub fn worker_token_add<'a>(&'a mut self, name: &'a str) -> crate::Boxed<'a, Result<NewToken>> {
         crate::boxed(async move {

@@ -288,6 +288,19 @@ async fn every_rpc_for_every_role() {
             ],
         ),
         (
+            "TenantSet",
+            [
+                "ok",
+                "denied",
+                "denied",
+                "denied",
+                "denied",
+                "denied",
+                "unauthenticated",
+                "unauthenticated",
+            ],
+        ),
+        (
             "TenantList",
             [
                 "ok",
@@ -629,6 +642,15 @@ async fn every_rpc_for_every_role() {
                             .await,
                     )
                 }
+                "TenantSet" => outcome(
+                    s.admin(token)
+                        .tenant_set(proto::TenantSetRequest {
+                            name: "bob".into(),
+                            tasks: Some(1000),
+                            ..Default::default()
+                        })
+                        .await,
+                ),
                 "TenantList" => outcome(
                     s.admin(token)
                         .tenant_list(proto::TenantListRequest {})

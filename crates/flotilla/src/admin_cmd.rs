@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use flotilla::cluster::access::Quota;
+use flotilla::cluster::access::{Quota, QuotaChange};
 
 use crate::cluster_cmd::RemoteArgs;
 use crate::out::outln;
@@ -105,6 +105,9 @@ pub(crate) enum TenantCmd {
     Add(TenantAddArgs),
     /// List the tenants and their quotas.
     List(ListArgs),
+    /// Change a tenant's quotas (`none` lifts one) or hand it more credits; running jobs keep
+    /// what they hold, their next tasks follow the new quotas.
+    Set(TenantSetArgs),
 }
 
 #[derive(Subcommand)]
@@ -144,6 +147,54 @@ pub(crate) struct TenantAddArgs {
     remote: RemoteArgs,
 }
 
+/// A quota as `flotilla admin tenant set` takes it: an amount, or `none` to lift it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limit<T>(Option<T>);
+
+fn limit_arg<T: std::str::FromStr>(s: &str) -> std::result::Result<Limit<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    if matches!(s, "none" | "unlimited") {
+        return Ok(Limit(None));
+    }
+    s.parse()
+        .map(|v| Limit(Some(v)))
+        .map_err(|e| format!("{e} (an amount, or `none` for no limit)"))
+}
+
+#[derive(Args)]
+#[command(group(
+    clap::ArgGroup::new("change")
+        .required(true)
+        .multiple(true)
+        .args(["cpus", "gpus", "running_jobs", "tasks", "grant"])
+))]
+pub(crate) struct TenantSetArgs {
+    /// The tenant's name.
+    name: String,
+    /// The most CPUs its tasks hold at once (`none`: no limit).
+    #[arg(long, value_parser = limit_arg::<f64>)]
+    cpus: Option<Limit<f64>>,
+    /// The most GPUs its tasks hold at once (`none`: no limit).
+    #[arg(long, value_parser = limit_arg::<f64>)]
+    gpus: Option<Limit<f64>>,
+    /// The most of its jobs that run at once (`none`: no limit).
+    #[arg(long, value_parser = limit_arg::<u32>)]
+    running_jobs: Option<Limit<u32>>,
+    /// The most tasks one of its jobs may have (`none`: no limit).
+    #[arg(long, value_parser = limit_arg::<u64>)]
+    tasks: Option<Limit<u64>>,
+    /// More credits handed to it (the pool's currency), e.g. 50.
+    #[arg(long)]
+    grant: Option<String>,
+    /// The tenant as changed, as one JSON document.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    remote: RemoteArgs,
+}
+
 #[derive(Args)]
 pub(crate) struct WorkerTokenAddArgs {
     /// A name to recognise it by in `token list`.
@@ -172,6 +223,10 @@ pub(crate) struct RevokeArgs {
 
 fn limit<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+fn unlimited<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "no limit".to_string(), |v| v.to_string())
 }
 
 /// Runs an admin command.
@@ -210,6 +265,39 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
                     ]);
                 }
                 outln!("{t}");
+            }
+        }
+        AdminCmd::Tenant(TenantCmd::Set(a)) => {
+            let change = QuotaChange {
+                cpus: a.cpus.map(|l| l.0),
+                gpus: a.gpus.map(|l| l.0),
+                running_jobs: a.running_jobs.map(|l| l.0),
+                tasks: a.tasks.map(|l| l.0),
+            };
+            let t = a
+                .remote
+                .client()
+                .await?
+                .tenant_set(&a.name, &change, a.grant.as_deref().unwrap_or(""))
+                .await?;
+            if a.json {
+                outln!("{}", serde_json::to_string_pretty(&t)?);
+            } else {
+                let q = &t.quota;
+                outln!(
+                    "tenant {}: cpus {}, gpus {}, running jobs {}, tasks/job {}",
+                    t.name,
+                    unlimited(q.cpus),
+                    unlimited(q.gpus),
+                    unlimited(q.running_jobs),
+                    unlimited(q.tasks)
+                );
+                if let Some(g) = &a.grant {
+                    outln!(
+                        "granted {g} credits (`flotilla ledger --tenant {}`)",
+                        t.name
+                    );
+                }
             }
         }
         AdminCmd::WorkerToken(WorkerTokenCmd::Add(a)) => {

@@ -781,6 +781,24 @@ async fn summarize(client: &mut Client, status: &JobStatus) -> Result<()> {
     print_summary(status, cluster.as_ref(), &tails)
 }
 
+/// A job's state as the tables show it: a running job none of whose tasks has a worker,
+/// held back for a reason it names (its tenant's quota, its pool's pause, a task no worker
+/// fits), reads `waiting`; `--json` keeps `running`.
+fn shown_state(
+    state: flotilla_cluster::state::JobState,
+    counts: &flotilla_cluster::state::TaskCounts,
+    waiting: Option<&str>,
+) -> String {
+    let held = state == flotilla_cluster::state::JobState::Running
+        && waiting.is_some()
+        && counts.assigned + counts.running == 0;
+    if held {
+        "waiting".to_string()
+    } else {
+        state.to_string()
+    }
+}
+
 fn print_summary(
     status: &JobStatus,
     cluster: Option<&ClusterStatus>,
@@ -791,7 +809,7 @@ fn print_summary(
         status.id.0,
         status.name,
         status.tenant,
-        status.state
+        shown_state(status.state, &status.counts, status.waiting.as_deref())
     );
     if let Some(w) = &status.waiting {
         outln!("  waiting: {w}");
@@ -1131,7 +1149,7 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
             j.id.0.to_string(),
             j.name.clone(),
             j.tenant.clone(),
-            j.state.to_string(),
+            shown_state(j.state, &j.counts, j.waiting.as_deref()),
             format!("{}/{}", j.done, j.total),
             fmt_secs(j.makespan_s),
             j.waiting.clone().unwrap_or_default(),

@@ -106,3 +106,116 @@ fn a_tenant_runs_a_transfer_job_on_enrolled_workers_and_sees_only_its_own() {
         String::from_utf8_lossy(&e.stderr)
     );
 }
+
+/// `flotilla admin tenant set`: a job held back by its tenant's `running_jobs` quota reads
+/// `waiting` with the reason; lifting the quota lets it run at once while the first still
+/// runs; other quotas are set and a grant is credited; bad changes are refused by name.
+#[test]
+fn a_quota_changed_on_a_live_coordinator_lets_held_work_start() {
+    let c = Cluster::start(1, 2);
+    c.wait_workers(1);
+    let q = last_line(&c.cli(&["admin", "tenant", "add", "q", "--running-jobs", "1"]));
+    let dir = c.job_dir();
+    // The first job runs until the test lets it end: the second is held by the quota alone.
+    let first = dir.join("first.toml");
+    std::fs::write(
+        &first,
+        "[[task]]\nid = \"hold\"\ncmd = [\"sh\", \"-c\", \"while [ ! -e go ]; do sleep 0.05; done\"]\n",
+    )
+    .unwrap();
+    let second = dir.join("second.toml");
+    std::fs::write(&second, "[[task]]\nid = \"quick\"\ncmd = [\"true\"]\n").unwrap();
+    let submit = |file: &std::path::Path| {
+        let out = c.cli_with_token(&["submit", &file.display().to_string()], &q);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        job_id_of(&out)
+    };
+    let a = submit(&first);
+    c.wait_status(a, "the first job to run", Duration::from_secs(60), |s| {
+        s.counts.running == 1
+    });
+    let b = submit(&second);
+    let held = c.wait_status(b, "the quota's reason", Duration::from_secs(60), |s| {
+        s.waiting.is_some()
+    });
+    let why = held.waiting.unwrap();
+    assert!(why.contains("running_jobs"), "{why}");
+    let table = String::from_utf8_lossy(&c.cli(&["status"]).stdout).into_owned();
+    let row = table
+        .lines()
+        .find(|l| l.contains("second"))
+        .unwrap_or_else(|| panic!("no row for the second job:\n{table}"));
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1..4], ["second", "q", "waiting"], "{row}");
+
+    let out = c.cli(&["admin", "tenant", "set", "q", "--running-jobs", "none"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("running jobs no limit"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_succeeded(&c.wait_job(b, Duration::from_secs(60)));
+    let s = c.status(a).unwrap();
+    assert!(s.finished_state().is_none(), "the first job still runs");
+    std::fs::write(dir.join("go"), "").unwrap();
+    assert_succeeded(&c.wait_job(a, Duration::from_secs(60)));
+
+    // Other quotas and a grant; the listing shows them.
+    let out = c.cli(&[
+        "admin", "tenant", "set", "q", "--cpus", "3", "--tasks", "100", "--grant", "5", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(t["quota"]["cpus"], 3.0);
+    assert_eq!(t["quota"]["tasks"], 100);
+    assert!(t["quota"].get("running_jobs").is_none(), "{t}");
+    let ledger = c.cli(&["ledger", "--tenant", "q", "--json"]);
+    assert!(
+        ledger.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ledger.stderr)
+    );
+    let ledger: serde_json::Value = serde_json::from_slice(&ledger.stdout).unwrap();
+    assert_eq!(
+        ledger["accounts"][0]["balance_micro"], 5_000_000,
+        "{ledger}"
+    );
+
+    // Refused: no such tenant, nothing to change, a negative amount, a tenant's own token.
+    let e = c.cli(&["admin", "tenant", "set", "nobody", "--cpus", "1"]);
+    assert!(!e.status.success());
+    assert!(
+        String::from_utf8_lossy(&e.stderr).contains("no tenant \"nobody\""),
+        "{}",
+        String::from_utf8_lossy(&e.stderr)
+    );
+    let e = c.cli(&["admin", "tenant", "set", "q"]);
+    assert!(!e.status.success());
+    let e = c.cli(&["admin", "tenant", "set", "q", "--cpus=-1"]);
+    assert!(
+        String::from_utf8_lossy(&e.stderr).contains("quota cpus = -1"),
+        "{}",
+        String::from_utf8_lossy(&e.stderr)
+    );
+    let e = c.cli_with_token(&["admin", "tenant", "set", "q", "--cpus", "64"], &q);
+    assert!(!e.status.success());
+    let tenants = c.cli(&["admin", "tenant", "list", "--json"]);
+    let tenants: serde_json::Value = serde_json::from_slice(&tenants.stdout).unwrap();
+    assert_eq!(
+        tenants[0]["quota"]["cpus"], 3.0,
+        "unchanged by the refused ones"
+    );
+}

@@ -106,6 +106,26 @@ pub struct TenantAddRequest {
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct TenantListRequest {}
+/// flotilla admin tenant set: a quota given is set, one named in `lift` is lifted (no limit),
+/// the others stay; `grant` hands it more credits ("" : none).
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct TenantSetRequest {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(double, optional, tag = "2")]
+    pub cpus: ::core::option::Option<f64>,
+    #[prost(double, optional, tag = "3")]
+    pub gpus: ::core::option::Option<f64>,
+    #[prost(uint32, optional, tag = "4")]
+    pub running_jobs: ::core::option::Option<u32>,
+    #[prost(uint64, optional, tag = "5")]
+    pub tasks: ::core::option::Option<u64>,
+    /// "cpus", "gpus", "running_jobs", "tasks"
+    #[prost(string, repeated, tag = "6")]
+    pub lift: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    #[prost(string, tag = "7")]
+    pub grant: ::prost::alloc::string::String,
+}
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct WorkerTokenAddRequest {
     #[prost(string, tag = "1")]
@@ -1797,6 +1817,27 @@ pub mod admin_client {
                 .insert(GrpcMethod::new("flotilla.v1.Admin", "TenantList"));
             self.inner.unary(req, path, codec).await
         }
+        pub async fn tenant_set(
+            &mut self,
+            request: impl tonic::IntoRequest<super::TenantSetRequest>,
+        ) -> std::result::Result<tonic::Response<super::JsonReply>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/flotilla.v1.Admin/TenantSet",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("flotilla.v1.Admin", "TenantSet"));
+            self.inner.unary(req, path, codec).await
+        }
         pub async fn worker_token_add(
             &mut self,
             request: impl tonic::IntoRequest<super::WorkerTokenAddRequest>,
@@ -2095,6 +2136,10 @@ pub mod admin_server {
             &self,
             request: tonic::Request<super::TenantListRequest>,
         ) -> std::result::Result<tonic::Response<super::JsonReply>, tonic::Status>;
+        async fn tenant_set(
+            &self,
+            request: tonic::Request<super::TenantSetRequest>,
+        ) -> std::result::Result<tonic::Response<super::JsonReply>, tonic::Status>;
         async fn worker_token_add(
             &self,
             request: tonic::Request<super::WorkerTokenAddRequest>,
@@ -2299,6 +2344,49 @@ pub mod admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = TenantListSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/flotilla.v1.Admin/TenantSet" => {
+                    #[allow(non_camel_case_types)]
+                    struct TenantSetSvc<T: Admin>(pub Arc<T>);
+                    impl<T: Admin> tonic::server::UnaryService<super::TenantSetRequest>
+                    for TenantSetSvc<T> {
+                        type Response = super::JsonReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::TenantSetRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Admin>::tenant_set(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = TenantSetSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

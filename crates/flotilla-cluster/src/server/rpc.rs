@@ -673,17 +673,7 @@ impl AdminRpc for Api {
     ) -> std::result::Result<Response<proto::NewToken>, Status> {
         admin_only(&req, "add tenants")?;
         let r = req.into_inner();
-        let credits = if r.credits.trim().is_empty() {
-            flotilla_pool::Credits::ZERO
-        } else {
-            flotilla_pool::Credits::parse(&r.credits, "--credits")
-                .map_err(|e| Status::invalid_argument(e.to_string()))?
-        };
-        if credits.is_negative() {
-            return Err(Status::invalid_argument(format!(
-                "--credits {credits}: a tenant is handed a positive amount"
-            )));
-        }
+        let credits = credits_arg(&r.credits, "--credits")?;
         let quota = crate::access::Quota {
             cpus: r.cpus,
             gpus: r.gpus,
@@ -694,15 +684,7 @@ impl AdminRpc for Api {
             .change_access(move |a| a.add_tenant(&r.name, quota))
             .await?;
         self.send_quotas();
-        if credits > flotilla_pool::Credits::ZERO {
-            let tenant = info.name.clone();
-            self.ask(|reply| Req::Grant {
-                tenant,
-                amount: credits,
-                reply,
-            })
-            .await?;
-        }
+        self.grant(&info.name, credits).await?;
         tracing::info!(tenant = %info.name, id = %info.id, %credits, "tenant added");
         Ok(Response::new(proto::NewToken { id: info.id, token }))
     }
@@ -714,6 +696,68 @@ impl AdminRpc for Api {
         admin_only(&req, "list tenants")?;
         let json = serde_json::to_string(&self.access.tenants())
             .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(proto::JsonReply { json }))
+    }
+
+    async fn tenant_set(
+        &self,
+        req: Request<proto::TenantSetRequest>,
+    ) -> std::result::Result<Response<proto::JsonReply>, Status> {
+        admin_only(&req, "change tenants")?;
+        let r = req.into_inner();
+        let mut change = crate::access::QuotaChange {
+            cpus: r.cpus.map(Some),
+            gpus: r.gpus.map(Some),
+            running_jobs: r.running_jobs.map(Some),
+            tasks: r.tasks.map(Some),
+        };
+        for name in &r.lift {
+            let given = match name.as_str() {
+                "cpus" => change.cpus.replace(None).is_some(),
+                "gpus" => change.gpus.replace(None).is_some(),
+                "running_jobs" => change.running_jobs.replace(None).is_some(),
+                "tasks" => change.tasks.replace(None).is_some(),
+                other => {
+                    return Err(Status::invalid_argument(format!(
+                        "no quota {other:?} to lift: {}",
+                        crate::access::QuotaChange::NAMES.join(", ")
+                    )))
+                }
+            };
+            if given {
+                return Err(Status::invalid_argument(format!(
+                    "quota {name}: both set and lifted"
+                )));
+            }
+        }
+        let grant = credits_arg(&r.grant, "--grant")?;
+        if change.is_empty() && grant == flotilla_pool::Credits::ZERO {
+            return Err(Status::invalid_argument(
+                "nothing to change: give a quota (e.g. --cpus 8, --cpus none) or --grant",
+            ));
+        }
+        let name = r.name.clone();
+        let tenant = if change.is_empty() {
+            // Only a grant: the tenant must exist all the same.
+            self.access
+                .tenants()
+                .into_iter()
+                .find(|t| t.name == name)
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!(
+                        "no tenant {name:?} (`flotilla admin tenant list` lists them)"
+                    ))
+                })?
+        } else {
+            let t = self
+                .change_access(move |a| a.set_quota(&name, &change))
+                .await?;
+            self.send_quotas();
+            t
+        };
+        self.grant(&tenant.name, grant).await?;
+        tracing::info!(tenant = %tenant.name, quota = ?tenant.quota, %grant, "tenant changed");
+        let json = serde_json::to_string(&tenant).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(proto::JsonReply { json }))
     }
 
@@ -907,6 +951,24 @@ impl Api {
 }
 
 impl Api {
+    /// Hands `tenant` `amount` credits (nothing for zero).
+    async fn grant(
+        &self,
+        tenant: &str,
+        amount: flotilla_pool::Credits,
+    ) -> std::result::Result<(), Status> {
+        if amount > flotilla_pool::Credits::ZERO {
+            let tenant = tenant.to_string();
+            self.ask(|reply| Req::Grant {
+                tenant,
+                amount,
+                reply,
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     /// Runs `f` on the allocator on a blocking thread (it may run the batch system's
     /// commands, and waits for a round in progress); its result as JSON.
     async fn with_alloc<T: serde::Serialize + Send + 'static>(
@@ -927,6 +989,21 @@ impl Api {
         let json = serde_json::to_string(&value).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(proto::JsonReply { json }))
     }
+}
+
+/// Credits handed to a tenant as `flag` gives them: "" and "0" are none; never negative.
+fn credits_arg(text: &str, flag: &str) -> std::result::Result<flotilla_pool::Credits, Status> {
+    if text.trim().is_empty() {
+        return Ok(flotilla_pool::Credits::ZERO);
+    }
+    let amount = flotilla_pool::Credits::parse(text, flag)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    if amount.is_negative() {
+        return Err(Status::invalid_argument(format!(
+            "{flag} {amount}: a tenant is handed a positive amount"
+        )));
+    }
+    Ok(amount)
 }
 
 fn access_status(e: crate::access::AccessError) -> Status {

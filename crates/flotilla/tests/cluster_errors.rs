@@ -807,3 +807,29 @@ cmd = ["sh", "-c", "while [ ! -s long.pid ]; do sleep 0.05; done; exit 3"]
         "{summary}"
     );
 }
+
+#[test]
+fn a_server_whose_port_is_taken_says_so_and_leaves_no_state_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap().to_string();
+    let state = dir.path().join("state");
+    for flag in ["--listen", "--http-listen"] {
+        let mut cmd = Command::new(kit::BIN);
+        cmd.args(["server", "--state"]).arg(&state);
+        if flag == "--http-listen" {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        let out = cmd.args([flag, &addr]).output().unwrap();
+        assert!(!out.status.success(), "{flag}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("cannot listen on {addr}")) && err.contains("in use"),
+            "{flag}: {err}"
+        );
+        assert!(
+            !state.exists(),
+            "{flag}: a state folder for a server that never ran"
+        );
+    }
+}

@@ -172,6 +172,14 @@ impl Server {
     /// opens when this node leads (see [`crate::ha`]).
     pub fn start(config: ServerConfig) -> crate::Boxed<'static, Result<Server>> {
         crate::boxed(async move {
+            // A port another process holds is the commonest start-up failure: say so before
+            // a state folder and an admin token are made for a coordinator that never ran.
+            if config.group.is_none() {
+                probe_port(config.listen)?;
+            }
+            if let Some(at) = config.http_listen {
+                probe_port(at)?;
+            }
             std::fs::create_dir_all(&config.state_dir)
                 .map_err(|e| ClusterError::io(&config.state_dir, e))?;
             let token = match &config.admin_token_file {
@@ -617,6 +625,20 @@ async fn serve(
         #[cfg(test)]
         core: core_tx,
     })
+}
+
+/// Fails as binding `at` would (in use, not an address of this host); frees it at once. Port
+/// 0 is always free.
+fn probe_port(at: SocketAddr) -> Result<()> {
+    if at.port() == 0 {
+        return Ok(());
+    }
+    std::net::TcpListener::bind(at)
+        .map(drop)
+        .map_err(|source| ClusterError::Bind {
+            addr: at.to_string(),
+            source,
+        })
 }
 
 /// The coordinator's address(es) as workers on other machines reach it: the group's, or

@@ -560,6 +560,9 @@ impl Coordinator {
                 task,
                 attempt,
             } => {
+                if self.removed(task.job) {
+                    return Ok(()); // a report a worker re-sent for a job since removed
+                }
                 self.check_task(task)?;
                 if !self.workers.contains_key(&worker) {
                     return self.stale_or_unknown(worker);
@@ -580,6 +583,9 @@ impl Coordinator {
                 attempt,
                 result,
             } => {
+                if self.removed(task.job) {
+                    return Ok(()); // a report a worker re-sent for a job since removed
+                }
                 self.check_task(task)?;
                 let ghost = self.ghosts.get(&task).is_some_and(|g| g.attempt == attempt);
                 if !ghost && !self.workers.contains_key(&worker) {
@@ -593,6 +599,9 @@ impl Coordinator {
                 task,
                 attempt,
             } => {
+                if self.removed(task.job) {
+                    return Ok(()); // a report a worker re-sent for a job since removed
+                }
                 self.check_task(task)?;
                 if !self.workers.contains_key(&worker) {
                     return self.stale_or_unknown(worker);
@@ -653,6 +662,12 @@ impl Coordinator {
     }
 
     /// A report from a worker that is not live: stale (ignored) if the id was known.
+    /// Whether `job` was submitted here and since removed (`flotilla rm`): workers may still
+    /// report on it (a rejoining worker re-sends its recent results), and are not wrong to.
+    fn removed(&self, job: JobId) -> bool {
+        job.0 < self.next_job && !self.jobs.contains_key(&job)
+    }
+
     fn stale_or_unknown(&self, worker: WorkerId) -> Result<()> {
         if self.retired.contains(&worker) {
             Ok(())

@@ -454,6 +454,29 @@ fn a_finished_job_is_removed_from_memory_and_a_running_or_stopping_one_is_not() 
         sim.try_ev(Event::JobRemoved { job }).unwrap_err(),
         StateError::UnknownJob(job)
     );
+    // A worker that rejoins re-sends its recent results, this job's among them: ignored,
+    // as the worker is not wrong to (it once logged "event refused: unknown job").
+    sim.finish(w, t, 1, AttemptOutcome::Cancelled);
+    sim.ev(Event::TaskStarted {
+        worker: w,
+        task: t,
+        attempt: 1,
+    });
+    assert!(sim.c.jobs().is_empty());
+    // A job never submitted is still refused.
+    let never = TaskRef {
+        job: JobId::new(job.0 + 100),
+        task: t.task,
+    };
+    assert_eq!(
+        sim.try_ev(Event::TaskStarted {
+            worker: w,
+            task: never,
+            attempt: 1,
+        })
+        .unwrap_err(),
+        StateError::UnknownJob(never.job)
+    );
     // Ids are not reused.
     let (next, _) = sim.submit("[[task]]\nid = \"t\"\ncmd = [\"x\"]\n");
     assert!(next.0 > job.0);

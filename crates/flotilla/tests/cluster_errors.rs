@@ -234,6 +234,8 @@ cmd = ["sh", "-c", "if [ -e marker ]; then echo second >> attempts; exit 0; fi; 
     assert_eq!(t.attempts, 2);
     assert_eq!(t.failures, 1);
     assert_eq!(s.retries, 1);
+    // The first attempt's failure is not the done task's message.
+    assert_eq!(t.message, None);
     let attempts = std::fs::read_to_string(c.job_dir().join("attempts")).unwrap();
     assert_eq!(attempts, "first\nsecond\n");
 }

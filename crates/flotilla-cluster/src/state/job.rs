@@ -427,6 +427,12 @@ impl Job {
     /// Marks a task `Done`; successors with no unmet predecessor become `Ready`.
     pub(crate) fn mark_done(&mut self, t: TaskId, out: &mut Vec<Command>) {
         self.set_state(t, TaskState::Done, None, out);
+        // What was said of an earlier attempt (a failure retried, a lost worker) no longer
+        // holds: a done task's table row read "exit 1 (retry 1 of 3 …)". Its attempts count
+        // and the job's retries keep the history.
+        if let Some(ext) = &mut self.tasks[t.index()].ext {
+            ext.message = None;
+        }
         let n = self.graph.succs(t).len();
         for k in 0..n {
             let s = self.graph.succs(t)[k];

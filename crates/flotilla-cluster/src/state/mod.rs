@@ -533,7 +533,7 @@ pub enum Event {
         /// The worker's hardware class (to record its time in the model when it finishes).
         hw_class: String,
     },
-    /// Credits handed to a tenant (J): `flotilla admin tenant add NAME --credits C`.
+    /// Credits handed to a tenant (J): `flotilla admin tenant add NAME --credits C`, then `tenant set NAME --grant C`.
     CreditsGranted {
         /// The tenant.
         tenant: String,

@@ -690,7 +690,10 @@ impl Coordinator {
             total: j.len() as u64,
             retries: j.retries,
             makespan_s: makespan(j, self.now()),
-            waiting: self.held_back(j).or_else(|| never_fits.clone()),
+            waiting: self
+                .held_back(j)
+                .or_else(|| self.unserved_job(j))
+                .or_else(|| never_fits.clone()),
             pool: self.pool_status(j),
             eta_s: self.eta(j),
             never_fits,
@@ -702,7 +705,25 @@ impl Coordinator {
         if !j.is_active() {
             return None;
         }
-        self.held_back(j).or_else(|| self.never_fits(j))
+        self.held_back(j)
+            .or_else(|| self.unserved_job(j))
+            .or_else(|| self.never_fits(j))
+    }
+
+    /// A ready task of `j` that the connected workers could hold but may not run by the
+    /// pool's rules (its providers ran it already, their prices, trusted-only, no `[pool]`
+    /// section), and why; the first [`NEVER_FITS_CLASSES`] classes with ready tasks, as
+    /// [`Coordinator::never_fits`].
+    fn unserved_job(&self, j: &Job) -> Option<String> {
+        if !j.is_active() {
+            return None;
+        }
+        j.class_order
+            .iter()
+            .filter_map(|&c| j.classes.get(c))
+            .filter_map(|c| c.ready.first())
+            .take(NEVER_FITS_CLASSES)
+            .find_map(|&t| self.unserved(j, TaskId::new(t)))
     }
 
     /// What holds a running job's ready tasks back, other than their size: its tenant's

@@ -710,10 +710,84 @@ impl Coordinator {
             )),
             Refusal::Credits => Some(format!(
                 "paused: tenant {tenant:?} has too few credits for its next task; an admin \
-                 grants more (`flotilla admin tenant add NAME --credits C`)"
+                 grants more (`flotilla admin tenant set {tenant} --grant C`)"
             )),
             Refusal::None | Refusal::Other => None,
         };
+    }
+
+    /// Why no connected worker that could hold task `t` of `j` may run it (the pool's
+    /// rules, not room): `None` when one may, or none could hold it. A job that verified
+    /// with `verify = 2` on a pool of one provider waited for ever with no word of why.
+    pub(crate) fn unserved(&self, j: &Job, t: TaskId) -> Option<String> {
+        if j.pool.is_none() && self.provider_workers == 0 {
+            return None; // every worker is the operator's
+        }
+        let need = resources_of(j, t, None);
+        let inst = j.graph.task(t);
+        let max = j.pool.as_deref().map(|p| max_price(&p.spec));
+        let mut why: Vec<String> = Vec::new();
+        let mut say = |w: String| {
+            if !why.contains(&w) {
+                why.push(w);
+            }
+        };
+        for w in self
+            .workers
+            .values()
+            .filter(|w| !w.unavailable && w.fits_total(need))
+        {
+            let Some(provider) = w.spec.provider.as_deref() else {
+                return None; // the operator's own worker takes anything
+            };
+            let Some(p) = j.pool.as_deref() else {
+                say(
+                    "the job has no [pool] section, so only the operator's own workers run it \
+                     and only providers' workers are connected"
+                        .into(),
+                );
+                continue;
+            };
+            if p.spec.trust == Trust::TrustedOnly {
+                say("trust = \"trusted-only\": only the operator's own workers run it".into());
+            } else if inst.gang.is_some() {
+                say("a gang runs on the operator's own workers only".into());
+            } else if max.is_some_and(|m| !w.spec.price.within(&m)) {
+                say(format!(
+                    "provider {provider} asks {} (above the job's max_price)",
+                    w.spec.price
+                ));
+            } else if !self.pool.verifier.eligible(provider) {
+                say(format!(
+                    "provider {provider} gets no work (its results disagreed; see `flotilla \
+                     provider list`)"
+                ));
+            } else if p
+                .replicas
+                .get(&t)
+                .is_some_and(|rs| rs.iter().any(|r| r.provider.as_deref() == Some(provider)))
+            {
+                let k = match p.spec.verify {
+                    Verify::Quorum(k) => k.max(2),
+                    Verify::Adaptive => 2,
+                };
+                say(format!(
+                    "provider {provider} ran it already: its result is checked by {k} distinct \
+                     providers, and no other is connected"
+                ));
+            } else if p
+                .excluded
+                .get(&t)
+                .is_some_and(|l| l.iter().any(|x| x == provider))
+            {
+                say(format!(
+                    "provider {provider} disagreed with its accepted result"
+                ));
+            } else {
+                return None; // it may run there: waiting for room, not for a provider
+            }
+        }
+        (!why.is_empty()).then(|| format!("task {} waits: {}", inst.name, why.join("; ")))
     }
 
     /// The hardware classes of the live workers, each once.

@@ -147,6 +147,12 @@ fn a_job_without_a_pool_section_never_lands_on_a_provider_s_machine() {
     let (pw, _) = p.join(provider("alice", 4.0, SECOND));
     let (job, out) = p.submit("t", "[[task]]\nid = \"a\"\ncmd = [\"a\"]\n");
     assert!(assigns(&out).is_empty(), "not on {pw}");
+    // It says why it waits (it said nothing).
+    let why = p.sim.c.job_status(job).unwrap().waiting.unwrap_or_default();
+    assert!(
+        why.starts_with("task a waits: the job has no [pool] section"),
+        "{why}"
+    );
     let (own, out) = p.join(wspec(1.0, &[]));
     assert_eq!(assigns(&out)[0].0, own);
     assert_eq!(p.sim.state(job, "a"), TaskState::Assigned);
@@ -157,6 +163,53 @@ fn a_job_without_a_pool_section_never_lands_on_a_provider_s_machine() {
     );
     assert!(assigns(&out).is_empty());
     assert_eq!(p.sim.state(job2, "b"), TaskState::Ready);
+    // It waits for room on the operator's worker, not for a rule: no reason given.
+    assert_eq!(p.sim.c.job_status(job2).unwrap().waiting, None);
+    assert_eq!(p.sim.c.job_status(job).unwrap().waiting, None);
+}
+
+#[test]
+fn a_replica_with_no_other_provider_connected_says_why_it_waits() {
+    // verify = 2 on a pool of one provider: the second replica waited for ever, silently.
+    let mut p = Pooled::new();
+    p.grant(1000);
+    let (a, _) = p.join(provider("alice", 1.0, SECOND));
+    let (job, out) = p.submit("t", &pool_job(1, "verify = 2"));
+    let (w, first) = &assigns(&out)[0];
+    assert_eq!(*w, a);
+    assert_eq!(p.sim.c.job_status(job).unwrap().waiting, None, "it runs");
+    let out = p.done(a, first.task, 1, "good", 2.0);
+    assert!(assigns(&out).is_empty());
+    let why = p.sim.c.job_status(job).unwrap().waiting.unwrap_or_default();
+    assert!(
+        why.starts_with("task t[0] waits: provider alice ran it already")
+            && why.contains("2 distinct providers"),
+        "{why}"
+    );
+    // A second provider joins: the replica runs there, and the reason is gone.
+    let (b, out) = p.join(provider("bob", 1.0, SECOND));
+    assert_eq!(assigns(&out)[0].0, b);
+    assert_eq!(p.sim.c.job_status(job).unwrap().waiting, None);
+    // A price above the job's max_price is named.
+    let (job2, out) = p.submit("t", &pool_job(1, "max_price = { cpu = 1 }"));
+    assert!(assigns(&out).is_empty());
+    let why = p
+        .sim
+        .c
+        .job_status(job2)
+        .unwrap()
+        .waiting
+        .unwrap_or_default();
+    assert!(why.contains("provider alice asks cpu=3600"), "{why}");
+    let (job3, _) = p.submit("t", &pool_job(1, "trust = \"trusted-only\""));
+    let why = p
+        .sim
+        .c
+        .job_status(job3)
+        .unwrap()
+        .waiting
+        .unwrap_or_default();
+    assert!(why.contains("trust = \"trusted-only\""), "{why}");
 }
 
 #[test]

@@ -130,6 +130,17 @@ timeout = "300ms"
         msg.contains("timeout"),
         "message {msg:?} does not say timeout"
     );
+    // Its time counts: the task's wall time and its worker's busy time are the 300 ms it
+    // ran (they read 0, and the summary "busy 0 ms, utilization 0%").
+    let wall = t.usage.map_or(0.0, |u| u.wall_seconds);
+    assert!(wall >= 0.29, "wall {wall}");
+    assert_eq!(s.per_worker.len(), 1);
+    assert!(s.per_worker[0].busy_s >= 0.29, "{:?}", s.per_worker);
+    assert!(
+        text(&out.stdout).contains("1 task, busy ") && !text(&out.stdout).contains("busy 0"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@
 //! | [`Job::runnable`] | `Ready` if every predecessor is `Done`, else `Waiting` |
 //! | [`Job::undo_done`] | lineage: `Done` tasks back to `Ready`/`Waiting`, successors' `unmet` raised |
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use flotilla_core::{JobId, Staging, TaskGraph, TaskId, TaskKind, WorkerId};
 
@@ -113,6 +113,9 @@ pub(crate) struct Job {
     pub(crate) finished: Option<Millis>,
     /// Failed attempts that were retried.
     pub(crate) retries: u32,
+    /// Wall seconds of every attempt that reported an end, per worker that ran it (failed,
+    /// timed out, preempted and replicas too): the job's busy time per worker.
+    pub(crate) busy: BTreeMap<WorkerId, f64>,
     /// Transfer staging: outputs of `Done` tasks.
     pub(crate) outputs: HashMap<TaskId, Vec<ObjectRef>>,
     /// Transfer staging: workers (live or not) holding a task's outputs.
@@ -261,6 +264,7 @@ impl Job {
             submitted: now,
             finished: None,
             retries: 0,
+            busy: BTreeMap::new(),
             outputs: HashMap::new(),
             holders: HashMap::new(),
             producers,

@@ -603,17 +603,15 @@ impl Coordinator {
         } else {
             Vec::new()
         };
+        // Tasks by the worker of their latest attempt; busy time of every attempt.
         let mut shares: BTreeMap<WorkerId, (u64, f64)> = BTreeMap::new();
         for rt in &j.tasks {
             if let Some(w) = rt.worker {
-                let e = shares.entry(w).or_default();
-                e.0 += 1;
-                e.1 += rt
-                    .ext
-                    .as_ref()
-                    .and_then(|x| x.usage.as_ref())
-                    .map_or(0.0, |u| u.wall_seconds);
+                shares.entry(w).or_default().0 += 1;
             }
+        }
+        for (w, busy) in &j.busy {
+            shares.entry(*w).or_default().1 += busy;
         }
         let named: BTreeSet<WorkerId> = shares
             .keys()

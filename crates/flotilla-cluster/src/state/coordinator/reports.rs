@@ -254,6 +254,14 @@ impl Coordinator {
             .get_mut(&task.job)
             .expect("callers checked the job");
         let active = j.is_active();
+        let wall = result.usage.wall_seconds;
+        if wall.is_finite() && wall > 0.0 {
+            *j.busy.entry(ran_on).or_default() += wall;
+            if matches!(result.outcome, AttemptOutcome::Failed { .. }) {
+                // A failed (or timed-out) attempt's time is the task's time so far.
+                j.tasks[t.index()].ext().usage = Some(result.usage);
+            }
+        }
         if j.broken.remove(&(t, attempt)) {
             // Its gang broke while it ran, or an input it read was wrong: whatever it says,
             // it runs again.

@@ -231,6 +231,7 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             retract: keys.iter().skip(1).take(1).copied().collect(),
             forget: vec![job.0 + 1],
             drain: false,
+            copy: Vec::new(),
         }
         .encode_to_vec(),
     ));
@@ -284,6 +285,8 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             }],
             available: Some(false),
             leaving: false,
+            copied: Vec::new(),
+            copy_failed: Vec::new(),
         }
         .encode_to_vec(),
     ));

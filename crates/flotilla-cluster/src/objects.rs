@@ -311,6 +311,17 @@ fn blake3_file(path: &Path) -> Result<String> {
     Ok(h.finalize().to_hex().to_string())
 }
 
+/// Refuses an object whose hash is not one (it names a file in the store).
+fn check_object_hash(obj: &proto::Object) -> Result<()> {
+    if valid_hash(&obj.hash) {
+        return Ok(());
+    }
+    Err(ClusterError::Rpc(format!(
+        "bad object hash {:?} for {}",
+        obj.hash, obj.path
+    )))
+}
+
 pub(crate) fn valid_hash(h: &str) -> bool {
     h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())
 }
@@ -538,6 +549,35 @@ pub(crate) async fn fetch_to(
     std::fs::rename(tmp, dst).map_err(|e| ClusterError::io(dst, e))
 }
 
+/// Fetches the outputs of one done task from the leaving worker that holds them (`order`,
+/// [`proto::CopyOrder`]) into `store`, and keeps them as held here: reported at
+/// re-registration, forgotten with their job. The objects now held.
+pub(crate) async fn copy_in(
+    store: &ObjectStore,
+    order: &proto::CopyOrder,
+) -> Result<Vec<proto::HeldObject>> {
+    let mut held = Vec::new();
+    for input in &order.inputs {
+        let Some(obj) = &input.object else { continue };
+        check_object_hash(obj)?;
+        if !store.has(&obj.hash) {
+            let from = Remote::new(input.from.clone(), input.ticket.clone());
+            fetch_from(store, &from, (&obj.hash, obj.size), None, &input.from_cert).await?;
+        }
+        held.push(proto::HeldObject {
+            task: order.task,
+            object: Some(obj.clone()),
+        });
+    }
+    for h in &held {
+        let known = store.produced.lock().contains(h);
+        if let (false, Some(obj)) = (known, &h.object) {
+            store.note_produced(h.task, obj);
+        }
+    }
+    Ok(held)
+}
+
 /// Makes the sandbox of an attempt and puts each input at its path, fetching what is not
 /// held here from the worker that holds it (or, for an uploaded file of the job folder, from
 /// the coordinator, `coordinator`).
@@ -554,12 +594,7 @@ pub(crate) fn stage_inputs(
     std::fs::create_dir_all(&dir).map_err(|e| ClusterError::io(&dir, e))?;
     for input in &a.inputs {
         let Some(obj) = &input.object else { continue };
-        if !valid_hash(&obj.hash) {
-            return Err(ClusterError::Rpc(format!(
-                "bad object hash {:?} for {}",
-                obj.hash, obj.path
-            )));
-        }
+        check_object_hash(obj)?;
         if !store.has(&obj.hash) {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -568,8 +568,12 @@ enum Out {
     Log(proto::TaskLog),
     /// Reclaimed (`false`) or back (`true`).
     Available(bool),
-    /// The last message: the worker stops.
+    /// It leaves: once its session ends (after its outputs are copied to peers) it stops.
     Leaving,
+    /// A leaving peer's outputs of a task, fetched and held here now.
+    Copied(Vec<proto::HeldObject>),
+    /// A copy order that failed.
+    CopyFailed(TaskKey),
 }
 
 /// Threads that run task attempts: an idle one takes the next attempt, a new one is
@@ -1290,6 +1294,8 @@ fn batch(me: u32, first: Out, out_rx: &mut mpsc::UnboundedReceiver<Out>) -> prot
         Out::Log(l) => m.logs.push(l),
         Out::Available(a) => m.available = Some(a),
         Out::Leaving => m.leaving = true,
+        Out::Copied(h) => m.copied.extend(h),
+        Out::CopyFailed(k) => m.copy_failed.push(k),
     };
     add(first, &mut m);
     while m.finished.len() + m.started.len() < 4096 {
@@ -1353,6 +1359,25 @@ fn on_message(shared: &Arc<Shared>, m: proto::CoordinatorMessage) {
             }
         }
         tracing::info!(job, objects = n, "removed job forgotten");
+    }
+    for order in m.copy {
+        // A leaving peer's outputs: fetched off the session's task (they may take a while).
+        let sh = shared.clone();
+        tokio::spawn(async move {
+            let key = order.task.unwrap_or_default();
+            let done = match crate::objects::copy_in(&sh.objects, &order).await {
+                Ok(held) => Out::Copied(held),
+                Err(e) => {
+                    tracing::warn!(
+                        job = key.job,
+                        task = key.task,
+                        "copying a leaving worker's outputs: {e}"
+                    );
+                    Out::CopyFailed(key)
+                }
+            };
+            let _ = sh.out.send(done);
+        });
     }
     let cancel: Vec<Attempt> = m.cancel.iter().map(convert::task_key).collect();
     let retract: Vec<Attempt> = m.retract.iter().map(convert::task_key).collect();

@@ -8,7 +8,7 @@ mod kit;
 
 use std::time::{Duration, Instant};
 
-use kit::{assert_succeeded, job_id_of, Cluster};
+use kit::{assert_succeeded, job_id_of, wait_until, Cluster};
 
 /// A chain a → b → c: each reads its predecessor's output and appends its own line; each
 /// also writes an undeclared `scratch-<id>` that must not reach the job folder. With the
@@ -403,5 +403,64 @@ fn an_input_made_by_a_grandparent_is_staged_and_a_missing_one_is_refused_at_subm
     assert!(
         stderr.contains("task \"b\": input \"nowhere.dat\" is neither in the job folder"),
         "{stderr}"
+    );
+}
+
+/// A drained worker (a scale-down, an eviction) hands the outputs only it holds to a peer
+/// before it goes: its finished task does not run again. Here `a` can run only on w0 (2 GiB
+/// of memory) and `b` only on w1 (2 CPUs); w0 is drained while `b` waits. Before, `a` was
+/// to run again from lineage, and with w0 gone nothing could run it: the job never ended.
+#[test]
+fn a_drained_worker_hands_its_outputs_to_a_peer_and_no_task_runs_again() {
+    let mut c = Cluster::start(0, 1);
+    c.add_worker_with(1, &["--mem", "4GiB", "--grace", "1s"]);
+    c.add_worker_with(2, &["--mem", "1GiB"]);
+    c.wait_workers(2);
+    let go = c.root().join("go");
+    let job = format!(
+        "name = \"handoff\"\nstaging = \"transfer\"\n\
+         [[task]]\nid = \"a\"\nresources = {{ cpus = 1, mem = \"2GiB\" }}\n\
+         cmd = [\"sh\", \"-c\", \"echo made-once > a.txt\"]\noutputs = [\"a.txt\"]\n\
+         [[task]]\nid = \"b\"\nafter = [\"a\"]\nresources = {{ cpus = 2, mem = \"512MiB\" }}\n\
+         cmd = [\"sh\", \"-c\", \"while [ ! -e {} ]; do sleep 0.05; done; cat a.txt > b.txt\"]\n\
+         outputs = [\"b.txt\"]\n",
+        go.display()
+    );
+    let id = c.submit_toml("handoff.toml", &job);
+    c.wait_status(id, "b to run", Duration::from_secs(60), |s| {
+        s.counts.running == 1 && s.counts.done == 1
+    });
+    let out = c.cli(&["admin", "worker", "drain", "w0"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = wait_until(
+        "the drained worker to leave",
+        Duration::from_secs(60),
+        || c.worker_status(0),
+    );
+    assert!(status.success(), "it left cleanly: {status:?}");
+    std::fs::write(&go, "").unwrap();
+    let s = c.wait_job(id, Duration::from_secs(60));
+    assert_succeeded(&s);
+    let a = s.tasks.iter().find(|t| t.name == "a").unwrap();
+    assert_eq!(a.attempts, 1, "a ran once: {a:?}");
+    // Gathered from the peer that holds the copy.
+    let out = c.cli(&["wait", &id.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = c.job_dir();
+    assert_eq!(
+        std::fs::read_to_string(dir.join("a.txt")).unwrap(),
+        "made-once\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("b.txt")).unwrap(),
+        "made-once\n"
     );
 }

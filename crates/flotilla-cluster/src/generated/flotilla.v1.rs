@@ -438,9 +438,17 @@ pub struct WorkerMessage {
     /// false: reclaimed (window ended, owner back): place nothing here; true: again
     #[prost(bool, optional, tag = "6")]
     pub available: ::core::option::Option<bool>,
-    /// its last message: it stops after this (drained, SIGTERM)
+    /// it stops after this (drained, SIGTERM), once the coordinator
     #[prost(bool, tag = "7")]
     pub leaving: bool,
+    /// ends its session (after its outputs are copied to peers)
+    ///
+    /// a CopyOrder done: the task's outputs are held here now
+    #[prost(message, repeated, tag = "8")]
+    pub copied: ::prost::alloc::vec::Vec<HeldObject>,
+    /// a CopyOrder that could not be done
+    #[prost(message, repeated, tag = "9")]
+    pub copy_failed: ::prost::alloc::vec::Vec<TaskKey>,
 }
 #[derive(Clone, Copy, PartialEq, ::prost::Message)]
 pub struct Usage {
@@ -564,6 +572,18 @@ pub struct CoordinatorMessage {
     /// flotilla admin worker drain: checkpoint, give back, leave
     #[prost(bool, tag = "5")]
     pub drain: bool,
+    /// fetch these outputs of a leaving worker and hold them
+    #[prost(message, repeated, tag = "6")]
+    pub copy: ::prost::alloc::vec::Vec<CopyOrder>,
+}
+/// The outputs of a done task that only a leaving worker holds: fetch each from it (as an
+/// input is fetched), keep them, and say so (`copied`) so that the task is not run again.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct CopyOrder {
+    #[prost(message, optional, tag = "1")]
+    pub task: ::core::option::Option<TaskKey>,
+    #[prost(message, repeated, tag = "2")]
+    pub inputs: ::prost::alloc::vec::Vec<Input>,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct EnvVar {

@@ -16,7 +16,7 @@ use crate::error::{ClusterError, Result};
 use crate::journal::Journal;
 use crate::proto::{self, PROTOCOL_VERSION};
 use crate::state::JournalRecord;
-use crate::state::{self, Command, Coordinator, Event, Millis, Notification};
+use crate::state::{self, Command, Coordinator, Event, Millis, Notification, TaskRef};
 
 use super::ServerConfig;
 
@@ -244,6 +244,9 @@ pub(super) struct Core {
     /// Workers whose queue was full: declared lost at the next turn.
     overflowed: Vec<WorkerId>,
     last_seen: HashMap<WorkerId, Instant>,
+    /// Leaving workers whose outputs peers are copying before they go: per leaver, the
+    /// tasks still being copied and the peer copying each ([`Coordinator::handoff`]).
+    handoffs: HashMap<WorkerId, HashMap<TaskRef, WorkerId>>,
     watchers: HashMap<JobId, Vec<Watcher>>,
     logs_dir: PathBuf,
     /// The most bytes kept of each stream of each attempt.
@@ -824,6 +827,7 @@ impl Core {
             worker_queue: config.worker_queue.max(1),
             overflowed: Vec::new(),
             last_seen: HashMap::new(),
+            handoffs: HashMap::new(),
             watchers: HashMap::new(),
             logs_dir: config.state_dir.join("logs"),
             max_log_bytes: config.max_log_bytes,
@@ -944,6 +948,7 @@ impl Core {
                 }
                 self.apply(req, &mut cmds, &mut records, &mut after);
             }
+            self.settle_handoffs(&mut cmds, &mut records);
             for w in std::mem::take(&mut self.overflowed) {
                 self.last_seen.remove(&w);
                 self.sessions.lock().remove(&w);
@@ -1817,8 +1822,118 @@ impl Core {
             };
             self.handle(ev, cmds, records);
         }
-        if m.leaving && self.senders.remove(&worker).is_some() {
-            // It said everything: closing its commands ends its session.
+        let mut copied: Vec<TaskRef> = Vec::new();
+        for h in &m.copied {
+            let Some(k) = &h.task else { continue };
+            let (task, _) = crate::convert::task_key(k);
+            if !copied.contains(&task) {
+                copied.push(task);
+            }
+        }
+        for &task in &copied {
+            self.handle(Event::ObjectsCopied { worker, task }, cmds, records);
+        }
+        for k in &m.copy_failed {
+            let (task, _) = crate::convert::task_key(k);
+            tracing::warn!(%worker, %task, "could not copy the outputs of a leaving worker: they are rebuilt if lost");
+            copied.push(task);
+        }
+        for pending in self.handoffs.values_mut() {
+            pending.retain(|t, by| !(*by == worker && copied.contains(t)));
+        }
+        if m.leaving && self.senders.contains_key(&worker) && !self.handoffs.contains_key(&worker) {
+            // It said everything. What only it holds is copied to peers first (Dask's
+            // `retire_workers`), so that no task runs again for its going; then closing its
+            // commands ends its session (its own deadline ends it otherwise).
+            let plan = self.coord.handoff(worker);
+            if plan.is_empty() {
+                self.let_go(worker, cmds, records);
+            } else {
+                self.order_copies(worker, plan);
+            }
+        }
+    }
+
+    /// Sends each peer of `plan` its copy orders; `leaver` goes once they are done.
+    fn order_copies(&mut self, leaver: WorkerId, plan: Vec<crate::state::Handoff>) {
+        let workers = self.coord.workers_map();
+        let Some(from) = workers.get(&leaver).map(|w| w.spec.data_addr.clone()) else {
+            return;
+        };
+        let cert = self.addr_cert.get(&from).cloned().unwrap_or_default();
+        let mut orders: HashMap<WorkerId, Vec<proto::CopyOrder>> = HashMap::new();
+        let mut pending = HashMap::new();
+        for h in plan {
+            let inputs = h
+                .objects
+                .iter()
+                .map(|o| proto::Input {
+                    object: Some(proto::Object {
+                        path: o.path.clone(),
+                        hash: o.hash.clone(),
+                        size: o.size,
+                    }),
+                    from: from.clone(),
+                    ticket: self.access.ticket(leaver, &o.hash),
+                    from_cert: cert.clone(),
+                })
+                .collect();
+            self.metrics
+                .transferred_bytes
+                .inc_by(h.objects.iter().map(|o| o.size).sum());
+            orders.entry(h.to).or_default().push(proto::CopyOrder {
+                task: Some(crate::convert::key(h.task, 0)),
+                inputs,
+            });
+            pending.insert(h.task, h.to);
+        }
+        let n = pending.len();
+        for (to, copy) in orders {
+            let sent = self.senders.get(&to).is_some_and(|tx| {
+                tx.try_send(proto::CoordinatorMessage {
+                    copy,
+                    ..Default::default()
+                })
+                .is_ok()
+            });
+            if !sent {
+                pending.retain(|_, by| *by != to);
+            }
+        }
+        tracing::info!(worker = %leaver, tasks = n, "leaving: its outputs are copied to peers before it goes");
+        self.handoffs.insert(leaver, pending);
+    }
+
+    /// Leavers whose copies are done (or whose copying peers are gone) go; a leaver that
+    /// went meanwhile (its deadline) is forgotten.
+    fn settle_handoffs(&mut self, cmds: &mut Vec<Command>, records: &mut Vec<JournalRecord>) {
+        if self.handoffs.is_empty() {
+            return;
+        }
+        let senders = &self.senders;
+        self.handoffs
+            .retain(|leaver, _| senders.contains_key(leaver));
+        let mut done = Vec::new();
+        for (leaver, pending) in &mut self.handoffs {
+            pending.retain(|_, by| senders.contains_key(by));
+            if pending.is_empty() {
+                done.push(*leaver);
+            }
+        }
+        for leaver in done {
+            self.handoffs.remove(&leaver);
+            self.let_go(leaver, cmds, records);
+        }
+    }
+
+    /// Ends the session of a worker that said it leaves: closing its commands ends it.
+    fn let_go(
+        &mut self,
+        worker: WorkerId,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+    ) {
+        if self.senders.remove(&worker).is_some() {
             self.last_seen.remove(&worker);
             let ev = Event::WorkerLost {
                 worker,

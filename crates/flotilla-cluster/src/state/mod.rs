@@ -559,6 +559,29 @@ pub enum Event {
         /// The tasks to run again.
         tasks: Vec<TaskId>,
     },
+    /// Worker `worker` holds a copy of `task`'s outputs now, made as a [`Handoff`] from a
+    /// leaving worker: it is one of their holders, and the task need not run again when the
+    /// leaving worker goes. Not journaled: after a restart the copy is forgotten, and a
+    /// gather that finds the outputs lost has them rebuilt, as for any lost worker.
+    ObjectsCopied {
+        /// The worker that holds the copy.
+        worker: WorkerId,
+        /// The task whose outputs it holds.
+        task: TaskRef,
+    },
+}
+
+/// The outputs of a done task that only a leaving worker holds, and the peer to copy them
+/// to ([`Coordinator::handoff`]): the coordinator's answer to a drain, as Dask's
+/// `retire_workers` moves data before a worker goes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Handoff {
+    /// The task.
+    pub task: TaskRef,
+    /// Its outputs.
+    pub objects: Vec<ObjectRef>,
+    /// The peer that fetches them.
+    pub to: WorkerId,
 }
 
 impl Event {
@@ -808,6 +831,7 @@ impl JournalRecord {
             | Event::WorkerLost { .. }
             | Event::TaskStarted { .. }
             | Event::TaskReturned { .. }
+            | Event::ObjectsCopied { .. }
             | Event::Tick => return None,
         })
     }

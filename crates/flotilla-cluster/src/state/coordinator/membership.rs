@@ -229,6 +229,79 @@ impl Coordinator {
         }
     }
 
+    /// The outputs only worker `leaver` holds among the live workers, of done tasks of
+    /// jobs still known (transfer staging), each with the peer to copy them to: the live,
+    /// available worker other than `leaver` holding the fewest tasks' outputs (then the
+    /// lowest id), counting those this plan gives it. Empty when no peer can take them.
+    pub fn handoff(&self, leaver: WorkerId) -> Vec<super::super::Handoff> {
+        let Some(w) = self.workers.get(&leaver) else {
+            return Vec::new();
+        };
+        let mut peers: Vec<(usize, WorkerId)> = self
+            .workers
+            .values()
+            .filter(|p| p.id != leaver && !p.unavailable)
+            .map(|p| (p.holds.len(), p.id))
+            .collect();
+        if peers.is_empty() {
+            return Vec::new();
+        }
+        let mut plan = Vec::new();
+        let mut held: Vec<TaskRef> = w.holds.iter().copied().collect();
+        held.sort_unstable();
+        for tref in held {
+            let Some(j) = self.jobs.get(&tref.job) else {
+                continue;
+            };
+            let Some(objects) = j.outputs.get(&tref.task).filter(|o| !o.is_empty()) else {
+                continue;
+            };
+            if j.tasks[tref.task.index()].state != TaskState::Done {
+                continue;
+            }
+            let elsewhere = j.holders.get(&tref.task).is_some_and(|hs| {
+                hs.iter()
+                    .any(|h| *h != leaver && self.workers.contains_key(h))
+            });
+            if elsewhere {
+                continue;
+            }
+            let Some(best) = peers.iter_mut().min() else {
+                continue;
+            };
+            best.0 += 1;
+            plan.push(super::super::Handoff {
+                task: tref,
+                objects: objects.clone(),
+                to: best.1,
+            });
+        }
+        plan
+    }
+
+    /// [`Event::ObjectsCopied`]: `worker` holds `task`'s outputs (a live worker, a done task
+    /// of a job still known; anything else is stale and ignored).
+    pub(super) fn objects_copied(&mut self, worker: WorkerId, task: TaskRef) {
+        let Some(j) = self.jobs.get_mut(&task.job) else {
+            return;
+        };
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return;
+        };
+        let done = j
+            .tasks
+            .get(task.task.index())
+            .is_some_and(|rt| rt.state == TaskState::Done);
+        if !done || j.outputs.get(&task.task).is_none_or(|o| o.is_empty()) {
+            return;
+        }
+        let hs = j.holders.entry(task.task).or_default();
+        if !hs.contains(&worker) {
+            hs.push(worker);
+        }
+        w.holds.insert(task);
+    }
+
     pub(super) fn has_live_holder(&self, job: JobId, t: TaskId) -> bool {
         self.jobs[&job]
             .holders

@@ -622,6 +622,10 @@ impl Coordinator {
                 self.now = now;
             }
             Event::Tick => self.now = now,
+            Event::ObjectsCopied { worker, task } => {
+                self.objects_copied(worker, task);
+                self.now = now;
+            }
             Event::JobReopened { job, tasks } => {
                 self.reopen(job, &tasks, out)?;
                 self.now = now;

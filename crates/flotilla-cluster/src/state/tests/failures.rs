@@ -252,6 +252,87 @@ cmd = ["l"]
 }
 
 #[test]
+fn a_leaving_worker_s_sole_outputs_are_handed_to_a_peer_and_nothing_reruns() {
+    // A drained or scaled-down worker took the only copy of its outputs with it: each such
+    // task ran again. Now the coordinator plans a copy to a peer first.
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        r#"
+staging = "transfer"
+[[task]]
+id = "made"
+cmd = ["m"]
+outputs = ["m.out"]
+[[task]]
+id = "quiet"
+cmd = ["q"]
+[[task]]
+id = "last"
+after = ["made"]
+cmd = ["l"]
+outputs = ["l.out"]
+"#,
+    );
+    let (w1, _) = sim.join(wspec(2.0, &[]));
+    let (made, quiet) = (sim.tref(job, "made"), sim.tref(job, "quiet"));
+    let m_out = vec![obj("m.out", 5)];
+    sim.finish_with(
+        w1,
+        made,
+        1,
+        AttemptOutcome::Succeeded,
+        m_out.clone(),
+        None,
+        1.0,
+    );
+    sim.finish(w1, quiet, 1, AttemptOutcome::Succeeded);
+    // No peer yet: nothing to plan.
+    assert!(sim.c.handoff(w1).is_empty());
+    let (w2, _) = sim.join(wspec(1.0, &[]));
+    let (w3, _) = sim.join(wspec(1.0, &[]));
+    // w3 is leaving too (reclaimed): not a peer to copy to.
+    sim.ev(Event::WorkerAvailability {
+        worker: w3,
+        available: false,
+    });
+    sim.ev(Event::WorkerAvailability {
+        worker: w1,
+        available: false,
+    });
+    let plan = sim.c.handoff(w1);
+    assert_eq!(
+        plan,
+        vec![Handoff {
+            task: made,
+            objects: m_out,
+            to: w2
+        }],
+        "only the task with outputs, to the available peer"
+    );
+    sim.ev(Event::ObjectsCopied {
+        worker: w2,
+        task: made,
+    });
+    assert!(sim.c.handoff(w1).is_empty(), "held elsewhere now");
+    let out = sim.ev(Event::WorkerLost {
+        worker: w1,
+        reason: "it left".into(),
+    });
+    assert!(
+        !notified(&out).iter().any(|(t, _)| *t == made),
+        "made is not run again: {:?}",
+        notified(&out)
+    );
+    assert_eq!(sim.state(job, "made"), TaskState::Done);
+    assert_eq!(sim.state(job, "quiet"), TaskState::Done);
+    // Stale copies (a worker gone, a job removed) change nothing.
+    sim.ev(Event::ObjectsCopied {
+        worker: w1,
+        task: made,
+    });
+}
+
+#[test]
 fn lost_outputs_are_rebuilt_from_lineage() {
     let mut sim = Sim::new(0);
     let (job, _) = sim.submit(

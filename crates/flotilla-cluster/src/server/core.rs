@@ -1,6 +1,6 @@
 //! The core: the one thread that owns the coordinator's state machine and the journal.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -1822,24 +1822,8 @@ impl Core {
             };
             self.handle(ev, cmds, records);
         }
-        let mut copied: Vec<TaskRef> = Vec::new();
-        for h in &m.copied {
-            let Some(k) = &h.task else { continue };
-            let (task, _) = crate::convert::task_key(k);
-            if !copied.contains(&task) {
-                copied.push(task);
-            }
-        }
-        for &task in &copied {
-            self.handle(Event::ObjectsCopied { worker, task }, cmds, records);
-        }
-        for k in &m.copy_failed {
-            let (task, _) = crate::convert::task_key(k);
-            tracing::warn!(%worker, %task, "could not copy the outputs of a leaving worker: they are rebuilt if lost");
-            copied.push(task);
-        }
-        for pending in self.handoffs.values_mut() {
-            pending.retain(|t, by| !(*by == worker && copied.contains(t)));
+        if !m.copied.is_empty() || !m.copy_failed.is_empty() {
+            self.on_copies(worker, &m.copied, &m.copy_failed, cmds, records);
         }
         if m.leaving && self.senders.contains_key(&worker) && !self.handoffs.contains_key(&worker) {
             // It said everything. What only it holds is copied to peers first (Dask's
@@ -1851,6 +1835,42 @@ impl Core {
             } else {
                 self.order_copies(worker, plan);
             }
+        }
+    }
+
+    /// A peer's reports on its copy orders: each copy ordered of it makes it a holder of the
+    /// task's outputs (a worker cannot claim outputs it was not asked to copy); failures are
+    /// left to lineage. Leavers whose copies are all done go at the end of the turn.
+    fn on_copies(
+        &mut self,
+        worker: WorkerId,
+        copied: &[proto::HeldObject],
+        failed: &[proto::TaskKey],
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+    ) {
+        let ordered = |handoffs: &HashMap<WorkerId, HashMap<TaskRef, WorkerId>>, t: &TaskRef| {
+            handoffs.values().any(|p| p.get(t) == Some(&worker))
+        };
+        let done: HashSet<TaskRef> = copied
+            .iter()
+            .filter_map(|h| h.task.as_ref())
+            .map(|k| crate::convert::task_key(k).0)
+            .filter(|t| ordered(&self.handoffs, t))
+            .collect();
+        for &task in &done {
+            self.handle(Event::ObjectsCopied { worker, task }, cmds, records);
+        }
+        let gave_up: HashSet<TaskRef> = failed
+            .iter()
+            .map(|k| crate::convert::task_key(k).0)
+            .filter(|t| ordered(&self.handoffs, t))
+            .collect();
+        if !gave_up.is_empty() {
+            tracing::warn!(%worker, tasks = gave_up.len(), "could not copy a leaving worker's outputs: they are rebuilt if lost");
+        }
+        for pending in self.handoffs.values_mut() {
+            pending.retain(|t, by| !(*by == worker && (done.contains(t) || gave_up.contains(t))));
         }
     }
 

@@ -61,6 +61,9 @@ pub(crate) struct TaskExt {
     pub(crate) message: Option<String>,
     /// Why it was placed where it was, unless it was a plain eager placement.
     pub(crate) reason: Option<Placement>,
+    /// The worker `reason` placed it on (a later attempt elsewhere, or a replica's result
+    /// accepted from another worker, makes it stale).
+    pub(crate) reason_worker: Option<WorkerId>,
     /// The checkpoint its last preempted attempt left (transfer staging).
     pub(crate) resume: Vec<ObjectRef>,
 }

@@ -897,8 +897,16 @@ impl Coordinator {
     /// The placement reason kept for a task (tests and status).
     pub(crate) fn reason_of(&self, job: &Job, t: TaskId) -> Option<Placement> {
         let rt = &job.tasks[t.index()];
-        if let Some(r) = rt.ext.as_ref().and_then(|e| e.reason.clone()) {
-            return Some(r);
+        if matches!(
+            rt.state,
+            TaskState::Waiting | TaskState::Ready | TaskState::Backoff
+        ) {
+            return None; // not placed now: an earlier attempt's reason would mislead
+        }
+        if let Some(e) = rt.ext.as_ref().filter(|e| e.reason.is_some()) {
+            // Only for the worker it placed the task on (a replica's result may be accepted
+            // from another worker than the last one placed).
+            return e.reason.clone().filter(|_| e.reason_worker == rt.worker);
         }
         rt.worker.filter(|_| rt.attempt > 0).map(|w| Placement {
             policy: "eager".into(),

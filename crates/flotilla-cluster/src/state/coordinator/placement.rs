@@ -454,7 +454,9 @@ impl Coordinator {
             .unwrap_or_default();
         let attempt = rt.attempt;
         if d.reason.policy != "eager" {
-            rt.ext().reason = Some(d.reason.clone());
+            let e = rt.ext();
+            e.reason = Some(d.reason.clone());
+            e.reason_worker = Some(w.id);
         } else if let Some(e) = rt.ext.as_mut() {
             e.reason = None;
         }

@@ -248,6 +248,16 @@ fn quorum_two_runs_on_two_providers_pays_both_and_charges_the_consumer_once_each
     assert_eq!(p.sim.c.ledger().total(), Credits::whole(1000));
     let s = p.sim.c.job_status(job).unwrap();
     assert_eq!(s.tasks[0].cost, Some(5.0));
+    // The placement shown is that of the worker the task is shown on (it described the
+    // second replica's provider while the first's result was the one accepted).
+    let shown = &s.tasks[0];
+    if let Some(r) = &shown.placement {
+        let provider = shown.provider.clone().unwrap_or_default();
+        assert!(
+            r.why.contains(&format!("provider {provider}")),
+            "{r:?} on {provider}"
+        );
+    }
     assert_eq!(s.pool.as_ref().unwrap().spent, 5.0);
     // A duplicate report changes nothing.
     p.done(*w2, t, 2, "good", 3.0);

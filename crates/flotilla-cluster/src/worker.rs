@@ -895,10 +895,14 @@ impl Owner {
 /// Runs a worker until `shutdown` turns true: connects (retrying while the coordinator is
 /// unreachable), registers, runs tasks, reconnects after a broken session.
 pub fn run_worker(
-    config: WorkerConfig,
+    mut config: WorkerConfig,
     mut shutdown: watch::Receiver<bool>,
 ) -> crate::Boxed<'static, Result<()>> {
     crate::boxed(async move {
+        // Absolute: sandboxes enter their folders from elsewhere (a relative `--work-dir`
+        // failed every sandboxed task with "open_tree wa/sandbox/...: No such file").
+        config.work_dir = std::path::absolute(&config.work_dir)
+            .map_err(|e| ClusterError::io(&config.work_dir, e))?;
         let ledger = config.ledger()?;
         // The work folder first: the sandbox holder is checked with a task entering it.
         std::fs::create_dir_all(&config.work_dir)

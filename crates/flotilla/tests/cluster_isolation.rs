@@ -421,3 +421,35 @@ fn a_worker_of_the_same_name_leaves_the_running_tasks_of_another_alone() {
     assert_eq!(s.tasks[0].failures, 0, "the first attempt was broken");
     assert_eq!(s.tasks[0].attempts, 1);
 }
+
+/// A worker started with a relative `--work-dir` (as a user types it): every sandboxed task
+/// failed with "flotilla-enter: open_tree wa/sandbox/…: No such file or directory", the
+/// sandbox resolving the folder from elsewhere. The folder is made absolute at start.
+#[test]
+fn a_worker_with_a_relative_work_dir_runs_sandboxed_transfer_tasks() {
+    if !sandbox_or_skip() {
+        return;
+    }
+    let c = Cluster::start(0, 1);
+    let here = c.root().join("cwd");
+    std::fs::create_dir_all(&here).unwrap();
+    let mut cmd = std::process::Command::new(kit::BIN);
+    cmd.args(["worker", "--server", &c.addr.to_string(), "--cpus", "1"])
+        .args(["--gpus", "none", "--name", "rel", "--isolation", "required"])
+        .args(["--work-dir", "wa"])
+        .current_dir(&here)
+        .env("FLOTILLA_TOKEN", &c.token)
+        .env_remove("FLOTILLA_SERVER");
+    let (_worker, _lines) = kit::spawn_logged(cmd, "rel");
+    c.wait_workers(1);
+    let id = c.submit_toml(
+        "rel.toml",
+        "name = \"rel\"\nstaging = \"transfer\"\n[[task]]\nid = \"t\"\n\
+         cmd = [\"sh\", \"-c\", \"echo ok > out.txt\"]\noutputs = [\"out.txt\"]\n",
+    );
+    kit::assert_succeeded(&c.wait_job(id, Duration::from_secs(60)));
+    assert!(
+        here.join("wa").join("objects").is_dir(),
+        "its folder is where it was started"
+    );
+}

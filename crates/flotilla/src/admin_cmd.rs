@@ -72,7 +72,8 @@ pub(crate) struct GroupRemoveArgs {
 pub(crate) enum WorkerCmd {
     /// Drain a worker (by name or id): nothing more is placed on it; its running tasks get
     /// SIGTERM and its grace period to write their checkpoints, which are kept off the
-    /// machine; they resume on other workers (no retry counted) and the worker leaves.
+    /// machine; they resume on other workers (no retry counted); the outputs only it holds
+    /// are copied to other workers; then it leaves.
     Drain(WorkerDrainArgs),
 }
 
@@ -329,13 +330,14 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
         }
         AdminCmd::Worker(WorkerCmd::Drain(a)) => {
             let ids = a.remote.client().await?.worker_drain(&a.name).await?;
-            let (whose, leave) = if ids.len() == 1 {
-                ("its", "it leaves")
+            let (whose, only, leave) = if ids.len() == 1 {
+                ("its", "only it holds", "it leaves")
             } else {
-                ("their", "they leave")
+                ("their", "only they hold", "they leave")
             };
             outln!(
-                "draining {}: {whose} tasks checkpoint and move; {leave}",
+                "draining {}: {whose} tasks checkpoint and move, the outputs {only} are \
+                 copied to other workers; then {leave}",
                 ids.join(", ")
             );
         }

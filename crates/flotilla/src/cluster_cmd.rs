@@ -1024,7 +1024,9 @@ async fn gather_if_transfer(client: &mut Client, status: &JobStatus, ok: bool) -
         .await
         .with_context(|| format!("gathering the outputs of {job} into {dir}"))?;
     let bytes: u64 = got.iter().map(|o| o.size).sum();
-    eprintln!("gathered {} outputs ({bytes} bytes) into {dir}", got.len());
+    let n = got.len();
+    let s = if n == 1 { "" } else { "s" };
+    eprintln!("gathered {n} output{s} ({bytes} bytes) into {dir}");
     Ok(())
 }
 

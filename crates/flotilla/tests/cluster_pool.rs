@@ -380,7 +380,7 @@ fn a_drained_provider_s_task_resumes_elsewhere_from_its_checkpoint() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("its tasks checkpoint and move; it leaves"),
+        String::from_utf8_lossy(&out.stdout).contains("its tasks checkpoint and move, the outputs only it holds are copied to other workers; then it leaves"),
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );

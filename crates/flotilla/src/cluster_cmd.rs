@@ -675,9 +675,15 @@ enum Progress {
     Stderr,
 }
 
-/// Follows a job with a progress bar (or plain lines when stdout is not a terminal);
-/// returns whether it succeeded.
-async fn follow(client: &mut Client, job: JobId, label: &str, to: Progress) -> Result<bool> {
+/// Follows a job with a progress bar (or plain lines when stdout is not a terminal), and
+/// with `explain` why it waits when it does; returns whether it succeeded.
+async fn follow(
+    client: &mut Client,
+    job: JobId,
+    label: &str,
+    to: Progress,
+    explain: bool,
+) -> Result<bool> {
     let tty = to == Progress::Stdout && std::io::stdout().is_terminal();
     let bar = if tty {
         let b = ProgressBar::new(0);
@@ -697,6 +703,17 @@ async fn follow(client: &mut Client, job: JobId, label: &str, to: Progress) -> R
     let mut last_line = Instant::now() - Duration::from_secs(10);
     // The first failure to write progress (stdout closed under us); the wait goes on to the end.
     let mut shown: Result<()> = Ok(());
+    // Why the job waits, when it does (a quota, a pool's rule, a task no worker fits): no
+    // event comes while it is held, so a look every two seconds says it.
+    let held = explain.then(|| {
+        tokio::spawn(show_waiting(
+            client.clone(),
+            job,
+            label.to_string(),
+            to,
+            bar.clone(),
+        ))
+    });
     let finished = client
         .wait(job, |ev: &proto::JobEvent| {
             if let Some(b) = &bar {
@@ -723,12 +740,47 @@ async fn follow(client: &mut Client, job: JobId, label: &str, to: Progress) -> R
                 }
             }
         })
-        .await?;
+        .await;
+    if let Some(h) = held {
+        h.abort();
+    }
+    let finished = finished?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     shown?;
     Ok(finished.succeeded())
+}
+
+/// Shows why job `job` waits each time that changes (the bar's message, or a line), as
+/// [`follow`] shows its progress; until aborted.
+async fn show_waiting(
+    mut client: Client,
+    job: JobId,
+    label: String,
+    to: Progress,
+    bar: Option<ProgressBar>,
+) {
+    let mut said: Option<String> = None;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let Ok(s) = client.job_status_range(job, 0, Some(0)).await else {
+            continue;
+        };
+        if s.waiting == said {
+            continue;
+        }
+        said = s.waiting;
+        match (&bar, &said) {
+            (Some(b), Some(why)) => b.set_message(format!("waiting: {why}")),
+            (Some(b), None) => b.set_message(""),
+            (None, Some(why)) if to == Progress::Stderr => eprintln!("{label}: waiting: {why}"),
+            (None, Some(why)) => {
+                let _ = crate::out::write(format_args!("{label}: waiting: {why}"), true);
+            }
+            (None, None) => {}
+        }
+    }
 }
 
 fn fmt_secs(s: f64) -> String {
@@ -975,7 +1027,8 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     // The local worker is the only one there will be: a task larger than it offers would
     // wait forever. A watch cancels the job when one appears, and says which.
     let never = tokio::spawn(watch_never_fits(remote.clone(), submitted.job));
-    let ok = follow(&mut client, submitted.job, &label, to).await?;
+    // No waiting reasons: its one worker is the machine (a task too large is cancelled).
+    let ok = follow(&mut client, submitted.job, &label, to, false).await?;
     never.abort();
     let too_large = never.await.ok().flatten();
     let status = client.job_status(submitted.job).await?;
@@ -1059,7 +1112,7 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     );
     let mut ok = true;
     if a.wait {
-        ok = follow(&mut client, s.job, &s.name, Progress::Stdout).await?;
+        ok = follow(&mut client, s.job, &s.name, Progress::Stdout, true).await?;
         // The summary names failed tasks and why, even those that failed before the event
         // stream was opened (the stream does not replay them).
         let status = client.job_status(s.job).await?;
@@ -1204,7 +1257,7 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
 pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let job = JobId::new(a.job);
-    let ok = follow(&mut client, job, &format!("{job}"), Progress::Stdout).await?;
+    let ok = follow(&mut client, job, &format!("{job}"), Progress::Stdout, true).await?;
     let status = client.job_status(job).await?;
     summarize(&mut client, &status).await?;
     gather_if_transfer(&mut client, &status, ok).await?;

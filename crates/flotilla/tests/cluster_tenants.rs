@@ -152,6 +152,29 @@ fn a_quota_changed_on_a_live_coordinator_lets_held_work_start() {
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cols[1..4], ["second", "q", "waiting"], "{row}");
 
+    // `flotilla wait` on it says why it waits (it printed only "0/1 tasks done").
+    let mut waiter = c
+        .cli_command(&["wait", &b.0.to_string()], &q)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = waiter.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let said = lines
+        .iter()
+        .find(|l| l.contains("waiting: "))
+        .expect("a line that says why it waits");
+    assert!(said.contains("running_jobs quota"), "{said}");
+
     let out = c.cli(&["admin", "tenant", "set", "q", "--running-jobs", "none"]);
     assert!(
         out.status.success(),
@@ -164,6 +187,10 @@ fn a_quota_changed_on_a_live_coordinator_lets_held_work_start() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert_succeeded(&c.wait_job(b, Duration::from_secs(60)));
+    assert!(
+        waiter.wait().unwrap().success(),
+        "the wait ends with the job"
+    );
     let s = c.status(a).unwrap();
     assert!(s.finished_state().is_none(), "the first job still runs");
     std::fs::write(dir.join("go"), "").unwrap();

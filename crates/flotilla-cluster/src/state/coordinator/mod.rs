@@ -440,6 +440,14 @@ impl Coordinator {
         let now = now.max(self.now);
         // This event's commands start here (the pool's sweep reads its state changes).
         let mark = out.len();
+        if let Event::TaskStarted { task, .. }
+        | Event::TaskFinished { task, .. }
+        | Event::TaskReturned { task, .. } = &event
+        {
+            if self.removed(task.job) {
+                return Ok(()); // a report a worker re-sent for a job since removed
+            }
+        }
         match event {
             Event::JobSubmitted {
                 job,
@@ -560,9 +568,6 @@ impl Coordinator {
                 task,
                 attempt,
             } => {
-                if self.removed(task.job) {
-                    return Ok(()); // a report a worker re-sent for a job since removed
-                }
                 self.check_task(task)?;
                 if !self.workers.contains_key(&worker) {
                     return self.stale_or_unknown(worker);
@@ -583,9 +588,6 @@ impl Coordinator {
                 attempt,
                 result,
             } => {
-                if self.removed(task.job) {
-                    return Ok(()); // a report a worker re-sent for a job since removed
-                }
                 self.check_task(task)?;
                 let ghost = self.ghosts.get(&task).is_some_and(|g| g.attempt == attempt);
                 if !ghost && !self.workers.contains_key(&worker) {
@@ -599,9 +601,6 @@ impl Coordinator {
                 task,
                 attempt,
             } => {
-                if self.removed(task.job) {
-                    return Ok(()); // a report a worker re-sent for a job since removed
-                }
                 self.check_task(task)?;
                 if !self.workers.contains_key(&worker) {
                     return self.stale_or_unknown(worker);

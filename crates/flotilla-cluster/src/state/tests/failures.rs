@@ -325,7 +325,7 @@ outputs = ["l.out"]
     );
     assert_eq!(sim.state(job, "made"), TaskState::Done);
     assert_eq!(sim.state(job, "quiet"), TaskState::Done);
-    // Stale copies (a worker gone, a job removed) change nothing.
+    // A stale copy (of a worker gone) is ignored, not refused as an error.
     sim.ev(Event::ObjectsCopied {
         worker: w1,
         task: made,

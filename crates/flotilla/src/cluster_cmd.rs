@@ -4,6 +4,7 @@
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -625,9 +626,14 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
 }
 
 /// For `flotilla run`: once the local worker has registered, checks the job every second
-/// and cancels it when a ready task fits no worker even idle; returns why. Ends with the
-/// job (the caller aborts it then).
-async fn watch_never_fits(remote: Remote, job: JobId) -> Option<String> {
+/// and cancels it when a ready task fits no worker even idle, having put why in
+/// `why_cancelled` first (the caller aborts this watch when the job ends, which may be
+/// before this returns). Ends with the job.
+async fn watch_never_fits(
+    remote: Remote,
+    job: JobId,
+    why_cancelled: Arc<OnceLock<String>>,
+) -> Option<()> {
     let mut client = Client::connect(&remote).await.ok()?;
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -642,8 +648,11 @@ async fn watch_never_fits(remote: Remote, job: JobId) -> Option<String> {
             return None;
         }
         if let Some(why) = &j.never_fits {
+            // Said before the cancel: the run's wait can end, and abort this watch, as soon
+            // as the coordinator takes the cancel.
+            let _ = why_cancelled.set(why.clone());
             client.cancel(job).await.ok()?;
-            return Some(why.clone());
+            return Some(());
         }
     }
 }
@@ -1026,14 +1035,19 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     };
     // The local worker is the only one there will be: a task larger than it offers would
     // wait forever. A watch cancels the job when one appears, and says which.
-    let never = tokio::spawn(watch_never_fits(remote.clone(), submitted.job));
+    let why_cancelled = Arc::new(OnceLock::new());
+    let never = tokio::spawn(watch_never_fits(
+        remote.clone(),
+        submitted.job,
+        why_cancelled.clone(),
+    ));
     // No waiting reasons: its one worker is the machine (a task too large is cancelled).
     let ok = follow(&mut client, submitted.job, &label, to, false).await?;
     never.abort();
-    let too_large = never.await.ok().flatten();
+    let too_large = why_cancelled.get();
     let status = client.job_status(submitted.job).await?;
     gather_if_transfer(&mut client, &status, ok).await?;
-    if let Some(why) = &too_large {
+    if let Some(why) = too_large {
         eprintln!(
             "flotilla: {why}; it can never run on this machine's worker, so the job was \
              cancelled (flotilla run has one worker: see --cpus, --gpus and --allow-network, \

@@ -496,3 +496,173 @@ async fn the_gang_rendezvous_listens_on_the_port_given() {
     server.stop();
     server.wait().await.expect("a clean stop");
 }
+
+/// A worker speaking the protocol by hand: registered, its session open.
+struct FakeWorker {
+    id: u32,
+    tx: mpsc::UnboundedSender<proto::WorkerMessage>,
+    rx: tonic::Streaming<proto::CoordinatorMessage>,
+}
+
+impl FakeWorker {
+    async fn join(remote: &crate::Remote, token: &str, name: &str, data_addr: &str) -> Self {
+        let reply = workers_client(remote, token)
+            .await
+            .register(proto::RegisterRequest {
+                protocol_version: proto::PROTOCOL_VERSION,
+                name: name.into(),
+                resources: Some(proto::ResourceSet {
+                    cpus: 2.0,
+                    ..Default::default()
+                }),
+                data_addr: data_addr.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("registered")
+            .into_inner();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(proto::WorkerMessage {
+            worker: reply.worker,
+            ..Default::default()
+        })
+        .expect("queued");
+        let rx = workers_client(remote, &reply.credential)
+            .await
+            .session(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+            .await
+            .expect("a session")
+            .into_inner();
+        Self {
+            id: reply.worker,
+            tx,
+            rx,
+        }
+    }
+
+    fn say(&self, m: proto::WorkerMessage) {
+        self.tx
+            .send(proto::WorkerMessage {
+                worker: self.id,
+                ..m
+            })
+            .expect("the session is open");
+    }
+
+    /// The coordinator's next message; `None` when it ended the session. (Gives up after two
+    /// minutes: a hang is a failure, not a wait for ever.)
+    async fn next(&mut self, what: &str) -> Option<proto::CoordinatorMessage> {
+        tokio::time::timeout(Duration::from_secs(120), self.rx.message())
+            .await
+            .unwrap_or_else(|_| panic!("no message came: waiting for {what}"))
+            .ok()
+            .flatten()
+    }
+}
+
+/// Only a copy the coordinator ordered of a worker makes it a holder of a leaving worker's
+/// outputs: a peer that claims, beside its own, the copy ordered of another peer (which
+/// failed) is not believed, and that output, which then no live worker holds, is rebuilt.
+/// Believing it would have a gather fetch from a worker that never had the bytes.
+#[tokio::test]
+async fn only_a_copy_ordered_of_a_worker_makes_it_a_holder() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    let mut config = ServerConfig::new(listen, dir.path().join("state"));
+    config.heartbeat_timeout = Duration::from_secs(600);
+    let server = Server::start(config).await.expect("starts");
+    let remote = crate::Remote::new(server.addr().to_string(), server.token());
+    let mut leaver = FakeWorker::join(&remote, server.token(), "aa", "127.0.0.1:9").await;
+    let mut client = crate::Client::connect(&remote).await.expect("a client");
+    let job_dir = dir.path().join("job");
+    std::fs::create_dir_all(&job_dir).expect("a job folder");
+    let text = "name = \"j\"\nstaging = \"transfer\"\n\
+                [[task]]\nid = \"first\"\noutputs = [\"first.txt\"]\ncmd = [\"true\"]\n\
+                [[task]]\nid = \"second\"\noutputs = [\"second.txt\"]\ncmd = [\"true\"]\n";
+    let job = client
+        .submit_text("job.toml", text, &job_dir.display().to_string())
+        .await
+        .expect("submitted")
+        .job;
+    // Both tasks run on the only worker, which makes their outputs.
+    let mut given = Vec::new();
+    while given.len() < 2 {
+        let m = leaver.next("the assignments").await.expect("the session");
+        given.extend(m.assign.into_iter().filter_map(|a| Some((a.task?, a.name))));
+    }
+    let object = |name: &str| proto::Object {
+        path: format!("{name}.txt"),
+        hash: "ab".repeat(32),
+        size: 3,
+    };
+    leaver.say(proto::WorkerMessage {
+        started: given.iter().map(|(k, _)| *k).collect(),
+        ..Default::default()
+    });
+    leaver.say(proto::WorkerMessage {
+        finished: given
+            .iter()
+            .map(|(k, name)| proto::TaskResult {
+                task: Some(*k),
+                usage: Some(proto::Usage::default()),
+                outputs: vec![object(name)],
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    });
+    let end = client.wait(job, |_| {}).await.expect("the job ends");
+    assert!(end.succeeded(), "{}", end.state);
+    // Two peers; the leaver goes: each peer is ordered to copy one task's outputs.
+    let bb = FakeWorker::join(&remote, server.token(), "bb", "127.0.0.1:10").await;
+    let cc = FakeWorker::join(&remote, server.token(), "cc", "127.0.0.1:11").await;
+    let mut peers = [bb, cc];
+    leaver.say(proto::WorkerMessage {
+        leaving: true,
+        ..Default::default()
+    });
+    let mut ordered = Vec::new();
+    for p in &mut peers {
+        let m = p.next("a copy order").await.expect("the session");
+        assert_eq!(m.copy.len(), 1, "{m:?}");
+        let k = m.copy[0].task.expect("a task");
+        let name = given
+            .iter()
+            .find(|(g, _)| (g.job, g.task) == (k.job, k.task))
+            .map(|(_, n)| n.clone())
+            .expect("a task of the job");
+        ordered.push((k, name));
+    }
+    let [(kept_key, kept), (claimed_key, claimed)] = [ordered[0].clone(), ordered[1].clone()];
+    // The first peer copies its own and claims the second's; the second's copy fails.
+    peers[0].say(proto::WorkerMessage {
+        copied: vec![
+            proto::HeldObject {
+                task: Some(kept_key),
+                object: Some(object(&kept)),
+            },
+            proto::HeldObject {
+                task: Some(claimed_key),
+                object: Some(object(&claimed)),
+            },
+        ],
+        ..Default::default()
+    });
+    peers[1].say(proto::WorkerMessage {
+        copy_failed: vec![claimed_key],
+        ..Default::default()
+    });
+    // Every order answered: the leaver's session ends.
+    while leaver.next("the leaver's session to end").await.is_some() {}
+    match client.outputs(job).await.expect("outputs") {
+        crate::client::Outputs::Rebuilding(why) => {
+            assert!(why.contains("1 task(s)"), "{why}");
+            assert!(why.contains(&claimed) && !why.contains(&kept), "{why}");
+        }
+        crate::client::Outputs::Ready(outs) => {
+            panic!("every output is held, by the claim it was not asked: {outs:?}")
+        }
+    }
+    server.stop();
+    server.wait().await.expect("a clean stop");
+}

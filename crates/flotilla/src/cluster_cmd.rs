@@ -651,8 +651,10 @@ async fn watch_never_fits(
             // Said before the cancel: the run's wait can end, and abort this watch, as soon
             // as the coordinator takes the cancel.
             let _ = why_cancelled.set(why.clone());
-            client.cancel(job).await.ok()?;
-            return Some(());
+            // A cancel that failed (the coordinator busy) is sent again on the next look.
+            if client.cancel(job).await.is_ok() {
+                return Some(());
+            }
         }
     }
 }

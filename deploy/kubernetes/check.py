@@ -259,6 +259,41 @@ def check_common(name, objs):
               f"{name}: {key[0]}/{key[1]} labelled app.kubernetes.io/part-of=flotilla")
 
 
+def check_coordinator_token(name, where, o, spec, objs):
+    """The coordinator mounts a token only to set its workers' pod deletion costs: its service
+    account is bound to one Role, which allows `patch` on pods and nothing else, and it runs
+    with --pod-deletion-cost (or mounts no token and runs without)."""
+    _, args = flotilla_args(spec["containers"][0])
+    wanted = "--pod-deletion-cost" in args
+    mounted = spec.get("automountServiceAccountToken") is True
+    check(mounted == wanted, f"{where}: a service account token mounted exactly when it runs with --pod-deletion-cost"
+          f" (mounted: {mounted}, flag: {wanted})")
+    if not mounted:
+        return
+    sa = spec.get("serviceAccountName")
+    check(sa not in (None, "default"), f"{where}: its own service account, not the namespace's default ({sa})")
+    accounts = [x for x in objs if x["kind"] == "ServiceAccount" and x["metadata"]["name"] == sa]
+    if check(len(accounts) == 1, f"{where}: its service account {sa} is in this render"):
+        check(accounts[0].get("automountServiceAccountToken") is False,
+              f"{name}: ServiceAccount/{sa} mounts no token unless a pod asks")
+    bindings = [b for b in objs if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                and any(x.get("kind") == "ServiceAccount" and x.get("name") == sa for x in b.get("subjects", []))]
+    check(len(bindings) == 1 and bindings[0]["kind"] == "RoleBinding",
+          f"{where}: its service account is bound to one Role of its namespace (got {len(bindings)} bindings)")
+    for b in bindings:
+        subject = [x for x in b["subjects"] if x.get("kind") == "ServiceAccount" and x.get("name") == sa][0]
+        check(subject.get("namespace") == o["metadata"].get("namespace"),
+              f"{name}: {b['kind']}/{b['metadata']['name']} binds the service account of the coordinator's namespace"
+              f" ({subject.get('namespace')})")
+        ref = b["roleRef"]
+        roles = [r for r in objs if r["kind"] == ref["kind"] and r["metadata"]["name"] == ref["name"]]
+        if check(ref["kind"] == "Role" and len(roles) == 1, f"{name}: {b['kind']}/{b['metadata']['name']} names a Role here"):
+            rules = [(tuple(r.get("apiGroups", [])), tuple(r.get("resources", [])), tuple(r.get("verbs", [])),
+                      tuple(r.get("resourceNames", []))) for r in roles[0].get("rules", [])]
+            check(rules == [(("",), ("pods",), ("patch",), ())],
+                  f"{name}: Role/{ref['name']} allows `patch` on pods and nothing else (got {rules})")
+
+
 def check_pods(name, objs, flags):
     for o, t in pod_templates(objs):
         where = f"{name}: {o['kind']}/{o['metadata']['name']}"
@@ -268,7 +303,10 @@ def check_pods(name, objs, flags):
         check(sc.get("runAsNonRoot") is True and sc.get("runAsUser", 0) != 0,
               f"{where}: pod runs as non-root (runAsUser {sc.get('runAsUser')})")
         check(sc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{where}: seccomp RuntimeDefault")
-        check(spec.get("automountServiceAccountToken") is False, f"{where}: no service account token mounted")
+        if labels.get("app.kubernetes.io/component") == "coordinator":
+            check_coordinator_token(name, where, o, spec, objs)
+        else:
+            check(spec.get("automountServiceAccountToken") is False, f"{where}: no service account token mounted")
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         claims = {c["metadata"]["name"] for c in o["spec"].get("volumeClaimTemplates", [])}
         for c in spec.get("initContainers", []) + spec["containers"]:
@@ -674,7 +712,9 @@ def check_overlay(name, objs, metrics, states):
     base, *components = name.split("+")
     kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objs)
     expected = {"Service/flotilla-coordinator", "StatefulSet/flotilla-coordinator", "Deployment/flotilla-worker-cpu",
-                "NetworkPolicy/flotilla-coordinator", "NetworkPolicy/flotilla-worker"}
+                "NetworkPolicy/flotilla-coordinator", "NetworkPolicy/flotilla-worker",
+                "ServiceAccount/flotilla-coordinator", "Role/flotilla-pod-deletion-cost",
+                "RoleBinding/flotilla-pod-deletion-cost"}
     if base == "gpu":
         expected.add("Deployment/flotilla-worker-gpu")
     if "autoscale-keda" in components:

@@ -22,6 +22,7 @@ pub mod fuzz;
 pub mod ha;
 mod idle;
 pub mod journal;
+pub mod kube;
 pub mod objects;
 pub mod proto;
 mod sandbox_watch;

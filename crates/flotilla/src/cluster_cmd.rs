@@ -181,6 +181,12 @@ pub(crate) struct ServerArgs {
     /// NetworkPolicy lists ports.
     #[arg(long, default_value_t = 0)]
     rendezvous_port: u16,
+    /// In a Kubernetes pod: set each worker pod's `controller.kubernetes.io/pod-deletion-cost`
+    /// to the attempts on it, so that a scale-down of the workers' Deployment takes idle
+    /// workers first (Kubernetes 1.22 and later). Needs `patch` on pods for the
+    /// coordinator's service account (docs/kubernetes.md).
+    #[arg(long, env = "FLOTILLA_POD_DELETION_COST", value_parser = clap::builder::FalseyValueParser::new())]
+    pod_deletion_cost: bool,
 }
 
 /// A fee between 0 and 1.
@@ -497,6 +503,10 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     cfg.max_connections_per_peer = a.max_connections_per_peer;
     cfg.http_listen = a.http_listen;
     cfg.rendezvous_port = a.rendezvous_port;
+    if a.pod_deletion_cost {
+        cfg.pod_deletion_cost =
+            Some(flotilla::cluster::kube::InCluster::from_env().context("--pod-deletion-cost")?);
+    }
     cfg.alloc_interval = flotilla::core::duration::parse_duration(&a.alloc_interval)
         .with_context(|| format!("--alloc-interval {}", a.alloc_interval))?;
     cfg.coordinator.fee_ppm = (a.fee * 1e6).round() as u32;

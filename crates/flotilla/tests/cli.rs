@@ -294,3 +294,44 @@ fn output_into_a_closed_pipe_ends_quietly() {
     let out = into_closed_pipe(&c, &["status", "no-such-job"]);
     assert!(!out.status.success(), "{out:?}");
 }
+
+/// `--pod-deletion-cost` outside a pod: the coordinator does not start, and says why.
+#[test]
+fn pod_deletion_costs_outside_a_pod_are_refused_naming_what_is_missing() {
+    let state = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--pod-deletion-cost",
+            "--state",
+        ])
+        .arg(state.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--pod-deletion-cost") && err.contains("KUBERNETES_SERVICE_HOST"),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .args([
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--pod-deletion-cost",
+            "--state",
+        ])
+        .arg(state.path())
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", "443")
+        .env("FLOTILLA_KUBE_SERVICE_ACCOUNT", state.path().join("none"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("none/namespace"), "{err}");
+}

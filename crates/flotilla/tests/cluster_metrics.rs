@@ -258,3 +258,76 @@ fn the_dashboard_exchanges_a_token_for_a_session_and_scopes_its_api() {
     assert!(c.cli(&["admin", "token", "revoke", &id]).status.success());
     assert_eq!(request(http, "/api/cluster", &carol_with).0, 401);
 }
+
+/// `flotilla server --pod-deletion-cost`, as in a pod (the Kubernetes API a fake of the
+/// test's, serving TLS with the service account's CA): each worker pod's
+/// `controller.kubernetes.io/pod-deletion-cost` is the attempts on it, so that a scale-down
+/// takes idle workers first. A worker whose pod the API does not know is left alone.
+#[test]
+fn each_worker_pods_deletion_cost_follows_the_attempts_on_it() {
+    use flotilla::cluster::kube::{fake::FakeApi, DELETION_COST};
+    let sa = tempfile::tempdir().unwrap();
+    let api = FakeApi::start(sa.path(), &["w0", "w1"]).unwrap();
+    let opts = Opts {
+        server_args: vec!["--pod-deletion-cost".into()],
+        server_env: vec![
+            ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
+            ("KUBERNETES_SERVICE_PORT".into(), api.at.port.to_string()),
+            (
+                "FLOTILLA_KUBE_SERVICE_ACCOUNT".into(),
+                sa.path().display().to_string(),
+            ),
+        ],
+        ..Opts::default()
+    };
+    let mut c = Cluster::start_with(2, 1, opts);
+    let wait = Duration::from_secs(120);
+    // The next cost set, as (pod, cost).
+    let next = || {
+        let r = api.next(wait).expect("a request to the Kubernetes API");
+        assert!(
+            r.line.starts_with("PATCH /api/v1/namespaces/ns/pods/"),
+            "{}",
+            r.line
+        );
+        assert_eq!(r.header("authorization"), Some("Bearer token"));
+        let pod = r.line.split_whitespace().nth(1).unwrap()["/api/v1/namespaces/ns/pods/".len()..]
+            .to_string();
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        let cost = body["metadata"]["annotations"][DELETION_COST]
+            .as_str()
+            .unwrap_or_else(|| panic!("no deletion cost in {}", r.body))
+            .to_string();
+        (pod, cost)
+    };
+    // Both idle: 0 each.
+    let mut idle: Vec<_> = (0..2).map(|_| next()).collect();
+    idle.sort();
+    assert_eq!(
+        idle,
+        vec![("w0".into(), "0".into()), ("w1".into(), "0".into())]
+    );
+    // One task that runs until the test lets it end: its worker's cost is 1 at once.
+    let go = c.job_dir().join("go");
+    let job = c.submit_toml(
+        "busy",
+        &format!(
+            "name = \"busy\"\n[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", \"while [ ! -e {} ]; do sleep 0.05; done\"]\n",
+            go.display()
+        ),
+    );
+    let (busy, cost) = next();
+    assert_eq!(cost, "1", "{busy}");
+    std::fs::write(&go, "").unwrap();
+    kit::assert_succeeded(&c.wait_job(job, wait));
+    // Done: back to 0, and the other worker's cost was never touched.
+    assert_eq!(next(), (busy, "0".to_string()));
+    // A worker that is no pod the API knows: asked once, then left alone.
+    let i = c.add_worker(1);
+    c.wait_workers(3);
+    assert_eq!(next(), (format!("w{i}"), "0".to_string()));
+    assert!(
+        api.next(Duration::from_secs(3)).is_none(),
+        "asked again for a pod that does not exist"
+    );
+}

@@ -89,6 +89,10 @@ pub(super) enum Req {
         shapes: Vec<(u32, crate::state::WorkerShape)>,
         reply: Reply<crate::alloc::CoreView>,
     },
+    /// Each live worker's name and the attempts on it (`--pod-deletion-cost`).
+    WorkerLoads {
+        reply: Reply<Vec<(String, usize)>>,
+    },
     Register {
         req: proto::RegisterRequest,
         /// Its id before a reconnect, when its credential proved it.
@@ -1221,6 +1225,9 @@ impl Core {
             } => self.on_register(req, (previous, offer), reply, cmds, records, after),
             Req::Model { reply } => {
                 let _ = reply.send(Ok(self.coord.model_json()));
+            }
+            Req::WorkerLoads { reply } => {
+                let _ = reply.send(Ok(self.coord.worker_loads()));
             }
             Req::AllocView { shapes, reply } => {
                 let view = crate::alloc::CoreView {

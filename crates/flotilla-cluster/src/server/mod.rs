@@ -19,11 +19,11 @@
 //! Workers send a message at least every heartbeat interval. A worker silent for the
 //! heartbeat timeout, or whose session stream closes, is declared lost.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flotilla_core::WorkerId;
 use parking_lot::Mutex;
@@ -95,6 +95,10 @@ pub struct ServerConfig {
     pub alloc_interval: Duration,
     /// The gang rendezvous's port, on the IP of `listen` (0: the kernel picks one at start).
     pub rendezvous_port: u16,
+    /// In a Kubernetes pod: set each worker pod's `controller.kubernetes.io/pod-deletion-cost`
+    /// to the attempts on it, so that a scale-down takes idle workers first
+    /// ([`crate::kube`]). `None`: not set.
+    pub pod_deletion_cost: Option<crate::kube::InCluster>,
 }
 
 /// The default for [`ServerConfig::alloc_interval`].
@@ -150,6 +154,7 @@ impl ServerConfig {
             group: None,
             alloc_interval: DEFAULT_ALLOC_INTERVAL,
             rendezvous_port: 0,
+            pod_deletion_cost: None,
         }
     }
 }
@@ -548,6 +553,15 @@ async fn serve(
         group: node.clone(),
     };
     api.send_quotas();
+    if let Some(at) = &config.pod_deletion_cost {
+        let pods = crate::kube::PodApi::open(at)
+            .map_err(|e| ClusterError::Config(format!("--pod-deletion-cost: {e}")))?;
+        tokio::spawn(deletion_costs(
+            Arc::new(pods),
+            req_tx.clone(),
+            stop_rx.clone(),
+        ));
+    }
     tokio::spawn(allocate(
         alloc,
         req_tx.clone(),
@@ -691,6 +705,80 @@ async fn allocate(
         let a = alloc.clone();
         if let Err(e) = tokio::task::spawn_blocking(move || a.round(&view)).await {
             tracing::error!("the allocator's round failed: {e}");
+        }
+    }
+}
+
+/// `--pod-deletion-cost`: every second, the attempts on each worker, set as its pod's
+/// deletion cost when [`crate::kube::CostPolicy`] says (a few requests at a time), until
+/// `stop`.
+async fn deletion_costs(
+    pods: Arc<crate::kube::PodApi>,
+    core: queue::CoreQueue,
+    stop: watch::Receiver<bool>,
+) {
+    use crate::kube::{CostPolicy, KubeError, DEFAULT_COST_GAP, DELETION_COST};
+    const AT_ONCE: usize = 8;
+    let mut policy = CostPolicy::new(DEFAULT_COST_GAP);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (done_tx, mut done_rx) =
+        mpsc::unbounded_channel::<(String, i64, std::result::Result<(), KubeError>)>();
+    let permits = Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stopped(stop.clone()) => return,
+        }
+        while let Ok((pod, cost, r)) = done_rx.try_recv() {
+            match &r {
+                Ok(()) => {
+                    if std::mem::take(&mut failing) {
+                        tracing::info!("workers' pod deletion costs are set again");
+                    }
+                    tracing::debug!(%pod, cost, "pod deletion cost set");
+                }
+                Err(e) if e.not_found() => tracing::debug!(
+                    "worker {pod} is no pod of namespace {}: its deletion cost is not set",
+                    pods.namespace()
+                ),
+                Err(e) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        let hint = if e.forbidden() {
+                            " (the coordinator's service account needs `patch` on pods: \
+                             deploy/kubernetes/base/coordinator-rbac.yaml)"
+                        } else {
+                            ""
+                        };
+                        tracing::warn!("cannot set pod {pod}'s deletion cost: {e}{hint}");
+                    }
+                }
+            }
+            policy.sent(Instant::now(), &pod, cost, &r);
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if core.try_send(Req::WorkerLoads { reply: tx }).is_err() {
+            continue; // busy or stopping: the next round
+        }
+        let Ok(Ok(loads)) = rx.await else {
+            continue;
+        };
+        // A pod's workers: one, or an old session not yet timed out beside its new one.
+        let mut by_pod: BTreeMap<String, i64> = BTreeMap::new();
+        for (name, n) in loads {
+            *by_pod.entry(name).or_default() += n as i64;
+        }
+        let costs: Vec<(String, i64)> = by_pod.into_iter().collect();
+        for (pod, cost) in policy.due(Instant::now(), &costs) {
+            let (pods, done, permits) = (pods.clone(), done_tx.clone(), permits.clone());
+            tokio::spawn(async move {
+                let Ok(_permit) = permits.acquire_owned().await else {
+                    return;
+                };
+                let r = pods.annotate(&pod, DELETION_COST, &cost.to_string()).await;
+                let _ = done.send((pod, cost, r));
+            });
         }
     }
 }

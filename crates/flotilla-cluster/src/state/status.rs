@@ -832,6 +832,15 @@ impl Coordinator {
         }
     }
 
+    /// Each live worker's name and the attempts placed on it (reserved or queued): what
+    /// taking it away would preempt (`flotilla server --pod-deletion-cost`).
+    pub fn worker_loads(&self) -> Vec<(String, usize)> {
+        self.workers_map()
+            .values()
+            .map(|w| (w.spec.name.clone(), w.slots.len()))
+            .collect()
+    }
+
     /// Every live worker, by id.
     pub fn workers(&self) -> Vec<WorkerStatus> {
         let now = self.now();

@@ -299,8 +299,9 @@ fn output_into_a_closed_pipe_ends_quietly() {
 #[test]
 fn pod_deletion_costs_outside_a_pod_are_refused_naming_what_is_missing() {
     let state = tempfile::tempdir().unwrap();
-    let out = Command::new(BIN)
-        .args([
+    let refused = |env: &[(&str, String)]| {
+        let mut cmd = Command::new(BIN);
+        cmd.args([
             "server",
             "--listen",
             "127.0.0.1:0",
@@ -308,30 +309,25 @@ fn pod_deletion_costs_outside_a_pod_are_refused_naming_what_is_missing() {
             "--state",
         ])
         .arg(state.path())
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+        .env_remove("KUBERNETES_SERVICE_HOST");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{err}");
+        err
+    };
+    let err = refused(&[]);
     assert!(
         err.contains("--pod-deletion-cost") && err.contains("KUBERNETES_SERVICE_HOST"),
         "{err}"
     );
-    let out = Command::new(BIN)
-        .args([
-            "server",
-            "--listen",
-            "127.0.0.1:0",
-            "--pod-deletion-cost",
-            "--state",
-        ])
-        .arg(state.path())
-        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-        .env("KUBERNETES_SERVICE_PORT", "443")
-        .env("FLOTILLA_KUBE_SERVICE_ACCOUNT", state.path().join("none"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let none = state.path().join("none").display().to_string();
+    let err = refused(&[
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1".into()),
+        ("KUBERNETES_SERVICE_PORT", "443".into()),
+        ("FLOTILLA_KUBE_SERVICE_ACCOUNT", none),
+    ]);
     assert!(err.contains("none/namespace"), "{err}");
 }

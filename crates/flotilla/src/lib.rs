@@ -49,6 +49,11 @@ pub use flotilla_sched as sched;
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
 
+/// docs/library.md's examples, compiled (and run where they need no GPU) as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryDoctests;
+
 /// How a worker started by this process starts its task guard (`flotilla_exec::Guard`): this
 /// binary's hidden `worker-guard` subcommand, when this process is the `flotilla` binary
 /// (not, say, a test harness linking the library).

@@ -6,6 +6,8 @@
 # (Debian's docker-registry) to push images to. Writes $DIR/kubeconfig.
 #   apt-get install etcd-server containernetworking-plugins dnsmasq-base docker-registry
 #   deploy/kubernetes/testcluster/up.sh && export KUBECONFIG=$DIR/kubeconfig
+# AUTHORIZATION_MODE=RBAC enforces the manifests' Roles (the cluster's own parts use the
+# admin token, of group system:masters); the default, AlwaysAllow, allows every request.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 DIR=${TESTCLUSTER_DIR:-/var/tmp/flotilla-testcluster}
@@ -53,7 +55,7 @@ sleep 2
 start apiserver "$B/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
   --token-auth-file="$DIR/tokens.csv" --secure-port=6443 --cert-dir="$DIR/apiserver-certs" \
   --advertise-address="$NODE_IP" --kubelet-preferred-address-types=InternalIP \
-  --service-cluster-ip-range=10.96.0.0/16 --authorization-mode=AlwaysAllow --allow-privileged=true \
+  --service-cluster-ip-range=10.96.0.0/16 --authorization-mode="${AUTHORIZATION_MODE:-AlwaysAllow}" --allow-privileged=true \
   --service-account-key-file="$DIR/sa.pub" --service-account-signing-key-file="$DIR/sa.key" \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --requestheader-client-ca-file="$DIR/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
@@ -61,8 +63,19 @@ start apiserver "$B/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
   --requestheader-extra-headers-prefix=X-Remote-Extra- --proxy-client-cert-file="$DIR/front-proxy-client.crt" \
   --proxy-client-key-file="$DIR/front-proxy-client.key" --enable-aggregator-routing=true
 for _ in $(seq 60); do kubectl get --raw /healthz >/dev/null 2>&1 && break; sleep 1; done
+# The `kubernetes` Service (10.96.0.1:443) to the API server, for pods that call the API,
+# as kube-proxy would route it (there is none here); removed by down.sh.
+nat=(-d 10.96.0.1/32 -p tcp --dport 443 -j DNAT --to-destination "$NODE_IP:6443")
+for chain in PREROUTING OUTPUT; do
+  iptables -t nat -C "$chain" "${nat[@]}" 2>/dev/null || iptables -t nat -A "$chain" "${nat[@]}"
+done
+echo "$NODE_IP" >"$DIR/logs/node-ip"
+# --root-ca-file: the service-account token Secrets then hold ca.crt, the CA of the API
+# server's self-made certificate (its SANs name the `kubernetes` Service's IP), as a pod's
+# client of the API needs (the coordinator's --pod-deletion-cost).
 start controller-manager "$B/kube-controller-manager" --kubeconfig="$DIR/kubeconfig" \
-  --service-account-private-key-file="$DIR/sa.key" --leader-elect=false --cluster-cidr=10.244.0.0/16
+  --service-account-private-key-file="$DIR/sa.key" --leader-elect=false --cluster-cidr=10.244.0.0/16 \
+  --root-ca-file="$DIR/apiserver-certs/apiserver.crt"
 start scheduler "$B/kube-scheduler" --kubeconfig="$DIR/kubeconfig" --leader-elect=false
 touch "$DIR/dns/hosts"
 start dnsmasq dnsmasq --keep-in-foreground --no-resolv --no-hosts --addn-hosts="$DIR/dns/hosts" \

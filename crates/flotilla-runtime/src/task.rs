@@ -232,8 +232,40 @@ pub struct TaskContext<'a> {
     kind: DeviceKind,
     device: Option<&'a Arc<dyn Device>>,
     buffers: Vec<Option<Arc<DeviceBuffer>>>,
-    borrowed_mut: Cell<u64>,
-    borrowed: Cell<u64>,
+    borrows: Borrows,
+}
+
+/// Which data a task context has handed out, shared or mutably: a bit each per datum, the
+/// first 64 data's in place (no allocation for most tasks), the others' in words added as
+/// they are needed.
+#[derive(Default)]
+struct Borrows {
+    /// (shared, mutable) of data 0..64.
+    first: Cell<(u64, u64)>,
+    /// (shared, mutable) of data 64.., 64 per word.
+    more: std::cell::RefCell<Vec<(u64, u64)>>,
+}
+
+impl Borrows {
+    fn get(&self, word: usize) -> (u64, u64) {
+        match word {
+            0 => self.first.get(),
+            w => self.more.borrow().get(w - 1).copied().unwrap_or((0, 0)),
+        }
+    }
+
+    fn set(&self, word: usize, v: (u64, u64)) {
+        match word {
+            0 => self.first.set(v),
+            w => {
+                let mut more = self.more.borrow_mut();
+                if more.len() < w {
+                    more.resize(w, (0, 0));
+                }
+                more[w - 1] = v;
+            }
+        }
+    }
 }
 
 impl<'a> TaskContext<'a> {
@@ -264,18 +296,23 @@ impl<'a> TaskContext<'a> {
         }
     }
     fn mark(&self, i: usize, write: bool) {
-        let bit = 1u64 << (i % 64);
-        if self.borrowed_mut.get() & bit != 0 || (write && self.borrowed.get() & bit != 0) {
+        self.cell(i); // out of range: its own panic, before any bit is kept
+        let (word, bit) = (i / 64, 1u64 << (i % 64));
+        let (shared, mutable) = self.borrows.get(word);
+        if mutable & bit != 0 || (write && shared & bit != 0) {
             panic!(
                 "codelet {}: data {i} borrowed mutably more than once, or both shared and mutably",
                 self.node.codelet.name
             );
         }
-        if write {
-            self.borrowed_mut.set(self.borrowed_mut.get() | bit);
-        } else {
-            self.borrowed.set(self.borrowed.get() | bit);
-        }
+        self.borrows.set(
+            word,
+            if write {
+                (shared, mutable | bit)
+            } else {
+                (shared | bit, mutable)
+            },
+        );
     }
     /// The host contents of data `i` (a CPU task), as a slice of `T`.
     pub fn data<T: bytemuck::Pod + Send + Sync>(&self, i: usize) -> &[T] {
@@ -618,8 +655,7 @@ pub(crate) fn run_on_cpu(reg: &Arc<Registry>, index: usize, node: Arc<TaskNode>)
         kind: DeviceKind::Cpu,
         device: None,
         buffers: Vec::new(),
-        borrowed_mut: Cell::new(0),
-        borrowed: Cell::new(0),
+        borrows: Borrows::default(),
     };
     let start = Instant::now();
     let r = call(&f, &ctx);
@@ -648,8 +684,7 @@ pub(crate) fn run_on_device(
                 kind,
                 device: Some(device),
                 buffers,
-                borrowed_mut: Cell::new(0),
-                borrowed: Cell::new(0),
+                borrows: Borrows::default(),
             };
             let start = Instant::now();
             let r = call(&f, &ctx);

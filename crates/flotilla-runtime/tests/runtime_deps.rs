@@ -241,3 +241,47 @@ fn plain_data_cannot_be_resized_through_object_mut() {
     assert!(e.contains("data_mut"), "{e}");
     assert_eq!(rt.unregister(v).unwrap(), vec![1.0f32; 8]);
 }
+
+/// A task of more than 64 data: each datum's borrows are its own (data 0 and 64 once
+/// shared one mark, and reading one then writing the other panicked as a double borrow),
+/// and borrowing one mutably twice is still refused.
+#[test]
+fn a_task_of_more_than_64_data_borrows_each_on_its_own() {
+    let rt = Runtime::builder().cpus(1).model_path(None).build().unwrap();
+    let data: Vec<_> = (0..70u64).map(|i| rt.register(vec![i])).collect();
+    let sum = Arc::new(Codelet::new("sum").cpu(|ctx| {
+        let s: u64 = (0..64).map(|i| ctx.data::<u64>(i)[0]).sum();
+        for j in 64..ctx.len() {
+            ctx.data_mut::<u64>(j)[0] += s;
+        }
+        Ok(())
+    }));
+    let mut t = rt.task(&sum);
+    for (i, d) in data.iter().enumerate() {
+        t = if i < 64 { t.read(d) } else { t.rw(d) };
+    }
+    t.submit().unwrap();
+    rt.wait_all().unwrap();
+    let twice = Arc::new(Codelet::new("twice").cpu(|ctx| {
+        let _a = ctx.data_mut::<u64>(65);
+        let _b = ctx.data_mut::<u64>(65);
+        Ok(())
+    }));
+    let mut t = rt.task(&twice);
+    for (i, d) in data.iter().enumerate() {
+        t = if i < 64 { t.read(d) } else { t.rw(d) };
+    }
+    t.submit().unwrap();
+    let err = rt.wait_all().unwrap_err().to_string();
+    assert!(
+        err.contains("data 65 borrowed mutably more than once"),
+        "{err}"
+    );
+    let s: u64 = (0..64).sum();
+    let got: Vec<u64> = data
+        .into_iter()
+        .skip(64)
+        .map(|d| rt.unregister(d).unwrap()[0])
+        .collect();
+    assert_eq!(got, (64..70).map(|j| j + s).collect::<Vec<_>>());
+}

@@ -554,13 +554,12 @@ async fn serve(
     };
     api.send_quotas();
     if let Some(at) = &config.pod_deletion_cost {
-        let pods = crate::kube::PodApi::open(at)
-            .map_err(|e| {
-                ClusterError::Config(format!(
-                    "--pod-deletion-cost: {e} (it needs the pod's service-account token \
+        let pods = crate::kube::PodApi::open(at).map_err(|e| {
+            ClusterError::Config(format!(
+                "--pod-deletion-cost: {e} (it needs the pod's service-account token \
                      mounted: automountServiceAccountToken; or drop the flag)"
-                ))
-            })?;
+            ))
+        })?;
         tokio::spawn(deletion_costs(
             Arc::new(pods),
             req_tx.clone(),

@@ -220,7 +220,9 @@ pub(crate) struct WorkerArgs {
     /// A name (default: FLOTILLA_POD_NAME in a Kubernetes pod, else the hostname).
     #[arg(long)]
     name: Option<String>,
-    /// Work directory (logs, sandboxes, held outputs).
+    /// Work directory (logs, sandboxes, held outputs). Default: a new folder in the
+    /// temporary directory, flotilla-worker-PID, removed when the worker exits; a folder given
+    /// here is kept.
     #[arg(long)]
     work_dir: Option<PathBuf>,
     /// Where to serve held outputs to other workers. Bound to every interface (0.0.0.0:7071),
@@ -619,6 +621,8 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     cfg.fault = flotilla::cluster::fault::Fault::from_env()?;
     cfg.wasm_max_time = flotilla::core::duration::parse_duration(&a.wasm_max_time)
         .with_context(|| format!("--wasm-max-time {}", a.wasm_max_time))?;
+    // The default folder is this process's own: it goes when the worker does.
+    let scratch = a.work_dir.is_none().then(|| cfg.work_dir.clone());
     if let Some(w) = a.work_dir {
         cfg.work_dir = w;
     }
@@ -631,7 +635,15 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
         interrupted().await;
         let _ = tx.send(true);
     });
-    run_worker(cfg, rx).await?;
+    let ran = run_worker(cfg, rx).await;
+    if let Some(dir) = scratch {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("removing the work folder {}: {e}", dir.display());
+            }
+        }
+    }
+    ran?;
     Ok(())
 }
 
@@ -769,7 +781,8 @@ async fn follow(
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    shown?;
+    // The job's outcome is the command's, whether or not its progress could be shown.
+    crate::out::after_outcome(shown)?;
     Ok(finished.succeeded())
 }
 
@@ -845,6 +858,28 @@ async fn failure_tails(client: &mut Client, status: &JobStatus) -> Vec<(String, 
         }
     }
     tails
+}
+
+/// How long a summary waits for the tasks being stopped when their job ended (a failure
+/// cancels the rest): their SIGTERM, the kill grace (5 s by default), and the report.
+const STOPPING_WAIT: Duration = Duration::from_secs(15);
+
+/// The status of job `job`, which has ended, once the tasks that were running or placed when
+/// it ended have stopped (at most [`STOPPING_WAIT`]): the summary then says how each task
+/// ended, not "stopping".
+async fn settled(client: &mut Client, job: JobId) -> Result<JobStatus> {
+    let until = Instant::now() + STOPPING_WAIT;
+    loop {
+        let s = client.job_status(job).await?;
+        let stopping = s.counts.running + s.counts.assigned > 0;
+        if s.state == flotilla_cluster::state::JobState::Running
+            || !stopping
+            || Instant::now() >= until
+        {
+            return Ok(s);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The summary of a job with the stderr tails of its failed tasks.
@@ -1057,7 +1092,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let ok = follow(&mut client, submitted.job, &label, to, false).await?;
     never.abort();
     let too_large = why_cancelled.get();
-    let status = client.job_status(submitted.job).await?;
+    let status = settled(&mut client, submitted.job).await?;
     gather_if_transfer(&mut client, &status, ok).await?;
     if let Some(why) = too_large {
         eprintln!(
@@ -1076,18 +1111,23 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
             path.display()
         );
     }
-    if a.json {
-        outln!("{}", serde_json::to_string(&status)?);
+    let shown = if a.json {
+        crate::out::write(format_args!("{}", serde_json::to_string(&status)?), true)
     } else {
-        summarize(&mut client, &status).await?;
-        outln!("  wall time: {}", fmt_secs(started.elapsed().as_secs_f64()));
-        outln!("  outputs in {}", job_dir.display());
-    }
+        match summarize(&mut client, &status).await {
+            Ok(()) => (|| {
+                outln!("  wall time: {}", fmt_secs(started.elapsed().as_secs_f64()));
+                outln!("  outputs in {}", job_dir.display());
+                Ok(())
+            })(),
+            e => e,
+        }
+    };
     let _ = stop_tx.send(true);
     let _ = worker.await;
     server.stop();
     server.wait().await?;
-    std::io::stdout().flush()?;
+    crate::out::after_outcome(shown.and_then(|()| crate::out::write_all(b"")))?;
     Ok(ok)
 }
 
@@ -1141,12 +1181,13 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
         ok = follow(&mut client, s.job, &s.name, Progress::Stdout, true).await?;
         // The summary names failed tasks and why, even those that failed before the event
         // stream was opened (the stream does not replay them).
-        let status = client.job_status(s.job).await?;
-        summarize(&mut client, &status).await?;
+        let status = settled(&mut client, s.job).await?;
+        let shown = summarize(&mut client, &status).await;
         gather_if_transfer(&mut client, &status, ok).await?;
+        crate::out::after_outcome(shown)?;
     }
     // The job id alone on the last line of stdout, for scripts.
-    outln!("{}", s.job.0);
+    crate::out::after_outcome(crate::out::write(format_args!("{}", s.job.0), true))?;
     Ok(ok)
 }
 
@@ -1284,9 +1325,10 @@ pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let job = JobId::new(a.job);
     let ok = follow(&mut client, job, &format!("{job}"), Progress::Stdout, true).await?;
-    let status = client.job_status(job).await?;
-    summarize(&mut client, &status).await?;
+    let status = settled(&mut client, job).await?;
+    let shown = summarize(&mut client, &status).await;
     gather_if_transfer(&mut client, &status, ok).await?;
+    crate::out::after_outcome(shown)?;
     Ok(ok)
 }
 

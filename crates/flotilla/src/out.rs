@@ -40,6 +40,16 @@ fn checked(written: io::Result<()>) -> anyhow::Result<()> {
     }
 }
 
+/// What is printed once a command's outcome is known (a job's summary after `run`, `submit
+/// --wait`, `wait`): standard output closed by its reader (`| head -1`) ends the printing, not
+/// the command, whose exit status stays the job's. Other errors pass.
+pub(crate) fn after_outcome(r: anyhow::Result<()>) -> anyhow::Result<()> {
+    match r {
+        Err(e) if is_closed(&e) => Ok(()),
+        r => r,
+    }
+}
+
 /// Whether `e` is standard output closed by its reader (see [`StdoutClosed`]).
 pub(crate) fn is_closed(e: &anyhow::Error) -> bool {
     e.downcast_ref::<StdoutClosed>().is_some()

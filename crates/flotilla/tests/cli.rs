@@ -331,3 +331,83 @@ fn pod_deletion_costs_outside_a_pod_are_refused_naming_what_is_missing() {
     ]);
     assert!(err.contains("none/namespace"), "{err}");
 }
+
+/// A failed job's commands exit 1 even when their standard output is a pipe whose reader
+/// has gone (`flotilla run job.toml | head -1`): the closed pipe ends the printing, not the
+/// outcome (they exited 0). And the summary is final: tasks stopped because the job failed
+/// show as cancelled, not "stopping".
+#[test]
+fn a_failed_jobs_exit_status_survives_a_closed_pipe_and_its_summary_is_final() {
+    let c = Cluster::start(1, 2);
+    let toml = "name = \"fails\"\n[[task]]\nid = \"bad\"\ncmd = [\"sh\", \"-c\", \"exit 3\"]\n\
+                [[task]]\nid = \"slow\"\ncmd = [\"sleep\", \"300\"]\n";
+    let file = c.job_dir().join("fails.toml");
+    std::fs::write(&file, toml).unwrap();
+    let path = file.display().to_string();
+    let out = into_closed_pipe(&c, &["submit", &path, "--wait"]);
+    assert_eq!(out.status.code(), Some(1), "submit --wait: {out:?}");
+    let job = c.submit(&file);
+    c.wait_job(job, Duration::from_secs(120));
+    let out = into_closed_pipe(&c, &["wait", &job.0.to_string()]);
+    assert_eq!(out.status.code(), Some(1), "wait: {out:?}");
+    let run = |stdout: Stdio| {
+        Command::new(BIN)
+            .args(["run", "--cpus", "2", &path])
+            .current_dir(c.job_dir())
+            .env_remove("FLOTILLA_SERVER")
+            .env("FLOTILLA_HOME", c.job_dir().join("home"))
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap()
+    };
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = run(Stdio::from(writer));
+    assert_eq!(out.status.code(), Some(1), "run: {out:?}");
+    let out = run(Stdio::piped());
+    assert_eq!(out.status.code(), Some(1), "run: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("1 cancelled, 1 failed") && !text.contains("stopping"),
+        "{text}"
+    );
+}
+
+/// A worker without `--work-dir` works in a folder of its own under the temporary
+/// directory, and removes it when it exits (SIGTERM), as it does when the coordinator
+/// refuses it at once.
+#[test]
+fn a_workers_default_work_folder_goes_with_it() {
+    let c = Cluster::start(0, 1);
+    let tmp = tempfile::tempdir().unwrap();
+    let worker = |token: &str| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["worker", "--server", &c.addr.to_string(), "--cpus", "1"])
+            .args(["--gpus", "none", "--isolation", "none", "--name", "scratch"])
+            .env("FLOTILLA_TOKEN", token)
+            .env("TMPDIR", tmp.path());
+        cmd
+    };
+    let leftovers = || std::fs::read_dir(tmp.path()).unwrap().count();
+    let (mut w, _lines) = kit::spawn_logged(worker(&c.token), "scratch");
+    c.wait_workers(1);
+    let job = c.submit_toml(
+        "hello.toml",
+        "name = \"hello\"\n[[task]]\nid = \"a\"\ncmd = [\"echo\", \"hi\"]\n",
+    );
+    kit::assert_succeeded(&c.wait_job(job, Duration::from_secs(60)));
+    assert_eq!(leftovers(), 1, "the worker's folder while it runs");
+    w.signal(libc::SIGTERM);
+    kit::wait_until("the worker to exit", Duration::from_secs(120), || {
+        w.exited().then_some(())
+    });
+    assert_eq!(leftovers(), 0, "left behind in {}", tmp.path().display());
+    let (mut w, _lines) = kit::spawn_logged(worker("not-a-token"), "refused");
+    kit::wait_until(
+        "the refused worker to exit",
+        Duration::from_secs(120),
+        || w.exited().then_some(()),
+    );
+    assert_eq!(leftovers(), 0, "left behind by a refused worker");
+}

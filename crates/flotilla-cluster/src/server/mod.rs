@@ -756,6 +756,8 @@ async fn deletion_costs(
                             ""
                         };
                         tracing::warn!("cannot set pod {pod}'s deletion cost: {e}{hint}");
+                    } else {
+                        tracing::debug!("cannot set pod {pod}'s deletion cost: {e}");
                     }
                 }
             }

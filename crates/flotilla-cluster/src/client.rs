@@ -35,7 +35,16 @@ pub struct Client {
     addr: String,
     /// Whether the connection uses TLS.
     tls: bool,
+    /// Where it connected, to connect again when the connection is lost (a coordinator
+    /// restarted, a group's leader changed): [`Client::wait`] follows a job through both.
+    remote: Remote,
+    /// How long connecting again may take.
+    patience: std::time::Duration,
 }
+
+/// How long [`Client::connect`]'s client waits for its coordinator to answer again when the
+/// connection is lost while it follows a job (a restart replays the journal first).
+pub const RECONNECT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A token just made: shown once, never stored in the clear by the coordinator.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,6 +192,8 @@ impl Client {
                 admin,
                 addr: remote.addr.clone(),
                 tls: remote.tls_ca.is_some(),
+                remote: remote.clone(),
+                patience: RECONNECT_PATIENCE,
             })
         })
     }
@@ -205,6 +216,10 @@ impl Client {
                     {
                         tokio::time::sleep(pause).await;
                         pause = (pause * 2).min(std::time::Duration::from_secs(1));
+                    }
+                    Ok(mut c) => {
+                        c.patience = c.patience.max(patience);
+                        return Ok(c);
                     }
                     r => return r,
                 }
@@ -433,25 +448,51 @@ impl Client {
     ) -> crate::Boxed<'a, Result<Finished>> {
         crate::boxed(async move {
             // The coordinator drops a watcher that falls too far behind: the stream then ends
-            // early, and watching again starts from the job's state at that moment.
+            // early, and watching again starts from the job's state at that moment. A lost
+            // connection (the coordinator restarted, stopping, or no longer the group's
+            // leader) is made again, to whichever coordinator serves, and the job watched
+            // there: the journal kept it.
             let mut rewatches = 0u32;
+            let mut lost = 0u32;
             loop {
-                let mut s = self.watch(job).await?;
                 let mut got = false;
-                while let Some(ev) = s.message().await.map_err(|e| self.rpc_err(e))? {
-                    got = true;
-                    on_event(&ev);
-                    if ev.job_finished {
-                        return Ok(Finished {
-                            state: ev.job_state,
-                        });
+                let ended = match self.watch(job).await {
+                    Ok(mut s) => loop {
+                        match s.message().await.map_err(|e| self.rpc_err(e)) {
+                            Ok(Some(ev)) => {
+                                got = true;
+                                on_event(&ev);
+                                if ev.job_finished {
+                                    return Ok(Finished {
+                                        state: ev.job_state,
+                                    });
+                                }
+                            }
+                            Ok(None) => break Ok(()),
+                            Err(e) => break Err(e),
+                        }
+                    },
+                    Err(e) => Err(e),
+                };
+                match ended {
+                    Ok(()) => {
+                        rewatches = if got { 0 } else { rewatches + 1 };
+                        if rewatches >= 3 {
+                            return Err(ClusterError::Rpc(format!(
+                                "the coordinator closed the event stream of {job} before it \
+                                 finished"
+                            )));
+                        }
                     }
-                }
-                rewatches = if got { 0 } else { rewatches + 1 };
-                if rewatches >= 3 {
-                    return Err(ClusterError::Rpc(format!(
-                        "the coordinator closed the event stream of {job} before it finished"
-                    )));
+                    Err(e) if e.is_transient() && lost < 3 => {
+                        lost = if got { 1 } else { lost + 1 };
+                        tracing::info!("following {job}: {e}; connecting again");
+                        let patience = self.patience;
+                        let remote = self.remote.clone();
+                        *self = Self::connect_patiently(&remote, patience).await?;
+                        self.patience = patience;
+                    }
+                    Err(e) => return Err(e),
                 }
             }
         })
@@ -1021,9 +1062,14 @@ pub(crate) fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> Clus
     if !tls && transport {
         // The deepest cause says what the connection saw ("frame with invalid size": TLS
         // bytes read as HTTP/2); the status's own text is a dump of the transport's types.
-        let mut root: &dyn std::error::Error = &s;
+        let mut root: &(dyn std::error::Error + 'static) = &s;
         while let Some(next) = root.source() {
             root = next;
+        }
+        // A connection that was up and broke (the coordinator killed or restarted mid-call):
+        // lost, not refused for want of TLS.
+        if let Some(lost) = lost_connection(addr, root) {
+            return lost;
         }
         // Refused: nothing listens there now (a coordinator that restarts, a port-forward
         // gone), which TLS has nothing to do with.
@@ -1048,9 +1094,36 @@ pub(crate) fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> Clus
                  pass --tls-ca with the CA certificate that signed its certificate"
             ),
         }
+    } else if transport {
+        let mut root: &(dyn std::error::Error + 'static) = &s;
+        while let Some(next) = root.source() {
+            root = next;
+        }
+        lost_connection(addr, root).unwrap_or_else(|| s.into())
     } else {
         s.into()
     }
+}
+
+/// A connection that broke under a call (its peer gone: reset, broken pipe, closed), as
+/// [`ClusterError::Unavailable`], which callers may try again.
+fn lost_connection(addr: &str, root: &(dyn std::error::Error + 'static)) -> Option<ClusterError> {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    let io = root.downcast_ref::<std::io::Error>().is_some_and(|e| {
+        matches!(
+            e.kind(),
+            BrokenPipe | ConnectionReset | ConnectionAborted | UnexpectedEof
+        )
+    });
+    let text = root.to_string().to_ascii_lowercase();
+    let said = ["broken pipe", "connection reset", "connection aborted"]
+        .iter()
+        .any(|w| text.contains(w));
+    (io || said).then(|| {
+        ClusterError::Unavailable(format!(
+            "the connection to the coordinator at {addr} was lost ({root})"
+        ))
+    })
 }
 
 /// What [`Client::alloc_queue`] does to a queue.

@@ -45,6 +45,10 @@ pub enum ClusterError {
     /// The other side answered with an error.
     #[error("{0}")]
     Rpc(String),
+    /// The server knows the token but its role may not do this (a tenant's token registering
+    /// a worker): trying again with the same token cannot help.
+    #[error("{0}")]
+    Denied(String),
     /// The peer speaks another protocol version.
     #[error("protocol version mismatch: this side speaks {ours}, the other {theirs}")]
     Version {
@@ -129,6 +133,7 @@ impl From<tonic::Status> for ClusterError {
         match s.code() {
             tonic::Code::Unauthenticated => ClusterError::Refused(s.message().to_string()),
             tonic::Code::Unavailable => ClusterError::Unavailable(s.message().to_string()),
+            tonic::Code::PermissionDenied => ClusterError::Denied(s.message().to_string()),
             _ => ClusterError::Rpc(s.message().to_string()),
         }
     }

@@ -997,7 +997,7 @@ pub fn run_worker(
                 Err(e @ ClusterError::Version { .. }) => return Err(e),
                 // The token is read once, at start: trying it again cannot help. Stopping
                 // shows the mistake (and a service manager's restart reads the token again).
-                Err(ClusterError::Refused(why)) => {
+                Err(ClusterError::Refused(why) | ClusterError::Denied(why)) => {
                     return Err(ClusterError::Config(format!(
                         "the coordinator refused this worker's token ({why}): check \
                          --token-file or FLOTILLA_TOKEN (`flotilla admin worker-token add` \

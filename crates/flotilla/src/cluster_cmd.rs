@@ -1017,14 +1017,28 @@ fn print_summary(
     Ok(())
 }
 
+/// Reads and checks a job file here, before anything starts or connects: its mistakes are
+/// named (with the path as given) whether or not a coordinator is up. With `expand`, its
+/// tasks are expanded too (`run`; a coordinator expands a submitted job itself, within its
+/// limits).
+fn check_job_file(job_path: &Path, expand: bool) -> Result<()> {
+    let text = std::fs::read_to_string(job_path)
+        .with_context(|| format!("reading {}", job_path.display()))?;
+    flotilla::core::parse_job(&text, &job_path.display().to_string())
+        .and_then(|s| {
+            s.validate()?;
+            if expand {
+                s.expand()?;
+            }
+            Ok(())
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))
+}
+
 pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let job_path = a.job.clone();
-    let text = std::fs::read_to_string(&job_path)
-        .with_context(|| format!("reading {}", job_path.display()))?;
     // Refuse a bad job file before starting anything.
-    flotilla::core::parse_job(&text, &job_path.display().to_string())
-        .and_then(|s| s.expand().map(|_| ()))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    check_job_file(&job_path, true)?;
     let job_dir = std::fs::canonicalize(&job_path)?
         .parent()
         .map(Path::to_path_buf)
@@ -1155,6 +1169,7 @@ const SUBMIT_ATTEMPTS: u32 = 5;
 pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     // One id for every attempt: a submission that was taken, but whose answer was lost (a
     // leader change, a broken connection), is answered with its job when sent again.
+    check_job_file(&a.job, false)?;
     let id = Client::new_request_id();
     let mut attempt = 1;
     let (mut client, s) = loop {

@@ -411,3 +411,31 @@ fn a_workers_default_work_folder_goes_with_it() {
     );
     assert_eq!(leftovers(), 0, "left behind by a refused worker");
 }
+
+/// `flotilla submit` checks the job file before it connects: a mistake is named at once,
+/// with the path as given, even with no coordinator up (it waited 10 s for one, then said
+/// only that none answered).
+#[test]
+fn submit_names_a_bad_job_file_before_looking_for_a_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    std::fs::write(
+        &file,
+        "name = \"x\"\n[[task]]\nid = \"a\"\ncmd = \"python3 x.py\"\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["submit", "--connect-timeout", "60s"])
+        .arg(&file)
+        .env("FLOTILLA_SERVER", "127.0.0.1:1")
+        .env("FLOTILLA_TOKEN", "x")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("{}:4", file.display())) && err.contains("cmd"),
+        "{err}"
+    );
+    assert!(!err.contains("no coordinator answered"), "{err}");
+}

@@ -365,6 +365,20 @@ fn client_with_a_wrong_token_is_refused() {
         "{}",
         text(&out.stderr)
     );
+    // A tenant's token is a token the coordinator knows, but a tenant may not register
+    // workers: the worker stops too (it retried every 2 s forever).
+    let out = c.cli(&["admin", "tenant", "add", "lab"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tenant = c.job_dir().join("tenant.token");
+    std::fs::write(&tenant, kit::last_line(&out)).unwrap();
+    let out = worker(&tenant);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("a tenant token may not register workers")
+            && text(&out.stderr).contains("the worker stops"),
+        "{}",
+        text(&out.stderr)
+    );
     let empty = c.job_dir().join("empty.token");
     std::fs::write(&empty, "\n").unwrap();
     let out = worker(&empty);

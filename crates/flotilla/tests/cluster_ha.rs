@@ -76,6 +76,13 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
     );
     let job = g.submit(&dag.write(&dir, "failover", Some("0.1")));
     let submitted = g.status(job).expect("the job's status").submitted_ms;
+    // A client following the job (`flotilla wait`) follows it onto the next leader.
+    let mut waiting = g
+        .cli_command(&["wait", &job.0.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let first = g.leader();
     let before = wait_until(
         "a quarter of the tasks done",
@@ -94,6 +101,15 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
     let took = g.kill_leader(first);
     let s = g.wait_job(job, JOB_TIMEOUT);
     assert_succeeded(&s);
+    let waited = wait_until("flotilla wait to end", JOB_TIMEOUT, || {
+        waiting.try_wait().unwrap()
+    });
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut waiting.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        waited.success(),
+        "flotilla wait across the failover: {waited}: {err}"
+    );
     assert_eq!(
         s.submitted_ms, submitted,
         "the new leader counts the job from the failover"

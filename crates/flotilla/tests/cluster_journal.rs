@@ -248,3 +248,59 @@ fn a_jobs_times_are_the_same_after_a_restart() {
         assert_eq!(c.status(running).unwrap().submitted_ms, submitted);
     }
 }
+
+/// `flotilla wait` follows a job through its coordinator stopped (SIGTERM) and started again,
+/// and through a kill (SIGKILL) and start: it connects again and ends with the job's outcome.
+/// It failed at the kill with "the server may speak TLS" (the server speaks none), and at
+/// the stop with "the coordinator is stopping".
+#[test]
+fn wait_follows_a_job_through_coordinator_restarts() {
+    use std::io::BufRead as _;
+    let mut c = Cluster::start(1, 1);
+    let go = c.job_dir().join("go");
+    let job = c.submit_toml(
+        "gated.toml",
+        &format!(
+            "name = \"gated\"\n[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", \"while [ ! -e {} ]; do sleep 0.05; done\"]\n",
+            go.display()
+        ),
+    );
+    let mut wait = c
+        .cli_command(&["wait", &job.0.to_string()], &c.token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its first progress line: it follows the job's events.
+    let stdout = wait.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let first = rx
+        .recv_timeout(WAIT)
+        .expect("a progress line from flotilla wait");
+    assert!(first.contains("0/1 tasks done"), "{first}");
+    c.stop_server();
+    c.restart_server();
+    c.kill_server();
+    c.restart_server();
+    std::fs::write(&go, "").unwrap();
+    let status = wait_until("flotilla wait to end", Duration::from_secs(180), || {
+        wait.try_wait().unwrap()
+    });
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut wait.stderr.take().unwrap(), &mut err).unwrap();
+    let out: Vec<String> = rx.try_iter().collect();
+    assert!(status.success(), "{status}: {err}\n{out:?}");
+    assert!(
+        out.iter().any(|l| l.contains("succeeded")),
+        "{out:?}\n{err}"
+    );
+    assert_succeeded(&c.wait_job(job, WAIT));
+}

@@ -151,6 +151,19 @@ impl GroupConfig {
                 )));
             }
         }
+        // Nodes on one host: a node's group port (its API port + 1) must not be another's
+        // API port (each would start, then one fail to bind once it leads).
+        for p in &peers {
+            if let Some(g) = group_addr(p) {
+                if let Some(other) = peers.iter().find(|q| **q == g) {
+                    return Err(ClusterError::Config(format!(
+                        "--peers: {other} is the group port of {p} (each node also listens on \
+                         its API port + 1): space the ports of nodes on one host at least 2 \
+                         apart, e.g. 7070, 7080, 7090"
+                    )));
+                }
+            }
+        }
         Ok(GroupConfig {
             node_id,
             peers,
@@ -1127,5 +1140,36 @@ mod status_tests {
         assert_eq!(g.leader_address(), Some("n3:7070"));
         g.node_id = 9; // not (or no longer) a member
         assert_eq!(g.leader_address(), None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(peers: &[&str]) -> String {
+        match GroupConfig::new(1, peers.iter().map(|p| p.to_string()).collect()) {
+            Ok(_) => panic!("{peers:?} was accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn peers_are_checked_before_the_group_starts() {
+        assert!(refused(&["a:1"]).contains("at least two"));
+        assert!(refused(&["a:1", "a:1"]).contains("listed twice"));
+        assert!(refused(&["a", "b:2"]).contains("not host:port"));
+        // Consecutive ports on one host: node 1's group port is node 2's API port.
+        let e = refused(&["h:7070", "h:7071", "h:7072"]);
+        assert!(e.contains("h:7071 is the group port of h:7070"), "{e}");
+        for ok in [
+            &["h:7070", "h:7072", "h:7074"][..],
+            &["a:7070", "b:7070", "c:7070"][..],
+        ] {
+            assert!(
+                GroupConfig::new(1, ok.iter().map(|p| p.to_string()).collect()).is_ok(),
+                "{ok:?}"
+            );
+        }
     }
 }

@@ -345,6 +345,13 @@ impl Group {
 
     /// Runs the CLI against the group (with `--tls-ca` last when it speaks TLS).
     pub(crate) fn cli(&self, args: &[&str]) -> Output {
+        self.cli_command(args)
+            .output()
+            .expect("the flotilla binary runs")
+    }
+
+    /// The command [`Group::cli`] runs, to start in the background.
+    pub(crate) fn cli_command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(BIN);
         cmd.args(args);
         if let Some((cert, _)) = &self.tls {
@@ -353,9 +360,8 @@ impl Group {
         cmd.current_dir(self.job_dir())
             .env("FLOTILLA_SERVER", self.list())
             .env("FLOTILLA_TOKEN", TOKEN)
-            .stdin(Stdio::null())
-            .output()
-            .expect("the flotilla binary runs")
+            .stdin(Stdio::null());
+        cmd
     }
 
     /// `flotilla submit FILE`: the job id.

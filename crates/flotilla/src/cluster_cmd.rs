@@ -34,10 +34,14 @@ pub(crate) struct RemoteArgs {
     #[arg(long)]
     pub(crate) tls_ca: Option<PathBuf>,
     /// How long to keep trying a coordinator that refuses connections (starting, or
-    /// restarting and replaying its journal), e.g. 30s; 0s tries once.
-    #[arg(long, default_value = "10s")]
-    pub(crate) connect_timeout: String,
+    /// restarting and replaying its journal), e.g. 30s; 0s tries once [default: 10s]. Not
+    /// for `flotilla worker`, which keeps trying until it is stopped.
+    #[arg(long)]
+    pub(crate) connect_timeout: Option<String>,
 }
+
+/// The default of `--connect-timeout`.
+const CONNECT_TIMEOUT: &str = "10s";
 
 impl RemoteArgs {
     pub(crate) fn remote(&self) -> Result<Remote> {
@@ -53,8 +57,9 @@ impl RemoteArgs {
     }
     pub(crate) async fn client(&self) -> Result<Client> {
         let remote = self.remote()?;
-        let patience = flotilla::core::duration::parse_duration(&self.connect_timeout)
-            .map_err(|e| anyhow::anyhow!("--connect-timeout {:?}: {e}", self.connect_timeout))?;
+        let timeout = self.connect_timeout.as_deref().unwrap_or(CONNECT_TIMEOUT);
+        let patience = flotilla::core::duration::parse_duration(timeout)
+            .map_err(|e| anyhow::anyhow!("--connect-timeout {timeout:?}: {e}"))?;
         Client::connect_patiently(&remote, patience)
             .await
             .map_err(|e| match e {
@@ -63,7 +68,7 @@ impl RemoteArgs {
                      running there? The address comes from --server or FLOTILLA_SERVER; \
                      --connect-timeout waits longer)",
                     self.server,
-                    self.connect_timeout
+                    timeout
                 ),
                 // `Tls` says what to pass, as the other errors say what went wrong.
                 e => e.into(),
@@ -552,6 +557,13 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
 }
 
 pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
+    if let Some(t) = &a.remote.connect_timeout {
+        anyhow::bail!(
+            "--connect-timeout {t}: a worker keeps trying its coordinator until it answers, \
+             and reconnects by itself after a break (stop it with SIGTERM); the flag is the \
+             clients'"
+        );
+    }
     let remote = match &a.provider_token {
         Some(file) => Remote {
             addr: a.remote.server.clone(),

@@ -524,8 +524,9 @@ cmd = ["true"]
     let array = c.cli(&["logs", &job, "talker"]);
     assert!(!array.status.success());
     assert!(
-        text(&array.stderr)
-            .contains("talker is an array: name one of its tasks, such as talker[0]"),
+        text(&array.stderr).contains(
+            "talker has several instances, an array's or a gang's: name one, such as talker[0]"
+        ),
         "{}",
         text(&array.stderr)
     );

@@ -1648,7 +1648,10 @@ impl Core {
                 // `map` for the array `map[0..N]`: name one of its tasks.
                 let first = format!("{task}[0]");
                 let hint = if self.coord.task_status(job, &first).is_some() {
-                    format!(" ({task} is an array: name one of its tasks, such as {first})")
+                    format!(
+                        " ({task} has several instances, an array's or a gang's: name one, \
+                         such as {first})"
+                    )
                 } else {
                     String::new()
                 };
@@ -1657,7 +1660,26 @@ impl Core {
                 )))
             }
             Some(t) => {
-                let (out, err) = self.log_paths(job, t.id, t.attempts);
+                // The latest attempt, unless it has not run (queued, or cancelled before it
+                // started, as when the job failed): then the latest one that wrote anything,
+                // whose output says why it ended.
+                let live = matches!(
+                    t.state,
+                    state::TaskState::Running | state::TaskState::Assigned
+                );
+                let wrote = |n: u32| {
+                    let (out, err) = self.log_paths(job, t.id, n);
+                    out.exists() || err.exists()
+                };
+                let attempt = if live || wrote(t.attempts) {
+                    t.attempts
+                } else {
+                    (1..t.attempts)
+                        .rev()
+                        .find(|&n| wrote(n))
+                        .unwrap_or(t.attempts)
+                };
+                let (out, err) = self.log_paths(job, t.id, attempt);
                 Ok(LogInfo {
                     out,
                     err,

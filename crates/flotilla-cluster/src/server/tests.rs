@@ -666,3 +666,80 @@ async fn only_a_copy_ordered_of_a_worker_makes_it_a_holder() {
     server.stop();
     server.wait().await.expect("a clean stop");
 }
+
+/// `flotilla logs` of a task whose latest attempt never ran (placed, then cancelled with its
+/// job) shows the attempt before, which ran and said why it failed; it showed the empty
+/// latest one ("wrote nothing").
+#[tokio::test]
+async fn the_logs_of_a_task_are_its_latest_attempt_that_ran() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    let mut config = ServerConfig::new(listen, dir.path().join("state"));
+    config.heartbeat_timeout = Duration::from_secs(600);
+    let server = Server::start(config).await.expect("starts");
+    let remote = crate::Remote::new(server.addr().to_string(), server.token());
+    let mut w = FakeWorker::join(&remote, server.token(), "w", "127.0.0.1:9").await;
+    let mut client = crate::Client::connect(&remote).await.expect("a client");
+    let job_dir = dir.path().join("job");
+    std::fs::create_dir_all(&job_dir).expect("a job folder");
+    let text = "name = \"j\"\n[[task]]\nid = \"t\"\nretries = 1\ncmd = [\"true\"]\n";
+    let job = client
+        .submit_text("job.toml", text, &job_dir.display().to_string())
+        .await
+        .expect("submitted")
+        .job;
+    let first = loop {
+        let m = w.next("the first attempt").await.expect("the session");
+        if let Some(k) = m.assign.first().and_then(|a| a.task) {
+            break k;
+        }
+    };
+    w.say(proto::WorkerMessage {
+        started: vec![first],
+        logs: vec![proto::TaskLog {
+            task: Some(first),
+            data: b"the first attempt's error\n".to_vec(),
+            stderr: true,
+        }],
+        ..Default::default()
+    });
+    w.say(proto::WorkerMessage {
+        finished: vec![proto::TaskResult {
+            task: Some(first),
+            outcome: proto::task_result::Outcome::Failed as i32,
+            message: "exited with code 1".into(),
+            retryable: true,
+            usage: Some(proto::Usage::default()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    // The retry is placed; the job is cancelled before it starts.
+    let second = loop {
+        let m = w.next("the retry").await.expect("the session");
+        if let Some(k) = m.assign.first().and_then(|a| a.task) {
+            break k;
+        }
+    };
+    assert_eq!(second.attempt, first.attempt + 1);
+    client.cancel(job).await.expect("cancelled");
+    w.say(proto::WorkerMessage {
+        finished: vec![proto::TaskResult {
+            task: Some(second),
+            outcome: proto::task_result::Outcome::Cancelled as i32,
+            usage: Some(proto::Usage::default()),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    let end = client.wait(job, |_| {}).await.expect("the job ends");
+    assert_eq!(end.state, "cancelled");
+    let mut stream = client.logs(job, "t", false, true).await.expect("logs");
+    let mut got = Vec::new();
+    while let Some(chunk) = stream.message().await.expect("a chunk") {
+        got.extend_from_slice(&chunk.data);
+    }
+    assert_eq!(String::from_utf8_lossy(&got), "the first attempt's error\n");
+    server.stop();
+    server.wait().await.expect("a clean stop");
+}

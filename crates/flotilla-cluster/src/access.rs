@@ -416,7 +416,7 @@ impl Access {
                     return Err(AccessError::Corrupt {
                         path: path.display().to_string(),
                         message: format!(
-                            "readable by others (mode {mode:o}): it holds the key of the \
+                            "readable by users other than its owner (mode {mode:o}): it holds the key of the \
                              workers' credentials; chmod 600 it"
                         ),
                     });
@@ -943,7 +943,11 @@ mod tests {
         let e = Access::open(dir.path(), "the-admin-token-0123456789")
             .err()
             .expect("refused");
-        assert!(e.to_string().contains("readable by others"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("readable by users other than its owner"),
+            "{e}"
+        );
     }
 
     #[test]

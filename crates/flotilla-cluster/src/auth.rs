@@ -24,7 +24,7 @@ pub fn read_admin_token_file(path: &Path) -> Result<String> {
     let mode = md.permissions().mode() & 0o777;
     if mode & 0o007 != 0 {
         return Err(ClusterError::Config(format!(
-            "{}: readable by others (mode {mode:o}): anyone who reads it controls the \
+            "{}: readable by users other than its owner (mode {mode:o}): anyone who reads it controls the \
              cluster; make it private (chmod o-rwx)",
             path.display()
         )));
@@ -48,7 +48,7 @@ pub fn load_or_create_token(state_dir: &Path) -> Result<String> {
         let mode = md.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
             return Err(ClusterError::Config(format!(
-                "{}: readable by others (mode {mode:o}): anyone who reads it controls the \
+                "{}: readable by users other than its owner (mode {mode:o}): anyone who reads it controls the \
                  cluster; make it private (chmod 600) or remove it to get a new one",
                 path.display()
             )));
@@ -289,7 +289,11 @@ mod tests {
         );
         set(0o444);
         let e = read_admin_token_file(&path).expect_err("world-readable");
-        assert!(e.to_string().contains("readable by others"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("readable by users other than its owner"),
+            "{e}"
+        );
         set(0o400);
         std::fs::write(&path, "short").expect("written");
         assert!(read_admin_token_file(&path).is_err());
@@ -311,7 +315,11 @@ mod tests {
         for loose in [0o640, 0o604, 0o644] {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(loose)).expect("chmod");
             let e = load_or_create_token(dir.path()).expect_err("a readable token");
-            assert!(e.to_string().contains("readable by others"), "{e}");
+            assert!(
+                e.to_string()
+                    .contains("readable by users other than its owner"),
+                "{e}"
+            );
             assert!(e.to_string().contains(&format!("{loose:o}")), "{e}");
         }
     }

@@ -65,24 +65,43 @@ pub(crate) fn split_decimal(s: &str) -> Option<(u128, u32, &str)> {
 /// assert!(parse_duration("30").is_err());
 /// ```
 pub fn parse_duration(input: &str) -> Result<Duration> {
-    let mut rest = input.trim();
+    let all = input.trim();
+    let mut rest = all;
     if rest.is_empty() {
         return Err(invalid(input, "it is empty"));
     }
     let mut total: u128 = 0;
     while !rest.is_empty() {
         let Some((mantissa, frac_digits, after)) = split_decimal(rest) else {
-            return Err(invalid(
-                input,
-                "expected a number followed by a unit, as in \"30s\"",
-            ));
+            let read = all[..all.len() - rest.len()].trim_end();
+            let reason = if read.is_empty() {
+                "expected a number followed by a unit, as in \"30s\" (units: d, h, m, s, ms, \
+                 us, ns)"
+                    .to_string()
+            } else {
+                format!(
+                    "{rest:?} after {read:?} is not a number with a unit: write it as in \
+                     \"1h30m\" (units: d, h, m, s, ms, us, ns)"
+                )
+            };
+            return Err(invalid(input, reason));
         };
-        let Some(&(unit, nanos)) = UNITS.iter().find(|(u, _)| after.starts_with(u)) else {
-            let got: String = after.chars().take_while(|c| !c.is_whitespace()).collect();
+        // `2 m` as `2m`.
+        let after = after.trim_start();
+        // A unit is a whole word: `min` is not `m` then `in`.
+        let Some(&(unit, nanos)) = UNITS.iter().find(|(u, _)| {
+            after.starts_with(u) && !after[u.len()..].starts_with(char::is_alphabetic)
+        }) else {
+            let got: String = after.chars().take_while(|c| c.is_alphabetic()).collect();
+            let got = if got.is_empty() {
+                after.chars().take_while(|c| !c.is_whitespace()).collect()
+            } else {
+                got
+            };
             let reason = if got.is_empty() {
                 "a number needs a unit: d, h, m, s, ms, us or ns".to_string()
             } else {
-                format!("unknown unit {got:?}: use d, h, m, s, ms, us or ns")
+                format!("unknown unit {got:?}: use d, h, m, s, ms, us or ns (as in \"2m\")")
             };
             return Err(invalid(input, reason));
         };
@@ -145,6 +164,7 @@ mod tests {
             ("1d", Duration::from_secs(86_400)),
             ("1.5h", Duration::from_secs(5400)),
             ("1m 30s", Duration::from_secs(90)),
+            ("2 m", Duration::from_secs(120)),
             ("10us", Duration::from_micros(10)),
             ("7ns", Duration::from_nanos(7)),
             ("0s", Duration::ZERO),
@@ -165,6 +185,10 @@ mod tests {
             ("1.5ns", "finer than a nanosecond"),
             ("99999999999999999999999d", "too long"),
             ("-5s", "expected a number"),
+            ("2 minutes", "unknown unit \"minutes\""),
+            ("2min", "unknown unit \"min\""),
+            ("1h30", "needs a unit"),
+            ("1h x", "\"x\" after \"1h\" is not a number with a unit"),
         ] {
             let err = parse_duration(text).unwrap_err().to_string();
             assert!(err.contains(reason), "{text}: {err}");

@@ -363,11 +363,15 @@ async fn refuse_if_held(
                     _ => None,
                 })
                 .collect();
+            let why = if why.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", why.join("; "))
+            };
             tracing::warn!(
                 node = me,
                 "this node starts with an empty state folder: waiting for another node of \
-                 the group to say whether it held the group's log before ({})",
-                why.join("; ")
+                 the group to say whether it held the group's log before{why}"
             );
             told = true;
         }

@@ -499,8 +499,9 @@ impl Core {
                     token: p.token,
                     revoked: p.revoked,
                     workers: mine.iter().map(|w| w.name.clone()).collect(),
-                    cpus: mine.iter().map(|w| w.resources.cpus).sum(),
-                    gpus: mine.iter().map(|w| w.resources.gpus).sum(),
+                    // `+ 0.0`: an empty sum of f64 is -0.0, which prints as "-0".
+                    cpus: mine.iter().map(|w| w.resources.cpus).sum::<f64>() + 0.0,
+                    gpus: mine.iter().map(|w| w.resources.gpus).sum::<f64>() + 0.0,
                     prices,
                 }
             })

@@ -233,6 +233,23 @@ impl Client {
         plain_to_tls_hint(&self.addr, self.tls, s)
     }
 
+    /// The error of a stream this client opened (e.g. [`Client::logs`]'s), as its calls'
+    /// errors are: a broken connection is [`ClusterError::Unavailable`] (transient).
+    pub fn stream_error(&self, s: tonic::Status) -> ClusterError {
+        self.rpc_err(s)
+    }
+
+    /// A new connection to the coordinator this client reached (whichever of a group's
+    /// nodes serves now), waiting for it as long as [`Client::wait`] would.
+    pub fn reconnect(&self) -> crate::Boxed<'static, Result<Client>> {
+        let (remote, patience) = (self.remote.clone(), self.patience);
+        crate::boxed(async move {
+            let mut c = Self::connect_patiently(&remote, patience).await?;
+            c.patience = patience;
+            Ok(c)
+        })
+    }
+
     /// Validates the job file here (so errors name the file and line at once), then submits
     /// it; its folder is the file's folder.
     pub fn submit_file<'a>(&'a mut self, path: &'a Path) -> crate::Boxed<'a, Result<Submitted>> {
@@ -487,10 +504,7 @@ impl Client {
                     Err(e) if e.is_transient() && lost < 3 => {
                         lost = if got { 1 } else { lost + 1 };
                         tracing::info!("following {job}: {e}; connecting again");
-                        let patience = self.patience;
-                        let remote = self.remote.clone();
-                        *self = Self::connect_patiently(&remote, patience).await?;
-                        self.patience = patience;
+                        *self = self.reconnect().await?;
                     }
                     Err(e) => return Err(e),
                 }

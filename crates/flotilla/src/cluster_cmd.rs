@@ -1453,16 +1453,42 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
         None => a.remote.client().await?,
     };
     let printed = async {
-        let mut s = client
-            .logs(JobId::new(a.job), &a.task, a.follow, a.stderr)
-            .await?;
-        let mut out = std::io::stdout().lock();
-        let mut wrote = false;
-        while let Some(c) = s.message().await? {
-            wrote |= !c.data.is_empty();
-            out.write_all(&c.data)?;
-            out.flush()?;
+        // Bytes printed: a stream opened again (`--follow` through a coordinator's restart or
+        // a leader change) starts from the beginning, and what was printed is skipped.
+        let mut printed: usize = 0;
+        let mut lost = 0u32;
+        loop {
+            let mut s = client
+                .logs(JobId::new(a.job), &a.task, a.follow, a.stderr)
+                .await?;
+            let mut seen: usize = 0;
+            let ended = loop {
+                match s.message().await {
+                    Ok(Some(c)) => {
+                        let from = printed.saturating_sub(seen).min(c.data.len());
+                        seen += c.data.len();
+                        if from < c.data.len() {
+                            let mut out = std::io::stdout().lock();
+                            out.write_all(&c.data[from..])?;
+                            out.flush()?;
+                            printed = seen;
+                        }
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(st) => break Err(client.stream_error(st)),
+                }
+            };
+            match ended {
+                Ok(()) => break,
+                Err(e) if a.follow && local.is_none() && e.is_transient() && lost < 3 => {
+                    lost = if seen > 0 { 1 } else { lost + 1 };
+                    tracing::info!("following the logs of {}: {e}; connecting again", a.task);
+                    client = client.reconnect().await?;
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
+        let wrote = printed > 0;
         // Said on stderr, so that stdout holds the task's own output only.
         if !wrote && a.stderr {
             eprintln!("({} wrote nothing to stderr)", a.task);

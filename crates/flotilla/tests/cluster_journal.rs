@@ -249,7 +249,8 @@ fn a_jobs_times_are_the_same_after_a_restart() {
     }
 }
 
-/// `flotilla wait` follows a job through its coordinator stopped (SIGTERM) and started again,
+/// `flotilla wait` and `flotilla logs --follow` follow a job through its coordinator stopped
+/// (SIGTERM) and started again,
 /// and through a kill (SIGKILL) and start: it connects again and ends with the job's outcome.
 /// It failed at the kill with "the server may speak TLS" (the server speaks none), and at
 /// the stop with "the coordinator is stopping".
@@ -261,7 +262,7 @@ fn wait_follows_a_job_through_coordinator_restarts() {
     let job = c.submit_toml(
         "gated.toml",
         &format!(
-            "name = \"gated\"\n[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", \"while [ ! -e {} ]; do sleep 0.05; done\"]\n",
+            "name = \"gated\"\n[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", \"echo before; while [ ! -e {} ]; do sleep 0.05; done; echo after\"]\n",
             go.display()
         ),
     );
@@ -286,6 +287,17 @@ fn wait_follows_a_job_through_coordinator_restarts() {
         .recv_timeout(WAIT)
         .expect("a progress line from flotilla wait");
     assert!(first.contains("0/1 tasks done"), "{first}");
+    // And one following the task's output (`logs --follow`), once its first line came.
+    let mut logs = c
+        .cli_command(&["logs", &job.0.to_string(), "t", "--follow"], &c.token)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut logs_out = std::io::BufReader::new(logs.stdout.take().unwrap());
+    let mut line = String::new();
+    logs_out.read_line(&mut line).unwrap();
+    assert_eq!(line, "before\n");
     c.stop_server();
     c.restart_server();
     c.kill_server();
@@ -303,4 +315,14 @@ fn wait_follows_a_job_through_coordinator_restarts() {
         "{out:?}\n{err}"
     );
     assert_succeeded(&c.wait_job(job, WAIT));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut logs_out, &mut rest).unwrap();
+    let status = logs.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut logs.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "logs --follow: {status}: {err}");
+    assert_eq!(
+        rest, "after\n",
+        "logs --follow printed twice or lost a line: {err}"
+    );
 }

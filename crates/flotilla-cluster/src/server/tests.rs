@@ -497,6 +497,28 @@ async fn the_gang_rendezvous_listens_on_the_port_given() {
     server.wait().await.expect("a clean stop");
 }
 
+/// A coordinator for [`FakeWorker`]s (which a heartbeat timeout would not lose), a client of
+/// it, and a job folder: (its temporary folder, the server, how to reach it, the client, the
+/// job folder).
+async fn for_fake_workers() -> (
+    tempfile::TempDir,
+    Server,
+    crate::Remote,
+    crate::Client,
+    std::path::PathBuf,
+) {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
+    let mut config = ServerConfig::new(listen, dir.path().join("state"));
+    config.heartbeat_timeout = Duration::from_secs(600);
+    let server = Server::start(config).await.expect("starts");
+    let remote = crate::Remote::new(server.addr().to_string(), server.token());
+    let client = crate::Client::connect(&remote).await.expect("a client");
+    let job_dir = dir.path().join("job");
+    std::fs::create_dir_all(&job_dir).expect("a job folder");
+    (dir, server, remote, client, job_dir)
+}
+
 /// A worker speaking the protocol by hand: registered, its session open.
 struct FakeWorker {
     id: u32,
@@ -566,16 +588,8 @@ impl FakeWorker {
 /// Believing it would have a gather fetch from a worker that never had the bytes.
 #[tokio::test]
 async fn only_a_copy_ordered_of_a_worker_makes_it_a_holder() {
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
-    let mut config = ServerConfig::new(listen, dir.path().join("state"));
-    config.heartbeat_timeout = Duration::from_secs(600);
-    let server = Server::start(config).await.expect("starts");
-    let remote = crate::Remote::new(server.addr().to_string(), server.token());
+    let (_dir, server, remote, mut client, job_dir) = for_fake_workers().await;
     let mut leaver = FakeWorker::join(&remote, server.token(), "aa", "127.0.0.1:9").await;
-    let mut client = crate::Client::connect(&remote).await.expect("a client");
-    let job_dir = dir.path().join("job");
-    std::fs::create_dir_all(&job_dir).expect("a job folder");
     let text = "name = \"j\"\nstaging = \"transfer\"\n\
                 [[task]]\nid = \"first\"\noutputs = [\"first.txt\"]\ncmd = [\"true\"]\n\
                 [[task]]\nid = \"second\"\noutputs = [\"second.txt\"]\ncmd = [\"true\"]\n";
@@ -672,16 +686,8 @@ async fn only_a_copy_ordered_of_a_worker_makes_it_a_holder() {
 /// latest one ("wrote nothing").
 #[tokio::test]
 async fn the_logs_of_a_task_are_its_latest_attempt_that_ran() {
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let listen: SocketAddr = "127.0.0.1:0".parse().expect("an address");
-    let mut config = ServerConfig::new(listen, dir.path().join("state"));
-    config.heartbeat_timeout = Duration::from_secs(600);
-    let server = Server::start(config).await.expect("starts");
-    let remote = crate::Remote::new(server.addr().to_string(), server.token());
+    let (_dir, server, remote, mut client, job_dir) = for_fake_workers().await;
     let mut w = FakeWorker::join(&remote, server.token(), "w", "127.0.0.1:9").await;
-    let mut client = crate::Client::connect(&remote).await.expect("a client");
-    let job_dir = dir.path().join("job");
-    std::fs::create_dir_all(&job_dir).expect("a job folder");
     let text = "name = \"j\"\n[[task]]\nid = \"t\"\nretries = 1\ncmd = [\"true\"]\n";
     let job = client
         .submit_text("job.toml", text, &job_dir.display().to_string())

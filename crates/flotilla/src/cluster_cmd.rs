@@ -63,13 +63,23 @@ impl RemoteArgs {
         Client::connect_patiently(&remote, patience)
             .await
             .map_err(|e| match e {
-                flotilla::cluster::ClusterError::Connect { .. } => anyhow::anyhow!(
-                    "{e}\n(no coordinator answered at {} within {}: is `flotilla server` \
-                     running there? The address comes from --server or FLOTILLA_SERVER; \
-                     --connect-timeout waits longer)",
-                    self.server,
-                    timeout
-                ),
+                flotilla::cluster::ClusterError::Connect { .. } => {
+                    // A folder where `flotilla run` ran: its logs need no coordinator.
+                    let run_here = Path::new(".flotilla/journal.log").is_file();
+                    anyhow::anyhow!(
+                        "{e}\n(no coordinator answered at {} within {}: is `flotilla server` \
+                         running there? The address comes from --server or FLOTILLA_SERVER; \
+                         --connect-timeout waits longer){}",
+                        self.server,
+                        timeout,
+                        if run_here {
+                            "\n(this folder holds a `flotilla run`'s state: `flotilla logs \
+                             --state .flotilla JOB TASK` reads its logs without a coordinator)"
+                        } else {
+                            ""
+                        }
+                    )
+                }
                 // `Tls` says what to pass, as the other errors say what went wrong.
                 e => e.into(),
             })

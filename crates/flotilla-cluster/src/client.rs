@@ -647,8 +647,8 @@ impl Client {
                         continue;
                     }
                     // Workers rejoining a restarted coordinator, or a holder not yet found lost.
-                    Err(ClusterError::Rpc(e)) if e.contains("rejoined") => {
-                        last_error = e;
+                    Err(e) if holders_rejoining(&e) => {
+                        last_error = e.to_string();
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(std::time::Duration::from_secs(4));
                         continue;
@@ -1059,6 +1059,13 @@ fn uploads(graph: &flotilla_core::TaskGraph, dir: &Path) -> Result<Vec<proto::Up
     Ok(files)
 }
 
+/// A gather's answer that the holders of its outputs have not all come back to a restarted
+/// coordinator yet: asked again after a while. (It is `UNAVAILABLE`; matched once as another
+/// kind, it ended the gather at once.)
+fn holders_rejoining(e: &ClusterError) -> bool {
+    matches!(e, ClusterError::Unavailable(m) | ClusterError::Rpc(m) if m.contains("rejoined"))
+}
+
 /// Turns a transport-level HTTP/2 failure of a plain-TCP client into a TLS error that says
 /// the server may want TLS; other errors are converted as usual.
 pub(crate) fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> ClusterError {
@@ -1160,6 +1167,30 @@ fn alloc_json<T: serde::de::DeserializeOwned>(json: &str) -> Result<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The coordinator's answer to a gather while the workers holding the outputs have not
+    /// come back after its restart, as the client receives it, is asked again.
+    #[test]
+    fn a_gather_waits_for_the_holders_to_rejoin_a_restarted_coordinator() {
+        let answer = tonic::Status::unavailable(
+            "the coordinator restarted and the workers holding outputs of job-1 have not all \
+             rejoined yet; try again in a few seconds",
+        );
+        assert!(holders_rejoining(&plain_to_tls_hint("h:1", false, answer)));
+        let other = tonic::Status::unavailable("the coordinator is stopping");
+        assert!(!holders_rejoining(&plain_to_tls_hint("h:1", false, other)));
+    }
+
+    /// A connection that broke under a call is lost (transient), not a TLS mismatch.
+    #[test]
+    fn a_broken_connection_is_lost_not_tls() {
+        let io = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        let s = tonic::Status::from_error(Box::new(io));
+        let e = plain_to_tls_hint("h:1", false, s);
+        assert!(matches!(e, ClusterError::Unavailable(_)), "{e:?}");
+        assert!(e.is_transient());
+        assert!(e.to_string().contains("was lost"), "{e}");
+    }
 
     #[test]
     fn plain_client_transport_failure_says_the_server_may_speak_tls() {

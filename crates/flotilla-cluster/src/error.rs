@@ -45,6 +45,10 @@ pub enum ClusterError {
     /// The other side answered with an error.
     #[error("{0}")]
     Rpc(String),
+    /// The server refused the request's content (`INVALID_ARGUMENT`): sent again as it is,
+    /// it would be refused again.
+    #[error("{0}")]
+    Invalid(String),
     /// The server knows the token but its role may not do this (a tenant's token registering
     /// a worker): trying again with the same token cannot help.
     #[error("{0}")]
@@ -134,6 +138,7 @@ impl From<tonic::Status> for ClusterError {
             tonic::Code::Unauthenticated => ClusterError::Refused(s.message().to_string()),
             tonic::Code::Unavailable => ClusterError::Unavailable(s.message().to_string()),
             tonic::Code::PermissionDenied => ClusterError::Denied(s.message().to_string()),
+            tonic::Code::InvalidArgument => ClusterError::Invalid(s.message().to_string()),
             _ => ClusterError::Rpc(s.message().to_string()),
         }
     }

@@ -92,6 +92,9 @@ pub struct WorkerConfig {
     /// The most bytes its object store may hold (outputs made here, inputs fetched); an
     /// object beyond fails its task, retryable elsewhere. `None`: no cap.
     pub max_store: Option<u64>,
+    /// It enrolls as a provider's machine (`--provider-token`): the coordinator refuses it
+    /// unless its token is a provider's.
+    pub as_provider: bool,
     /// Its price, when it is a provider's worker (enrolled with a provider token).
     pub price: flotilla_pool::Price,
     /// A deliberate fault for tests (`FLOTILLA_FAULT`, see [`crate::fault`]).
@@ -219,6 +222,7 @@ impl WorkerConfig {
             wasm_max_memory: DEFAULT_WASM_MAX_MEMORY,
             max_store: None,
             price: flotilla_pool::Price::default(),
+            as_provider: false,
             fault: crate::fault::Fault::None,
             max_sandbox: None,
             enter: None,
@@ -997,6 +1001,13 @@ pub fn run_worker(
                 Err(e @ ClusterError::Version { .. }) => return Err(e),
                 // The token is read once, at start: trying it again cannot help. Stopping
                 // shows the mistake (and a service manager's restart reads the token again).
+                // Its own settings refused (a price without a provider's token): the same.
+                Err(ClusterError::Invalid(why)) => {
+                    return Err(ClusterError::Config(format!(
+                        "the coordinator refused this worker: {why}; the worker stops rather \
+                         than retry settings it cannot change"
+                    )))
+                }
                 Err(ClusterError::Refused(why) | ClusterError::Denied(why)) => {
                     return Err(ClusterError::Config(format!(
                         "the coordinator refused this worker's token ({why}): check \
@@ -1133,6 +1144,7 @@ async fn session(
                 .to_string(),
             data_cert: shared.data_cert.clone(),
             price: cfg.price.to_string(),
+            as_provider: cfg.as_provider,
             availability: cfg.availability(),
             preemptible: cfg.preemptible,
             unavailable: paused,

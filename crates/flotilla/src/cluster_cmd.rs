@@ -584,6 +584,7 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
         None => a.remote.remote()?,
     };
     let mut cfg = WorkerConfig::local(remote);
+    cfg.as_provider = a.provider_token.is_some();
     if let Some(p) = &a.price {
         cfg.price = flotilla_pool::Price::parse(p).with_context(|| format!("--price {p}"))?;
     }

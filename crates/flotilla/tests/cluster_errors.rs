@@ -379,6 +379,36 @@ fn client_with_a_wrong_token_is_refused() {
         "{}",
         text(&out.stderr)
     );
+    // A worker enrolment token given as a provider's: refused, and the worker stops (it
+    // joined as the operator's own worker without a word).
+    let out = c.cli(&["admin", "worker-token", "add", "--name", "rack"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let enrol = c.job_dir().join("enrol.token");
+    std::fs::write(&enrol, kit::last_line(&out)).unwrap();
+    let out = Command::new(kit::BIN)
+        .args([
+            "worker",
+            "--cpus",
+            "1",
+            "--gpus",
+            "none",
+            "--isolation",
+            "none",
+        ])
+        .arg("--provider-token")
+        .arg(&enrol)
+        .env("FLOTILLA_SERVER", c.addr.to_string())
+        .env_remove("FLOTILLA_TOKEN")
+        .current_dir(c.job_dir())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--provider-token: the token is not a provider's")
+            && text(&out.stderr).contains("the worker stops"),
+        "{}",
+        text(&out.stderr)
+    );
     let empty = c.job_dir().join("empty.token");
     std::fs::write(&empty, "\n").unwrap();
     let out = worker(&empty);

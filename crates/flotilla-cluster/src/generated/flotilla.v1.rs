@@ -401,6 +401,10 @@ pub struct RegisterRequest {
     /// is placed on it. Unset: no limit.
     #[prost(uint64, optional, tag = "19")]
     pub leaves_in_ms: ::core::option::Option<u64>,
+    /// It enrolled as a provider's machine (--provider-token): refused unless its token is a
+    /// provider's.
+    #[prost(bool, tag = "20")]
+    pub as_provider: bool,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct RegisterReply {

@@ -1043,6 +1043,13 @@ impl Workers for Api {
         let provider = self.access.provider_of(&enrolment);
         let price = flotilla_pool::Price::parse(&req.price)
             .map_err(|e| Status::invalid_argument(format!("the worker's --price: {e}")))?;
+        if provider.is_none() && req.as_provider {
+            return Err(Status::invalid_argument(
+                "--provider-token: the token is not a provider's (a worker enrolment token \
+                 goes with --token-file; `flotilla admin provider add NAME` makes a \
+                 provider's)",
+            ));
+        }
         if provider.is_none() && price != flotilla_pool::Price::default() {
             return Err(Status::invalid_argument(
                 "the worker has a --price but enrolled with a token that is not a provider's \

@@ -537,6 +537,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {
         cfg.tls = Some(ServerTls { cert, key });
     }
+    let interrupts = Interrupts::listen();
     let server = Server::start(cfg).await?;
     if in_group {
         eprintln!(
@@ -559,7 +560,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
     }
     let stop = server.stop_handle();
     tokio::spawn(async move {
-        interrupted().await;
+        interrupts.recv().await;
         stop.stop();
     });
     server.wait().await?;
@@ -567,6 +568,7 @@ pub(crate) async fn server(a: ServerArgs) -> Result<()> {
 }
 
 pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
+    let interrupts = Interrupts::listen();
     if let Some(t) = &a.remote.connect_timeout {
         anyhow::bail!(
             "--connect-timeout {t}: a worker keeps trying its coordinator until it answers, \
@@ -655,7 +657,7 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     // get --grace to write their checkpoints and resume elsewhere. Before, only SIGINT was
     // heard and SIGTERM killed the worker at once (found writing the Kubernetes manifests).
     tokio::spawn(async move {
-        interrupted().await;
+        interrupts.recv().await;
         let _ = tx.send(true);
     });
     let ran = run_worker(cfg, rx).await;
@@ -704,21 +706,37 @@ async fn watch_never_fits(
     }
 }
 
-/// Resolves at the first SIGINT or SIGTERM.
-async fn interrupted() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).ok();
-    let term = async {
-        match term.as_mut() {
-            Some(t) => {
-                t.recv().await;
-            }
-            None => std::future::pending::<()>().await,
+/// SIGINT and SIGTERM, heard from the moment this is made: one that comes while a server or
+/// worker is still starting (replaying its journal, registering) stops it cleanly once it
+/// has started, where the default action ended the process by the signal.
+struct Interrupts {
+    int: Option<tokio::signal::unix::Signal>,
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Interrupts {
+    fn listen() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        Self {
+            int: signal(SignalKind::interrupt()).ok(),
+            term: signal(SignalKind::terminate()).ok(),
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
+    }
+
+    /// Resolves at the first SIGINT or SIGTERM.
+    async fn recv(mut self) {
+        async fn one(s: Option<&mut tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        }
+        tokio::select! {
+            _ = one(self.int.as_mut()) => {}
+            _ = one(self.term.as_mut()) => {}
+        }
     }
 }
 

@@ -326,3 +326,15 @@ fn wait_follows_a_job_through_coordinator_restarts() {
         "logs --follow printed twice or lost a line: {err}"
     );
 }
+
+/// A coordinator stopped (SIGTERM) the moment it says it listens stops cleanly: its signals
+/// are heard from before it starts. SIGTERM once came before the handler was set and ended the
+/// process by the signal (seen stopping a coordinator right after a restart).
+#[test]
+fn a_coordinator_stopped_as_soon_as_it_listens_stops_cleanly() {
+    let mut c = Cluster::start(0, 1);
+    for _ in 0..5 {
+        c.stop_server(); // asserts a clean exit
+        c.restart_server();
+    }
+}

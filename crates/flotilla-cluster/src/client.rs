@@ -233,10 +233,11 @@ impl Client {
         plain_to_tls_hint(&self.addr, self.tls, s)
     }
 
-    /// The error of a stream this client opened (e.g. [`Client::logs`]'s), as its calls'
-    /// errors are: a broken connection is [`ClusterError::Unavailable`] (transient).
+    /// The error of a stream this client opened and the coordinator answered (e.g.
+    /// [`Client::logs`]'s): a transport failure there is the connection lost (the coordinator
+    /// restarted, or gone), [`ClusterError::Unavailable`], never a server that speaks TLS.
     pub fn stream_error(&self, s: tonic::Status) -> ClusterError {
-        self.rpc_err(s)
+        lost_if_answered(self.rpc_err(s))
     }
 
     /// A new connection to the coordinator this client reached (whichever of a group's
@@ -471,11 +472,15 @@ impl Client {
             // there: the journal kept it.
             let mut rewatches = 0u32;
             let mut lost = 0u32;
+            // Whether this coordinator has answered: from then on a transport failure is the
+            // connection lost, not a server that wants TLS.
+            let mut answered = false;
             loop {
                 let mut got = false;
                 let ended = match self.watch(job).await {
                     Ok(mut s) => loop {
-                        match s.message().await.map_err(|e| self.rpc_err(e)) {
+                        answered = true;
+                        match s.message().await.map_err(|e| self.stream_error(e)) {
                             Ok(Some(ev)) => {
                                 got = true;
                                 on_event(&ev);
@@ -489,6 +494,7 @@ impl Client {
                             Err(e) => break Err(e),
                         }
                     },
+                    Err(e) if answered => Err(lost_if_answered(e)),
                     Err(e) => Err(e),
                 };
                 match ended {
@@ -1087,11 +1093,6 @@ pub(crate) fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> Clus
         while let Some(next) = root.source() {
             root = next;
         }
-        // A connection that was up and broke (the coordinator killed or restarted mid-call):
-        // lost, not refused for want of TLS.
-        if let Some(lost) = lost_connection(addr, root) {
-            return lost;
-        }
         // Refused: nothing listens there now (a coordinator that restarts, a port-forward
         // gone), which TLS has nothing to do with.
         if root
@@ -1123,6 +1124,19 @@ pub(crate) fn plain_to_tls_hint(addr: &str, tls: bool, s: tonic::Status) -> Clus
         lost_connection(addr, root).unwrap_or_else(|| s.into())
     } else {
         s.into()
+    }
+}
+
+/// An error on a connection the coordinator had answered: the "may speak TLS" reading of a
+/// broken transport (which a first call needs) is the connection lost there.
+fn lost_if_answered(e: ClusterError) -> ClusterError {
+    match e {
+        ClusterError::Tls { addr, message } if message.contains("the server may speak TLS") => {
+            ClusterError::Unavailable(format!(
+                "the connection to the coordinator at {addr} was lost"
+            ))
+        }
+        e => e,
     }
 }
 
@@ -1184,12 +1198,22 @@ mod tests {
     /// A connection that broke under a call is lost (transient), not a TLS mismatch.
     #[test]
     fn a_broken_connection_is_lost_not_tls() {
-        let io = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
-        let s = tonic::Status::from_error(Box::new(io));
-        let e = plain_to_tls_hint("h:1", false, s);
-        assert!(matches!(e, ClusterError::Unavailable(_)), "{e:?}");
-        assert!(e.is_transient());
-        assert!(e.to_string().contains("was lost"), "{e}");
+        let broken = || {
+            let io = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+            tonic::Status::from_error(Box::new(io))
+        };
+        // A first call of a plain client: the server may want TLS (it closes on the preface).
+        let first = plain_to_tls_hint("h:1", false, broken());
+        assert!(matches!(first, ClusterError::Tls { .. }), "{first:?}");
+        // On a connection that had answered, the same failure is the connection lost.
+        for e in [
+            lost_if_answered(plain_to_tls_hint("h:1", false, broken())),
+            plain_to_tls_hint("h:1", true, broken()),
+        ] {
+            assert!(matches!(e, ClusterError::Unavailable(_)), "{e:?}");
+            assert!(e.is_transient());
+            assert!(e.to_string().contains("was lost"), "{e}");
+        }
     }
 
     #[test]

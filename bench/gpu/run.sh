@@ -9,20 +9,43 @@
 # and once BUDGET_S seconds have passed the remaining steps are skipped (listed as such).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# Results go to a work folder; after every step its summary is copied to $OUT and the whole
+# folder packed into $OUT/results.tgz (the device tool brings back at most 8 files), so a run
+# stopped at its limit still leaves everything done so far.
 OUT=${OUT:-/tmp/flotilla-gpu}
 mkdir -p "$OUT"
+W=$(mktemp -d /tmp/flotilla-gpu-work.XXXX)
 QUICK=${1:-}
 BUDGET_S=${BUDGET_S:-900}
-log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+pack() { cp "$W/summary.txt" "$OUT/summary.txt" 2>/dev/null; tar czf "$OUT/results.tgz" -C "$W" . 2>/dev/null; }
+log() { echo "== $*" | tee -a "$W/summary.txt"; }
 step() { # name, timeout seconds, command...
   local name=$1 t=$2; shift 2
   local left=$((BUDGET_S - SECONDS))
   if [ "$left" -le 10 ]; then log "$name: skipped (budget spent)"; return; fi
   [ "$t" -gt "$left" ] && t=$left
   log "$name (at ${SECONDS}s)"
-  timeout "$t" "$@" >"$OUT/$name.txt" 2>&1
-  echo "   exit $? ($(tail -1 "$OUT/$name.txt" | cut -c1-160))" | tee -a "$OUT/summary.txt"
+  timeout "$t" "$@" >"$W/$name.txt" 2>&1
+  echo "   exit $? ($(tail -1 "$W/$name.txt" | cut -c1-160))" | tee -a "$W/summary.txt"
+  pack
 }
+
+# cudarc opens cuBLAS, cuSOLVER and NVRTC by name (libcublas.so, .so.12, ...). An image with
+# CUDA 13 may hold them only as .so.13, in the toolkit or in Python's nvidia-* packages: put
+# every such folder on the library path, and link the unversioned names to what is there.
+LIBS=$W/cudalibs
+mkdir -p "$LIBS"
+dirs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/nvidia/lib64 /usr/lib/x86_64-linux-gnu 2>/dev/null)
+py_nv=$(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d) for p in nvidia.__path__ for d in os.listdir(p)))' 2>/dev/null)
+for d in $py_nv; do [ -d "$d/lib" ] && dirs="$dirs $d/lib"; [ -d "$d/lib64" ] && dirs="$dirs $d/lib64"; done
+for lib in cublas cublasLt cusolver nvrtc cusparse nvJitLink; do
+  for d in $dirs; do
+    f=$(ls "$d"/lib$lib.so "$d"/lib$lib.so.[0-9]* 2>/dev/null | head -1)
+    if [ -n "$f" ]; then ln -sf "$f" "$LIBS/lib$lib.so"; echo "lib$lib: $f" >>"$W/libs.txt"; break; fi
+  done
+done
+export LD_LIBRARY_PATH=$LIBS:$(echo $dirs | tr ' ' ':')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$W/libs.txt"
 if [ "$QUICK" = quick ]; then N_GEMM=8192; N_CHOL=16384; else N_GEMM=16384; N_CHOL=32768; fi
 
 # 1. What the machine is, and correctness on the real GPU.
@@ -38,11 +61,11 @@ else
   B=./target/release/flotilla
   step cuda-tests 240 cargo test --release -p flotilla-devices cuda -- --nocapture
 fi
-grep -c "CUDA driver present" "$OUT/cuda-tests.txt" | sed 's/^/   ran on a GPU: /' | tee -a "$OUT/summary.txt"
+grep -c "CUDA driver present" "$W/cuda-tests.txt" | sed 's/^/   ran on a GPU: /' | tee -a "$W/summary.txt"
 step devices 60 $B devices
 
 # 2. The references: cuBLAS / cuSOLVER called directly (PyTorch), same sizes, same run.
-cat >"$OUT/ref.py" <<PY
+cat >"$W/ref.py" <<PY
 import json, time, torch
 def t(f, reps=3):
     f(); torch.cuda.synchronize(); best = 1e9
@@ -76,14 +99,14 @@ for name, h in [("pageable", x), ("pinned", xp)]:
     s = t(lambda: d.copy_(h, non_blocking=False)); print(json.dumps({"ref": "h2d", "memory": name, "gbs": 4 * (1 << 28) / s / 1e9}))
     s = t(lambda: h.copy_(d, non_blocking=False)); print(json.dumps({"ref": "d2h", "memory": name, "gbs": 4 * (1 << 28) / s / 1e9}))
 PY
-step reference 240 python3 "$OUT/ref.py"
+step reference 240 python3 "$W/ref.py"
 
 # 3. The headline figures through Flotilla (GPU alone; CPU + GPU; traces).
 step gemm-cuda-f32 180 $B bench gemm --n $N_GEMM --tile 4096 --devices cuda --precision f32 --reps 3 --json
 step chol-cuda-f64 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision f64 --reps 2 --json \
-  --trace "$OUT/chol-cuda-f64.trace.json"
+  --trace "$W/chol-cuda-f64.trace.json"
 step chol-mixed-f64 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cpu,cuda --precision f64 --reps 2 --json \
-  --trace "$OUT/chol-mixed-f64.trace.json"
+  --trace "$W/chol-mixed-f64.trace.json"
 step copy-cuda 120 $B bench copy --device cuda --mib 1024 --reps 5 --json
 for p in tf32 bf16 f64; do
   step "gemm-cuda-$p" 180 $B bench gemm --n $N_GEMM --tile 4096 --devices cuda --precision $p --reps 3 --json
@@ -96,16 +119,17 @@ step chol-cuda-tf32 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda
 #    memory), the training example on the GPU, the CPU alone.
 step chol-cuda-f32-pageable 240 env FLOTILLA_PIN_HOST=0 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda --precision f32 --reps 2 --json
 step chol-mixed-f32 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cpu,cuda --precision f32 --reps 2 --json \
-  --trace "$OUT/chol-mixed-f32.trace.json"
+  --trace "$W/chol-mixed-f32.trace.json"
 step allreduce-cuda 150 $B bench allreduce --ranks 2 --bytes 1MiB,64MiB,256MiB --memory cuda --rounds 3 --json
 step allreduce-cuda-onepiece 150 $B bench allreduce --ranks 2 --bytes 1MiB,64MiB,256MiB --memory cuda --chunk-bytes 0 --rounds 3 --json
 step allreduce-host 90 $B bench allreduce --ranks 2 --bytes 1MiB,64MiB,256MiB --rounds 3 --json
 if [ -x target/gpu-bin/flotilla-train ]; then TR=target/gpu-bin/flotilla-train; else TR=target/release/flotilla-train; fi
-step train-host 90 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-host" --device host
-step train-cuda 90 $TR --data examples/train/data/digits.csv --checkpoint-dir "$OUT/ck-cuda" --device cuda
+step train-host 90 $TR --data examples/train/data/digits.csv --checkpoint-dir "$W/ck-host" --device host
+step train-cuda 90 $TR --data examples/train/data/digits.csv --checkpoint-dir "$W/ck-cuda" --device cuda
 # The sweep example (tasks with a CPU and a GPU variant) with points big enough for a GPU:
 # on the CPU alone, then with the GPU too (the scheduler learns both variants' times).
 step sweep-cpu 180 env SWEEP_ENSEMBLE=262144 $B run examples/sweep/job.toml --gpus none
 step sweep-cpu-gpu 180 env SWEEP_ENSEMBLE=262144 $B run examples/sweep/job.toml --gpus all
 step chol-cpu-f64 180 $B bench cholesky --n 8192 --tile 512 --devices cpu --precision f64 --reps 2 --json
-log "done at ${SECONDS}s; results in $OUT"
+log "done at ${SECONDS}s; results in $OUT/results.tgz"
+pack

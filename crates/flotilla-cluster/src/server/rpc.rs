@@ -504,7 +504,7 @@ impl CoordinatorRpc for Api {
         let core = self.core.clone();
         let task = r.task.clone();
         tokio::spawn(async move {
-            let path = if r.stderr {
+            let mut path = if r.stderr {
                 info.err.clone()
             } else {
                 info.out.clone()
@@ -549,8 +549,13 @@ impl CoordinatorRpc for Api {
                 }
                 match rrx.await {
                     Ok(Ok(i)) => {
-                        if (if r.stderr { &i.err } else { &i.out }) != &path {
-                            // A new attempt started; its log is another file.
+                        let now = if r.stderr { i.err } else { i.out };
+                        if now != path {
+                            // Another attempt (the first one, when the stream opened on a
+                            // task still queued, or a retry): its log is another file,
+                            // followed from its start.
+                            path = now;
+                            off = 0;
                             finished = false;
                         } else {
                             finished = i.finished;

@@ -294,10 +294,20 @@ fn wait_follows_a_job_through_coordinator_restarts() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut logs_out = std::io::BufReader::new(logs.stdout.take().unwrap());
-    let mut line = String::new();
-    logs_out.read_line(&mut line).unwrap();
-    assert_eq!(line, "before\n");
+    let logs_out = logs.stdout.take().unwrap();
+    let (ltx, lrx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(logs_out)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = ltx.send(line);
+        }
+    });
+    let line = lrx
+        .recv_timeout(WAIT)
+        .expect("the task's first line from flotilla logs --follow");
+    assert_eq!(line, "before");
     c.stop_server();
     c.restart_server();
     c.kill_server();
@@ -315,14 +325,16 @@ fn wait_follows_a_job_through_coordinator_restarts() {
         "{out:?}\n{err}"
     );
     assert_succeeded(&c.wait_job(job, WAIT));
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut logs_out, &mut rest).unwrap();
-    let status = logs.wait().unwrap();
+    let status = wait_until("flotilla logs --follow to end", WAIT, || {
+        logs.try_wait().unwrap()
+    });
+    let rest: Vec<String> = lrx.iter().collect();
     let mut err = String::new();
     std::io::Read::read_to_string(&mut logs.stderr.take().unwrap(), &mut err).unwrap();
     assert!(status.success(), "logs --follow: {status}: {err}");
     assert_eq!(
-        rest, "after\n",
+        rest,
+        ["after"],
         "logs --follow printed twice or lost a line: {err}"
     );
 }

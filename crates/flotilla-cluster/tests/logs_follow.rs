@@ -13,7 +13,7 @@ use tokio::sync::watch;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_opened_on_a_queued_task_follows_its_first_attempt() {
     let text = follow_from_queued("cmd = [\"sh\", \"-c\", \"echo one; echo two\"]\n").await;
-    assert_eq!(text, "one\ntwo\n");
+    assert_eq!(text, [(1, "one\ntwo\n".to_string())]);
 }
 
 /// A task that fails and is tried again: the stream goes on with the new attempt's output
@@ -24,13 +24,16 @@ async fn a_followed_stream_goes_on_with_the_next_attempt() {
         "retries = 1\ncmd = [\"sh\", \"-c\", \"if [ -e marker ]; then echo second; else touch marker; echo first; exit 1; fi\"]\n",
     )
     .await;
-    assert_eq!(text, "first\nsecond\n");
+    assert_eq!(
+        text,
+        [(1, "first\n".to_string()), (2, "second\n".to_string())]
+    );
 }
 
 /// Submits a one-task job (`task` is the rest of its `[[task]]` table), opens a followed
 /// stream of its stdout before any worker exists, starts one, and returns what the stream
-/// carried until it ended.
-async fn follow_from_queued(task: &str) -> String {
+/// carried until it ended, attempt by attempt.
+async fn follow_from_queued(task: &str) -> Vec<(u32, String)> {
     let dir = tempfile::tempdir().expect("temporary folder");
     let server = Server::start(ServerConfig::new(
         ([127, 0, 0, 1], 0).into(),
@@ -67,9 +70,13 @@ async fn follow_from_queued(task: &str) -> String {
 
     // Bounded only so that the old behaviour fails instead of hanging the suite.
     let read = async {
-        let mut text = Vec::new();
+        let mut text: Vec<(u32, String)> = Vec::new();
         while let Some(chunk) = stream.message().await.expect("stream ends cleanly") {
-            text.extend_from_slice(&chunk.data);
+            let data = String::from_utf8_lossy(&chunk.data);
+            match text.last_mut() {
+                Some((a, t)) if *a == chunk.attempt => t.push_str(&data),
+                _ => text.push((chunk.attempt, data.into_owned())),
+            }
         }
         text
     };
@@ -80,5 +87,5 @@ async fn follow_from_queued(task: &str) -> String {
     let _ = worker.await;
     server.stop();
     let _ = server.wait().await;
-    String::from_utf8_lossy(&text).into_owned()
+    text
 }

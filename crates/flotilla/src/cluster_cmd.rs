@@ -419,7 +419,8 @@ pub(crate) struct LogsArgs {
     job: u64,
     /// The task's name, e.g. tile[3].
     task: String,
-    /// Keep printing until the task ends.
+    /// Keep printing until the task ends: from its start when it is still queued, and on
+    /// with each new attempt after a failed one.
     #[arg(long, short)]
     follow: bool,
     /// Print its standard error instead of its standard output.
@@ -1482,25 +1483,21 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
         None => a.remote.client().await?,
     };
     let printed = async {
-        // Bytes printed: a stream opened again (`--follow` through a coordinator's restart or
-        // a leader change) starts from the beginning, and what was printed is skipped.
-        let mut printed: usize = 0;
+        let mut resume = LogResume::default();
         let mut lost = 0u32;
         loop {
             let mut s = client
                 .logs(JobId::new(a.job), &a.task, a.follow, a.stderr)
                 .await?;
-            let mut seen: usize = 0;
+            resume.stream_opened();
             let ended = loop {
                 match s.message().await {
                     Ok(Some(c)) => {
-                        let from = printed.saturating_sub(seen).min(c.data.len());
-                        seen += c.data.len();
-                        if from < c.data.len() {
+                        let new = resume.unprinted(c.attempt, &c.data);
+                        if !new.is_empty() {
                             let mut out = std::io::stdout().lock();
-                            out.write_all(&c.data[from..])?;
+                            out.write_all(new)?;
                             out.flush()?;
-                            printed = seen;
                         }
                     }
                     Ok(None) => break Ok(()),
@@ -1510,14 +1507,14 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
             match ended {
                 Ok(()) => break,
                 Err(e) if a.follow && local.is_none() && e.is_transient() && lost < 3 => {
-                    lost = if seen > 0 { 1 } else { lost + 1 };
+                    lost = if resume.stream_carried() { 1 } else { lost + 1 };
                     tracing::info!("following the logs of {}: {e}; connecting again", a.task);
                     client = client.reconnect().await?;
                 }
                 Err(e) => return Err(e.into()),
             }
         }
-        let wrote = printed > 0;
+        let wrote = resume.printed_any();
         // Said on stderr, so that stdout holds the task's own output only.
         if !wrote && a.stderr {
             eprintln!("({} wrote nothing to stderr)", a.task);
@@ -1535,6 +1532,51 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
         server.wait().await?;
     }
     printed
+}
+
+/// What `flotilla logs` printed, so that a stream opened again (`--follow` through a
+/// coordinator's restart or a leader change), which starts from the beginning of the latest
+/// attempt, prints only what is new: what was printed of that attempt, and every chunk of
+/// an earlier one, is skipped.
+#[derive(Debug, Default)]
+struct LogResume {
+    /// (attempt, bytes of it) printed.
+    printed: (u32, usize),
+    /// (attempt, bytes of it) carried by the current stream.
+    seen: (u32, usize),
+}
+
+impl LogResume {
+    fn stream_opened(&mut self) {
+        self.seen = (0, 0);
+    }
+
+    /// The part of this chunk not printed yet (counted as printed from here on).
+    fn unprinted<'a>(&mut self, attempt: u32, data: &'a [u8]) -> &'a [u8] {
+        if attempt != self.seen.0 {
+            self.seen = (attempt, 0);
+        }
+        let already = match attempt.cmp(&self.printed.0) {
+            std::cmp::Ordering::Less => usize::MAX,
+            std::cmp::Ordering::Equal => self.printed.1,
+            std::cmp::Ordering::Greater => 0,
+        };
+        let from = already.saturating_sub(self.seen.1).min(data.len());
+        self.seen.1 += data.len();
+        if from < data.len() {
+            self.printed = self.seen;
+        }
+        &data[from..]
+    }
+
+    /// The current stream carried any bytes (printed or skipped).
+    fn stream_carried(&self) -> bool {
+        self.seen.1 > 0
+    }
+
+    fn printed_any(&self) -> bool {
+        self.printed.1 > 0
+    }
 }
 
 /// `--node-id`: a number from 1, or `ordinal` (see [`ordinal_node_id`]) with this machine's
@@ -1579,6 +1621,39 @@ pub(crate) fn job_number(s: &str) -> std::result::Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
+    /// One stream: its chunks, each printed as far as it is new.
+    fn stream(r: &mut super::LogResume, chunks: &[(u32, &str)]) -> String {
+        r.stream_opened();
+        chunks
+            .iter()
+            .map(|(a, d)| String::from_utf8_lossy(r.unprinted(*a, d.as_bytes())).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn logs_opened_again_print_only_what_is_new_across_attempts() {
+        let mut r = super::LogResume::default();
+        assert_eq!(stream(&mut r, &[(1, "ab"), (1, "c"), (2, "de")]), "abcde");
+        // Opened again: the coordinator sends the latest attempt from its start.
+        assert_eq!(stream(&mut r, &[(2, "d"), (2, "efg")]), "fg");
+        assert!(r.printed_any());
+        // An earlier attempt's chunks (as an old stream might still send) print nothing.
+        assert_eq!(stream(&mut r, &[(1, "abc"), (2, "defgh"), (3, "x")]), "hx");
+        // A stream opened again on an attempt already printed, carrying nothing new.
+        assert_eq!(stream(&mut r, &[(3, "x")]), "");
+        assert!(r.stream_carried());
+    }
+
+    #[test]
+    fn logs_from_a_coordinator_that_numbers_no_attempt_resume_by_bytes() {
+        let mut r = super::LogResume::default();
+        assert!(!r.printed_any());
+        assert_eq!(stream(&mut r, &[(0, "abc")]), "abc");
+        assert_eq!(stream(&mut r, &[(0, "ab"), (0, "cd")]), "d");
+        r.stream_opened();
+        assert!(!r.stream_carried());
+    }
+
     #[test]
     fn a_job_id_is_its_number_or_job_number() {
         assert_eq!(super::job_number("7"), Ok(7));

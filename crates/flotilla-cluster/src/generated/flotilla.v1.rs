@@ -267,12 +267,16 @@ pub struct LogsRequest {
     #[prost(bool, tag = "4")]
     pub stderr: bool,
 }
+/// `attempt`: whose output this is (1 for the first; 0 from coordinators before it was sent).
+/// A followed stream goes on from one attempt to the next.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct LogChunk {
     #[prost(bytes = "vec", tag = "1")]
     pub data: ::prost::alloc::vec::Vec<u8>,
     #[prost(bool, tag = "2")]
     pub stderr: bool,
+    #[prost(uint32, tag = "3")]
+    pub attempt: u32,
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ShutdownRequest {}

@@ -228,6 +228,8 @@ const GANG_KEY_TTL: Duration = Duration::from_secs(24 * 3600);
 pub(super) struct LogInfo {
     pub(super) out: PathBuf,
     pub(super) err: PathBuf,
+    /// The attempt those files are of (0 when the task has not been tried yet).
+    pub(super) attempt: u32,
     pub(super) finished: bool,
 }
 
@@ -1684,6 +1686,7 @@ impl Core {
                 Ok(LogInfo {
                     out,
                     err,
+                    attempt,
                     finished: t.state.is_final(),
                 })
             }

@@ -510,6 +510,7 @@ impl CoordinatorRpc for Api {
                 info.out.clone()
             };
             let mut off = 0u64;
+            let mut attempt = info.attempt;
             let mut finished = info.finished;
             loop {
                 let chunk = {
@@ -525,6 +526,7 @@ impl CoordinatorRpc for Api {
                         .send(Ok(proto::LogChunk {
                             data: chunk,
                             stderr: r.stderr,
+                            attempt,
                         }))
                         .await
                         .is_err()
@@ -555,6 +557,7 @@ impl CoordinatorRpc for Api {
                             // task still queued, or a retry): its log is another file,
                             // followed from its start.
                             path = now;
+                            attempt = i.attempt;
                             off = 0;
                             finished = false;
                         } else {

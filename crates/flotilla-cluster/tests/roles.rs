@@ -878,3 +878,40 @@ async fn a_tenant_over_its_task_quota_is_refused_at_submit() {
     server.stop();
     server.wait().await.expect("stopped");
 }
+
+/// A worker offering a non-finite or negative amount is refused, naming it: a worker that
+/// offered `cpus = NaN` (`flotilla worker --cpus nan`) was accepted and never given a task.
+#[tokio::test]
+async fn a_worker_offering_nan_or_negative_amounts_is_refused() {
+    let (server, s, _dir) = start().await;
+    let admin = server.token().to_string();
+    let offers = [
+        ("cpus = NaN", f64::NAN, 0.0, 1.0),
+        ("cpus = inf", f64::INFINITY, 0.0, 1.0),
+        ("gpus = -1", 1.0, -1.0, 1.0),
+        ("licence = NaN", 1.0, 0.0, f64::NAN),
+    ];
+    for (what, cpus, gpus, custom) in offers {
+        let mut req = register_request();
+        req.resources = Some(proto::ResourceSet {
+            cpus,
+            gpus,
+            custom: vec![proto::CustomResource {
+                name: "licence".into(),
+                amount: custom,
+            }],
+            ..Default::default()
+        });
+        let e = s.workers(&admin).register(req).await.expect_err("refused");
+        assert_eq!(e.code(), Code::InvalidArgument, "{what}: {e}");
+        assert!(
+            e.message().contains(&format!("the worker offers {what}")),
+            "{what}: {}",
+            e.message()
+        );
+    }
+    s.workers(&admin)
+        .register(register_request())
+        .await
+        .expect("a finite offer registers");
+}

@@ -224,7 +224,7 @@ pub(crate) struct WorkerArgs {
     #[command(flatten)]
     remote: RemoteArgs,
     /// CPUs to offer (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = cpu_amount)]
     cpus: Option<f64>,
     /// Memory to offer, e.g. 8GiB (default: the machine's memory).
     #[arg(long)]
@@ -330,7 +330,7 @@ pub(crate) struct RunArgs {
     /// The job file.
     job: PathBuf,
     /// CPUs for the local worker (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = cpu_amount)]
     cpus: Option<f64>,
     /// GPUs for the local worker: all, none, or indices.
     #[arg(long, default_value = "all")]
@@ -1579,6 +1579,18 @@ impl LogResume {
     }
 }
 
+/// `--cpus`: a finite number of CPUs, at least 0 (fractions allowed). NaN and infinity
+/// parse as numbers, and a worker offering them never placed anything.
+pub(crate) fn cpu_amount(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Ok(_) => Err(format!(
+            "{s:?}: a number of CPUs must be finite and not negative (e.g. 4 or 0.5)"
+        )),
+        Err(e) => Err(format!("{s:?}: {e} (a number of CPUs, e.g. 4 or 0.5)")),
+    }
+}
+
 /// `--node-id`: a number from 1, or `ordinal` (see [`ordinal_node_id`]) with this machine's
 /// host name.
 fn node_id_arg(s: &str) -> std::result::Result<u64, String> {
@@ -1652,6 +1664,17 @@ mod tests {
         assert_eq!(stream(&mut r, &[(0, "ab"), (0, "cd")]), "d");
         r.stream_opened();
         assert!(!r.stream_carried());
+    }
+
+    #[test]
+    fn cpus_are_a_finite_amount_not_negative() {
+        assert_eq!(super::cpu_amount("4"), Ok(4.0));
+        assert_eq!(super::cpu_amount("0.5"), Ok(0.5));
+        assert_eq!(super::cpu_amount("0"), Ok(0.0));
+        for bad in ["nan", "inf", "-1", "-inf", "four", ""] {
+            let e = super::cpu_amount(bad).expect_err(bad);
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
     }
 
     #[test]

@@ -1065,6 +1065,18 @@ impl Workers for Api {
                  --provider-token FILE`)",
             ));
         }
+        if let Some(r) = &req.resources {
+            let amounts = [("cpus", r.cpus), ("gpus", r.gpus)]
+                .into_iter()
+                .chain(r.custom.iter().map(|c| (c.name.as_str(), c.amount)));
+            for (name, v) in amounts {
+                if !v.is_finite() || v < 0.0 {
+                    return Err(Status::invalid_argument(format!(
+                        "the worker offers {name} = {v}: amounts must be finite and not negative"
+                    )));
+                }
+            }
+        }
         // A worker speaks for its id before a reconnect only with that id's credential.
         let previous = req.previous_worker.and_then(|p| {
             let proved = matches!(

@@ -700,6 +700,14 @@ pub(crate) fn collect_outputs(
             Vec::new()
         };
         if matches.is_empty() {
+            if full.is_dir() {
+                return Err(ClusterError::Rpc(format!(
+                    "declared output {pat:?} is a folder, not a file (in {}): declare the \
+                     files in it, e.g. \"{}/*\"",
+                    root.display(),
+                    pat.trim_end_matches('/')
+                )));
+            }
             return Err(ClusterError::Rpc(format!(
                 "missing declared output {pat:?} (looked in {})",
                 root.display()
@@ -793,6 +801,25 @@ mod tests {
         let outs = collect_outputs(&store, &sandbox, &["out".into()], true, None).unwrap();
         std::fs::write(sandbox.join("out"), b"rewritten later").unwrap();
         assert_eq!(std::fs::read(store.path(&outs[0].hash)).unwrap(), b"result");
+    }
+
+    #[test]
+    fn a_declared_output_that_is_a_folder_is_said_to_be_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ObjectStore::open(&dir.path().join("objects")).unwrap();
+        let sandbox = dir.path().join("sandbox");
+        std::fs::create_dir_all(sandbox.join("outdir")).unwrap();
+        std::fs::write(sandbox.join("outdir/a.txt"), b"a").unwrap();
+        for transfer in [true, false] {
+            let e = collect_outputs(&store, &sandbox, &["outdir".into()], transfer, None)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("is a folder, not a file"), "{e}");
+            assert!(e.contains("\"outdir/*\""), "{e}");
+            let files =
+                collect_outputs(&store, &sandbox, &["outdir/*".into()], transfer, None).unwrap();
+            assert_eq!(files.len(), 1);
+        }
     }
 
     #[test]

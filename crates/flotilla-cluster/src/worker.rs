@@ -1473,6 +1473,19 @@ fn execute(
     } else {
         root.join(&a.cwd)
     };
+    // In transfer staging the attempt's folder holds only the staged inputs: the `cwd` is
+    // made there (in shared staging it is the user's folder, which must exist).
+    if a.transfer && !cwd.is_dir() {
+        if let Err(e) = std::fs::create_dir_all(&cwd) {
+            return failed(
+                format!(
+                    "cwd {:?}: cannot create it in the attempt's folder: {e}",
+                    a.cwd
+                ),
+                false,
+            );
+        }
+    }
     let rendezvous = a.gang.as_ref().map(|g| {
         let port = sh
             .rendezvous_port

@@ -133,8 +133,29 @@ fn toml_error(e: &toml::de::Error, lines: &LineIndex<'_>, file: &str) -> CoreErr
             .filter(|l| !l.is_empty())
             .collect::<Vec<_>>()
             .join("; ");
-        let mut e = JobError::new(Problem::Toml(text));
-        if let Some(key) = span.as_ref().and_then(|s| key_before(lines, s.start)) {
+        let key = span.as_ref().and_then(|s| key_before(lines, s.start));
+        let hint = match (&span, &key) {
+            // `[task]` for `[[task]]`: a table where a list of tables is read.
+            (Some(s), None) if text.contains("expected a sequence") => {
+                let line = lines.line_text(s.start).trim();
+                line.strip_prefix('[')
+                    .filter(|rest| !rest.starts_with('['))
+                    .and_then(|rest| rest.split_once(']'))
+                    .map(|(name, _)| {
+                        format!(" (`[{name}]` is one table; tasks and variants are a list: write `[[{name}]]`)", name = name.trim())
+                    })
+            }
+            // `after = "a"` for `after = ["a"]`, and the like.
+            (Some(_), Some(_))
+                if text.starts_with("invalid type: string")
+                    && text.ends_with("expected a sequence") =>
+            {
+                Some(" (a list is written in brackets: [\"a\", \"b\"])".to_string())
+            }
+            _ => None,
+        };
+        let mut e = JobError::new(Problem::Toml(format!("{text}{}", hint.unwrap_or_default())));
+        if let Some(key) = key {
             e = e.field(key);
         }
         e
@@ -278,7 +299,7 @@ impl Cx<'_> {
             if let Some(r) = self.opt(&d.retries, "defaults.retries", retries)? {
                 defaults.retries = r;
             }
-            defaults.timeout = self.opt(&d.timeout, "defaults.timeout", duration)?;
+            defaults.timeout = self.opt(&d.timeout, "defaults.timeout", timeout)?;
             if let Some(p) = self.opt(&d.priority, "defaults.priority", integer)? {
                 defaults.priority = p;
             }
@@ -508,7 +529,7 @@ impl Cx<'_> {
                 r
             },
             retries: self.opt(&raw.retries, "retries", retries)?,
-            timeout: self.opt(&raw.timeout, "timeout", duration)?,
+            timeout: self.opt(&raw.timeout, "timeout", timeout)?,
             priority: self.opt(&raw.priority, "priority", integer)?,
             group: self.opt(&raw.group, "group", group)?,
             id,
@@ -602,12 +623,38 @@ impl Cx<'_> {
                 "mem" => r.mem = Some(self.conv(v, &f, size)?),
                 "gpu_mem" => r.gpu_mem = Some(self.conv(v, &f, size)?),
                 _ => {
+                    if let Some(meant) = builtin_resource_meant(k) {
+                        // A custom resource no worker offers would keep the task waiting.
+                        return Err(self.err(
+                            v.span(),
+                            field,
+                            Problem::BadValue {
+                                value: format!("a resource named {k:?}"),
+                                reason: format!(
+                                    "did you mean `{meant}`? (any other name is a custom \
+                                     resource, which a worker must offer)"
+                                ),
+                            },
+                        ));
+                    }
                     r.custom.insert(k.clone(), self.conv(v, &f, number)?);
                 }
             }
         }
         Ok(r)
     }
+}
+
+/// The built-in resource a name most likely misspells (`cpu` for `cpus`), if any.
+fn builtin_resource_meant(name: &str) -> Option<&'static str> {
+    let n = name.to_ascii_lowercase().replace('-', "_");
+    Some(match n.as_str() {
+        "cpu" | "cores" | "core" | "ncpus" | "num_cpus" | "threads" | "cpus" => "cpus",
+        "gpu" | "ngpus" | "num_gpus" | "gpus" => "gpus",
+        "memory" | "ram" | "mem_bytes" | "mem" => "mem",
+        "gpumem" | "gpu_memory" | "vram" | "gpu_mem" => "gpu_mem",
+        _ => return None,
+    })
 }
 
 fn type_error(expected: &'static str, v: &Value) -> Problem {
@@ -692,6 +739,19 @@ fn duration(v: &Value) -> PResult<Duration> {
         .as_str()
         .ok_or_else(|| type_error("a duration string such as \"30s\"", v))?;
     parse_duration(s).map_err(Problem::from_value_error)
+}
+
+/// A task's time limit: a duration longer than 0 (a limit of 0 killed every attempt at its
+/// start; no limit is written by leaving the key out).
+fn timeout(v: &Value) -> PResult<Duration> {
+    let d = duration(v)?;
+    if d.is_zero() {
+        return Err(Problem::BadValue {
+            value: format!("timeout = {v}"),
+            reason: "a timeout must be longer than 0 (leave it out for none)".into(),
+        });
+    }
+    Ok(d)
 }
 
 fn array(v: &Value) -> PResult<Range<u64>> {

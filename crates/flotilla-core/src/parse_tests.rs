@@ -606,6 +606,72 @@ fn duplicate_variant_names_are_rejected() {
 }
 
 #[test]
+fn a_resource_name_that_misspells_a_builtin_is_refused_with_the_builtin() {
+    let task = |res: &str| format!("[[task]]\nid = \"a\"\ncmd = [\"x\"]\nresources = {res}\n");
+    for (given, meant) in [
+        ("cpu", "cpus"),
+        ("gpu", "gpus"),
+        ("memory", "mem"),
+        ("gpu-mem", "gpu_mem"),
+        ("CPUS", "cpus"),
+    ] {
+        check(
+            &task(&format!("{{ {given} = 1 }}")),
+            4,
+            Some("a"),
+            Some("resources"),
+            &format!("did you mean `{meant}`?"),
+        );
+    }
+    // Another name is a custom resource, as documented.
+    let job = parse_job(&task("{ license = 1 }"), "job.toml").expect("parses");
+    assert!(format!("{job:?}").contains("license"));
+}
+
+#[test]
+fn a_single_bracket_task_table_says_to_write_two() {
+    check(
+        "name = \"j\"\n[task]\nid = \"t\"\ncmd = [\"x\"]\n",
+        2,
+        None,
+        None,
+        "write `[[task]]`",
+    );
+    check(
+        "[[task]]\nid = \"t\"\n[task.variant]\nname = \"a\"\ncmd = [\"x\"]\n",
+        3,
+        Some("t"),
+        None,
+        "write `[[task.variant]]`",
+    );
+    check(
+        "[[task]]\nid = \"t\"\ncmd = [\"x\"]\nafter = \"a\"\n",
+        4,
+        Some("t"),
+        Some("after"),
+        "a list is written in brackets",
+    );
+}
+
+#[test]
+fn a_timeout_of_zero_is_refused() {
+    check(
+        "[[task]]\nid = \"a\"\ncmd = [\"x\"]\ntimeout = \"0s\"\n",
+        4,
+        Some("a"),
+        Some("timeout"),
+        "a timeout must be longer than 0",
+    );
+    check(
+        "[defaults]\ntimeout = \"0ms\"\n[[task]]\nid = \"a\"\ncmd = [\"x\"]\n",
+        2,
+        None,
+        Some("defaults.timeout"),
+        "a timeout must be longer than 0",
+    );
+}
+
+#[test]
 fn negative_and_nan_resources_are_rejected() {
     let task = |res: &str| format!("[[task]]\nid = \"a\"\ncmd = [\"x\"]\nresources = {res}\n");
     check(

@@ -10,7 +10,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::size::format_size;
+use crate::size::format_size_readable;
 
 /// A complete amount of resources: what a task needs or what a worker offers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,10 +87,10 @@ impl fmt::Display for Resources {
             write!(f, " gpus={}", self.gpus)?;
         }
         if self.mem != 0 {
-            write!(f, " mem={}", format_size(self.mem))?;
+            write!(f, " mem={}", format_size_readable(self.mem))?;
         }
         if self.gpu_mem != 0 {
-            write!(f, " gpu_mem={}", format_size(self.gpu_mem))?;
+            write!(f, " gpu_mem={}", format_size_readable(self.gpu_mem))?;
         }
         for (k, v) in &self.custom {
             write!(f, " {k}={v}")?;

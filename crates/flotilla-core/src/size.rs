@@ -99,10 +99,46 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// Writes a size for reading: exact as [`format_size`] where a unit of at least a tenth of
+/// it divides it (`"256MiB"`), else in the largest binary unit it reaches with one decimal
+/// (`"23.5GiB"`, not `"24683664KiB"`).
+pub fn format_size_readable(bytes: u64) -> String {
+    for (unit, shift) in [
+        ("PiB", 50),
+        ("TiB", 40),
+        ("GiB", 30),
+        ("MiB", 20),
+        ("KiB", 10),
+    ] {
+        let one = 1u64 << shift;
+        if bytes >= one {
+            if bytes.is_multiple_of(one) {
+                return format!("{}{unit}", bytes >> shift);
+            }
+            if bytes.is_multiple_of(one >> 10) && bytes >> shift < 10 {
+                // 1536MiB reads better than 1.5GiB only when it is exact: keep it.
+                return format_size(bytes);
+            }
+            return format!("{:.1}{unit}", bytes as f64 / one as f64);
+        }
+    }
+    bytes.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn readable_sizes_round_where_no_unit_divides() {
+        assert_eq!(format_size_readable(24_683_664 << 10), "23.5GiB");
+        assert_eq!(format_size_readable(256 << 20), "256MiB");
+        assert_eq!(format_size_readable(1536 << 20), "1536MiB");
+        assert_eq!(format_size_readable(1000), "1000");
+        assert_eq!(format_size_readable(1_500_000), "1.4MiB");
+        assert_eq!(format_size_readable(0), "0");
+    }
 
     #[test]
     fn parses_the_documented_forms() {

@@ -338,7 +338,8 @@ pub(crate) struct RunArgs {
     /// State directory (default: .flotilla beside the job file).
     #[arg(long)]
     state: Option<PathBuf>,
-    /// Print the summary as JSON.
+    /// Print the summary as JSON on one line: the job's status document (as `status JOB
+    /// --json`), with `cancelled_because` when the run cancelled a task too large for it.
     #[arg(long)]
     json: bool,
     /// Sandbox the tasks: none (your own job on your own machine: the default), auto, bwrap,
@@ -1088,6 +1089,9 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let state = a.state.clone().unwrap_or_else(|| job_dir.join(".flotilla"));
     let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), &state);
     scfg.http_listen = a.dashboard;
+    // One user's own coordinator: any job the file format allows (a shared coordinator's
+    // per-job limit, `server --max-job-tasks`, protects its other tenants).
+    scfg.max_job_tasks = flotilla_core::job::MAX_INSTANCES;
     let server = Server::start(scfg).await?;
     if let Some(http) = server.http_addr() {
         eprintln!(
@@ -1168,7 +1172,13 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         );
     }
     let shown = if a.json {
-        crate::out::write(format_args!("{}", serde_json::to_string(&status)?), true)
+        let mut doc = serde_json::to_value(&status)?;
+        // Why `run` cancelled it (a task larger than its one worker), for scripts: the same
+        // words as on stderr; absent otherwise.
+        if let (Some(why), Some(map)) = (too_large, doc.as_object_mut()) {
+            map.insert("cancelled_because".into(), why.clone().into());
+        }
+        crate::out::write(format_args!("{}", serde_json::to_string(&doc)?), true)
     } else {
         match summarize(&mut client, &status).await {
             Ok(()) => (|| {

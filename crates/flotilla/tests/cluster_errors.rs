@@ -810,6 +810,18 @@ fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
     // The task before it ran; the large one was cancelled, not failed.
     let summary = text(&out.stdout);
     assert!(summary.contains("1 cancelled, 1 done"), "{summary}");
+    // With --json, the reason is in the document too (a script could not tell this from a
+    // cancel by hand).
+    let out = local_run(dir, "2", &["--json"]).output().unwrap();
+    assert!(!out.status.success());
+    let doc: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    assert_eq!(doc["state"], "cancelled", "{doc}");
+    assert!(
+        doc["cancelled_because"]
+            .as_str()
+            .is_some_and(|w| w.contains("task huge needs cpus=64")),
+        "{doc}"
+    );
 
     // A task that needs the network: cancelled the same way, and run with --allow-network.
     std::fs::write(

@@ -464,3 +464,37 @@ fn a_drained_worker_hands_its_outputs_to_a_peer_and_no_task_runs_again() {
         "made-once\n"
     );
 }
+
+/// A `cwd` in transfer staging is made in the attempt's folder: it held only the staged
+/// inputs, so `cwd = "cases/{i}"` failed with "does not exist" unless an input lay under it.
+#[test]
+fn a_cwd_in_transfer_staging_is_made_in_the_attempts_folder() {
+    let c = two_workers();
+    let dir = c.job_dir();
+    std::fs::write(dir.join("run_case.sh"), "echo case-$1 > out.txt\n").unwrap();
+    let toml = r#"name = "cases"
+staging = "transfer"
+
+[[task]]
+id = "case"
+array = "0..2"
+cwd = "cases/{i}"
+inputs = ["run_case.sh"]
+cmd = ["sh", "../../run_case.sh", "{i}"]
+outputs = ["cases/{i}/out.txt"]
+"#;
+    let file = dir.join("cases.toml");
+    std::fs::write(&file, toml).unwrap();
+    let out = c.cli(&["submit", "--wait", &file.display().to_string()]);
+    assert!(
+        out.status.success(),
+        "submit --wait failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for i in 0..2 {
+        assert_eq!(
+            std::fs::read_to_string(dir.join(format!("cases/{i}/out.txt"))).unwrap(),
+            format!("case-{i}\n")
+        );
+    }
+}

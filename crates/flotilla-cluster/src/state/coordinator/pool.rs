@@ -388,7 +388,10 @@ impl Coordinator {
             let due = j.submitted.saturating_add(d);
             match j.finished {
                 Some(end) if end <= due && j.state == JobState::Succeeded => "met",
-                Some(_) => "missed",
+                Some(end) if end > due => "missed",
+                // Ended in time without succeeding: the deadline was not what failed it.
+                Some(_) if j.state == JobState::Failed => "not met: the job failed",
+                Some(_) => "not met: the job was cancelled",
                 None if self.now > due => "missed",
                 None if self.deadline_at_risk(j, p) => "at risk",
                 None => "on track",

@@ -62,9 +62,19 @@ resources = { cpus = 1 }
         .as_deref()
         .unwrap()
         .contains("no retries left"));
+    let failed_at = s.makespan_s;
+    // The cancelled attempt stops 2 s later: its time is in the worker's busy time, so the
+    // makespan runs until it stopped (utilization read 3909 % before).
+    sim.now += 2_000;
     let out = sim.finish(w, running_other, 1, AttemptOutcome::Cancelled);
     assert_eq!(notified(&out), vec![(running_other, TaskState::Cancelled)]);
     assert!(job_finished(&out).is_empty(), "JobFinished only once");
+    let s = sim.c.job_status(job).unwrap();
+    assert!(
+        (s.makespan_s - (failed_at + 2.0)).abs() < 1e-9,
+        "{} after failing at {failed_at}",
+        s.makespan_s
+    );
     assert_eq!(sim.c.workers()[0].used.cpus, 0.0);
 }
 

@@ -973,3 +973,26 @@ fn a_deadline_sends_work_to_faster_dearer_machines_only_when_the_cheap_ones_woul
     assert_eq!(run("1h"), WorkerId::new(1));
     assert_eq!(run("1m"), WorkerId::new(2));
 }
+
+#[test]
+fn a_job_that_fails_before_its_deadline_did_not_miss_it() {
+    let mut p = Pooled::new();
+    p.grant(1_000_000);
+    p.join(provider("cheap", 1.0, "1"));
+    let (job, out) = p.submit("t", &pool_job(1, "verify = 1\ndeadline = \"1h\""));
+    let (w, a) = assigns(&out).pop().expect("placed");
+    let deadline = |p: &Pooled| {
+        p.sim
+            .c
+            .job_status(job)
+            .and_then(|s| s.pool)
+            .and_then(|pool| pool.deadline)
+    };
+    assert_eq!(deadline(&p).as_deref(), Some("on track"));
+    p.sim.finish(w, a.task, a.attempt, failed("boom", false));
+    assert_eq!(
+        deadline(&p).as_deref(),
+        Some("not met: the job failed"),
+        "it failed 1 h before its deadline: not a missed deadline"
+    );
+}

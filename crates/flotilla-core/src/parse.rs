@@ -162,6 +162,9 @@ fn toml_error(e: &toml::de::Error, lines: &LineIndex<'_>, file: &str) -> CoreErr
     };
     if let Some(s) = &span {
         err.task = enclosing_task(lines, s.start);
+        if err.task.is_some() {
+            err.variant = enclosing_variant(lines, s.start);
+        }
     }
     err.file = Some(file.to_string());
     err.pos = span.map(|s| lines.pos(s.start));
@@ -176,6 +179,52 @@ struct LooseJob {
 #[derive(Deserialize)]
 struct LooseTask {
     id: Option<Value>,
+}
+
+/// A second lenient reading for [`enclosing_variant`] (its own: a `[task.variant]` written
+/// with one bracket must not stop [`enclosing_task`]).
+#[derive(Deserialize)]
+struct LooseVariants {
+    task: Option<Vec<Spanned<LooseTaskVariants>>>,
+}
+
+#[derive(Deserialize)]
+struct LooseTaskVariants {
+    variant: Option<Vec<Spanned<LooseVariant>>>,
+}
+
+#[derive(Deserialize)]
+struct LooseVariant {
+    name: Option<Value>,
+}
+
+/// The name of the `[[task.variant]]` whose table holds `offset`, read as
+/// [`enclosing_task`] reads the task: the last variant table starting before `offset`, when
+/// the nearest table header above `offset` is a variant's.
+fn enclosing_variant(lines: &LineIndex<'_>, offset: usize) -> Option<String> {
+    let header = lines.text()[..offset]
+        .lines()
+        .rev()
+        .map(str::trim_start)
+        .find(|l| l.starts_with('['))?;
+    let header: String = header.chars().filter(|c| !c.is_whitespace()).collect();
+    if header != "[[task.variant]]" {
+        return None;
+    }
+    let loose: LooseVariants = toml::from_str(lines.text()).ok()?;
+    let task = loose
+        .task?
+        .into_iter()
+        .take_while(|t| t.span().start <= offset)
+        .last()?
+        .into_inner();
+    let variant = task
+        .variant?
+        .into_iter()
+        .take_while(|v| v.span().start <= offset)
+        .last()?
+        .into_inner();
+    variant.name?.as_str().map(str::to_string)
 }
 
 /// The id of the task whose table holds `offset`, found by a lenient second reading (it

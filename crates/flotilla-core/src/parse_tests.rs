@@ -654,6 +654,20 @@ fn a_single_bracket_task_table_says_to_write_two() {
 }
 
 #[test]
+fn an_unknown_key_in_a_variant_names_the_variant() {
+    let e = check(
+        "[[task]]\nid = \"a\"\n[[task.variant]]\nname = \"v\"\ncmd = [\"x\"]\n\
+         [[task.variant]]\nname = \"w\"\ncmd = [\"y\"]\ntimeout = \"1s\"\n",
+        9,
+        Some("a"),
+        Some("timeout"),
+        "unknown key",
+    );
+    assert_eq!(e.variant.as_deref(), Some("w"), "{e}");
+    assert!(e.to_string().contains("variant \"w\": "), "{e}");
+}
+
+#[test]
 fn a_timeout_of_zero_is_refused() {
     check(
         "[[task]]\nid = \"a\"\ncmd = [\"x\"]\ntimeout = \"0s\"\n",

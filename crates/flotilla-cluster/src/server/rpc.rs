@@ -211,8 +211,10 @@ impl Api {
 
 /// Transfer staging: every declared input (not a pattern) must be uploaded from the job
 /// folder or be an output of one of the task's ancestors; otherwise the task would fail
-/// with "No such file or directory" after waiting its turn. The error names the task and the
-/// path (and the producer, when it is not an ancestor).
+/// with "No such file or directory" after waiting its turn. A pattern input that matches an
+/// output of a task that does not run before it is refused too: that output is never staged
+/// for it (a count over `shards/*.csv` without `after = ["split"]` ran on an empty folder).
+/// The error names the task and the path (and the producer, when it is not an ancestor).
 pub(crate) fn check_transfer_inputs(
     graph: &flotilla_core::TaskGraph,
     uploaded: &std::collections::HashSet<&str>,
@@ -240,9 +242,44 @@ pub(crate) fn check_transfer_inputs(
         }
         false
     };
+    // Exact outputs in order, so a pattern is compared with those sharing its literal prefix.
+    let sorted: std::collections::BTreeMap<&str, TaskId> = producers
+        .iter()
+        .filter(|(o, _)| !o.contains(['*', '?', '[']))
+        .map(|(o, t)| (*o, *t))
+        .collect();
+    let opts = glob::MatchOptions {
+        require_literal_separator: true,
+        ..glob::MatchOptions::new()
+    };
     for t in graph.tasks() {
         for input in &t.inputs {
-            if input.contains(['*', '?', '[']) || uploaded.contains(input.as_str()) {
+            if input.contains(['*', '?', '[']) {
+                let Ok(pattern) = glob::Pattern::new(input) else {
+                    continue;
+                };
+                let prefix = &input[..input.find(['*', '?', '[']).unwrap_or(input.len())];
+                let unordered = sorted
+                    .range(prefix..)
+                    .take_while(|(o, _)| o.starts_with(prefix))
+                    .find(|(o, &p)| {
+                        p != t.id
+                            && pattern.matches_with(o, opts)
+                            && !graph.preds(t.id).contains(&p)
+                            && !is_ancestor(p, t.id)
+                    });
+                if let Some((output, &p)) = unordered {
+                    return Err(format!(
+                        "{file}: task {:?}: input pattern {input:?} matches {output:?}, an \
+                         output of task {:?}, which does not run before it: add it to `after` \
+                         (only outputs of tasks it runs after are staged for it)",
+                        t.name,
+                        graph.task(p).name
+                    ));
+                }
+                continue;
+            }
+            if uploaded.contains(input.as_str()) {
                 continue;
             }
             match producers.get(input.as_str()) {
@@ -1305,6 +1342,58 @@ inputs = ["a.out", "b.out", "*.csv"]
         assert!(
             e.starts_with("job.toml: task \"c\": input \"a.out\" is an output of task \"a\""),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_transfer_input_pattern_matching_an_unordered_output_is_refused() {
+        let job = r#"
+staging = "transfer"
+[[task]]
+id = "split"
+array = "0..3"
+cmd = ["x"]
+outputs = ["shards/{i}.csv"]
+[[task]]
+id = "count"
+cmd = ["x"]
+after = ["split"]
+inputs = ["shards/*.csv", "notes/*.txt"]
+outputs = ["shards/count.txt"]
+"#;
+        let none = HashSet::new();
+        // After every producer (its own output under the same folder does not count).
+        assert_eq!(
+            check_transfer_inputs(&graph(job), &none, "job.toml"),
+            Ok(())
+        );
+        // Without `after`: the shards are never staged for it.
+        let e = check_transfer_inputs(
+            &graph(&job.replace("after = [\"split\"]", "")),
+            &none,
+            "job.toml",
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("task \"count\": input pattern \"shards/*.csv\" matches \"shards/0.csv\", an output of task \"split[0]\"")
+                && e.contains("add it to `after`"),
+            "{e}"
+        );
+        // After one shard only: the others are refused, naming one.
+        let e = check_transfer_inputs(
+            &graph(&job.replace("after = [\"split\"]", "after = [\"split[0]\"]")),
+            &none,
+            "job.toml",
+        )
+        .unwrap_err();
+        assert!(e.contains("matches \"shards/1.csv\""), "{e}");
+        // `*` stays within a folder, as staging matches: deeper outputs are not matched.
+        let deeper = job
+            .replace("shards/{i}.csv", "shards/{i}/part.csv")
+            .replace("after = [\"split\"]", "");
+        assert_eq!(
+            check_transfer_inputs(&graph(&deeper), &none, "job.toml"),
+            Ok(())
         );
     }
 

@@ -242,6 +242,18 @@ pub(crate) fn check_transfer_inputs(
         }
         false
     };
+    let ancestors_of = |t: TaskId| {
+        let mut seen = std::collections::HashSet::new();
+        let mut stack = vec![t];
+        while let Some(x) = stack.pop() {
+            for &q in graph.preds(x) {
+                if seen.insert(q) {
+                    stack.push(q);
+                }
+            }
+        }
+        seen
+    };
     // Exact outputs in order, so a pattern is compared with those sharing its literal prefix.
     let sorted: std::collections::BTreeMap<&str, TaskId> = producers
         .iter()
@@ -259,14 +271,18 @@ pub(crate) fn check_transfer_inputs(
                     continue;
                 };
                 let prefix = &input[..input.find(['*', '?', '[']).unwrap_or(input.len())];
+                // Its ancestors, gathered once when a match needs them: a reducer over the
+                // outputs of a large array checks each against a set, not a list or a walk.
+                let mut ancestors: Option<std::collections::HashSet<TaskId>> = None;
                 let unordered = sorted
                     .range(prefix..)
                     .take_while(|(o, _)| o.starts_with(prefix))
                     .find(|(o, &p)| {
                         p != t.id
                             && pattern.matches_with(o, opts)
-                            && !graph.preds(t.id).contains(&p)
-                            && !is_ancestor(p, t.id)
+                            && !ancestors
+                                .get_or_insert_with(|| ancestors_of(t.id))
+                                .contains(&p)
                     });
                 if let Some((output, &p)) = unordered {
                     return Err(format!(

@@ -1183,7 +1183,11 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         match summarize(&mut client, &status).await {
             Ok(()) => (|| {
                 outln!("  wall time: {}", fmt_secs(started.elapsed().as_secs_f64()));
-                outln!("  outputs in {}", job_dir.display());
+                // A failed transfer job gathered nothing: no outputs to point at. (In shared
+                // staging the done tasks' outputs are there whatever the outcome.)
+                if ok || status.staging == flotilla::core::Staging::Shared {
+                    outln!("  outputs in {}", job_dir.display());
+                }
                 Ok(())
             })(),
             e => e,

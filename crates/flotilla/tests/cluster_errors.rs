@@ -903,3 +903,30 @@ fn a_server_whose_port_is_taken_says_so_and_leaves_no_state_behind() {
         );
     }
 }
+
+/// A failed `flotilla run` of a transfer job gathered nothing: its summary does not point at
+/// "outputs in DIR" (a shared job's done tasks left theirs there, so it still does).
+#[test]
+fn a_failed_transfer_run_points_at_no_outputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for (staging, points) in [("transfer", false), ("shared", true)] {
+        std::fs::write(
+            dir.join("job.toml"),
+            format!(
+                "name = \"f\"\nstaging = \"{staging}\"\n[[task]]\nid = \"bad\"\nretries = 0\n\
+                 cmd = [\"false\"]\n"
+            ),
+        )
+        .unwrap();
+        let out = local_run(dir, "1", &[]).output().unwrap();
+        assert!(!out.status.success());
+        let summary = text(&out.stdout);
+        assert!(summary.contains("1 failed"), "{summary}");
+        assert_eq!(
+            summary.contains("outputs in"),
+            points,
+            "{staging}: {summary}"
+        );
+    }
+}

@@ -99,9 +99,10 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
-/// Writes a size for reading: exact as [`format_size`] where a unit of at least a tenth of
-/// it divides it (`"256MiB"`), else in the largest binary unit it reaches with one decimal
-/// (`"23.5GiB"`, not `"24683664KiB"`).
+/// Writes a size for reading, in the largest binary unit it reaches: exact when that unit
+/// divides it (`"256MiB"`), or when it is under 10 of that unit and the next smaller unit
+/// divides it (`"1536MiB"`, as [`format_size`]); else with one decimal (`"23.5GiB"`, not
+/// `"24683664KiB"`).
 pub fn format_size_readable(bytes: u64) -> String {
     for (unit, shift) in [
         ("PiB", 50),

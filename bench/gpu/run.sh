@@ -3,7 +3,9 @@
 # 15 minutes in all, start included), writing under $OUT:
 #   bash bench/gpu/prebuild.sh            # here, without a GPU: binaries into target/gpu-bin
 #   run(command="OUT=$OUT BUDGET_S=540 bash bench/gpu/run.sh quick", carry=["target/gpu-bin"])
-# Prepared without a GPU: it has not run yet. Steps run in order of importance (correctness,
+# N_GEMM and N_CHOL override the sizes; ONLY (a regex of step names) runs those steps alone:
+#   ONLY='cuda-tests|reference|gemm-cuda-.*' N_GEMM=16384 bash bench/gpu/run.sh
+# First run on an H200 on 2026-12-04 (figures in BENCHMARKS.md, section GPU). Steps run in order of importance (correctness,
 # then the figures the issue names against cuBLAS/cuSOLVER in the same run, then the rest);
 # each is time-boxed and independent, so a failing step still leaves the others' results,
 # and once BUDGET_S seconds have passed the remaining steps are skipped (listed as such).
@@ -21,6 +23,7 @@ pack() { cp "$W/summary.txt" "$OUT/summary.txt" 2>/dev/null; tar czf "$OUT/resul
 log() { echo "== $*" | tee -a "$W/summary.txt"; }
 step() { # name, timeout seconds, command...
   local name=$1 t=$2; shift 2
+  if [ -n "${ONLY:-}" ] && ! [[ $name =~ ^($ONLY)$ ]]; then return; fi
   local left=$((BUDGET_S - SECONDS))
   if [ "$left" -le 10 ]; then log "$name: skipped (budget spent)"; return; fi
   [ "$t" -gt "$left" ] && t=$left
@@ -46,7 +49,7 @@ for lib in cublas cublasLt cusolver nvrtc cusparse nvJitLink; do
 done
 export LD_LIBRARY_PATH=$LIBS:$(echo $dirs | tr ' ' ':')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$W/libs.txt"
-if [ "$QUICK" = quick ]; then N_GEMM=8192; N_CHOL=16384; else N_GEMM=16384; N_CHOL=32768; fi
+if [ "$QUICK" = quick ]; then N_GEMM=${N_GEMM:-8192}; N_CHOL=${N_CHOL:-16384}; else N_GEMM=${N_GEMM:-16384}; N_CHOL=${N_CHOL:-32768}; fi
 
 # 1. What the machine is, and correctness on the real GPU.
 step nvidia-smi 30 nvidia-smi
@@ -61,7 +64,7 @@ else
   B=./target/release/flotilla
   step cuda-tests 240 cargo test --release -p flotilla-devices cuda -- --nocapture
 fi
-grep -c "CUDA driver present" "$W/cuda-tests.txt" | sed 's/^/   ran on a GPU: /' | tee -a "$W/summary.txt"
+grep -c "CUDA driver present" "$W/cuda-tests.txt" 2>/dev/null | sed 's/^/   ran on a GPU: /' | tee -a "$W/summary.txt"
 step devices 60 $B devices
 
 # 2. The references: cuBLAS / cuSOLVER called directly (PyTorch), same sizes, same run.
@@ -107,6 +110,10 @@ step chol-cuda-f64 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cuda 
   --trace "$W/chol-cuda-f64.trace.json"
 step chol-mixed-f64 240 $B bench cholesky --n $N_CHOL --tile 2048 --devices cpu,cuda --precision f64 --reps 2 --json \
   --trace "$W/chol-mixed-f64.trace.json"
+step chol-cuda-f64-tile4096 240 $B bench cholesky --n $N_CHOL --tile 4096 --devices cuda --precision f64 --reps 2 --json
+# The tile chosen by the benchmark itself (each GPU candidate timed once, in a fresh home).
+step chol-cuda-f64-auto 240 env FLOTILLA_HOME="$W/home" $B bench cholesky --n $N_CHOL --devices cuda --precision f64 --reps 2 --json
+step gemm-cuda-f32-auto 180 env FLOTILLA_HOME="$W/home" $B bench gemm --n $N_GEMM --devices cuda --precision f32 --reps 3 --json
 step copy-cuda 120 $B bench copy --device cuda --mib 1024 --reps 5 --json
 for p in tf32 bf16 f64; do
   step "gemm-cuda-$p" 180 $B bench gemm --n $N_GEMM --tile 4096 --devices cuda --precision $p --reps 3 --json

@@ -519,8 +519,9 @@ struct LinalgArgs {
     #[arg(long, default_value_t = 2048)]
     n: usize,
     /// Tile size (must divide n). Default: chosen for this machine: each candidate tile
-    /// (128 to 1024, 8 to 48 tiles per side) is timed once on this n, and the fastest is
-    /// remembered in FLOTILLA_HOME/tiles.json for this CPU, its workers, n and precision.
+    /// (128 to 1024, 8 to 48 tiles per side; with cuda among the devices 1024 to 8192, 4 to
+    /// 16 per side) is timed once on this n, and the fastest is remembered in
+    /// FLOTILLA_HOME/tiles.json for this CPU, its workers, the devices, n and precision.
     #[arg(long)]
     tile: Option<usize>,
     /// The units that run tasks: cpu, opencl, cuda, or a comma list (cpu,cuda). Without

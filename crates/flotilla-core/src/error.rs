@@ -160,6 +160,12 @@ pub enum Problem {
         /// The TOML type that was given.
         found: &'static str,
     },
+    /// One string where a list of strings is read (`outputs = "a.txt"`, `cmd = "echo hi"`).
+    #[error("expected an array of strings, found a string: write {suggestion}")]
+    StringForList {
+        /// How the list is written, with the string given.
+        suggestion: String,
+    },
     /// A value has the right type but is not allowed.
     #[error("{value} is not allowed: {reason}")]
     BadValue {

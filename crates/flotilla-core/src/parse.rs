@@ -132,7 +132,9 @@ fn toml_error(e: &toml::de::Error, lines: &LineIndex<'_>, file: &str) -> CoreErr
             .map(str::trim)
             .filter(|l| !l.is_empty())
             .collect::<Vec<_>>()
-            .join("; ");
+            .join("; ")
+            // What serde calls a map, TOML calls a table.
+            .replace("expected a map", "expected a table");
         let key = span.as_ref().and_then(|s| key_before(lines, s.start));
         let hint = match (&span, &key) {
             // `[task]` for `[[task]]`: a table where a list of tables is read.
@@ -144,6 +146,18 @@ fn toml_error(e: &toml::de::Error, lines: &LineIndex<'_>, file: &str) -> CoreErr
                     .map(|(name, _)| {
                         format!(" (`[{name}]` is one table; tasks and variants are a list: write `[[{name}]]`)", name = name.trim())
                     })
+            }
+            // `env = "x"`, `resources = 4`: a table is written in braces.
+            (Some(_), Some(key))
+                if text.starts_with("invalid type") && text.ends_with("expected a table") =>
+            {
+                let example = match key.as_str() {
+                    "env" => "env = { NAME = \"value\" }",
+                    "resources" => "resources = { cpus = 2, mem = \"4GiB\" }",
+                    "group" => "group = { size = 4 }",
+                    _ => "{ key = value }",
+                };
+                Some(format!(" (a table is written in braces: {example})"))
             }
             // `after = "a"` for `after = ["a"]`, and the like.
             (Some(_), Some(_))
@@ -521,7 +535,7 @@ impl Cx<'_> {
             self.check_keys(g, "group", &["size"])?;
         }
         let body = if let Some(cmd) = &raw.cmd {
-            TaskBody::Command(self.conv(cmd, "cmd", strings)?)
+            TaskBody::Command(self.conv(cmd, "cmd", command)?)
         } else if let Some(w) = &raw.wasm {
             TaskBody::Wasm(self.conv(w, "wasm", wasm)?)
         } else if let Some(variants) = raw.variant {
@@ -611,7 +625,7 @@ impl Cx<'_> {
         };
         self.variant = Some(name.clone());
         let cmd = match &raw.cmd {
-            Some(v) => self.conv(v, "cmd", strings)?,
+            Some(v) => self.conv(v, "cmd", command)?,
             None => return Err(self.err(start, "cmd", Problem::Missing)),
         };
         let resources = match &raw.resources {
@@ -721,6 +735,11 @@ fn string(v: &Value) -> PResult<String> {
 
 fn strings(v: &Value) -> PResult<Vec<String>> {
     const WHAT: &str = "an array of strings";
+    if let Some(s) = v.as_str() {
+        return Err(Problem::StringForList {
+            suggestion: format!("[{s:?}]"),
+        });
+    }
     v.as_array()
         .ok_or_else(|| type_error(WHAT, v))?
         .iter()
@@ -730,6 +749,23 @@ fn strings(v: &Value) -> PResult<Vec<String>> {
                 .ok_or_else(|| type_error(WHAT, s))
         })
         .collect()
+}
+
+/// A command: [`strings`], where one string gets the two ways it may have been meant (its
+/// words as the program and its arguments, or a line for a shell).
+fn command(v: &Value) -> PResult<Vec<String>> {
+    match v.as_str() {
+        Some(s) if s.split_whitespace().nth(1).is_some() => {
+            let words: Vec<String> = s.split_whitespace().map(|w| format!("{w:?}")).collect();
+            Err(Problem::StringForList {
+                suggestion: format!(
+                    "[{}] (the program, then its arguments; it is not run through a shell), or [\"sh\", \"-c\", {s:?}] for a shell line",
+                    words.join(", ")
+                ),
+            })
+        }
+        _ => strings(v),
+    }
 }
 
 fn integer(v: &Value) -> PResult<i64> {

@@ -318,7 +318,37 @@ fn wrong_types_name_the_field() {
         3,
         Some("a"),
         Some("cmd"),
-        "expected an array of strings, found string",
+        "expected an array of strings, found a string: write [\"x\"]",
+    );
+    // A command line in one string: its words, or a shell.
+    check(
+        "[[task]]\nid = \"a\"\ncmd = \"echo hi\"\n",
+        3,
+        Some("a"),
+        Some("cmd"),
+        "write [\"echo\", \"hi\"] (the program, then its arguments; it is not run through a shell), or [\"sh\", \"-c\", \"echo hi\"] for a shell line",
+    );
+    check(
+        "[[task]]\nid = \"a\"\ncmd = [\"x\"]\noutputs = \"a.txt\"\n",
+        4,
+        Some("a"),
+        Some("outputs"),
+        "found a string: write [\"a.txt\"]",
+    );
+    // A table given as something else says how a table is written.
+    check(
+        "[[task]]\nid = \"a\"\ncmd = [\"x\"]\nenv = \"X=1\"\n",
+        4,
+        Some("a"),
+        Some("env"),
+        "(a table is written in braces: env = { NAME = \"value\" })",
+    );
+    check(
+        "[[task]]\nid = \"a\"\ncmd = [\"x\"]\nresources = 4\n",
+        4,
+        Some("a"),
+        Some("resources"),
+        "(a table is written in braces: resources = { cpus = 2, mem = \"4GiB\" })",
     );
     check(
         "[[task]]\nid = 7\ncmd = [\"x\"]\n",

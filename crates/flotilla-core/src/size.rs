@@ -85,13 +85,7 @@ pub fn parse_size(input: &str) -> Result<u64> {
 /// Writes a size as the largest binary unit that divides it exactly (`"256MiB"`), or as a
 /// plain number of bytes (`"1000"`).
 pub fn format_size(bytes: u64) -> String {
-    for (unit, shift) in [
-        ("PiB", 50),
-        ("TiB", 40),
-        ("GiB", 30),
-        ("MiB", 20),
-        ("KiB", 10),
-    ] {
+    for (unit, shift) in WRITTEN_UNITS {
         if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
@@ -99,18 +93,21 @@ pub fn format_size(bytes: u64) -> String {
     bytes.to_string()
 }
 
+/// The binary units sizes are written in, largest first, with their power of two.
+const WRITTEN_UNITS: [(&str, u32); 5] = [
+    ("PiB", 50),
+    ("TiB", 40),
+    ("GiB", 30),
+    ("MiB", 20),
+    ("KiB", 10),
+];
+
 /// Writes a size for reading, in the largest binary unit it reaches: exact when that unit
 /// divides it (`"256MiB"`), or when it is under 10 of that unit and the next smaller unit
 /// divides it (`"1536MiB"`, as [`format_size`]); else with one decimal (`"23.5GiB"`, not
 /// `"24683664KiB"`).
 pub fn format_size_readable(bytes: u64) -> String {
-    for (unit, shift) in [
-        ("PiB", 50),
-        ("TiB", 40),
-        ("GiB", 30),
-        ("MiB", 20),
-        ("KiB", 10),
-    ] {
+    for (unit, shift) in WRITTEN_UNITS {
         let one = 1u64 << shift;
         if bytes >= one {
             if bytes.is_multiple_of(one) {

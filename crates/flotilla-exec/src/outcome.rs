@@ -70,7 +70,7 @@ impl Outcome {
     }
 
     /// A short human sentence fragment: "exited with code 3", "killed after timeout of 2s",
-    /// "exceeded its memory limit of 64 MiB", "killed by signal 11 (SIGSEGV)".
+    /// "exceeded its memory limit of 64MiB", "killed by signal 11 (SIGSEGV)".
     pub fn describe(&self) -> String {
         match &self.termination {
             Termination::Exited(code) => format!("exited with code {code}"),
@@ -84,7 +84,10 @@ impl Outcome {
             },
             Termination::Cancelled => "cancelled".to_owned(),
             Termination::MemoryExceeded => match self.memory_limit {
-                Some(bytes) => format!("exceeded its memory limit of {}", format_bytes(bytes)),
+                Some(bytes) => format!(
+                    "exceeded its memory limit of {}",
+                    flotilla_core::size::format_size_readable(bytes)
+                ),
                 None => "exceeded its memory limit".to_owned(),
             },
             Termination::FuelExhausted => match self.fuel {
@@ -148,25 +151,6 @@ pub(crate) fn format_duration(d: Duration) -> String {
     out
 }
 
-/// "512 B", "64 MiB", "1.5 GiB".
-pub(crate) fn format_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if (value - value.round()).abs() < 0.05 {
-        format!("{} {}", value.round() as u64, UNITS[unit])
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,7 +168,7 @@ mod tests {
         assert_eq!(format_duration(Duration::from_micros(100)), "100µs");
         let mut o = outcome(Termination::MemoryExceeded);
         o.memory_limit = Some(64 << 20);
-        assert_eq!(o.describe(), "exceeded its memory limit of 64 MiB");
+        assert_eq!(o.describe(), "exceeded its memory limit of 64MiB");
         let mut o = outcome(Termination::FuelExhausted);
         o.fuel = Some(1000);
         assert_eq!(o.describe(), "ran out of fuel (limit 1000)");
@@ -213,9 +197,5 @@ mod tests {
         assert_eq!(format_duration(Duration::from_secs(300)), "5m");
         assert_eq!(format_duration(Duration::from_secs(3900)), "1h5m");
         assert_eq!(format_duration(Duration::ZERO), "0ms");
-        assert_eq!(format_bytes(100), "100 B");
-        assert_eq!(format_bytes(3 << 30), "3 GiB");
-        assert_eq!(format_bytes(1536 << 20), "1.5 GiB");
-        assert_eq!(format_bytes(256 << 20), "256 MiB");
     }
 }

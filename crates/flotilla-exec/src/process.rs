@@ -1034,7 +1034,7 @@ mod tests {
                 Termination::MemoryExceeded,
                 "{outcome:?}"
             );
-            assert_eq!(outcome.describe(), "exceeded its memory limit of 32 MiB");
+            assert_eq!(outcome.describe(), "exceeded its memory limit of 32MiB");
         }
         fs::remove_dir(&parent).expect("remove test parent cgroup");
     }

@@ -627,7 +627,7 @@ mod tests {
         spec.memory_bytes = Some(1 << 20);
         let outcome = run(&spec);
         assert_eq!(outcome.termination, Termination::MemoryExceeded);
-        assert_eq!(outcome.describe(), "exceeded its memory limit of 1 MiB");
+        assert_eq!(outcome.describe(), "exceeded its memory limit of 1MiB");
         // An initial memory above the limit fails at instantiation, the same way.
         let big = module(
             dir.path(),

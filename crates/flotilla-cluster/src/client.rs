@@ -1011,7 +1011,10 @@ pub(crate) fn is_glob(p: &str) -> bool {
 /// Transfer staging: the declared inputs that no task declares as an output and that are
 /// plain files of the job folder `dir`, read for upload with the job (each once). A glob
 /// pattern (`data/*.csv`) uploads every plain file of the job folder it matches.
-fn uploads(graph: &flotilla_core::TaskGraph, dir: &Path) -> Result<Vec<proto::UploadedFile>> {
+pub(crate) fn uploads(
+    graph: &flotilla_core::TaskGraph,
+    dir: &Path,
+) -> Result<Vec<proto::UploadedFile>> {
     let produced: std::collections::HashSet<&str> = graph
         .tasks()
         .iter()

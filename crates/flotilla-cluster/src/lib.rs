@@ -24,6 +24,7 @@ mod idle;
 pub mod journal;
 pub mod kube;
 pub mod objects;
+pub mod plan;
 pub mod proto;
 mod sandbox_watch;
 pub mod server;

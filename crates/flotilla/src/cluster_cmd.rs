@@ -358,6 +358,10 @@ pub(crate) struct RunArgs {
     /// 127.0.0.1 on a free port); prints the address to open, with a one-time login.
     #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:0")]
     dashboard: Option<SocketAddr>,
+    /// Check the job file as a submission would (its inputs too) and print what would run,
+    /// with warnings of what only running would find; run nothing. With --json, as JSON.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Args, Debug)]
@@ -381,6 +385,14 @@ pub(crate) struct SubmitArgs {
     /// Follow the job to its end (exit code 0 only if every task succeeded).
     #[arg(long)]
     wait: bool,
+    /// Check the job file as the submission would (its inputs too) and print what would
+    /// run, with warnings of what only running would find; submit nothing, connect to
+    /// nothing. The coordinator's own limits (tasks per job, quotas) are not known here.
+    #[arg(long, conflicts_with = "wait")]
+    dry_run: bool,
+    /// With --dry-run: print the plan as JSON.
+    #[arg(long, requires = "dry_run")]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -1078,7 +1090,54 @@ fn check_job_file(job_path: &Path, expand: bool) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
+/// `--dry-run`: the job file checked as a submission checks it, and what would run.
+fn dry_run(job: &Path, json: bool) -> Result<bool> {
+    let plan = flotilla_cluster::plan::plan_file(job).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if json {
+        outln!("{}", serde_json::to_string(&plan)?);
+        return Ok(true);
+    }
+    let staging = match plan.staging {
+        flotilla::core::Staging::Shared => "shared staging".to_string(),
+        flotilla::core::Staging::Transfer => format!(
+            "transfer staging, {} input files to upload ({})",
+            plan.uploads,
+            flotilla::core::size::format_size_readable(plan.upload_bytes)
+        ),
+    };
+    outln!(
+        "{} ({}): {} tasks, {} dependencies, longest chain {}, {staging}",
+        plan.name,
+        plan.file,
+        plan.tasks,
+        plan.dependencies,
+        plan.longest_chain
+    );
+    let mut t = crate::table::new(&["task", ">instances", "runs", "resources", "after"]);
+    for task in &plan.task_tables {
+        t.add_row(vec![
+            task.id.clone(),
+            task.instances.to_string(),
+            task.runs.clone(),
+            task.resources.clone(),
+            task.after.join(", "),
+        ]);
+    }
+    outln!("{t}");
+    for w in &plan.warnings {
+        eprintln!("warning: {w}");
+    }
+    if plan.more_warnings > 0 {
+        eprintln!("warning: … and {} more like these", plan.more_warnings);
+    }
+    outln!("checked; nothing was run (--dry-run)");
+    Ok(true)
+}
+
 pub(crate) async fn run(a: RunArgs) -> Result<bool> {
+    if a.dry_run {
+        return dry_run(&a.job, a.json);
+    }
     let job_path = a.job.clone();
     // Refuse a bad job file before starting anything.
     check_job_file(&job_path, true)?;
@@ -1223,6 +1282,9 @@ async fn gather_if_transfer(client: &mut Client, status: &JobStatus, ok: bool) -
 const SUBMIT_ATTEMPTS: u32 = 5;
 
 pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
+    if a.dry_run {
+        return dry_run(&a.job, a.json);
+    }
     // One id for every attempt: a submission that was taken, but whose answer was lost (a
     // leader change, a broken connection), is answered with its job when sent again.
     check_job_file(&a.job, false)?;

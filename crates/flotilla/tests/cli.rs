@@ -439,3 +439,65 @@ fn submit_names_a_bad_job_file_before_looking_for_a_coordinator() {
     );
     assert!(!err.contains("no coordinator answered"), "{err}");
 }
+
+#[test]
+fn a_dry_run_checks_the_job_and_its_inputs_and_runs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("job.toml");
+    std::fs::write(dir.path().join("seed.txt"), "1").unwrap();
+    let job = r#"
+[[task]]
+id = "make"
+array = "0..3"
+cmd = ["sh", "-c", "echo {i} > part{i}.txt"]
+inputs = ["seed.txt"]
+outputs = ["part{i}.txt"]
+resources = { cpus = 2 }
+[[task]]
+id = "sum"
+cmd = ["sh", "-c", "cat part*.txt > sum.txt"]
+after = ["make"]
+inputs = ["part*.txt", "missing.txt", "none/*.csv"]
+outputs = ["sum.txt"]
+"#;
+    std::fs::write(&file, job).unwrap();
+    let path = file.to_str().unwrap();
+    let (ok, out, err) = flotilla(&["run", "--dry-run", path]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("4 tasks, 3 dependencies, longest chain 2, shared staging"),
+        "{out}"
+    );
+    // The command as written (`{i}` kept), the resources with the defaults applied.
+    assert!(out.contains("echo {i} > part{i}.txt") && out.contains("cpus=2"), "{out}");
+    assert!(out.contains("nothing was run"), "{out}");
+    // What only running would find in shared staging is a warning.
+    assert!(
+        err.contains("warning: task \"sum\": input \"missing.txt\" is neither in the job folder")
+            && err.contains("input pattern \"none/*.csv\" matches no file"),
+        "{err}"
+    );
+    assert!(!err.contains("part*.txt"), "{err}");
+    // Nothing started: no state folder, no outputs.
+    assert!(!dir.path().join(".flotilla").exists());
+    assert!(!dir.path().join("part0.txt").exists());
+    // JSON for scripts.
+    let (ok, out, _) = flotilla(&["submit", "--dry-run", "--json", path]);
+    assert!(ok);
+    let plan: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(plan["tasks"], 4);
+    assert_eq!(plan["task_tables"][1]["after"][0], "make");
+    assert_eq!(plan["warnings"].as_array().map(Vec::len), Some(2));
+    // In transfer staging what a submission refuses is an error, named as submit names it.
+    std::fs::write(
+        &file,
+        format!("staging = \"transfer\"\n{}", job.replace("after = [\"make\"]", "")),
+    )
+    .unwrap();
+    let (ok, _, err) = flotilla(&["run", "--dry-run", path]);
+    assert!(!ok);
+    assert!(
+        err.contains("task \"sum\": input pattern \"part*.txt\" matches \"part0.txt\", an output of task \"make[0]\", which does not run before it"),
+        "{err}"
+    );
+}

@@ -214,111 +214,21 @@ impl Api {
 /// with "No such file or directory" after waiting its turn. A pattern input that matches an
 /// output of a task that does not run before it is refused too: that output is never staged
 /// for it (a count over `shards/*.csv` without `after = ["split"]` ran on an empty folder).
-/// The error names the task and the path (and the producer, when it is not an ancestor).
+/// The error names the task and the path (and the producer, when it is not an ancestor);
+/// the checks are [`crate::plan::input_problems`], which a dry run applies too.
 pub(crate) fn check_transfer_inputs(
     graph: &flotilla_core::TaskGraph,
     uploaded: &std::collections::HashSet<&str>,
     file: &str,
 ) -> std::result::Result<(), String> {
-    use flotilla_core::TaskId;
-    let mut producers: HashMap<&str, TaskId> = HashMap::new();
-    for t in graph.tasks() {
-        for o in &t.outputs {
-            producers.insert(o.as_str(), t.id);
-        }
+    // A pattern matching nothing is no reason to refuse (a dry run warns of it).
+    match crate::plan::input_problems(graph, uploaded, &|_| true)
+        .into_iter()
+        .find(|p| p.refused_in(flotilla_core::Staging::Transfer))
+    {
+        Some(p) => Err(format!("{file}: {p}")),
+        None => Ok(()),
     }
-    let is_ancestor = |p: TaskId, t: TaskId| {
-        let mut seen = std::collections::HashSet::new();
-        let mut stack = vec![t];
-        while let Some(x) = stack.pop() {
-            for &q in graph.preds(x) {
-                if q == p {
-                    return true;
-                }
-                if seen.insert(q) {
-                    stack.push(q);
-                }
-            }
-        }
-        false
-    };
-    let ancestors_of = |t: TaskId| {
-        let mut seen = std::collections::HashSet::new();
-        let mut stack = vec![t];
-        while let Some(x) = stack.pop() {
-            for &q in graph.preds(x) {
-                if seen.insert(q) {
-                    stack.push(q);
-                }
-            }
-        }
-        seen
-    };
-    // Exact outputs in order, so a pattern is compared with those sharing its literal prefix.
-    let sorted: std::collections::BTreeMap<&str, TaskId> = producers
-        .iter()
-        .filter(|(o, _)| !o.contains(['*', '?', '[']))
-        .map(|(o, t)| (*o, *t))
-        .collect();
-    let opts = glob::MatchOptions {
-        require_literal_separator: true,
-        ..glob::MatchOptions::new()
-    };
-    for t in graph.tasks() {
-        for input in &t.inputs {
-            if input.contains(['*', '?', '[']) {
-                let Ok(pattern) = glob::Pattern::new(input) else {
-                    continue;
-                };
-                let prefix = &input[..input.find(['*', '?', '[']).unwrap_or(input.len())];
-                // Its ancestors, gathered once when a match needs them: a reducer over the
-                // outputs of a large array checks each against a set, not a list or a walk.
-                let mut ancestors: Option<std::collections::HashSet<TaskId>> = None;
-                let unordered = sorted
-                    .range(prefix..)
-                    .take_while(|(o, _)| o.starts_with(prefix))
-                    .find(|(o, &p)| {
-                        p != t.id
-                            && pattern.matches_with(o, opts)
-                            && !ancestors
-                                .get_or_insert_with(|| ancestors_of(t.id))
-                                .contains(&p)
-                    });
-                if let Some((output, &p)) = unordered {
-                    return Err(format!(
-                        "{file}: task {:?}: input pattern {input:?} matches {output:?}, an \
-                         output of task {:?}, which does not run before it: add it to `after` \
-                         (only outputs of tasks it runs after are staged for it)",
-                        t.name,
-                        graph.task(p).name
-                    ));
-                }
-                continue;
-            }
-            if uploaded.contains(input.as_str()) {
-                continue;
-            }
-            match producers.get(input.as_str()) {
-                Some(&p) if graph.preds(t.id).contains(&p) || is_ancestor(p, t.id) => {}
-                Some(&p) => {
-                    let by = &graph.task(p).name;
-                    return Err(format!(
-                        "{file}: task {:?}: input {input:?} is an output of task {by:?}, which \
-                         does not run before it: add it to `after`",
-                        t.name
-                    ));
-                }
-                None => {
-                    return Err(format!(
-                        "{file}: task {:?}: input {input:?} is neither in the job folder nor an \
-                         output of any task",
-                        t.name
-                    ))
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A job folder is where a job's tasks read and write (in shared staging, a WASM task's

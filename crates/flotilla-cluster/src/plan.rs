@@ -69,6 +69,7 @@ pub fn plan_file(path: &Path) -> Result<Plan> {
     let dir = abs.parent().unwrap_or(Path::new("/")).to_path_buf();
     let file = path.display().to_string();
     let spec = flotilla_core::parse_job(&text, &file)?;
+    check_job_dir(&dir.display().to_string()).map_err(ClusterError::Config)?;
     spec.validate()?;
     let graph = spec.expand()?;
     let (uploads, upload_bytes, present): (usize, u64, HashSet<String>) =
@@ -166,6 +167,42 @@ pub fn plan_file(path: &Path) -> Result<Plan> {
         warnings,
         more_warnings,
     })
+}
+
+/// A job folder is where a job's tasks read and write (in shared staging, a WASM task's
+/// writable preopen), so it must name a job's own folder: absolute, normalised (no `.` or
+/// `..`), and neither the root, a system folder, nor a folder of the whole machine.
+pub fn check_job_dir(dir: &str) -> std::result::Result<(), String> {
+    let path = Path::new(dir);
+    let refuse = |why: &str| Err(format!("job folder {dir:?} refused: {why}"));
+    if !path.is_absolute() {
+        return refuse("it must be an absolute path");
+    }
+    if dir.split('/').any(|c| c == "." || c == "..") || dir.contains("//") {
+        return refuse("it must be normalised (no '.', '..' or '//')");
+    }
+    const WHOLE: &[&str] = &[
+        "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
+        "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var",
+    ];
+    const SYSTEM: &[&str] = &[
+        "/bin", "/boot", "/dev", "/etc", "/lib", "/proc", "/sbin", "/sys", "/usr",
+    ];
+    let trimmed = if dir.len() > 1 {
+        dir.trim_end_matches('/')
+    } else {
+        dir
+    };
+    if WHOLE.contains(&trimmed) {
+        return refuse(
+            "a task would get a folder of the whole machine (put the job file in a folder of \
+             its own)",
+        );
+    }
+    if SYSTEM.iter().any(|s| path.starts_with(s)) {
+        return refuse("it is inside a system folder (put the job file in a folder of its own)");
+    }
+    Ok(())
 }
 
 /// Something wrong with a task's declared inputs.

@@ -1145,6 +1145,10 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("/"));
+    // A folder the coordinator would refuse (`/tmp`, a system folder): said before the state
+    // folder is made in it.
+    flotilla_cluster::plan::check_job_dir(&job_dir.display().to_string())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let state = a.state.clone().unwrap_or_else(|| job_dir.join(".flotilla"));
     let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), &state);
     scfg.http_listen = a.dashboard;

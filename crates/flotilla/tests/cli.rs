@@ -469,7 +469,10 @@ outputs = ["sum.txt"]
         "{out}"
     );
     // The command as written (`{i}` kept), the resources with the defaults applied.
-    assert!(out.contains("echo {i} > part{i}.txt") && out.contains("cpus=2"), "{out}");
+    assert!(
+        out.contains("echo {i} > part{i}.txt") && out.contains("cpus=2"),
+        "{out}"
+    );
     assert!(out.contains("nothing was run"), "{out}");
     // What only running would find in shared staging is a warning.
     assert!(
@@ -491,7 +494,10 @@ outputs = ["sum.txt"]
     // In transfer staging what a submission refuses is an error, named as submit names it.
     std::fs::write(
         &file,
-        format!("staging = \"transfer\"\n{}", job.replace("after = [\"make\"]", "")),
+        format!(
+            "staging = \"transfer\"\n{}",
+            job.replace("after = [\"make\"]", "")
+        ),
     )
     .unwrap();
     let (ok, _, err) = flotilla(&["run", "--dry-run", path]);
@@ -500,4 +506,32 @@ outputs = ["sum.txt"]
         err.contains("task \"sum\": input pattern \"part*.txt\" matches \"part0.txt\", an output of task \"make[0]\", which does not run before it"),
         "{err}"
     );
+}
+
+#[test]
+fn run_refuses_a_whole_machine_job_folder_before_writing_in_it() {
+    // A job file straight in /tmp: the coordinator refuses /tmp as a job folder, and `run`
+    // said so only after making /tmp/.flotilla (its token, journal, worker folder).
+    let file = Path::new("/tmp").join(format!("flotilla-cli-test-{}.toml", std::process::id()));
+    std::fs::write(&file, "[[task]]\nid = \"a\"\ncmd = [\"true\"]\n").unwrap();
+    let state = Path::new("/tmp/.flotilla");
+    let existed = state.exists();
+    let (ok, _, err) = flotilla(&["run", file.to_str().unwrap()]);
+    let (dry_ok, _, dry_err) = flotilla(&["run", "--dry-run", file.to_str().unwrap()]);
+    std::fs::remove_file(&file).unwrap();
+    assert!(!ok && !dry_ok);
+    for e in [&err, &dry_err] {
+        assert!(
+            e.contains("refused: a task would get a folder of the whole machine (put the job file in a folder of its own)"),
+            "{e}"
+        );
+    }
+    if existed {
+        eprintln!(
+            "{} existed before the test: its creation is not checked",
+            state.display()
+        );
+    } else {
+        assert!(!state.exists(), "run made {}", state.display());
+    }
 }

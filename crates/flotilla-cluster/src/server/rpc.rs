@@ -231,39 +231,6 @@ pub(crate) fn check_transfer_inputs(
     }
 }
 
-/// A job folder is where a job's tasks read and write (in shared staging, a WASM task's
-/// writable preopen), so it must name a job's own folder: absolute, normalised (no `.` or
-/// `..`), and neither the root, a system folder, nor a folder of the whole machine.
-pub(crate) fn check_job_dir(dir: &str) -> std::result::Result<(), String> {
-    let path = Path::new(dir);
-    let refuse = |why: &str| Err(format!("job folder {dir:?} refused: {why}"));
-    if !path.is_absolute() {
-        return refuse("it must be an absolute path");
-    }
-    if dir.split('/').any(|c| c == "." || c == "..") || dir.contains("//") {
-        return refuse("it must be normalised (no '.', '..' or '//')");
-    }
-    const WHOLE: &[&str] = &[
-        "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
-        "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var",
-    ];
-    const SYSTEM: &[&str] = &[
-        "/bin", "/boot", "/dev", "/etc", "/lib", "/proc", "/sbin", "/sys", "/usr",
-    ];
-    let trimmed = if dir.len() > 1 {
-        dir.trim_end_matches('/')
-    } else {
-        dir
-    };
-    if WHOLE.contains(&trimmed) {
-        return refuse("a task would get a folder of the whole machine");
-    }
-    if SYSTEM.iter().any(|s| path.starts_with(s)) {
-        return refuse("it is inside a system folder");
-    }
-    Ok(())
-}
-
 /// How many uploaded files a submission to a group copies to the other nodes at once.
 const REPLICATED_AT_ONCE: usize = 4;
 
@@ -283,7 +250,7 @@ impl CoordinatorRpc for Api {
             .to_string();
         let quota_tasks = self.access.quota(&tenant).and_then(|q| q.tasks);
         let r = req.into_inner();
-        check_job_dir(&r.dir).map_err(Status::invalid_argument)?;
+        crate::plan::check_job_dir(&r.dir).map_err(Status::invalid_argument)?;
         if r.request_id.chars().count() > 128 {
             return Err(Status::invalid_argument(
                 "request_id: at most 128 characters",
@@ -1224,7 +1191,8 @@ fn keep_checkpoints(
 mod tests {
     use std::collections::HashSet;
 
-    use super::{check_job_dir, check_transfer_inputs};
+    use super::check_transfer_inputs;
+    use crate::plan::check_job_dir;
 
     fn graph(text: &str) -> flotilla_core::TaskGraph {
         flotilla_core::parse_job(text, "job.toml")

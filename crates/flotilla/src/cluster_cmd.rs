@@ -999,7 +999,8 @@ fn print_summary(
     let m = status.makespan_s;
     outln!("  makespan: {}", fmt_secs(m));
     outln!("  critical path: {}", fmt_secs(status.critical_path_s));
-    // Per worker: tasks run and busy time, as a share of its CPUs over the makespan.
+    // Per worker: tasks run and busy time; its utilization is the CPU-seconds the tasks
+    // held (half a CPU for 1 s is 0.5) as a share of its CPUs over the makespan.
     for share in &status.per_worker {
         let (w, n, busy) = (share.worker, share.tasks, share.busy_s);
         let info = cluster.and_then(|c| c.workers.iter().find(|x| x.id == w));
@@ -1010,7 +1011,11 @@ fn print_summary(
         match info.map(|i| i.resources.cpus.max(1.0)) {
             // Utilization is of a live worker's CPUs; a gone worker's are no longer known.
             Some(cpus) => {
-                let util = if m > 0.0 { busy / (cpus * m) } else { 0.0 };
+                let util = if m > 0.0 {
+                    share.cpu_busy_s / (cpus * m)
+                } else {
+                    0.0
+                };
                 outln!(
                     "  worker {w} ({wname}): {n} task{}, busy {}, utilization {:.0}%",
                     if n == 1 { "" } else { "s" },

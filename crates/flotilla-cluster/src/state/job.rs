@@ -117,8 +117,9 @@ pub(crate) struct Job {
     /// Failed attempts that were retried.
     pub(crate) retries: u32,
     /// Wall seconds of every attempt that reported an end, per worker that ran it (failed,
-    /// timed out, preempted and replicas too): the job's busy time per worker.
-    pub(crate) busy: BTreeMap<WorkerId, f64>,
+    /// timed out, preempted and replicas too): the job's busy time per worker; and the same
+    /// seconds times the CPUs each attempt held (its share of the worker's CPUs).
+    pub(crate) busy: BTreeMap<WorkerId, (f64, f64)>,
     /// Transfer staging: outputs of `Done` tasks.
     pub(crate) outputs: HashMap<TaskId, Vec<ObjectRef>>,
     /// Transfer staging: workers (live or not) holding a task's outputs.

@@ -210,6 +210,10 @@ pub struct WorkerShare {
     pub tasks: u64,
     /// Their wall time, in seconds.
     pub busy_s: f64,
+    /// Their wall time times the CPUs each held, in CPU-seconds: over the worker's CPUs
+    /// and the makespan, its utilization by the job (tasks of half a CPU count half).
+    #[serde(default)]
+    pub cpu_busy_s: f64,
 }
 
 impl JobStatus {
@@ -619,14 +623,16 @@ impl Coordinator {
             Vec::new()
         };
         // Tasks by the worker of their latest attempt; busy time of every attempt.
-        let mut shares: BTreeMap<WorkerId, (u64, f64)> = BTreeMap::new();
+        let mut shares: BTreeMap<WorkerId, (u64, f64, f64)> = BTreeMap::new();
         for rt in &j.tasks {
             if let Some(w) = rt.worker {
                 shares.entry(w).or_default().0 += 1;
             }
         }
-        for (w, busy) in &j.busy {
-            shares.entry(*w).or_default().1 += busy;
+        for (w, (wall, cpu)) in &j.busy {
+            let share = shares.entry(*w).or_default();
+            share.1 += wall;
+            share.2 += cpu;
         }
         let named: BTreeSet<WorkerId> = shares
             .keys()
@@ -665,10 +671,11 @@ impl Coordinator {
             failed,
             per_worker: shares
                 .into_iter()
-                .map(|(worker, (tasks, busy_s))| WorkerShare {
+                .map(|(worker, (tasks, busy_s, cpu_busy_s))| WorkerShare {
                     worker,
                     tasks,
                     busy_s,
+                    cpu_busy_s,
                 })
                 .collect(),
         })

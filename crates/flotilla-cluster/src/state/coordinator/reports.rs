@@ -167,10 +167,13 @@ impl Coordinator {
         let mut freed = false;
         // When it was heard to start, and its first GPU (the trace).
         let mut began: (Option<Millis>, Option<u32>) = (None, None);
+        // The CPUs it held (the task's own when the slot is gone: a ghost's report).
+        let mut held_cpus = None;
         if let Some(w) = self.workers.get_mut(&worker) {
             // Promotion waits until the chained attempts this end releases are queued.
             if let Some(slot) = w.take((task, attempt)) {
                 freed = slot.reserved;
+                held_cpus = Some(slot.res.cpus);
                 began.0 = slot.started_at;
                 began.1 = slot.gpus.first().map(|g| g.0 as u32);
                 if let Some(t) = slot.thief.and_then(|t| self.workers.get_mut(&t)) {
@@ -256,7 +259,10 @@ impl Coordinator {
         let active = j.is_active();
         let wall = result.usage.wall_seconds;
         if wall.is_finite() && wall > 0.0 {
-            *j.busy.entry(ran_on).or_default() += wall;
+            let cpus = held_cpus.unwrap_or_else(|| j.graph.task(t).resources.cpus);
+            let busy = j.busy.entry(ran_on).or_default();
+            busy.0 += wall;
+            busy.1 += wall * cpus;
             if matches!(result.outcome, AttemptOutcome::Failed { .. }) {
                 // A failed (or timed-out) attempt's time is the task's time so far.
                 j.tasks[t.index()].ext().usage = Some(result.usage);

@@ -841,3 +841,33 @@ fn a_worker_declared_lost_is_never_again_a_source_of_its_old_outputs() {
     );
     assert_eq!(j.outputs[&a.task.task], vec![new]);
 }
+
+/// A worker's utilization by a job counts the CPUs each attempt held: four tasks of half a
+/// CPU and two of one, 1 s each, are 4 CPU-seconds (the summary read 148% of a 1-CPU
+/// worker over 4 s when it counted 6 wall seconds).
+#[test]
+fn busy_cpu_seconds_count_the_cpus_each_attempt_held() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        "[[task]]\nid = \"h\"\narray = \"0..4\"\ncmd = [\"x\"]\nresources = { cpus = 0.5 }\n\
+         [[task]]\nid = \"f\"\narray = \"0..2\"\ncmd = [\"x\"]\n",
+    );
+    let (w, mut out) = sim.join(wspec(1.0, &[]));
+    loop {
+        let a = assigns(&out);
+        out = Vec::new();
+        for (_, x) in a {
+            out.extend(sim.finish(w, x.task, x.attempt, AttemptOutcome::Succeeded));
+        }
+        if out.is_empty() {
+            break;
+        }
+    }
+    let s = sim.c.job_status(job).unwrap();
+    assert_eq!(s.counts.done, 6);
+    assert_eq!(s.per_worker.len(), 1);
+    let share = &s.per_worker[0];
+    assert_eq!(share.tasks, 6);
+    assert!((share.busy_s - 6.0).abs() < 1e-9, "{share:?}");
+    assert!((share.cpu_busy_s - 4.0).abs() < 1e-9, "{share:?}");
+}

@@ -43,12 +43,27 @@ pub(crate) struct RemoteArgs {
 /// The default of `--connect-timeout`.
 const CONNECT_TIMEOUT: &str = "10s";
 
+/// Where this process's client took its token from, for a refusal's message (main's).
+pub(crate) static TOKEN_FROM: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 impl RemoteArgs {
     pub(crate) fn remote(&self) -> Result<Remote> {
         let token = flotilla::cluster::auth::find_token(
             self.token_file.as_deref(),
             Some(Path::new(".flotilla")),
         )?;
+        // The order find_token follows.
+        let from = match &self.token_file {
+            Some(f) => format!("--token-file {}", f.display()),
+            None if std::env::var("FLOTILLA_TOKEN").is_ok_and(|t| !t.trim().is_empty()) => {
+                "FLOTILLA_TOKEN".to_string()
+            }
+            None => "./.flotilla/token, the state folder of a `flotilla run` or a local \
+                     `flotilla server` in this folder (neither --token-file nor FLOTILLA_TOKEN \
+                     was given)"
+                .to_string(),
+        };
+        let _ = TOKEN_FROM.set(from);
         Ok(Remote {
             addr: self.server.clone(),
             token,

@@ -1281,12 +1281,41 @@ fn report(e: &anyhow::Error) -> String {
         }
         last = said;
     }
+    // A refused token: say which one was sent (a folder where `flotilla run` ran hands its
+    // own token to every client started there).
+    if let Some(from) = cluster_cmd::TOKEN_FROM.get() {
+        out.push_str(&token_hint(&out, from));
+    }
     out
+}
+
+/// What a refusal of the token adds to its message: where the token came from.
+fn token_hint(message: &str, from: &str) -> String {
+    if message.contains("invalid, revoked or missing access token") {
+        format!(
+            "\n(the token sent came from {from}; give the coordinator's with --token-file FILE \
+             or FLOTILLA_TOKEN: the admin's is STATE_DIR/token of `flotilla server --state \
+             STATE_DIR`, a tenant's is printed by `flotilla admin tenant add`)"
+        )
+    } else {
+        String::new()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::report;
+    use super::{report, token_hint};
+
+    #[test]
+    fn a_refused_token_says_where_it_came_from() {
+        let refused = "refused: invalid, revoked or missing access token";
+        let hint = token_hint(refused, "FLOTILLA_TOKEN");
+        assert!(
+            hint.contains("the token sent came from FLOTILLA_TOKEN; give the coordinator's"),
+            "{hint}"
+        );
+        assert_eq!(token_hint("no job 7", "FLOTILLA_TOKEN"), "");
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("{path}: {source}")]

@@ -1012,8 +1012,21 @@ fn print_summary(
     }
     outln!("  retries: {}", status.retries);
     let m = status.makespan_s;
-    outln!("  makespan: {}", fmt_secs(m));
-    outln!("  critical path: {}", fmt_secs(status.critical_path_s));
+    if status.per_worker.is_empty() {
+        // Nothing ran: no makespan to speak of, only how long the job has waited.
+        outln!(
+            "  makespan: none, no task ran ({} {})",
+            fmt_secs(m),
+            if status.finished_ms.is_some() {
+                "from submission to its end"
+            } else {
+                "since submission"
+            }
+        );
+    } else {
+        outln!("  makespan: {}", fmt_secs(m));
+        outln!("  critical path: {}", fmt_secs(status.critical_path_s));
+    }
     // Per worker: tasks run and busy time; its utilization is the CPU-seconds the tasks
     // held (half a CPU for 1 s is 0.5) as a share of its CPUs over the makespan.
     for share in &status.per_worker {
@@ -1240,8 +1253,9 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     if let Some(why) = too_large {
         eprintln!(
             "flotilla: {why}; it can never run on this machine's worker, so the job was \
-             cancelled (flotilla run has one worker: see --cpus, --gpus and --allow-network, \
-             or run the job on a cluster with larger workers)"
+             cancelled (flotilla run's one worker offers what --cpus, --gpus and \
+             --allow-network give it, and no custom resources: for more, run the job on a \
+             cluster whose workers offer what the task needs)"
         );
     }
     if let Some(path) = &a.trace {

@@ -141,7 +141,10 @@ fn rm_forgets_a_finished_job_across_a_restart_and_refuses_a_running_one() {
     let out = c.cli(&["rm", &long.0.to_string()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("still running (cancel it first)"), "{err}");
+    assert!(
+        err.contains("it has not ended: its tasks run or wait (cancel it first)"),
+        "{err}"
+    );
 
     let out = c.cli(&["rm", &job.0.to_string()]);
     assert!(

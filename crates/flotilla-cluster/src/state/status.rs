@@ -818,6 +818,12 @@ impl Coordinator {
                 seen.dedup();
                 let more = seen.len().saturating_sub(3);
                 seen.truncate(3);
+                if workers.len() == 1 {
+                    return Some(format!(
+                        "task {} needs {needs}: the only connected worker offers {}",
+                        inst.name, seen[0]
+                    ));
+                }
                 format!(
                     "no connected worker offers that (they offer {}{})",
                     seen.join("; "),

@@ -487,7 +487,7 @@ impl Coordinator {
                 if j.is_active() {
                     return Err(StateError::NotRemovable {
                         job,
-                        why: "it is still running (cancel it first)".into(),
+                        why: "it has not ended: its tasks run or wait (cancel it first)".into(),
                     });
                 }
                 // Attempts still stopping on workers hold resources until they report.

@@ -735,7 +735,7 @@ resources = { cpus = 4, custom = 1 }
     let why = s.never_fits.clone().unwrap_or_default();
     assert!(
         why.contains("task huge needs cpus=4 custom=1")
-            && why.contains("no connected worker offers that (they offer cpus=2"),
+            && why.contains("the only connected worker offers cpus=2"),
         "{why}"
     );
     assert_eq!(s.waiting.as_deref(), Some(why.as_str()));

@@ -15,6 +15,7 @@ n = a.size
 rows = n // a.tiles
 y0 = a.tile * rows
 pixels = bytearray()
+inside = 0
 for y in range(y0, y0 + rows):
     ci = -1.25 + 2.5 * y / n
     for x in range(n):
@@ -24,6 +25,7 @@ for y in range(y0, y0 + rows):
         while k < a.iters and zr * zr + zi * zi <= 4.0:
             zr, zi = zr * zr - zi * zi + cr, 2 * zr * zi + ci
             k += 1
+        inside += k == a.iters
         pixels.append(255 - (255 * k) // a.iters)
 os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
 tmp = a.out + ".tmp"
@@ -31,3 +33,4 @@ with open(tmp, "wb") as f:
     f.write(b"P5\n%d %d\n255\n" % (n, rows))
     f.write(pixels)
 os.replace(tmp, a.out)
+print(f"tile {a.tile}: rows {y0}..{y0 + rows} of {n}, {inside} of {rows * n} points in the set -> {a.out}")

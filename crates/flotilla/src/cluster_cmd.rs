@@ -1109,7 +1109,25 @@ fn print_summary(
 /// named (with the path as given) whether or not a coordinator is up. With `expand`, its
 /// tasks are expanded too (`run`; a coordinator expands a submitted job itself, within its
 /// limits).
+/// A folder given where a job file is read: said as such, with the file it may hold.
+fn not_a_folder(job_path: &Path) -> Result<()> {
+    if job_path.is_dir() {
+        let inside = job_path.join("job.toml");
+        anyhow::bail!(
+            "{} is a folder: give the job file{}",
+            job_path.display(),
+            if inside.is_file() {
+                format!(" ({})", inside.display())
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(())
+}
+
 fn check_job_file(job_path: &Path, expand: bool) -> Result<()> {
+    not_a_folder(job_path)?;
     let text = std::fs::read_to_string(job_path)
         .with_context(|| format!("reading {}", job_path.display()))?;
     flotilla::core::parse_job(&text, &job_path.display().to_string())
@@ -1125,6 +1143,7 @@ fn check_job_file(job_path: &Path, expand: bool) -> Result<()> {
 
 /// `--dry-run`: the job file checked as a submission checks it, and what would run.
 fn dry_run(job: &Path, json: bool) -> Result<bool> {
+    not_a_folder(job)?;
     let plan = flotilla_cluster::plan::plan_file(job).map_err(|e| anyhow::anyhow!("{e}"))?;
     if json {
         outln!("{}", serde_json::to_string(&plan)?);

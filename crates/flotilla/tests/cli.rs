@@ -520,6 +520,15 @@ fn run_refuses_a_whole_machine_job_folder_before_writing_in_it() {
     let (dry_ok, _, dry_err) = flotilla(&["run", "--dry-run", file.to_str().unwrap()]);
     std::fs::remove_file(&file).unwrap();
     assert!(!ok && !dry_ok);
+    // A folder for the file: the file it holds is named.
+    let (folder_ok, _, folder_err) =
+        flotilla(&["run", repo().join("examples/mandelbrot").to_str().unwrap()]);
+    assert!(!folder_ok);
+    assert!(
+        folder_err.contains("examples/mandelbrot is a folder: give the job file (")
+            && folder_err.contains("examples/mandelbrot/job.toml)"),
+        "{folder_err}"
+    );
     for e in [&err, &dry_err] {
         assert!(
             e.contains("refused: a task would get a folder of the whole machine (put the job file in a folder of its own)"),

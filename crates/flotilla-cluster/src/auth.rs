@@ -86,9 +86,8 @@ pub fn load_or_create_token(state_dir: &Path) -> Result<String> {
 
 /// Reads a token from a file given with `--token-file`.
 pub fn read_token_file(path: &Path) -> Result<String> {
-    let t = std::fs::read_to_string(path).map_err(|e| {
-        ClusterError::Config(format!("the token file {}: {e}", path.display()))
-    })?;
+    let t = std::fs::read_to_string(path)
+        .map_err(|e| ClusterError::Config(format!("the token file {}: {e}", path.display())))?;
     let t = t.trim();
     if t.is_empty() {
         // An empty token was sent as such and refused, again and again.

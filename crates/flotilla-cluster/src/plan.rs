@@ -54,7 +54,8 @@ pub struct PlanTask {
     pub id: String,
     /// Its instances.
     pub instances: u64,
-    /// What its first instance runs: the command, `wasm MODULE`, or its variants.
+    /// What it runs as the file writes it (`{i}` kept): the command, `wasm MODULE`, or its
+    /// variants.
     pub runs: String,
     /// What its first instance needs (defaults applied), or each variant's.
     pub resources: String,

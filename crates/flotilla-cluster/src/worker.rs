@@ -99,6 +99,9 @@ pub struct WorkerConfig {
     pub price: flotilla_pool::Price,
     /// A deliberate fault for tests (`FLOTILLA_FAULT`, see [`crate::fault`]).
     pub fault: crate::fault::Fault,
+    /// Told the worker's id each time it registers (again after a lost session or a
+    /// coordinator's restart): `flotilla worker` says so on the terminal.
+    pub registered: Option<tokio::sync::mpsc::UnboundedSender<u32>>,
     /// The most disk one attempt's folder may use (transfer staging): a task whose folder
     /// grows past it is stopped and fails, and no file of it may be larger. `None`: no cap.
     pub max_sandbox: Option<u64>,
@@ -224,6 +227,7 @@ impl WorkerConfig {
             price: flotilla_pool::Price::default(),
             as_provider: false,
             fault: crate::fault::Fault::None,
+            registered: None,
             max_sandbox: None,
             enter: None,
             idle_timeout: None,
@@ -1197,6 +1201,9 @@ async fn session(
     *shared.rendezvous_cert.lock() = reply.rendezvous_cert.clone();
     let heartbeat = Duration::from_millis(reply.heartbeat_ms.max(50));
     tracing::info!(worker = me, "registered with the coordinator");
+    if let Some(tx) = &cfg.registered {
+        let _ = tx.send(me);
+    }
 
     let (tx, rx) = mpsc::unbounded_channel::<proto::WorkerMessage>();
     // The first message names us (and carries the output written while away).

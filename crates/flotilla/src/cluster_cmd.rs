@@ -681,6 +681,27 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
         cfg.work_dir = w;
     }
     cfg.data_listen = a.data_listen;
+    // Each registration said on the terminal: that it works, and that it came back after a
+    // coordinator's restart (tracing's info lines are off by default).
+    let (reg_tx, mut reg_rx) = tokio::sync::mpsc::unbounded_channel();
+    cfg.registered = Some(reg_tx);
+    let offers = format!(
+        "cpus={} gpus={} mem={}",
+        cfg.cpus,
+        cfg.gpus.len(),
+        flotilla::core::size::format_size_readable(cfg.mem)
+    );
+    let (name, server) = (cfg.name.clone(), cfg.remote.addr.clone());
+    tokio::spawn(async move {
+        let mut again = false;
+        while let Some(id) = reg_rx.recv().await {
+            eprintln!(
+                "flotilla worker {name}: registered{} with {server} as w{id} ({offers})",
+                if again { " again" } else { "" }
+            );
+            again = true;
+        }
+    });
     let (tx, rx) = watch::channel(false);
     // SIGTERM (systemd's stop, a pod's eviction or a node's drain) as SIGINT: running tasks
     // get --grace to write their checkpoints and resume elsewhere. Before, only SIGINT was
@@ -1249,7 +1270,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let worker = tokio::spawn(run_worker(wcfg, stop_rx));
     let started = Instant::now();
     let submitted = client.submit_file(&job_path).await?;
-    let label = format!("{} ({})", submitted.name, submitted.job);
+    let label = format!("{} (job {})", submitted.name, submitted.job.0);
     let to = if a.json {
         Progress::Stderr
     } else {
@@ -1368,7 +1389,14 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     );
     let mut ok = true;
     if a.wait {
-        ok = follow(&mut client, s.job, &s.name, Progress::Stdout, true).await?;
+        ok = follow(
+            &mut client,
+            s.job,
+            &format!("{} (job {})", s.name, s.job.0),
+            Progress::Stdout,
+            true,
+        )
+        .await?;
         // The summary names failed tasks and why, even those that failed before the event
         // stream was opened (the stream does not replay them).
         let status = settled(&mut client, s.job).await?;
@@ -1514,7 +1542,14 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
 pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let job = JobId::new(a.job);
-    let ok = follow(&mut client, job, &format!("{job}"), Progress::Stdout, true).await?;
+    let ok = follow(
+        &mut client,
+        job,
+        &format!("job {}", job.0),
+        Progress::Stdout,
+        true,
+    )
+    .await?;
     let status = settled(&mut client, job).await?;
     let shown = summarize(&mut client, &status).await;
     gather_if_transfer(&mut client, &status, ok).await?;

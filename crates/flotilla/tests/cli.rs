@@ -390,8 +390,18 @@ fn a_workers_default_work_folder_goes_with_it() {
         cmd
     };
     let leftovers = || std::fs::read_dir(tmp.path()).unwrap().count();
-    let (mut w, _lines) = kit::spawn_logged(worker(&c.token), "scratch");
+    let (mut w, lines) = kit::spawn_logged(worker(&c.token), "scratch");
     c.wait_workers(1);
+    // It says on its terminal that it registered (tracing's info lines are off by default).
+    let said = lines
+        .iter()
+        .find(|l| l.contains("registered"))
+        .expect("the worker said nothing of its registration");
+    assert!(
+        said.starts_with("flotilla worker scratch: registered with ")
+            && said.contains(" as w1 (cpus=1 gpus=0 mem="),
+        "{said}"
+    );
     let job = c.submit_toml(
         "hello.toml",
         "name = \"hello\"\n[[task]]\nid = \"a\"\ncmd = [\"echo\", \"hi\"]\n",

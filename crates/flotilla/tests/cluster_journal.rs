@@ -155,7 +155,7 @@ fn rm_forgets_a_finished_job_across_a_restart_and_refuses_a_running_one() {
     assert!(c.status(job).is_none(), "the removed job is still known");
     let out = c.cli(&["rm", &job.0.to_string()]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("no job {job}")));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("no job {}", job.0)));
 
     c.kill_server();
     c.restart_server();

@@ -140,7 +140,7 @@ pub(super) enum Req {
 /// What a job request answers for a job its sender does not see: exactly what it answers
 /// for a job that does not exist.
 pub(super) fn no_job(job: JobId) -> Status {
-    Status::not_found(format!("no job {job}"))
+    Status::not_found(format!("no job {}", job.0))
 }
 
 impl Req {
@@ -1659,7 +1659,8 @@ impl Core {
                     String::new()
                 };
                 Err(Status::not_found(format!(
-                    "job {job} has no task named {task:?}{hint}"
+                    "job {} has no task named {task:?}{hint}",
+                    job.0
                 )))
             }
             Some(t) => {

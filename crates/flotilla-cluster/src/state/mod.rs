@@ -134,13 +134,13 @@ pub type Millis = u64;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StateError {
     /// No job with this id.
-    #[error("unknown job {0}")]
+    #[error("unknown job {}", .0.0)]
     UnknownJob(JobId),
     /// A job with this id exists already.
-    #[error("job {0} exists already")]
+    #[error("job {} exists already", .0.0)]
     DuplicateJob(JobId),
     /// The job cannot be removed yet.
-    #[error("job {job} cannot be removed: {why}")]
+    #[error("job {} cannot be removed: {why}", job.0)]
     NotRemovable {
         /// The job.
         job: JobId,

@@ -532,7 +532,12 @@ fn a_finished_job_is_removed_from_memory_and_a_running_or_stopping_one_is_not() 
     let (job, out) = sim.submit("[[task]]\nid = \"t\"\ncmd = [\"x\"]\n");
     let t = assigns(&out)[0].1.task;
     let refused = sim.try_ev(Event::JobRemoved { job }).unwrap_err();
-    assert!(refused.to_string().contains("still running"), "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("job 1 cannot be removed: it has not ended"),
+        "{refused}"
+    );
     // Cancelled, but its attempt still holds the worker until it reports.
     sim.ev(Event::JobCancelled { job });
     let refused = sim.try_ev(Event::JobRemoved { job }).unwrap_err();

@@ -343,8 +343,30 @@ impl Ledger {
                 sum,
             });
         }
+        // Every balance stays exact: a posting that would pass the largest amount an account
+        // can hold is refused whole (balances saturated, and the total stopped matching the
+        // accounts' sum).
+        let mut after = Vec::with_capacity(postings.len());
         for (a, c) in &postings {
-            *self.balances.entry(a.clone()).or_default() += *c;
+            let now = self.balances.get(a).copied().unwrap_or_default();
+            match now.0.checked_add(c.0) {
+                Some(v) => after.push((a.clone(), Credits(v))),
+                None => {
+                    let what = match a {
+                        // Minus everything handed out: it is the first to overflow.
+                        Account::Issuer => "the credits handed out in all".to_string(),
+                        a => format!("the balance of {} {}", a.kind(), a.name()),
+                    };
+                    return Err(PoolError::Refused(format!(
+                        "{key}: {what} would pass the largest amount the ledger holds ({} \
+                         credits)",
+                        Credits(i64::MAX)
+                    )));
+                }
+            }
+        }
+        for (a, v) in after {
+            self.balances.insert(a, v);
         }
         self.keys.insert(key.to_string());
         let t = Transaction {
@@ -364,6 +386,35 @@ mod tests {
 
     fn c(n: i64) -> Credits {
         Credits::whole(n)
+    }
+
+    #[test]
+    fn a_grant_that_would_overflow_an_account_is_refused_and_changes_nothing() {
+        let mut l = Ledger::default();
+        l.grant("g1", "a", Credits(i64::MAX - 20)).unwrap();
+        l.grant("g2", "b", Credits(7)).unwrap();
+        // Any tenant's grant past what can ever be handed out (the issuer's balance is
+        // minus all of it, so it overflows before any tenant's could).
+        for (key, who) in [("g3", "a"), ("g4", "c")] {
+            let e = l.grant(key, who, Credits(15)).unwrap_err();
+            assert!(
+                e.to_string().contains(
+                    "the credits handed out in all would pass the largest amount the ledger holds"
+                ),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            l.balance(&Account::Tenant("a".into())),
+            Credits(i64::MAX - 20)
+        );
+        assert_eq!(l.balance(&Account::Tenant("c".into())), Credits::ZERO);
+        assert_eq!(l.total(), Credits(i64::MAX - 13));
+        // A refused key is not taken: it may be used for a grant that fits.
+        assert!(matches!(
+            l.grant("g3", "a", Credits(13)),
+            Ok(Applied::Done(_))
+        ));
     }
 
     #[test]

@@ -325,6 +325,7 @@ impl Coordinator {
     /// they are placed again.
     pub fn recovered(&mut self, now: Millis) {
         self.pool.replaying = false;
+        self.release_ended_holds();
         let now = now.max(self.now);
         self.now = now;
         self.recovered_at = Some(now);

@@ -1041,6 +1041,33 @@ impl Coordinator {
         }
     }
 
+    /// Whether attempt `attempt` of `t` is a replica whose result waits for the others' (its
+    /// hold stays until the verdict). Only while its job runs: a cancelled or failed job
+    /// gives no verdict, and its replicas' holds stayed in escrow for good.
+    fn awaits_verdict(j: &Job, t: TaskRef, attempt: u32) -> bool {
+        j.is_active()
+            && j.pool.as_deref().is_some_and(|p| {
+                p.replicas
+                    .get(&t.task)
+                    .is_some_and(|rs| rs.iter().any(|r| r.attempt == attempt))
+            })
+    }
+
+    /// After a restart: releases the holds the journal left open of jobs that ended or were
+    /// removed (their replicas' holds were kept by the sweep of an older version).
+    pub(super) fn release_ended_holds(&mut self) {
+        let ended: Vec<(TaskRef, u32)> = self
+            .pool
+            .holds
+            .keys()
+            .filter(|(t, _)| self.jobs.get(&t.job).is_none_or(|j| !j.is_active()))
+            .copied()
+            .collect();
+        for a in ended {
+            self.release_attempt(a);
+        }
+    }
+
     /// Releases the holds of attempts that are neither in flight nor waiting for a verdict
     /// (failed, cancelled, lost, returned, superseded), among the tasks whose state changed
     /// in `changes` (the commands of this event: every state change is notified).
@@ -1069,12 +1096,7 @@ impl Coordinator {
                 let rt = &j.tasks[t.task.index()];
                 let in_flight = rt.attempt == attempt
                     && matches!(rt.state, TaskState::Assigned | TaskState::Running);
-                let waiting = j.pool.as_deref().is_some_and(|p| {
-                    p.replicas
-                        .get(&t.task)
-                        .is_some_and(|rs| rs.iter().any(|r| r.attempt == attempt))
-                });
-                if !in_flight && !waiting {
+                if !in_flight && !Self::awaits_verdict(j, t, attempt) {
                     stale.push((t, attempt));
                 }
             }
@@ -1100,12 +1122,7 @@ impl Coordinator {
                 let rt = &j.tasks[t.task.index()];
                 let in_flight = rt.attempt == *attempt
                     && matches!(rt.state, TaskState::Assigned | TaskState::Running);
-                let waiting = j.pool.as_deref().is_some_and(|p| {
-                    p.replicas
-                        .get(&t.task)
-                        .is_some_and(|rs| rs.iter().any(|r| r.attempt == *attempt))
-                });
-                !in_flight && !waiting
+                !in_flight && !Self::awaits_verdict(j, *t, *attempt)
             })
             .copied()
             .collect()

@@ -996,3 +996,50 @@ fn a_job_that_fails_before_its_deadline_did_not_miss_it() {
         "it failed 1 h before its deadline: not a missed deadline"
     );
 }
+
+/// A `verify = 2` job cancelled while a replica's result waited for the other's: its hold
+/// stayed in escrow for good (through `rm` and restarts). A cancelled job gives no verdict:
+/// every hold is released, and a restart releases those an older version left.
+#[test]
+fn a_cancelled_job_releases_the_holds_of_replicas_awaiting_a_verdict() {
+    let mut p = Pooled::new();
+    p.grant(1000);
+    let (a, _) = p.join(provider("alice", 1.0, SECOND));
+    let (job, out) = p.submit("t", &pool_job(1, "verify = 2"));
+    let first = assigns(&out)[0].1.clone();
+    // The first replica is done; the second cannot run (no other provider): it waits.
+    let out = p.done(a, first.task, 1, "good", 2.0);
+    assert!(assigns(&out).is_empty());
+    assert_eq!(p.balance(Account::Escrow("t".into())), Credits::whole(10));
+    p.ev(Event::JobCancelled { job });
+    assert_eq!(p.balance(Account::Escrow("t".into())), Credits::ZERO);
+    assert_eq!(p.balance(tenant("t")), Credits::whole(1000));
+    assert!(p.sim.c.leaked_holds().is_empty());
+    let s = p.sim.c.job_status(job).unwrap();
+    assert_eq!(s.pool.as_ref().map(|p| p.held), Some(0.0));
+
+    // A journal that ended with such a hold open (written by an older version: cut before
+    // the release) is healed by the restart.
+    let cut = p
+        .journal
+        .iter()
+        .position(
+            |r| matches!(r, JournalRecord::Ledger { tx, .. } if tx.key.starts_with("release/")),
+        )
+        .expect("the release was journaled");
+    let mut c = Coordinator::new(config(0));
+    let mut sink = Vec::new();
+    for r in &p.journal[..cut] {
+        c.replay(p.sim.now, r.clone(), &mut sink).expect("replays");
+    }
+    assert_eq!(
+        c.ledger().balance(&Account::Escrow("t".into())),
+        Credits::whole(10)
+    );
+    c.recovered(p.sim.now);
+    assert_eq!(
+        c.ledger().balance(&Account::Escrow("t".into())),
+        Credits::ZERO
+    );
+    assert!(c.leaked_holds().is_empty());
+}

@@ -405,10 +405,8 @@ impl Cx<'_> {
         mark("pool.trust", raw.trust.as_ref().map(Spanned::span));
         mark("pool.objective", raw.objective.as_ref().map(Spanned::span));
         let mut p = PoolSpec {
-            budget: self.opt(&raw.budget, "pool.budget", |v| {
-                non_negative_number(v, "a number of credits, 0 or more")
-            })?,
-            deadline: self.opt(&raw.deadline, "pool.deadline", duration)?,
+            budget: self.opt(&raw.budget, "pool.budget", credits)?,
+            deadline: self.opt(&raw.deadline, "pool.deadline", deadline)?,
             ..PoolSpec::default()
         };
         if let Some(m) = &raw.max_price {
@@ -837,6 +835,44 @@ fn timeout(v: &Value) -> PResult<Duration> {
         });
     }
     Ok(d)
+}
+
+/// A job's deadline: longer than 0 (a deadline of 0 was missed at submission).
+fn deadline(v: &Value) -> PResult<Duration> {
+    let d = duration(v)?;
+    if d.is_zero() {
+        return Err(Problem::BadValue {
+            value: format!("deadline = {v}"),
+            reason: "a deadline must be after the submission (leave it out for none)".into(),
+        });
+    }
+    Ok(d)
+}
+
+/// The most credits an amount may be: the ledger's largest, in whole credits.
+const MAX_CREDITS: f64 = 9_223_372_036_854.0;
+
+/// An amount of credits, as the ledger counts them: 0 or more, at most [`MAX_CREDITS`],
+/// exact to a millionth (`0.0000001` became 0, `1e30` the ledger's largest amount, and
+/// `flotilla budget` refused both).
+fn credits(v: &Value) -> PResult<f64> {
+    let x = non_negative_number(v, "a number of credits, 0 or more")?;
+    let bad = |reason: &str| Problem::BadValue {
+        value: v.to_string(),
+        reason: reason.into(),
+    };
+    if x > MAX_CREDITS {
+        return Err(bad(
+            "more than the ledger holds (at most 9223372036854 credits)",
+        ));
+    }
+    let micro = x * 1e6;
+    if (micro - micro.round()).abs() > 1e-6 * micro.max(1.0) {
+        return Err(bad(
+            "credits are counted to a millionth: at most six decimals",
+        ));
+    }
+    Ok(x)
 }
 
 fn array(v: &Value) -> PResult<Range<u64>> {

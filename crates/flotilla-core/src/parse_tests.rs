@@ -1087,6 +1087,35 @@ fn bad_pool_values_name_their_field_and_line() {
         Some("pool.budget"),
         "credits",
     );
+    // What the ledger cannot count: more than it holds, or finer than a millionth.
+    check(
+        &job("budget = 1e30"),
+        3,
+        None,
+        Some("pool.budget"),
+        "more than the ledger holds",
+    );
+    check(
+        &job("budget = 0.0000001"),
+        3,
+        None,
+        Some("pool.budget"),
+        "at most six decimals",
+    );
+    check(
+        &job("deadline = \"0s\""),
+        3,
+        None,
+        Some("pool.deadline"),
+        "a deadline must be after the submission",
+    );
+    for ok in [
+        "budget = 0.000001",
+        "budget = 2.5",
+        "budget = 9223372036854",
+    ] {
+        parse_job(&job(ok), "job.toml").unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
     check(
         &job("trust = \"some\""),
         3,

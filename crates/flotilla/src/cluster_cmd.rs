@@ -1095,6 +1095,11 @@ fn print_summary(
         }
         // Where each task went, why, and what it cost (the first 20).
         for t in status.tasks.iter().take(20) {
+            if t.worker.is_none() {
+                // Never placed: no machine to name, nothing spent.
+                outln!("  task {}: {}, not placed yet", t.name, t.state);
+                continue;
+            }
             let on = t.provider.as_deref().unwrap_or("the operator's own worker");
             let why = t.placement.as_ref().map_or("", |r| r.why.as_str());
             outln!(

@@ -306,6 +306,10 @@ fn a_pool_verifies_pays_only_for_right_results_and_pauses_on_budget() {
     );
     let why = s.pool.unwrap().paused.unwrap();
     assert!(why.contains("flotilla budget"), "{why}");
+    // Its task was never placed: said so, not "on the operator's own worker".
+    let out = c.cli_with_token(&["status", &small_id.0.to_string()], &bob);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("task a: ready, not placed yet"), "{text}");
     // Alice cannot raise Bob's budget: to her his job does not exist.
     let out = c.cli_with_token(&["budget", &small_id.0.to_string(), "+5"], &alice);
     assert!(!out.status.success());

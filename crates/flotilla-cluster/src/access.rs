@@ -620,7 +620,8 @@ impl Access {
         self.change(|reg| {
             if reg.tenants.iter().any(|t| t.name == name) {
                 return Err(AccessError::Refused(format!(
-                    "tenant {name:?} exists already"
+                    "tenant {name:?} exists already (another token for it: `flotilla admin \
+                     tenant token {name}`)"
                 )));
             }
             reg.tenants.push(Tenant {
@@ -665,7 +666,8 @@ impl Access {
         self.change(|reg| {
             if reg.providers.iter().any(|p| p.name == name) {
                 return Err(AccessError::Refused(format!(
-                    "provider {name:?} exists already"
+                    "provider {name:?} exists already (another token for it: `flotilla admin \
+                     provider token {name}`)"
                 )));
             }
             reg.providers.push(Provider {
@@ -673,6 +675,38 @@ impl Access {
                 created_ms: now_ms(),
             });
             Ok(Self::new_token(reg, Role::Provider, name))
+        })
+    }
+
+    /// One more token for tenant or provider `name` (`role`), which must exist: a lost or
+    /// leaked token is replaced, then revoked (`revoke`); its other tokens stay valid.
+    pub fn add_token_for(&self, role: Role, name: &str) -> Result<(TokenInfo, String)> {
+        self.change(|reg| {
+            let (known, what, list) = match role {
+                Role::Tenant => (
+                    reg.tenants.iter().any(|t| t.name == name),
+                    "tenant",
+                    "`flotilla admin tenant list`",
+                ),
+                Role::Provider => (
+                    reg.providers.iter().any(|p| p.name == name),
+                    "provider",
+                    "`flotilla provider list`",
+                ),
+                _ => {
+                    return Err(AccessError::Refused(
+                        "only a tenant or a provider gets a token by name (worker enrolment \
+                         tokens: `flotilla admin worker-token add`)"
+                            .into(),
+                    ))
+                }
+            };
+            if !known {
+                return Err(AccessError::Refused(format!(
+                    "no {what} {name:?} ({list} lists them)"
+                )));
+            }
+            Ok(Self::new_token(reg, role, name))
         })
     }
 
@@ -695,11 +729,18 @@ impl Access {
             .providers
             .iter()
             .map(|p| {
-                let token = inner
-                    .reg
-                    .tokens
-                    .iter()
-                    .find(|t| t.info.role == Role::Provider && t.info.name == p.name);
+                // Its newest live token (one added to replace a revoked one), else its last.
+                let mine = || {
+                    inner
+                        .reg
+                        .tokens
+                        .iter()
+                        .filter(|t| t.info.role == Role::Provider && t.info.name == p.name)
+                };
+                let token = mine()
+                    .filter(|t| !t.info.revoked)
+                    .last()
+                    .or_else(|| mine().last());
                 ProviderInfo {
                     name: p.name.clone(),
                     token: token.map(|t| t.info.id.clone()).unwrap_or_default(),
@@ -869,6 +910,31 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_revoked_providers_token_is_replaced_and_the_live_one_listed() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let a = open(dir.path());
+        let (old, _) = a.add_provider("acme").expect("added");
+        a.revoke(&old.id).expect("revoked");
+        assert!(a.providers()[0].revoked);
+        let (new, token) = a
+            .add_token_for(Role::Provider, "acme")
+            .expect("a new token");
+        assert_ne!(new.id, old.id);
+        assert_eq!(a.providers()[0].token, new.id);
+        assert!(!a.providers()[0].revoked);
+        assert_eq!(
+            a.authenticate(&token)
+                .and_then(|p| a.provider_of(&new.id).map(|n| (p, n)))
+                .map(|(_, n)| n),
+            Some("acme".to_string())
+        );
+        // Only for one that exists, and only tenants' and providers'.
+        assert!(a.add_token_for(Role::Provider, "nobody").is_err());
+        assert!(a.add_token_for(Role::Tenant, "acme").is_err());
+        assert!(a.add_token_for(Role::Worker, "acme").is_err());
     }
 
     #[test]

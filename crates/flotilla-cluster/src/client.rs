@@ -781,6 +781,27 @@ impl Client {
         })
     }
 
+    /// One more token for tenant or provider `name` (`role`: `"tenant"` or `"provider"`),
+    /// which must exist (admin only).
+    pub fn token_add<'a>(
+        &'a mut self,
+        role: &'a str,
+        name: &'a str,
+    ) -> crate::Boxed<'a, Result<NewToken>> {
+        crate::boxed(async move {
+            let r = self
+                .admin
+                .token_add(proto::TokenAddRequest {
+                    role: role.to_string(),
+                    name: name.to_string(),
+                })
+                .await
+                .map_err(|e| self.rpc_err(e))?
+                .into_inner();
+            Ok(r.into())
+        })
+    }
+
     /// Admin: a new provider of machines (the pool) and its token.
     pub fn provider_add<'a>(&'a mut self, name: &'a str) -> crate::Boxed<'a, Result<NewToken>> {
         crate::boxed(async move {

@@ -90,6 +90,9 @@ pub(crate) enum ProviderCmd {
     /// Add a provider; prints its token alone on the last line (its workers enrol with
     /// `flotilla worker --provider-token FILE`).
     Add(ProviderAddArgs),
+    /// One more token for a provider (a lost or leaked one: make a new one, then revoke the
+    /// old with `flotilla admin token revoke ID`); prints it alone on the last line.
+    Token(ProviderAddArgs),
 }
 
 #[derive(Args)]
@@ -109,6 +112,17 @@ pub(crate) enum TenantCmd {
     /// Change a tenant's quotas (`none` lifts one) or hand it more credits; running jobs keep
     /// what they hold, their next tasks follow the new quotas.
     Set(TenantSetArgs),
+    /// One more token for a tenant (a lost or leaked one: make a new one, then revoke the
+    /// old with `flotilla admin token revoke ID`); prints it alone on the last line.
+    Token(TenantTokenArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct TenantTokenArgs {
+    /// The tenant's name.
+    name: String,
+    #[command(flatten)]
+    remote: RemoteArgs,
 }
 
 #[derive(Subcommand)]
@@ -322,6 +336,32 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
                 }
                 outln!("{table}");
             }
+        }
+        AdminCmd::Tenant(TenantCmd::Token(a)) => {
+            let t = a
+                .remote
+                .client()
+                .await?
+                .token_add("tenant", &a.name)
+                .await?;
+            eprintln!(
+                "a new token {} for tenant {} (its other tokens stay valid until revoked):",
+                t.id, a.name
+            );
+            outln!("{}", t.token);
+        }
+        AdminCmd::Provider(ProviderCmd::Token(a)) => {
+            let t = a
+                .remote
+                .client()
+                .await?
+                .token_add("provider", &a.name)
+                .await?;
+            eprintln!(
+                "a new token {} for provider {} (its other tokens stay valid until revoked):",
+                t.id, a.name
+            );
+            outln!("{}", t.token);
         }
         AdminCmd::Provider(ProviderCmd::Add(a)) => {
             let t = a.remote.client().await?.provider_add(&a.name).await?;

@@ -105,6 +105,33 @@ fn a_tenant_runs_a_transfer_job_on_enrolled_workers_and_sees_only_its_own() {
         "{}",
         String::from_utf8_lossy(&e.stderr)
     );
+    // A revoked (lost, leaked) token is replaced: bob keeps his name, and with it his jobs
+    // and credits (`tenant add bob` refused him for good, pointing nowhere).
+    let again = c.cli(&["admin", "tenant", "add", "bob"]);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("`flotilla admin tenant token bob`"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let bob2 = last_line(&c.cli(&["admin", "tenant", "token", "bob"]));
+    assert!(bob2.starts_with("flt_") && bob2 != bob, "{bob2}");
+    let ok = c.cli_with_token(&["status", "--json"], &bob2);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(!c.cli_with_token(&["status"], &bob).status.success());
+    // Only for a tenant or provider that exists; tenants cannot make tokens.
+    let none = c.cli(&["admin", "tenant", "token", "carol"]);
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no tenant \"carol\""));
+    let denied = c.cli_with_token(&["admin", "tenant", "token", "bob"], &alice);
+    assert!(!denied.status.success());
+    // A provider's, the same way.
+    last_line(&c.cli(&["admin", "provider", "add", "acme"]));
+    let acme2 = last_line(&c.cli(&["admin", "provider", "token", "acme"]));
+    assert!(acme2.starts_with("flt_"), "{acme2}");
 }
 
 /// `flotilla admin tenant set`: a job held back by its tenant's `running_jobs` quota reads

@@ -139,6 +139,13 @@ pub struct TokenRevokeRequest {
     pub id: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TokenAddRequest {
+    #[prost(string, tag = "1")]
+    pub role: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub name: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct NewToken {
     #[prost(string, tag = "1")]
     pub id: ::prost::alloc::string::String,
@@ -1950,6 +1957,29 @@ pub mod admin_client {
                 .insert(GrpcMethod::new("flotilla.v1.Admin", "ProviderAdd"));
             self.inner.unary(req, path, codec).await
         }
+        /// flotilla admin tenant token NAME, admin provider token NAME: one more token for a tenant
+        /// or provider that exists (a lost or leaked one is replaced, then revoked).
+        pub async fn token_add(
+            &mut self,
+            request: impl tonic::IntoRequest<super::TokenAddRequest>,
+        ) -> std::result::Result<tonic::Response<super::NewToken>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/flotilla.v1.Admin/TokenAdd",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("flotilla.v1.Admin", "TokenAdd"));
+            self.inner.unary(req, path, codec).await
+        }
         pub async fn worker_drain(
             &mut self,
             request: impl tonic::IntoRequest<super::WorkerDrainRequest>,
@@ -2183,6 +2213,12 @@ pub mod admin_server {
         async fn provider_add(
             &self,
             request: tonic::Request<super::ProviderAddRequest>,
+        ) -> std::result::Result<tonic::Response<super::NewToken>, tonic::Status>;
+        /// flotilla admin tenant token NAME, admin provider token NAME: one more token for a tenant
+        /// or provider that exists (a lost or leaked one is replaced, then revoked).
+        async fn token_add(
+            &self,
+            request: tonic::Request<super::TokenAddRequest>,
         ) -> std::result::Result<tonic::Response<super::NewToken>, tonic::Status>;
         async fn worker_drain(
             &self,
@@ -2589,6 +2625,49 @@ pub mod admin_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ProviderAddSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/flotilla.v1.Admin/TokenAdd" => {
+                    #[allow(non_camel_case_types)]
+                    struct TokenAddSvc<T: Admin>(pub Arc<T>);
+                    impl<T: Admin> tonic::server::UnaryService<super::TokenAddRequest>
+                    for TokenAddSvc<T> {
+                        type Response = super::NewToken;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::TokenAddRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Admin>::token_add(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = TokenAddSvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -816,6 +816,29 @@ impl AdminRpc for Api {
         Ok(Response::new(proto::NewToken { id: info.id, token }))
     }
 
+    async fn token_add(
+        &self,
+        req: Request<proto::TokenAddRequest>,
+    ) -> std::result::Result<Response<proto::NewToken>, Status> {
+        admin_only(&req, "add tokens")?;
+        let r = req.into_inner();
+        let role = match r.role.as_str() {
+            "tenant" => crate::access::Role::Tenant,
+            "provider" => crate::access::Role::Provider,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "token role {other:?}: expected \"tenant\" or \"provider\""
+                )))
+            }
+        };
+        let name = r.name;
+        let (info, token) = self
+            .change_access(move |a| a.add_token_for(role, &name))
+            .await?;
+        tracing::info!(id = %info.id, name = %info.name, "token added");
+        Ok(Response::new(proto::NewToken { id: info.id, token }))
+    }
+
     async fn worker_token_add(
         &self,
         req: Request<proto::WorkerTokenAddRequest>,

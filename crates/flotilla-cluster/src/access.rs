@@ -738,9 +738,9 @@ impl Access {
                         .filter(|t| t.info.role == Role::Provider && t.info.name == p.name)
                 };
                 let token = mine()
-                    .filter(|t| !t.info.revoked)
-                    .last()
-                    .or_else(|| mine().last());
+                    .rev()
+                    .find(|t| !t.info.revoked)
+                    .or_else(|| mine().next_back());
                 ProviderInfo {
                     name: p.name.clone(),
                     token: token.map(|t| t.info.id.clone()).unwrap_or_default(),

@@ -271,9 +271,21 @@ fn estimated_watts(r: &flotilla_core::Resources, w: &Worker) -> f64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Refusal {
     None,
-    Budget,
-    Credits,
+    /// The hold its next attempt needs is more than the job's budget has left.
+    Budget(Credits),
+    /// The hold is more than its tenant's balance.
+    Credits(Credits),
     Other,
+}
+
+impl Refusal {
+    /// The hold the refused attempt needed.
+    fn need(self) -> Option<Credits> {
+        match self {
+            Refusal::Budget(n) | Refusal::Credits(n) => Some(n),
+            Refusal::None | Refusal::Other => None,
+        }
+    }
 }
 
 impl Coordinator {
@@ -451,10 +463,10 @@ impl Coordinator {
         }
         let need = Self::hold_estimate(j, t, w, secs);
         if room.is_some_and(|r| need > r) {
-            return Refusal::Budget;
+            return Refusal::Budget(need);
         }
         if need > balance {
-            return Refusal::Credits;
+            return Refusal::Credits(need);
         }
         Refusal::None
     }
@@ -590,8 +602,11 @@ impl Coordinator {
         {
             match self.refusal(j, t, w, (room, balance), &max, est_of(w)) {
                 Refusal::None => allowed.push(w),
-                r @ (Refusal::Budget | Refusal::Credits) => {
-                    if w.fits_total(resources_of(j, t, None)) {
+                r @ (Refusal::Budget(_) | Refusal::Credits(_)) => {
+                    // The smallest hold refused: what would let the job go on.
+                    if w.fits_total(resources_of(j, t, None))
+                        && short.need().is_none_or(|n| r.need().is_some_and(|m| m < n))
+                    {
                         short = r;
                     }
                 }
@@ -700,20 +715,33 @@ impl Coordinator {
             return;
         };
         let tenant = j.tenant.clone();
+        let balance = self
+            .ledger
+            .balance(&flotilla_pool::Account::Tenant(tenant.clone()));
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
         let Some(p) = j.pool.as_deref_mut() else {
             return;
         };
+        // What a hold is: the users saw "held 0 of 13" and could not tell why nothing ran.
+        const HOLD: &str = "an attempt holds its price for the task's timeout, or for an hour \
+                            while the task has no timeout and no runtime learned yet";
         p.paused = match why {
-            Refusal::Budget => Some(format!(
-                "paused: out of budget (spent {}, held {} of {}): `flotilla budget {job} +N` \
-                 resumes it",
-                p.spent,
-                p.held,
-                p.budget.unwrap_or_default()
-            )),
-            Refusal::Credits => Some(format!(
-                "paused: tenant {tenant:?} has too few credits for its next task; an admin \
-                 grants more (`flotilla admin tenant set {tenant} --grant C`)"
+            Refusal::Budget(need) => {
+                let budget = p.budget.unwrap_or_default();
+                let left = budget - p.spent - p.held;
+                Some(format!(
+                    "paused: out of budget: its next task's hold is {need} credits, its budget \
+                     has {left} left (budget {budget}, spent {}, held {}); {HOLD}. `flotilla \
+                     budget {} +N` resumes it",
+                    p.spent, p.held, job.0
+                ))
+            }
+            Refusal::Credits(need) => Some(format!(
+                "paused: tenant {tenant:?} has {balance} credits, its next task's hold is \
+                 {need}; {HOLD}. An admin grants more (`flotilla admin tenant set {tenant} \
+                 --grant C`)"
             )),
             Refusal::None | Refusal::Other => None,
         };

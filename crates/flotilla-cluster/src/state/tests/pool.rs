@@ -341,8 +341,11 @@ fn a_job_out_of_budget_pauses_and_a_raise_resumes_it() {
     assert!(assigns(&out).is_empty());
     let s = p.sim.c.job_summary(job).unwrap();
     let why = s.waiting.expect("says why");
+    // What the next attempt needs, what is left, and what a hold is.
     assert!(
-        why.contains("out of budget") && why.contains("flotilla budget"),
+        why.contains("out of budget: its next task's hold is 10 credits, its budget has 7 left")
+            && why.contains("holds its price for the task's timeout")
+            && why.contains(&format!("`flotilla budget {} +N`", job.0)),
         "{why}"
     );
     assert_eq!(s.pool.unwrap().spent, 8.0);
@@ -358,7 +361,10 @@ fn a_job_out_of_budget_pauses_and_a_raise_resumes_it() {
     // A tenant with no credits: paused, saying so.
     let (job2, _) = p.submit("poor", &pool_job(1, "verify = 1"));
     let why = p.sim.c.job_summary(job2).unwrap().waiting.unwrap();
-    assert!(why.contains("too few credits"), "{why}");
+    assert!(
+        why.contains("tenant \"poor\" has 0 credits, its next task's hold is 10"),
+        "{why}"
+    );
 }
 
 #[test]

@@ -361,6 +361,18 @@ pub fn key_hex(k: &[u8; 32]) -> String {
 
 /// Refuses negative, NaN or infinite amounts.
 fn check_quota(q: &Quota) -> Result<()> {
+    // Zero jobs at once, or zero tasks per job: no job of the tenant could ever run.
+    if q.running_jobs == Some(0) || q.tasks == Some(0) {
+        let flag = if q.running_jobs == Some(0) {
+            "--running-jobs"
+        } else {
+            "--tasks"
+        };
+        return Err(AccessError::Refused(format!(
+            "quota {flag} 0: no job of the tenant could ever run (at least 1; no limit: leave \
+             it out, or `none` in `tenant set`)"
+        )));
+    }
     for (what, v) in [("cpus", q.cpus), ("gpus", q.gpus)] {
         if let Some(v) = v {
             if !v.is_finite() || v < 0.0 {
@@ -910,6 +922,35 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn quotas_no_job_could_run_under_are_refused() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let a = open(dir.path());
+        for q in [
+            Quota {
+                running_jobs: Some(0),
+                ..Quota::default()
+            },
+            Quota {
+                tasks: Some(0),
+                ..Quota::default()
+            },
+        ] {
+            let e = a.add_tenant("frank", q).expect_err("refused");
+            assert!(
+                e.to_string()
+                    .contains("no job of the tenant could ever run"),
+                "{e}"
+            );
+        }
+        // No GPUs at all is a quota (CPU-only work).
+        let q = Quota {
+            gpus: Some(0.0),
+            ..Quota::default()
+        };
+        a.add_tenant("frank", q).expect("added");
     }
 
     #[test]

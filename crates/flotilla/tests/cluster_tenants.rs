@@ -200,7 +200,7 @@ fn a_quota_changed_on_a_live_coordinator_lets_held_work_start() {
         .iter()
         .find(|l| l.contains("waiting: "))
         .expect("a line that says why it waits");
-    assert!(said.contains("running_jobs quota"), "{said}");
+    assert!(said.contains("--running-jobs quota"), "{said}");
 
     let out = c.cli(&["admin", "tenant", "set", "q", "--running-jobs", "none"]);
     assert!(

@@ -88,7 +88,7 @@ impl Coordinator {
                 .is_none_or(|n| turn.active <= n as usize);
             let wait = (!runs).then(|| {
                 format!(
-                    "tenant {:?} runs {} of its jobs at once (its running_jobs quota): this \
+                    "tenant {:?} runs {} of its jobs at once (its --running-jobs quota): this \
                      one waits for an earlier one to finish",
                     j.tenant,
                     turn.quota.running_jobs.unwrap_or_default()
@@ -145,14 +145,28 @@ impl Coordinator {
                 }
                 Step::Exhausted => turn.next = turn.jobs.len(),
                 Step::OverQuota => {
-                    let why = format!(
-                        "tenant {name:?} holds {} CPUs and {} GPUs of its quota ({} CPUs, {} \
-                         GPUs): its ready tasks wait for its running ones",
-                        turn.used.cpus,
-                        turn.used.gpus,
-                        turn.quota.cpus.map_or("no limit".into(), |c| c.to_string()),
-                        turn.quota.gpus.map_or("no limit".into(), |g| g.to_string()),
+                    let limit = |q: Option<f64>, what: &str| {
+                        q.map_or(format!("no limit on {what}"), |c| format!("{c} {what}"))
+                    };
+                    let quota = format!(
+                        "{}, {}",
+                        limit(turn.quota.cpus, "CPUs"),
+                        limit(turn.quota.gpus, "GPUs")
                     );
+                    let why = if turn.used.cpus == 0.0 && turn.used.gpus == 0.0 {
+                        // Nothing of it runs: waiting would be for ever.
+                        format!(
+                            "tenant {name:?}'s next ready task needs more than its whole quota \
+                             ({quota}): it cannot run until an admin raises it (`flotilla admin \
+                             tenant set {name} --cpus N`)"
+                        )
+                    } else {
+                        format!(
+                            "tenant {name:?} holds {} CPUs and {} GPUs of its quota ({quota}): \
+                             its ready tasks wait for its running ones",
+                            turn.used.cpus, turn.used.gpus,
+                        )
+                    };
                     for job in &turn.jobs[turn.next..] {
                         if let Some(j) = self.jobs.get_mut(job) {
                             j.quota_wait = Some(why.clone());

@@ -100,11 +100,16 @@ fn quotas_cap_cpus_and_running_jobs_and_say_why_a_job_waits() {
     assert_eq!(assigns(&out).len(), 2, "her CPU quota");
     let s = sim.c.job_status(a1).unwrap();
     let why = s.waiting.expect("a reason");
-    assert!(why.contains("alice") && why.contains("quota"), "{why}");
+    assert!(
+        why.contains(
+            "tenant \"alice\" holds 2 CPUs and 0 GPUs of its quota (2 CPUs, no limit on GPUs)"
+        ) && why.contains("wait for its running ones"),
+        "{why}"
+    );
     let (a2, out) = sim.submit_as("alice", MANY);
     assert!(assigns(&out).is_empty());
     let why = sim.c.job_status(a2).unwrap().waiting.expect("a reason");
-    assert!(why.contains("running_jobs"), "{why}");
+    assert!(why.contains("its --running-jobs quota"), "{why}");
     // Others are not held back by her quota.
     let (b, out) = sim.submit_as("bob", MANY);
     assert_eq!(assigns(&out).len(), 6);
@@ -164,4 +169,29 @@ fn a_request_id_names_a_submission_of_its_tenant_until_the_job_is_removed_and_af
     sim.ev(Event::JobCancelled { job: a });
     sim.ev(Event::JobRemoved { job: a });
     assert_eq!(sim.c.submission("alice", "req-1"), None);
+}
+
+/// A task larger than its tenant's whole CPU quota, with nothing of the tenant running: the
+/// reason said it waited "for its running ones", which would never end.
+#[test]
+fn a_task_larger_than_the_whole_quota_says_it_cannot_run() {
+    let mut sim = Sim::new(0);
+    let mut q = BTreeMap::new();
+    q.insert(
+        "frank".to_string(),
+        Quota {
+            cpus: Some(0.5),
+            ..Quota::default()
+        },
+    );
+    sim.c.set_quotas(q);
+    sim.join(wspec(8.0, &[]));
+    let (job, out) = sim.submit_as("frank", "[[task]]\nid = \"a\"\ncmd = [\"x\"]\n");
+    assert!(assigns(&out).is_empty());
+    let why = sim.c.job_status(job).unwrap().waiting.expect("a reason");
+    assert!(
+        why.contains("needs more than its whole quota (0.5 CPUs, no limit on GPUs)")
+            && why.contains("flotilla admin tenant set frank --cpus N"),
+        "{why}"
+    );
 }

@@ -170,7 +170,7 @@ fn a_quota_changed_on_a_live_coordinator_lets_held_work_start() {
         s.waiting.is_some()
     });
     let why = held.waiting.unwrap();
-    assert!(why.contains("running_jobs"), "{why}");
+    assert!(why.contains("its --running-jobs quota"), "{why}");
     let table = String::from_utf8_lossy(&c.cli(&["status"]).stdout).into_owned();
     let row = table
         .lines()

@@ -17,6 +17,22 @@ struct Turn {
     next: usize,
     /// Position in the current job's class order.
     class: usize,
+    /// Ready tasks of the current class passed over: a pool job's task that no worker may
+    /// run (a replica whose other replicas' providers are the only ones in reach) does not
+    /// hold back the tasks behind it, up to [`LOOKAHEAD`].
+    skip: usize,
+}
+
+/// How many of a pool job's ready tasks of one class are tried past ones no worker may run,
+/// per pass: the rules that refuse one task (its replicas' providers, its own deadline) may
+/// accept the next, while budget and room refuse them all (so the look is bounded).
+const LOOKAHEAD: usize = 16;
+
+impl Turn {
+    fn next_class(&mut self) {
+        self.class += 1;
+        self.skip = 0;
+    }
 }
 
 /// The task shapes ([`Class::shape`](super::job::Class)) that fit on no worker in this
@@ -205,13 +221,14 @@ impl Coordinator {
             let Some(&c) = j.class_order.get(turn.class) else {
                 turn.next += 1;
                 turn.class = 0;
+                turn.skip = 0;
                 continue;
             };
             let before = j.held;
             let first = TaskId::new(j.classes[c].first);
             if j.graph.task(first).gang.is_some() {
                 let placed = self.schedule_gangs(job, c, room, out);
-                turn.class += 1;
+                turn.next_class();
                 let j = &self.jobs[&job];
                 if placed {
                     let mut d = j.held;
@@ -223,13 +240,13 @@ impl Coordinator {
                 }
                 continue;
             }
-            let Some(&t) = j.classes[c].ready.first() else {
-                turn.class += 1;
+            let Some(&t) = j.classes[c].ready.iter().nth(turn.skip) else {
+                turn.next_class();
                 continue;
             };
             let shape = j.classes[c].shape;
             if no_room.0.contains(&shape) {
-                turn.class += 1;
+                turn.next_class();
                 continue;
             }
             let need = j.max_charge(TaskId::new(t));
@@ -243,10 +260,16 @@ impl Coordinator {
                     return Step::Placed(d);
                 }
                 Placed::Deferred => {}
-                Placed::Blocked => turn.class += 1,
+                Placed::Blocked => {
+                    if self.jobs[&job].pool.is_some() && turn.skip + 1 < LOOKAHEAD {
+                        turn.skip += 1;
+                    } else {
+                        turn.next_class();
+                    }
+                }
                 Placed::NoRoom => {
                     no_room.0.push(shape);
-                    turn.class += 1;
+                    turn.next_class();
                 }
             }
         }

@@ -1049,3 +1049,24 @@ fn a_cancelled_job_releases_the_holds_of_replicas_awaiting_a_verdict() {
     );
     assert!(c.leaked_holds().is_empty());
 }
+
+/// `verify = 2` with one provider in reach: the first task's second replica may not run on
+/// the provider that ran its first, and that blocked the whole array behind it. The provider
+/// sat idle while later tasks were ready (a walkthrough of the pool docs saw it).
+#[test]
+fn a_replica_no_worker_may_run_does_not_hold_back_the_tasks_behind_it() {
+    let mut p = Pooled::new();
+    p.grant(1000);
+    let (a, out) = p.join(provider("alice", 1.0, SECOND));
+    assert!(assigns(&out).is_empty());
+    let (_, out) = p.submit("t", &pool_job(3, "verify = 2"));
+    let placed = assigns(&out);
+    assert_eq!(placed.len(), 1, "one CPU");
+    let (w, first) = placed[0].clone();
+    assert_eq!(w, a);
+    // Its first replica done: the second may not run on alice; t[1] may.
+    let out = p.done(a, first.task, first.attempt, "good", 1.0);
+    let next = assigns(&out);
+    assert_eq!(next.len(), 1, "alice takes the next task: {next:?}");
+    assert_ne!(next[0].1.task, first.task);
+}

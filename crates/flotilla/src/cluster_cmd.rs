@@ -1131,10 +1131,6 @@ fn print_summary(
     Ok(())
 }
 
-/// Reads and checks a job file here, before anything starts or connects: its mistakes are
-/// named (with the path as given) whether or not a coordinator is up. With `expand`, its
-/// tasks are expanded too (`run`; a coordinator expands a submitted job itself, within its
-/// limits).
 /// A folder given where a job file is read: said as such, with the file it may hold.
 fn not_a_folder(job_path: &Path) -> Result<()> {
     if job_path.is_dir() {
@@ -1152,6 +1148,10 @@ fn not_a_folder(job_path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Reads and checks a job file here, before anything starts or connects: its mistakes are
+/// named (with the path as given) whether or not a coordinator is up. With `expand`, its
+/// tasks are expanded too (`run`; a coordinator expands a submitted job itself, within its
+/// limits).
 fn check_job_file(job_path: &Path, expand: bool) -> Result<()> {
     not_a_folder(job_path)?;
     let text = std::fs::read_to_string(job_path)

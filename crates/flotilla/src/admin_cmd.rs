@@ -518,7 +518,8 @@ pub(crate) async fn budget(a: BudgetArgs) -> Result<()> {
     let job = flotilla::core::JobId::new(a.job);
     let doc = a.remote.client().await?.budget(job, &a.amount).await?;
     outln!(
-        "{job}: budget {} credits (spent {}, held {})",
+        "job {}: budget {} credits (spent {}, held {})",
+        job.0,
         doc["budget"],
         doc["spent"],
         doc["held"]
@@ -537,7 +538,11 @@ pub(crate) async fn ledger(a: LedgerArgs) -> Result<()> {
     if accounts.is_empty() {
         // A header over nothing read as a failure to list.
         match &a.tenant {
-            Some(t) => eprintln!("no account for tenant {t} yet: no credits have moved for it"),
+            // The coordinator shows no one another's accounts, nor says which tenants exist.
+            Some(t) => eprintln!(
+                "no account of tenant {t} to show: no credits have moved for it, no tenant has \
+                 that name (`flotilla admin tenant list`), or it is not yours"
+            ),
             None => eprintln!("no accounts yet"),
         }
         return Ok(());

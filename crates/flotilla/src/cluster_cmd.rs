@@ -370,7 +370,8 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Serve the web dashboard (and /metrics) while the job runs, at ADDR (default
-    /// 127.0.0.1 on a free port); prints the address to open, with a one-time login.
+    /// 127.0.0.1 on a free port); prints the address to open with a login link (it carries
+    /// the run's token: keep it as a password).
     #[arg(long, num_args = 0..=1, default_missing_value = "127.0.0.1:0")]
     dashboard: Option<SocketAddr>,
     /// Check the job file as a submission would (its inputs too) and print what would run,

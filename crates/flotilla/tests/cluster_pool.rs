@@ -157,7 +157,8 @@ fn credits_handed_to_tenants_are_in_the_ledger_and_survive_a_restart() {
     let none = c.cli(&["ledger", "--tenant", "dave"]);
     assert!(none.status.success());
     assert!(
-        String::from_utf8_lossy(&none.stderr).contains("no account for tenant dave yet"),
+        String::from_utf8_lossy(&none.stderr)
+            .contains("no account of tenant dave to show: no credits have moved for it"),
         "{}",
         String::from_utf8_lossy(&none.stderr)
     );

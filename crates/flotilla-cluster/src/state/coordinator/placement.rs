@@ -261,7 +261,14 @@ impl Coordinator {
                 }
                 Placed::Deferred => {}
                 Placed::Blocked => {
-                    if self.jobs[&job].pool.is_some() && turn.skip + 1 < LOOKAHEAD {
+                    // A job paused for budget or credits refuses its class's next tasks alike
+                    // (same shape, same hold): no look past it, so a paused job costs a pass
+                    // one try, not sixteen.
+                    let per_task = self.jobs[&job]
+                        .pool
+                        .as_deref()
+                        .is_some_and(|p| p.paused.is_none());
+                    if per_task && turn.skip + 1 < LOOKAHEAD {
                         turn.skip += 1;
                     } else {
                         turn.next_class();

@@ -131,7 +131,9 @@ pub struct GatheredOutput {
 pub struct ProviderSummary {
     /// Its name.
     pub name: String,
-    /// The id of its token.
+    /// The id of its token (shown to the admin only: empty, and left out of the JSON, for
+    /// a tenant).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub token: String,
     /// Whether its token was revoked.
     pub revoked: bool,
@@ -149,7 +151,8 @@ pub struct ProviderSummary {
     /// Its reputation: `(accepted + 1) / (accepted + rejected + 2)`.
     #[serde(default)]
     pub reputation: f64,
-    /// Its results accepted by verification.
+    /// Its results accepted by verification (a `verify = 1` job's results, taken as
+    /// returned, count in neither this nor `rejected`).
     #[serde(default)]
     pub accepted: u64,
     /// Its results rejected (outvoted).

@@ -102,6 +102,9 @@ pub struct WorkerConfig {
     /// Told the worker's id each time it registers (again after a lost session or a
     /// coordinator's restart): `flotilla worker` says so on the terminal.
     pub registered: Option<tokio::sync::mpsc::UnboundedSender<u32>>,
+    /// Told why, when the worker starts leaving by itself (drained by the admin, idle for
+    /// `--idle-timeout`, near `--time-limit`): `flotilla worker` says so on the terminal.
+    pub leaving: Option<tokio::sync::mpsc::UnboundedSender<String>>,
     /// The most disk one attempt's folder may use (transfer staging): a task whose folder
     /// grows past it is stopped and fails, and no file of it may be larger. `None`: no cap.
     pub max_sandbox: Option<u64>,
@@ -228,6 +231,7 @@ impl WorkerConfig {
             as_provider: false,
             fault: crate::fault::Fault::None,
             registered: None,
+            leaving: None,
             max_sandbox: None,
             enter: None,
             idle_timeout: None,
@@ -1013,11 +1017,17 @@ pub fn run_worker(
                     )))
                 }
                 Err(ClusterError::Refused(why) | ClusterError::Denied(why)) => {
+                    let check = if shared.config.as_provider {
+                        "--provider-token (`flotilla admin provider token NAME` gives the \
+                         provider another)"
+                    } else {
+                        "--token-file or FLOTILLA_TOKEN (`flotilla admin worker-token add` \
+                         makes one)"
+                    };
                     return Err(ClusterError::Config(format!(
-                        "the coordinator refused this worker's token ({why}): check \
-                         --token-file or FLOTILLA_TOKEN (`flotilla admin worker-token add` \
-                         makes one); the worker stops rather than retry a token it cannot change"
-                    )))
+                        "the coordinator refused this worker's token ({why}): check {check}; \
+                         the worker stops rather than retry a token it cannot change"
+                    )));
                 }
                 Err(e) => {
                     tracing::warn!("cannot reach the coordinator: {e}; retrying in {backoff:?}");
@@ -1250,7 +1260,9 @@ async fn session(
                         let drain = m.drain;
                         on_message(shared, m);
                         if drain && leaving.is_none() {
-                            reclaim(shared, "drained by the coordinator's admin");
+                            let why = "drained by the coordinator's admin";
+                            reclaim(shared, why);
+                            say_leaving(cfg, why);
                             leaving = Some(tokio::time::Instant::now() + cfg.grace + LEAVE_EARLY);
                         }
                     }
@@ -1291,6 +1303,7 @@ async fn session(
                 };
                 if let Some(why) = why {
                     reclaim(shared, &why);
+                    say_leaving(cfg, &why);
                     leaving = Some(tokio::time::Instant::now() + margin);
                 }
             }
@@ -1301,6 +1314,13 @@ async fn session(
             }
             _ = tail.tick() => tail_logs(shared),
         }
+    }
+}
+
+/// Tells the worker's owner why it leaves (see [`WorkerConfig::leaving`]).
+fn say_leaving(cfg: &WorkerConfig, why: &str) {
+    if let Some(tx) = &cfg.leaving {
+        let _ = tx.send(why.to_string());
     }
 }
 

@@ -125,7 +125,11 @@ fn toml_error(e: &toml::de::Error, lines: &LineIndex<'_>, file: &str) -> CoreErr
             .trim_start_matches(", expected ")
             .trim_start_matches("one of ")
             .to_string();
-        JobError::new(Problem::UnknownKey { expected }).field(key)
+        let field = match span.as_ref().and_then(|s| table_of(lines, s.start)) {
+            Some(table) if table != key => format!("{table}.{key}"),
+            _ => key.to_string(),
+        };
+        JobError::new(Problem::UnknownKey { expected }).field(field)
     } else {
         let text = message
             .lines()
@@ -264,6 +268,27 @@ fn enclosing_task(lines: &LineIndex<'_>, offset: usize) -> Option<String> {
     };
     let id = task.into_inner().id?;
     inside.then(|| id.as_str().map(str::to_string)).flatten()
+}
+
+/// The dotted name of the plain table (`[pool]`, `[defaults]`, `[task.env]` as `env`) whose
+/// header is the nearest above `offset`, to name a key in it as `pool.budget`; `None` in a
+/// task's or a variant's own table (`[[task]]`), whose keys are named as they are.
+fn table_of(lines: &LineIndex<'_>, offset: usize) -> Option<String> {
+    let header = std::iter::once(lines.line_text(offset))
+        .chain(lines.text()[..lines.line_start(offset)].lines().rev())
+        .map(str::trim_start)
+        .find(|l| l.starts_with('['))?;
+    if header.starts_with("[[") {
+        return None;
+    }
+    let name: String = header[1..]
+        .split(']')
+        .next()?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let name = name.strip_prefix("task.").unwrap_or(&name);
+    (!name.is_empty() && name != "task").then(|| name.to_string())
 }
 
 /// The key of a `key = value` line when `offset` is inside the value.

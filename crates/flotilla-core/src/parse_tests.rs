@@ -269,15 +269,22 @@ fn unknown_keys_are_rejected_with_key_and_line() {
         "[defaults]\nretry = 1\n",
         2,
         None,
-        Some("retry"),
+        Some("defaults.retry"),
         "unknown key",
+    );
+    check(
+        "[pool]\nbudgit = 3\n[[task]]\nid = \"a\"\ncmd = [\"x\"]\n",
+        2,
+        None,
+        Some("pool.budgit"),
+        "unknown key, expected one of `budget`",
     );
     // A table after the tasks is not part of the last task.
     check(
         "[[task]]\nid = \"a\"\ncmd = [\"x\"]\n\n[defaults]\nretry = 1\n",
         6,
         None,
-        Some("retry"),
+        Some("defaults.retry"),
         "unknown key",
     );
     check(

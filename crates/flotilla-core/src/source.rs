@@ -42,6 +42,11 @@ impl<'a> LineIndex<'a> {
         self.text
     }
 
+    /// The byte offset where the line holding `offset` starts.
+    pub(crate) fn line_start(&self, offset: usize) -> usize {
+        self.starts[self.pos(offset).line - 1]
+    }
+
     /// The text of the line holding `offset`, without its newline.
     pub(crate) fn line_text(&self, offset: usize) -> &'a str {
         let line = self.pos(offset).line;

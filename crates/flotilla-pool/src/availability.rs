@@ -5,7 +5,7 @@
 //! runs past midnight into the next day (`mon-fri 19:00-07:00` is Monday 19:00 to Tuesday
 //! 07:00, …, Friday 19:00 to Saturday 07:00). Days: `mon` … `sun`, ranges (`mon-fri`,
 //! `fri-mon` wraps), lists (`sat,sun`), `daily` or `*`, `weekdays`, `weekends`.
-//! Windows are separated by `;`. Pure: the caller reads the clock.
+//! Windows are separated by `;`; `always` is every day, all day. Pure: the caller reads the clock.
 
 use std::fmt;
 
@@ -35,6 +35,17 @@ impl Windows {
             value: text.to_string(),
             why,
         };
+        // What `admin provider list` shows for a machine with no windows.
+        if text.trim().eq_ignore_ascii_case("always") {
+            return Ok(Windows {
+                windows: vec![Window {
+                    days: 0x7f,
+                    start: 0,
+                    end: 24 * 60,
+                }],
+                text: "always".into(),
+            });
+        }
         let mut windows = Vec::new();
         for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let (days, span) = part
@@ -165,6 +176,9 @@ mod tests {
         assert!(!w.contains(TUE, at(12, 30)));
         let all = Windows::parse("daily 00:00-00:00").unwrap();
         assert!((0..7).all(|d| all.contains(d, at(0, 0)) && all.contains(d, at(23, 59))));
+        let always = Windows::parse(" Always ").unwrap();
+        assert!((0..7).all(|d| always.contains(d, at(0, 0)) && always.contains(d, at(23, 59))));
+        assert_eq!(always.to_string(), "always");
     }
 
     #[test]

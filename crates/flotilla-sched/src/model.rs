@@ -389,8 +389,13 @@ impl PerfModel {
 
     /// Serializes the model as JSON (stable: keys in sorted order).
     pub fn to_json(&self) -> String {
+        self.to_json_of(|_| true)
+    }
+
+    /// [`PerfModel::to_json`] of the codelets `keep` accepts only (what one tenant may see).
+    pub fn to_json_of(&self, keep: impl Fn(&str) -> bool) -> String {
         let mut entries = Vec::new();
-        for (codelet, archs) in &self.history {
+        for (codelet, archs) in self.history.iter().filter(|(c, _)| keep(c)) {
             for (arch, h) in archs {
                 for (footprint, s) in &h.by_footprint {
                     entries.push(ModelEntry {

@@ -29,7 +29,7 @@ pub(crate) struct RemoteArgs {
     pub(crate) server: String,
     /// A file holding the access token (default: FLOTILLA_TOKEN, then ./.flotilla/token).
     #[arg(long)]
-    token_file: Option<PathBuf>,
+    pub(crate) token_file: Option<PathBuf>,
     /// A CA certificate (PEM) to verify the coordinator's TLS certificate; enables TLS.
     #[arg(long)]
     pub(crate) tls_ca: Option<PathBuf>,
@@ -297,7 +297,7 @@ pub(crate) struct WorkerArgs {
     price: Option<String>,
     /// When this machine may work, in its local time: `"mon-fri 19:00-07:00; sat,sun
     /// 00:00-24:00"` (days: mon..sun, ranges, lists, daily, weekdays, weekends; a span
-    /// ending before it starts runs past midnight). When a window ends, running tasks get
+    /// ending before it starts runs past midnight), or `always` (the default). When a window ends, running tasks get
     /// SIGTERM and --grace to write their checkpoints, and resume elsewhere.
     #[arg(long)]
     available: Option<String>,
@@ -606,6 +606,15 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
              clients'"
         );
     }
+    if let (Some(p), Some(t)) = (&a.provider_token, &a.remote.token_file) {
+        anyhow::bail!(
+            "--provider-token {} and --token-file {}: a provider's machine enrols with its \
+             provider token alone; leave out --token-file (or --provider-token, for a worker \
+             of the operator's own)",
+            p.display(),
+            t.display()
+        );
+    }
     let remote = match &a.provider_token {
         Some(file) => Remote {
             addr: a.remote.server.clone(),
@@ -701,6 +710,19 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
                 if again { " again" } else { "" }
             );
             again = true;
+        }
+    });
+    // And why it leaves when it leaves by itself (a drain, --idle-timeout, --time-limit).
+    let (leave_tx, mut leave_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    cfg.leaving = Some(leave_tx);
+    let (name, grace) = (cfg.name.clone(), cfg.grace);
+    tokio::spawn(async move {
+        while let Some(why) = leave_rx.recv().await {
+            eprintln!(
+                "flotilla worker {name}: leaving: {why} (running tasks get SIGTERM and {} to \
+                 stop; they resume elsewhere)",
+                flotilla::core::duration::format_duration(grace)
+            );
         }
     });
     let (tx, rx) = watch::channel(false);
@@ -1101,8 +1123,18 @@ fn print_summary(
                 outln!("  task {}: {}, not placed yet", t.name, t.state);
                 continue;
             }
-            let on = t.provider.as_deref().unwrap_or("the operator's own worker");
-            let why = t.placement.as_ref().map_or("", |r| r.why.as_str());
+            let mut on = t
+                .provider
+                .clone()
+                .unwrap_or_else(|| "the operator's own worker".into());
+            let mut why = t.placement.as_ref().map_or("", |r| r.why.as_str());
+            // A verified result ran (and was paid) on each provider that agreed.
+            if let [init @ .., last] = t.agreed.as_slice() {
+                if !init.is_empty() {
+                    on = format!("{} and {last}", init.join(", "));
+                    why = "verified: their results agree";
+                }
+            }
             outln!(
                 "  task {}: {} on {on}, cost {:.6}{}",
                 t.name,

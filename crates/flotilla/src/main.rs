@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use flotilla::bench::{linalg, overhead};
 use flotilla::sched::PolicyKind;
 use out::{out, outln};
@@ -73,7 +73,8 @@ enum Command {
     /// A job's attempts in time as a Chrome/Perfetto trace (JSON; open it in
     /// ui.perfetto.dev): one process per worker, a track per slot and per GPU.
     Trace(cluster_cmd::TraceArgs),
-    /// Tenants, worker enrolment tokens and revocation (takes the admin token).
+    /// Tenants, tokens and revocation, providers, live workers, the group of coordinators
+    /// (takes the admin token).
     #[command(subcommand)]
     Admin(admin_cmd::AdminCmd),
     /// Worker allocations from a batch system (Slurm), asked for as the work needs them
@@ -1239,8 +1240,21 @@ fn run_local(command: Command) -> Result<()> {
     }
 }
 
+/// The command line's definition, with negative numbers read as values everywhere: `--cpus
+/// -4` or `budget 7 -4` is then refused by the value's own check, naming the flag, rather
+/// than as an unknown flag with clap's tip to write `-- -4`.
+fn cli_command() -> clap::Command {
+    fn numbers(cmd: clap::Command) -> clap::Command {
+        cmd.allow_negative_numbers(true).mut_subcommands(numbers)
+    }
+    numbers(Cli::command())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&cli_command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     // The group's Raft (openraft) reports every unreachable peer as an error while a node is
     // down; our own lines say what matters (who leads, a node that stops leading).
     // `FLOTILLA_LOG=warn,openraft=info` shows it.

@@ -554,3 +554,47 @@ fn run_refuses_a_whole_machine_job_folder_before_writing_in_it() {
         assert!(!state.exists(), "run made {}", state.display());
     }
 }
+
+/// Flags a newcomer gets wrong, refused before anything starts, each naming the flag:
+/// a negative number (clap took it for a flag and suggested `-- -4`), a provider's worker
+/// given a second token, and `--available always` (what `provider list` prints) accepted.
+#[test]
+fn worker_flags_are_checked_before_it_connects() {
+    let (ok, _, err) = flotilla(&["worker", "--cpus", "-4", "--server", "127.0.0.1:1"]);
+    assert!(!ok);
+    assert!(
+        err.contains("'-4' for '--cpus") && !err.contains("-- -4"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "flt_x\n").unwrap();
+    let token = token.display().to_string();
+    let (ok, _, err) = flotilla(&[
+        "worker",
+        "--server",
+        "127.0.0.1:1",
+        "--provider-token",
+        &token,
+        "--token-file",
+        &token,
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("--provider-token") && err.contains("leave out --token-file"),
+        "{err}"
+    );
+    // Accepted: the worker goes on to the unknown --gpus value, which stops it.
+    let out = Command::new(BIN)
+        .args(["worker", "--server", "127.0.0.1:1", "--available", "always"])
+        .args(["--gpus", "nonsense"])
+        .env("FLOTILLA_TOKEN", "flt_x")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--gpus") && !err.contains("--available"),
+        "{err}"
+    );
+}

@@ -284,6 +284,12 @@ fn workers_leave_when_idle_or_when_their_time_limit_is_near() {
         "name = \"short\"\n[[task]]\nid = \"t\"\ncmd = [\"true\"]\n",
     );
     assert_succeeded(&c.wait_job(id, Duration::from_secs(60)));
+    // It says why it leaves (it left without a word).
+    let said = c.wait_worker_line(0, "leaving", Duration::from_secs(120));
+    assert!(
+        said.starts_with("flotilla worker w0: leaving: nothing to run for 1s"),
+        "{said}"
+    );
     let status = wait_until("the idle worker to leave", Duration::from_secs(120), || {
         c.worker_status(0)
     });
@@ -297,6 +303,11 @@ fn workers_leave_when_idle_or_when_their_time_limit_is_near() {
         || c.worker_status(1),
     );
     assert!(status.success(), "it left cleanly: {status:?}");
+    let said = c.wait_worker_line(1, "leaving", Duration::from_secs(10));
+    assert!(
+        said.contains("its time limit is near (--time-limit)"),
+        "{said}"
+    );
 }
 
 /// A coordinator stopped with SIGTERM (systemd restarting it, a pod restarted) while each

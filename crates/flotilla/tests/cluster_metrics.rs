@@ -230,7 +230,12 @@ fn the_dashboard_exchanges_a_token_for_a_session_and_scopes_its_api() {
     let (code, _, body) = request(http, &format!("/api/jobs/{}/trace", job.0), &with);
     assert_eq!(code, 200);
     assert!(body.contains("\"outcome\":\"succeeded\""), "{body}");
-    assert_eq!(request(http, "/api/model", &with).0, 200);
+    let (code, _, body) = request(http, "/api/model", &with);
+    assert_eq!(code, 200);
+    assert!(
+        body.contains("\"d/a\""),
+        "the admin sees every codelet: {body}"
+    );
     let (code, _, body) = request(http, "/api/ledger", &with);
     assert_eq!(code, 200);
     assert!(body.contains("\"accounts\""), "{body}");
@@ -249,6 +254,10 @@ fn the_dashboard_exchanges_a_token_for_a_session_and_scopes_its_api() {
     let (code, _, body) = request(http, "/api/cluster", &carol_with);
     assert_eq!(code, 200);
     assert!(body.contains("\"jobs\":[]"), "{body}");
+    // Nor what another tenant runs (the model's codelets are JOB/TASK).
+    let (code, _, body) = request(http, "/api/model", &carol_with);
+    assert_eq!(code, 200);
+    assert!(!body.contains("d/a"), "{body}");
     let id = String::from_utf8_lossy(&out.stderr)
         .split("(token ")
         .nth(1)

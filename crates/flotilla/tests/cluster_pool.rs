@@ -53,6 +53,10 @@ fn a_providers_worker_joins_at_its_price_and_leaves_with_its_token() {
     let table = c.cli(&["provider", "list"]);
     assert!(String::from_utf8_lossy(&table.stdout).contains("acme"));
 
+    // Which token is the provider's is the admin's to know (to revoke it), not a tenant's.
+    assert!(list[0].get("token").is_none(), "{list}");
+    let out = c.cli(&["provider", "list", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     // Its token revoked: its worker's session ends and it is refused from then on.
     let id = list[0]["token"].as_str().unwrap().to_string();
     let out = c.cli(&["admin", "token", "revoke", &id]);
@@ -66,6 +70,9 @@ fn a_providers_worker_joins_at_its_price_and_leaves_with_its_token() {
         Duration::from_secs(60),
         || c.overview().filter(|s| s.workers.is_empty()).map(|_| ()),
     );
+    // The worker stops, naming the provider's token (it pointed at --token-file).
+    let said = c.wait_worker_line(0, "refused this worker's token", Duration::from_secs(60));
+    assert!(said.contains("check --provider-token"), "{said}");
     let out = c.cli(&["provider", "list", "--json"]);
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list[0]["revoked"], true);
@@ -315,6 +322,10 @@ fn a_pool_verifies_pays_only_for_right_results_and_pauses_on_budget() {
     let out = c.cli_with_token(&["budget", &small_id.0.to_string(), "+5"], &alice);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no job"));
+    let out = c.cli_with_token(&["budget", &small_id.0.to_string(), "+0"], &bob);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("a raise of 0 changes nothing"), "{err}");
     let out = c.cli_with_token(&["budget", &small_id.0.to_string(), "+5"], &bob);
     assert!(
         out.status.success(),
@@ -323,6 +334,11 @@ fn a_pool_verifies_pays_only_for_right_results_and_pauses_on_budget() {
     );
     let s = c.wait_job(small_id, Duration::from_secs(60));
     kit::assert_succeeded(&s);
+    // Once it ended, a raise is refused, not journaled for nothing.
+    let out = c.cli_with_token(&["budget", &small_id.0.to_string(), "+5"], &bob);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("has ended (succeeded)"), "{err}");
 
     // Credits are only moved: the total is what was handed out.
     let ledger: serde_json::Value =

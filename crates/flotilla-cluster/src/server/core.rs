@@ -80,8 +80,9 @@ pub(super) enum Req {
         scope: Scope,
         reply: Reply<LogInfo>,
     },
-    /// The performance model (the dashboard's table).
+    /// The performance model (the dashboard's table), as `scope` may see it.
     Model {
+        scope: Scope,
         reply: Reply<String>,
     },
     /// The allocator's round: the work left for each queue's workers, and the live workers.
@@ -103,6 +104,8 @@ pub(super) enum Req {
     },
     /// `flotilla provider list`: the providers with their live workers.
     Providers {
+        /// Who asks: a tenant is not shown the providers' token ids.
+        scope: Scope,
         providers: Vec<crate::access::ProviderInfo>,
         reply: Reply<String>,
     },
@@ -459,6 +462,7 @@ impl Core {
     /// The providers (from the registry) with their live workers and prices, as JSON.
     fn on_providers(
         &self,
+        scope: &Scope,
         providers: Vec<crate::access::ProviderInfo>,
     ) -> std::result::Result<String, Status> {
         let workers = self.coord.workers();
@@ -498,7 +502,12 @@ impl Core {
                         a
                     },
                     name: p.name,
-                    token: p.token,
+                    // Which token a provider's is: the admin's business (to revoke it).
+                    token: if *scope == Scope::All {
+                        p.token
+                    } else {
+                        String::new()
+                    },
                     revoked: p.revoked,
                     workers: mine.iter().map(|w| w.name.clone()).collect(),
                     // `+ 0.0`: an empty sum of f64 is -0.0, which prints as "-0".
@@ -1226,8 +1235,11 @@ impl Core {
                 offer,
                 reply,
             } => self.on_register(req, (previous, offer), reply, cmds, records, after),
-            Req::Model { reply } => {
-                let _ = reply.send(Ok(self.coord.model_json()));
+            Req::Model { scope, reply } => {
+                let _ = reply.send(Ok(match &scope {
+                    Scope::All => self.coord.model_json(),
+                    Scope::Tenant(t) => self.coord.model_json_of(t),
+                }));
             }
             Req::WorkerLoads { reply } => {
                 let _ = reply.send(Ok(self.coord.worker_loads()));
@@ -1256,8 +1268,12 @@ impl Core {
                 };
                 let _ = reply.send(Ok(view));
             }
-            Req::Providers { providers, reply } => {
-                let _ = reply.send(self.on_providers(providers));
+            Req::Providers {
+                scope,
+                providers,
+                reply,
+            } => {
+                let _ = reply.send(self.on_providers(&scope, providers));
             }
             Req::Quotas(q) => {
                 self.coord.set_quotas(q);
@@ -1300,6 +1316,30 @@ impl Core {
             Req::Budget {
                 job, amount, reply, ..
             } => {
+                // What a raise cannot help, said rather than done (journaled, it changed
+                // nothing; on a job with no budget it set a cap where there was none).
+                let refused = self.coord.job_summary(job).and_then(|s| {
+                    if s.state != state::JobState::Running {
+                        Some(format!(
+                            "job {} has ended ({}): there is nothing left for a budget to pay",
+                            job.0, s.state
+                        ))
+                    } else if s.pool.as_ref().is_some_and(|p| p.budget.is_none()) {
+                        Some(format!(
+                            "job {} has no budget: it spends from its tenant's credits with no \
+                             cap of its own (`[pool] budget` in a job file sets one); if it \
+                             waits for credits, the admin hands its tenant more \
+                             (`flotilla admin tenant set {} --grant N`)",
+                            job.0, s.tenant
+                        ))
+                    } else {
+                        None
+                    }
+                });
+                if let Some(why) = refused {
+                    let _ = reply.send(Err(Status::failed_precondition(why)));
+                    return;
+                }
                 let now = self.now();
                 let ev = Event::BudgetRaised { job, amount };
                 let rec = JournalRecord::from_event(&ev);

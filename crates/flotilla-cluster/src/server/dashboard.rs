@@ -354,7 +354,12 @@ pub(crate) async fn model(State(http): State<Http>, headers: HeaderMap) -> Respo
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
-    kept(&http, "model".into(), &scope, |reply| Req::Model { reply }).await
+    let s = scope.clone();
+    kept(&http, "model".into(), &scope, move |reply| Req::Model {
+        scope: s,
+        reply,
+    })
+    .await
 }
 
 /// `/api/ledger`: the pool's accounts the caller sees (a tenant its own).
@@ -379,8 +384,13 @@ pub(crate) async fn providers(State(http): State<Http>, headers: HeaderMap) -> R
         Err(r) => return r.into_response(),
     };
     let providers = http.access.providers();
+    let s = scope.clone();
     kept(&http, "providers".into(), &scope, move |reply| {
-        Req::Providers { providers, reply }
+        Req::Providers {
+            scope: s,
+            providers,
+            reply,
+        }
     })
     .await
 }

@@ -544,6 +544,11 @@ impl CoordinatorRpc for Api {
         let amount =
             flotilla_pool::Credits::parse(text.strip_prefix('+').unwrap_or(text), "amount")
                 .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if amount == flotilla_pool::Credits::ZERO {
+            return Err(Status::invalid_argument(format!(
+                "amount {text}: a raise of 0 changes nothing (e.g. +50 for 50 credits more)"
+            )));
+        }
         let json = self
             .ask(|reply| Req::Budget {
                 job,
@@ -560,10 +565,14 @@ impl CoordinatorRpc for Api {
         req: Request<proto::ProviderListRequest>,
     ) -> std::result::Result<Response<proto::JsonReply>, Status> {
         // The admin and tenants (who choose where their work goes) see the providers.
-        job_scope(&req, "list providers")?;
+        let scope = job_scope(&req, "list providers")?;
         let providers = self.access.providers();
         let json = self
-            .ask(|reply| Req::Providers { providers, reply })
+            .ask(|reply| Req::Providers {
+                scope,
+                providers,
+                reply,
+            })
             .await?;
         Ok(Response::new(proto::JsonReply { json }))
     }
@@ -952,14 +961,15 @@ impl Api {
     }
 }
 
-/// Credits handed to a tenant as `flag` gives them: "" and "0" are none; never negative.
+/// Credits handed to a tenant as `flag` gives them: "" is none; positive, or refused (a
+/// `--grant 0` did nothing and said nothing).
 fn credits_arg(text: &str, flag: &str) -> std::result::Result<flotilla_pool::Credits, Status> {
     if text.trim().is_empty() {
         return Ok(flotilla_pool::Credits::ZERO);
     }
     let amount = flotilla_pool::Credits::parse(text, flag)
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    if amount.is_negative() {
+    if amount.is_negative() || amount == flotilla_pool::Credits::ZERO {
         return Err(Status::invalid_argument(format!(
             "{flag} {amount}: a tenant is handed a positive amount"
         )));

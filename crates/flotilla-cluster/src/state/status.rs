@@ -113,6 +113,9 @@ pub struct TaskStatus {
     /// The provider of its latest attempt's worker (`None`: the operator's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
+    /// A verified task's result: the providers whose results agreed (its cost paid each).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agreed: Vec<String>,
 }
 
 /// A job's pool accounts and deadline, as `flotilla status` shows them.
@@ -659,7 +662,7 @@ impl Coordinator {
             submitted_ms: j.submitted,
             finished_ms: j.finished,
             makespan_s: makespan_with_stops(j, self.now()),
-            critical_path_s,
+            critical_path_s: to_ms(critical_path_s),
             waiting: self.waiting(j),
             pool: self.pool_status(j),
             workers: named
@@ -674,8 +677,8 @@ impl Coordinator {
                 .map(|(worker, (tasks, busy_s, cpu_busy_s))| WorkerShare {
                     worker,
                     tasks,
-                    busy_s,
-                    cpu_busy_s,
+                    busy_s: to_ms(busy_s),
+                    cpu_busy_s: to_ms(cpu_busy_s),
                 })
                 .collect(),
         })
@@ -857,6 +860,13 @@ impl Coordinator {
                 .as_deref()
                 .map(|p| p.cost.get(&id).copied().unwrap_or_default().as_f64()),
             provider: rt.worker.and_then(|w| self.provider_of(w)),
+            agreed: j
+                .pool
+                .as_deref()
+                .filter(|_| rt.state == TaskState::Done)
+                .and_then(|p| p.agreed.get(&id))
+                .map(|(a, _)| a.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -907,4 +917,10 @@ impl Coordinator {
             })
             .collect()
     }
+}
+
+/// Seconds summed from many attempts, rounded to the millisecond the clocks give (a sum of
+/// floats reads 12.300000000000002 in `--json`).
+fn to_ms(seconds: f64) -> f64 {
+    (seconds * 1000.0).round() / 1000.0
 }

@@ -183,6 +183,8 @@ pub(crate) struct Cluster {
     pub(crate) token: String,
     server: Option<Proc>,
     workers: Vec<Option<Proc>>,
+    /// Each worker's stderr lines, by index as `workers`.
+    worker_lines: Vec<mpsc::Receiver<String>>,
     rt: tokio::runtime::Runtime,
     client: std::cell::RefCell<Option<Client>>,
     opts: Opts,
@@ -254,6 +256,7 @@ impl Cluster {
             token,
             server: Some(server),
             workers: Vec::new(),
+            worker_lines: Vec::new(),
             rt,
             client: std::cell::RefCell::new(None),
             opts,
@@ -365,9 +368,25 @@ impl Cluster {
             .env("FLOTILLA_TOKEN", token)
             .envs(env.iter().copied())
             .env_remove("FLOTILLA_SERVER");
-        let (p, _lines) = spawn_logged(cmd, &format!("w{i}"));
+        let (p, lines) = spawn_logged(cmd, &format!("w{i}"));
         self.workers.push(Some(p));
+        self.worker_lines.push(lines);
         i
+    }
+
+    /// Waits for a line of worker `i`'s stderr that contains `text` (the lines before it
+    /// are passed over) and returns it; panics if the worker's stderr closes first or after
+    /// `limit`, a bound for a hung test only.
+    pub(crate) fn wait_worker_line(&self, i: usize, text: &str, limit: Duration) -> String {
+        let end = Instant::now() + limit;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.worker_lines[i].recv_timeout(left) {
+                Ok(line) if line.contains(text) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no line with {text:?} from worker {i}: {e}"),
+            }
+        }
     }
 
     /// Waits until `n` workers are registered with the coordinator.

@@ -827,6 +827,22 @@ impl Coordinator {
         self.model.to_json()
     }
 
+    /// The performance model as `tenant` may see it: the codelets of the names of its own
+    /// jobs (a codelet is `JOB_NAME/TASK`), not what other tenants run.
+    pub fn model_json_of(&self, tenant: &str) -> String {
+        let names: BTreeSet<&str> = self
+            .jobs
+            .values()
+            .filter(|j| j.tenant == tenant)
+            .map(|j| j.name.as_str())
+            .collect();
+        self.model.to_json_of(|codelet| {
+            codelet
+                .split_once('/')
+                .is_some_and(|(job, _)| names.contains(job))
+        })
+    }
+
     pub(crate) fn jobs_map(&self) -> &BTreeMap<JobId, Job> {
         &self.jobs
     }
@@ -903,10 +919,40 @@ impl Coordinator {
         ) {
             return None; // not placed now: an earlier attempt's reason would mislead
         }
+        // A verified result: where it came from is the verdict's story, not one placement's.
+        if let Some((agreed, alone)) = job
+            .pool
+            .as_deref()
+            .filter(|_| rt.state == TaskState::Done)
+            .and_then(|p| p.agreed.get(&t))
+        {
+            let why = match (agreed.as_slice(), alone) {
+                ([one], true) => format!(
+                    "adaptive verification: taken unchecked from {one}, a provider with a \
+                     streak of agreeing results"
+                ),
+                ([], _) => "verified".to_string(),
+                (all, _) => format!(
+                    "verified: the results of {} agree",
+                    crate::state::coordinator::and_list(all)
+                ),
+            };
+            return Some(Placement {
+                policy: "verify".into(),
+                predicted_s: None,
+                alternatives: Vec::new(),
+                why,
+            });
+        }
         if let Some(e) = rt.ext.as_ref().filter(|e| e.reason.is_some()) {
             // Only for the worker it placed the task on (a replica's result may be accepted
             // from another worker than the last one placed).
             return e.reason.clone().filter(|_| e.reason_worker == rt.worker);
+        }
+        // The reasons are not journaled: after a restart a pool job's placement (by price,
+        // reputation, the pool's rules) cannot be told, and is not guessed as eager's.
+        if job.pool.is_some() {
+            return None;
         }
         rt.worker.filter(|_| rt.attempt > 0).map(|w| Placement {
             policy: "eager".into(),
@@ -932,5 +978,14 @@ fn variant_index(j: &Job, t: TaskId, name: &str) -> Option<u16> {
     match &j.graph.task(t).kind {
         TaskKind::Variants(vs) => vs.iter().position(|v| v.name == name).map(|i| i as u16),
         _ => None,
+    }
+}
+
+/// `a`, `a and b`, `a, b and c`.
+pub(crate) fn and_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
     }
 }

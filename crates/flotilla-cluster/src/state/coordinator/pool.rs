@@ -123,6 +123,9 @@ pub(crate) struct JobPool {
     pub(crate) excluded: HashMap<TaskId, Vec<String>>,
     /// What each task cost so far.
     pub(crate) cost: HashMap<TaskId, Credits>,
+    /// A verified task's accepted verdict: the providers whose results agreed, and whether
+    /// one was taken unchecked (adaptive verification of a trusted provider).
+    pub(crate) agreed: HashMap<TaskId, (Vec<String>, bool)>,
     /// Results rejected.
     pub(crate) rejected: u64,
     /// With a deadline, computed at a done count: each task's fastest predicted time and
@@ -143,6 +146,7 @@ impl JobPool {
             suspect: HashMap::new(),
             excluded: HashMap::new(),
             cost: HashMap::new(),
+            agreed: HashMap::new(),
             rejected: 0,
             plan: None,
         }
@@ -1316,9 +1320,10 @@ impl Coordinator {
         match verdict {
             VerdictRecord::Accepted {
                 hash,
+                agreed,
                 rejected,
+                alone,
                 reverify,
-                ..
             } => {
                 let Some(j) = self.jobs.get_mut(&task.job) else {
                     return;
@@ -1326,6 +1331,9 @@ impl Coordinator {
                 let Some(p) = j.pool.as_deref_mut() else {
                     return;
                 };
+                let mut names = agreed.clone();
+                names.sort();
+                p.agreed.insert(task.task, (names, *alone));
                 let rs = p.replicas.remove(&task.task).unwrap_or_default();
                 let stale = p.suspect.remove(&task.task).filter(|old| old != hash);
                 p.requorum.remove(&task.task);

@@ -248,16 +248,14 @@ fn quorum_two_runs_on_two_providers_pays_both_and_charges_the_consumer_once_each
     assert_eq!(p.sim.c.ledger().total(), Credits::whole(1000));
     let s = p.sim.c.job_status(job).unwrap();
     assert_eq!(s.tasks[0].cost, Some(5.0));
-    // The placement shown is that of the worker the task is shown on (it described the
-    // second replica's provider while the first's result was the one accepted).
+    // Where it ran is both providers that agreed, whose runs its cost paid (it showed one
+    // provider, and the placement of the second replica, or none).
     let shown = &s.tasks[0];
-    if let Some(r) = &shown.placement {
-        let provider = shown.provider.clone().unwrap_or_default();
-        assert!(
-            r.why.contains(&format!("provider {provider}")),
-            "{r:?} on {provider}"
-        );
-    }
+    assert_eq!(shown.agreed, ["alice", "bob"]);
+    assert_eq!(
+        shown.placement.as_ref().map(|r| r.why.as_str()),
+        Some("verified: the results of alice and bob agree")
+    );
     assert_eq!(s.pool.as_ref().unwrap().spent, 5.0);
     // A duplicate report changes nothing.
     p.done(*w2, t, 2, "good", 3.0);
@@ -412,6 +410,16 @@ fn a_replay_rebuilds_the_same_ledger_verdicts_and_reputations() {
     let (a, b) = (p.sim.c.job_status(job).unwrap(), c.job_status(job).unwrap());
     let states = |s: &JobStatus| s.tasks.iter().map(|t| t.state).collect::<Vec<_>>();
     assert_eq!(states(&a), states(&b));
+    // The verdicts' agreeing providers are rebuilt; placements not journaled are not
+    // guessed (they read "eager: placed on w2", which a pool job never is).
+    let agreed = |s: &JobStatus| s.tasks.iter().map(|t| t.agreed.clone()).collect::<Vec<_>>();
+    assert_eq!(agreed(&a), agreed(&b));
+    assert!(agreed(&b).iter().any(|a| a.len() == 2), "{:?}", agreed(&b));
+    for t in &b.tasks {
+        if let Some(r) = &t.placement {
+            assert_eq!(r.policy, "verify", "{r:?}");
+        }
+    }
     assert_eq!(
         a.pool.as_ref().map(|p| (p.spent, p.held)),
         b.pool.as_ref().map(|p| (p.spent, p.held))

@@ -338,8 +338,9 @@ pub struct WorkerStatus {
     /// The provider whose machine it is (`None`: the operator's own).
     #[serde(default)]
     pub provider: Option<String>,
-    /// Its provider's price, credits per unit-hour.
-    #[serde(default)]
+    /// Its provider's price, credits per unit-hour, written as `--price` takes it
+    /// (`"cpu=0.02,gpu=0.5,mem_gb=0"`; the ledger's micro-credits read as 20000).
+    #[serde(default, with = "price_text")]
     pub price: flotilla_pool::Price,
     /// When it works (`--available`, `--idle-only`); empty: always.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -923,4 +924,50 @@ impl Coordinator {
 /// floats reads 12.300000000000002 in `--json`).
 fn to_ms(seconds: f64) -> f64 {
     (seconds * 1000.0).round() / 1000.0
+}
+
+/// A price in a status document as its text (`cpu=0.02,...`); an older coordinator's
+/// micro-credit fields are read too.
+mod price_text {
+    use flotilla_pool::Price;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(p: &Price, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(p)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Price, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Text(String),
+            Micro(Price),
+        }
+        match Either::deserialize(d)? {
+            Either::Text(t) => Price::parse(&t).map_err(serde::de::Error::custom),
+            Either::Micro(p) => Ok(p),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Priced {
+        #[serde(with = "super::price_text")]
+        price: flotilla_pool::Price,
+    }
+
+    #[test]
+    fn prices_read_as_credits_in_status_documents() {
+        let p = flotilla_pool::Price::parse("cpu=0.02,gpu=0.5").unwrap();
+        let json = serde_json::to_string(&Priced { price: p }).unwrap();
+        assert_eq!(json, r#"{"price":"cpu=0.02,gpu=0.5,mem_gb=0"}"#);
+        let back: Priced = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.price, p);
+        // An older coordinator's document: micro-credits.
+        let old: Priced =
+            serde_json::from_str(r#"{"price":{"cpu":20000,"gpu":500000,"mem_gb":0}}"#).unwrap();
+        assert_eq!(old.price, p);
+    }
 }

@@ -338,30 +338,10 @@ pub(crate) async fn admin(cmd: AdminCmd) -> Result<()> {
             }
         }
         AdminCmd::Tenant(TenantCmd::Token(a)) => {
-            let t = a
-                .remote
-                .client()
-                .await?
-                .token_add("tenant", &a.name)
-                .await?;
-            eprintln!(
-                "a new token {} for tenant {} (its other tokens stay valid until revoked):",
-                t.id, a.name
-            );
-            outln!("{}", t.token);
+            another_token("tenant", &a.name, &a.remote).await?
         }
         AdminCmd::Provider(ProviderCmd::Token(a)) => {
-            let t = a
-                .remote
-                .client()
-                .await?
-                .token_add("provider", &a.name)
-                .await?;
-            eprintln!(
-                "a new token {} for provider {} (its other tokens stay valid until revoked):",
-                t.id, a.name
-            );
-            outln!("{}", t.token);
+            another_token("provider", &a.name, &a.remote).await?
         }
         AdminCmd::Provider(ProviderCmd::Add(a)) => {
             let t = a.remote.client().await?.provider_add(&a.name).await?;
@@ -524,6 +504,17 @@ pub(crate) async fn budget(a: BudgetArgs) -> Result<()> {
         doc["spent"],
         doc["held"]
     );
+    Ok(())
+}
+
+/// `admin tenant token NAME` / `admin provider token NAME`: one more token for `name`.
+async fn another_token(role: &str, name: &str, remote: &RemoteArgs) -> Result<()> {
+    let t = remote.client().await?.token_add(role, name).await?;
+    eprintln!(
+        "a new token {} for {role} {name} (its other tokens stay valid until revoked):",
+        t.id
+    );
+    outln!("{}", t.token);
     Ok(())
 }
 

@@ -176,7 +176,8 @@ pub(crate) struct DepState {
 pub(crate) struct DataCell {
     pub(crate) id: DataId,
     pub(crate) bytes: usize,
-    pub(crate) type_name: &'static str,
+    /// What it holds, as messages name it (`Vec<f64>`, `HashMap<String, u32>`).
+    pub(crate) type_name: String,
     pub(crate) deps: Mutex<DepState>,
     /// Set when the last writer failed: the contents are not what the program expects.
     pub(crate) poisoned: AtomicBool,
@@ -392,12 +393,7 @@ impl DataManager {
         s
     }
 
-    fn new_cell(
-        &self,
-        host: Box<dyn HostData>,
-        bytes: usize,
-        type_name: &'static str,
-    ) -> Arc<DataCell> {
+    fn new_cell(&self, host: Box<dyn HostData>, bytes: usize, type_name: String) -> Arc<DataCell> {
         let n = self.nodes.len();
         let mut states = vec![Msi::Invalid; n];
         states[HOST] = Msi::Modified;
@@ -423,7 +419,7 @@ impl DataManager {
     pub(crate) fn register<T: bytemuck::Pod + Send + Sync>(&self, v: Vec<T>) -> Data<Vec<T>> {
         let bytes = std::mem::size_of_val(v.as_slice());
         let ptr = v.as_ptr().cast::<u8>();
-        let cell = self.new_cell(Box::new(PodVec(v)), bytes, std::any::type_name::<T>());
+        let cell = self.new_cell(Box::new(PodVec(v)), bytes, short_type_name::<Vec<T>>());
         if self.pin_host && bytes >= PIN_MIN_BYTES {
             // SAFETY: the vector's heap block stays in place while registered (tasks see
             // slices, never the Vec), and the pin is dropped before the block can be freed
@@ -471,7 +467,7 @@ impl DataManager {
     /// Registers any value; it stays in host memory.
     pub(crate) fn register_object<T: Send + Sync + 'static>(&self, v: T) -> Data<T> {
         Data {
-            cell: self.new_cell(Box::new(Object(Some(v))), 0, std::any::type_name::<T>()),
+            cell: self.new_cell(Box::new(Object(Some(v))), 0, short_type_name::<T>()),
             _t: PhantomData,
         }
     }
@@ -893,10 +889,38 @@ impl DataManager {
     }
 }
 
+/// `T`'s name without module paths: `Vec<f64>`, not `alloc::vec::Vec<f64>`.
+pub(crate) fn short_type_name<T: ?Sized>() -> String {
+    let full = std::any::type_name::<T>();
+    let mut out = String::with_capacity(full.len());
+    let mut word = String::new();
+    for c in full.chars().chain(std::iter::once(' ')) {
+        if c.is_alphanumeric() || c == '_' || c == ':' {
+            word.push(c);
+        } else {
+            out.push_str(word.rsplit("::").next().unwrap_or(&word));
+            word.clear();
+            out.push(c);
+        }
+    }
+    out.pop();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use flotilla_devices::cpu::HostDevice;
+
+    #[test]
+    fn type_names_in_messages_have_no_module_paths() {
+        assert_eq!(short_type_name::<Vec<f64>>(), "Vec<f64>");
+        assert_eq!(
+            short_type_name::<std::collections::HashMap<String, Vec<u8>>>(),
+            "HashMap<String, Vec<u8>>"
+        );
+        assert_eq!(short_type_name::<(u32, [f32; 4])>(), "(u32, [f32; 4])");
+    }
 
     fn host_devices(n: usize) -> (Vec<Arc<HostDevice>>, DataManager) {
         let devs: Vec<Arc<HostDevice>> =

@@ -25,6 +25,13 @@ pub enum RuntimeError {
         /// The codelet's name.
         codelet: String,
     },
+    /// Data read back (`read`, `unregister`) whose last writer failed: it holds what it
+    /// held before, not what the program computed.
+    #[error("data {data}: the last task that wrote it failed, so it does not hold what the program computed (wait_all() returns that failure; a task that writes it whole, with .write, makes it valid again)")]
+    Poisoned {
+        /// The data's id.
+        data: String,
+    },
     /// A submitted task can run nowhere on this runtime.
     #[error("codelet {codelet}: no implementation for any unit of this runtime (has: {has})")]
     NoImplementation {

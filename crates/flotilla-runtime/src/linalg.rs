@@ -39,7 +39,14 @@ pub struct TiledMatrix<T> {
 impl<T: Element> TiledMatrix<T> {
     /// Splits the column-major `n × n` matrix `a` into tiles and registers them.
     pub fn from_dense(rt: &Runtime, a: &[T], n: usize, tile: usize) -> Result<Self> {
-        if tile == 0 || !n.is_multiple_of(tile) {
+        if tile == 0 {
+            return Err(RuntimeError::Config(
+                "a tile size of 0: tiles hold at least one \
+                 element (e.g. 256 or 512 on CPUs)"
+                    .into(),
+            ));
+        }
+        if !n.is_multiple_of(tile) {
             return Err(RuntimeError::Config(format!(
                 "matrix size {n} is not a multiple of the tile size {tile}"
             )));
@@ -91,7 +98,16 @@ impl<T: Element> TiledMatrix<T> {
         let mut a = vec![T::from_f64(0.0); n * n];
         for (idx, t) in self.tiles.into_iter().enumerate() {
             let (tj, ti) = (idx / nt, idx % nt);
-            let v = rt.unregister(t)?;
+            let v = match rt.unregister(t) {
+                Ok(v) => v,
+                // A tile whose task failed: the failure itself says more (a matrix that is
+                // not positive definite, a device error) than that the tile is stale.
+                Err(e @ crate::RuntimeError::Poisoned { .. }) => {
+                    rt.wait_all()?;
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
             for c in 0..tile {
                 let col = (tj * tile + c) * n + ti * tile;
                 a[col..col + tile].copy_from_slice(&v[c * tile..(c + 1) * tile]);

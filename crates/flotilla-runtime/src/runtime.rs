@@ -39,8 +39,8 @@ impl DeviceSelection {
     /// Parses `cpu`, `all`, `none` or a comma list such as `cpu,opencl,cuda`
     /// (`cpu` adds nothing: CPU workers are always there unless `cpus(0)`).
     pub fn parse(s: &str) -> std::result::Result<Self, String> {
-        let s = s.trim();
-        match s {
+        let s = s.trim().to_ascii_lowercase();
+        match s.as_str() {
             "" | "none" | "cpu" => return Ok(DeviceSelection::None),
             "all" => return Ok(DeviceSelection::All),
             _ => {}
@@ -71,7 +71,8 @@ impl DeviceSelection {
 pub struct RuntimeBuilder {
     cpus: Option<usize>,
     policy: Option<PolicyKind>,
-    devices: DeviceSelection,
+    /// `None`: `FLOTILLA_DEVICES`, else none.
+    devices: Option<DeviceSelection>,
     trace: Option<PathBuf>,
     model_path: Option<Option<PathBuf>>,
     pin: bool,
@@ -92,7 +93,7 @@ impl Default for RuntimeBuilder {
         Self {
             cpus: None,
             policy: None,
-            devices: DeviceSelection::None,
+            devices: None,
             trace: None,
             model_path: None,
             pin: true,
@@ -117,12 +118,14 @@ impl RuntimeBuilder {
         self.policy = Some(p);
         self
     }
-    /// Which devices to use (default: `FLOTILLA_DEVICES`, else none).
+    /// Which devices to use (default: `FLOTILLA_DEVICES`, else none). Given here, it wins
+    /// over `FLOTILLA_DEVICES`, `DeviceSelection::None` included.
     pub fn devices(mut self, d: DeviceSelection) -> Self {
-        self.devices = d;
+        self.devices = Some(d);
         self
     }
-    /// Writes a Chrome/Perfetto trace here at shutdown (default: `FLOTILLA_TRACE`).
+    /// Writes a Chrome/Perfetto trace here at shutdown (default: `FLOTILLA_TRACE`; empty
+    /// or unset, no trace).
     pub fn trace(mut self, path: impl Into<PathBuf>) -> Self {
         self.trace = Some(path.into());
         self
@@ -165,6 +168,13 @@ impl RuntimeBuilder {
         let n_cpu = self
             .cpus
             .unwrap_or_else(|| cores.saturating_sub(devices.len()).max(1));
+        if n_cpu == 0 && devices.is_empty() {
+            return Err(RuntimeError::Config(
+                "cpus(0) and no devices: nothing could run a task (cpus(0) is for a runtime of \
+                 devices only: give it devices(DeviceSelection::All) or FLOTILLA_DEVICES)"
+                    .into(),
+            ));
+        }
         let policy_kind = self.resolve_policy(devices.is_empty())?;
         let layout = Layout::new(n_cpu, &devices);
 
@@ -176,13 +186,18 @@ impl RuntimeBuilder {
             Some(p) => load_model(p)?,
             None => PerfModel::new(),
         };
-        let trace_path = self
-            .trace
-            .clone()
-            .or_else(|| std::env::var_os("FLOTILLA_TRACE").map(PathBuf::from));
+        let trace_path = self.trace.clone().or_else(|| {
+            std::env::var_os("FLOTILLA_TRACE")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
         let tracer = trace_path.map(|p| Arc::new(Tracer::new(&p, layout.names.clone())));
         let links = Arc::new(LinkObservations::new(devices.len() + 1));
-        let data = self.data_manager(&devices, &links, tracer.clone());
+        let pin_host = match self.pin_host {
+            Some(on) => on,
+            None => pin_host_from_env()?,
+        };
+        let data = self.data_manager(&devices, &links, tracer.clone(), pin_host);
 
         let (sleep, parkers) = Sleep::new(n_cpu);
         let locals: Vec<Worker<Job>> = (0..n_cpu).map(|_| Worker::new_lifo()).collect();
@@ -245,12 +260,10 @@ impl RuntimeBuilder {
     /// The devices asked for (`devices`, else `FLOTILLA_DEVICES`); a kind asked for by name
     /// and not found is an error naming why it was skipped.
     fn select_devices(&self) -> Result<Vec<Arc<dyn Device>>> {
-        let devices_sel = match (&self.devices, std::env::var("FLOTILLA_DEVICES").ok()) {
-            (DeviceSelection::None, Some(s)) => {
-                DeviceSelection::parse(&s).map_err(RuntimeError::Config)?
-            }
-            (d, _) => d.clone(),
-        };
+        let devices_sel = device_choice(
+            self.devices.as_ref(),
+            std::env::var("FLOTILLA_DEVICES").ok().as_deref(),
+        )?;
         Ok(match &devices_sel {
             DeviceSelection::None => Vec::new(),
             sel => {
@@ -286,9 +299,14 @@ impl RuntimeBuilder {
     /// The placement policy: given, else `FLOTILLA_SCHED`, else `ws` on CPUs alone and
     /// `dmda` with devices.
     fn resolve_policy(&self, cpus_only: bool) -> Result<PolicyKind> {
-        Ok(match (self.policy, std::env::var("FLOTILLA_SCHED").ok()) {
+        let env = std::env::var("FLOTILLA_SCHED")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        Ok(match (self.policy, env) {
             (Some(p), _) => p,
             (None, Some(s)) => s
+                .trim()
+                .to_ascii_lowercase()
                 .parse::<PolicyKind>()
                 .map_err(|e| RuntimeError::Config(format!("FLOTILLA_SCHED={s}: {e}")))?,
             (None, None) if cpus_only => PolicyKind::Ws,
@@ -303,11 +321,10 @@ impl RuntimeBuilder {
         devices: &[Arc<dyn Device>],
         links: &Arc<LinkObservations>,
         tracer: Option<Arc<Tracer>>,
+        pin_host: bool,
     ) -> DataManager {
         let mut data = DataManager::new(devices, self.device_mem_limit);
-        data.pin_host = self
-            .pin_host
-            .unwrap_or_else(|| std::env::var("FLOTILLA_PIN_HOST").as_deref() != Ok("0"));
+        data.pin_host = pin_host;
         {
             let links = links.clone();
             data.on_transfer = Some(Box::new(move |ev| {
@@ -592,11 +609,50 @@ fn default_model_path() -> Option<PathBuf> {
     )
 }
 
+/// The devices asked for: the builder's choice, else `FLOTILLA_DEVICES` (`env`), else none.
+fn device_choice(given: Option<&DeviceSelection>, env: Option<&str>) -> Result<DeviceSelection> {
+    match (given, env) {
+        (Some(d), _) => Ok(d.clone()),
+        (None, Some(s)) => DeviceSelection::parse(s)
+            .map_err(|e| RuntimeError::Config(format!("FLOTILLA_DEVICES={s}: {e}"))),
+        (None, None) => Ok(DeviceSelection::None),
+    }
+}
+
+/// `FLOTILLA_PIN_HOST`: unset or empty, 1, true, yes or on pin; 0, false, no or off do not.
+fn pin_host_from_env() -> Result<bool> {
+    parse_pin_host(std::env::var("FLOTILLA_PIN_HOST").ok().as_deref())
+}
+
+fn parse_pin_host(v: Option<&str>) -> Result<bool> {
+    let Some(v) = v else {
+        return Ok(true);
+    };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" | "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(RuntimeError::Config(format!(
+            "FLOTILLA_PIN_HOST={v}: expected 1 or 0 (true/false, yes/no, on/off)"
+        ))),
+    }
+}
+
+/// [`RuntimeError::Poisoned`] when `data`'s last writer failed (its tasks have finished).
+fn check_not_poisoned<T>(data: &Data<T>) -> Result<()> {
+    if data.cell.poisoned.load(Ordering::Acquire) {
+        return Err(RuntimeError::Poisoned {
+            data: data.id().to_string(),
+        });
+    }
+    Ok(())
+}
+
 fn load_model(path: &Path) -> Result<PerfModel> {
     match std::fs::read_to_string(path) {
         Ok(s) => PerfModel::from_json(&s).map_err(|e| {
             RuntimeError::Config(format!(
-                "{}: corrupt performance model: {e}",
+                "{}: corrupt performance model: {e} (it holds the task times measured so far: \
+                 move it aside or delete it, and the runtime learns them again)",
                 path.display()
             ))
         }),
@@ -695,7 +751,11 @@ impl Runtime {
     }
 
     /// Runs `f` on a CPU worker, detached. A panic in it is caught and dropped.
+    ///
+    /// # Panics
+    /// On a runtime with no CPU workers (`cpus(0)`): closures run on CPU workers only.
     pub fn spawn(&self, f: impl FnOnce() + Send + 'static) {
+        self.closures_can_run("spawn");
         let job = Box::new(move || {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
         });
@@ -704,17 +764,25 @@ impl Runtime {
 
     /// Runs `f` in a scope whose spawned closures may borrow from the caller; returns when
     /// all of them have finished.
+    ///
+    /// # Panics
+    /// On a runtime with no CPU workers (`cpus(0)`), as [`Runtime::spawn`].
     pub fn scope<'scope, R: Send>(&self, f: impl FnOnce(&Scope<'scope>) -> R + Send) -> R {
+        self.closures_can_run("scope");
         scope::scope(&self.registry, f)
     }
 
     /// Calls `f(i)` for each `i` in `range` on the CPU workers.
+    ///
+    /// # Panics
+    /// On a runtime with no CPU workers (`cpus(0)`), as [`Runtime::spawn`].
     pub fn parallel_for(
         &self,
         range: Range<usize>,
         schedule: Schedule,
         f: impl Fn(usize) + Sync + Send,
     ) {
+        self.closures_can_run("parallel_for");
         scope::parallel_for(&self.registry, range, schedule, f)
     }
 
@@ -765,6 +833,15 @@ impl Runtime {
         }
     }
 
+    /// Closures need a CPU worker: without one they would wait for good.
+    fn closures_can_run(&self, what: &str) {
+        assert!(
+            self.registry.n_cpu > 0,
+            "Runtime::{what}: this runtime has no CPU workers (built with cpus(0)), and \
+             closures run on CPU workers only; submit codelet tasks, or give it CPU workers"
+        );
+    }
+
     fn wait_for_data<T>(&self, data: &Data<T>) {
         let tasks: Vec<_> = {
             let d = data.cell.deps.lock();
@@ -782,6 +859,7 @@ impl Runtime {
     /// Waits for the tasks using `data`, brings it home and returns a copy.
     pub fn read<T: bytemuck::Pod + Send + Sync>(&self, data: &Data<Vec<T>>) -> Result<Vec<T>> {
         self.wait_for_data(data);
+        check_not_poisoned(data)?;
         self.registry
             .data
             .acquire(&data.cell, HOST, crate::data::Access::R)?;
@@ -798,6 +876,7 @@ impl Runtime {
     /// returns it.
     pub fn unregister<T: Send + 'static>(&self, data: Data<T>) -> Result<T> {
         self.wait_for_data(&data);
+        check_not_poisoned(&data)?;
         self.registry.data.bring_home(&data.cell)?;
         self.registry.data.unpin_host(&data.cell);
         // SAFETY: every task using the data has finished and the handle is consumed, so
@@ -809,7 +888,7 @@ impl Runtime {
                 "data {} holds {}, not {}",
                 data.id(),
                 data.cell.type_name,
-                std::any::type_name::<T>()
+                crate::data::short_type_name::<T>()
             ))),
         }
     }
@@ -873,5 +952,45 @@ impl Runtime {
 impl Drop for Runtime {
     fn drop(&mut self) {
         let _ = self.stop();
+    }
+}
+
+#[cfg(test)]
+mod env_tests {
+    use super::*;
+
+    #[test]
+    fn the_builders_device_choice_wins_over_the_environment() {
+        assert_eq!(
+            device_choice(Some(&DeviceSelection::None), Some("all")).unwrap(),
+            DeviceSelection::None
+        );
+        assert_eq!(
+            device_choice(None, Some(" ALL ")).unwrap(),
+            DeviceSelection::All
+        );
+        assert_eq!(device_choice(None, None).unwrap(), DeviceSelection::None);
+        let e = device_choice(None, Some("gpu")).unwrap_err().to_string();
+        assert!(
+            e.contains("FLOTILLA_DEVICES=gpu: unknown device kind"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn pin_host_reads_the_usual_spellings_and_refuses_others() {
+        for (v, on) in [
+            (None, true),
+            (Some(""), true),
+            (Some("1"), true),
+            (Some("Yes"), true),
+            (Some("0"), false),
+            (Some("false"), false),
+            (Some(" off "), false),
+        ] {
+            assert_eq!(parse_pin_host(v).unwrap(), on, "{v:?}");
+        }
+        let e = parse_pin_host(Some("banana")).unwrap_err().to_string();
+        assert!(e.contains("FLOTILLA_PIN_HOST=banana"), "{e}");
     }
 }

@@ -16,7 +16,7 @@ use std::any::Any;
 use std::cell::Cell;
 use std::fmt;
 use std::panic::{self, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -177,7 +177,6 @@ pub(crate) struct TaskNode {
     pub(crate) priority: i32,
     pub(crate) footprint: u64,
     pending: AtomicUsize,
-    failed_dep: AtomicBool,
     succ: Mutex<SuccState>,
     done_cv: Condvar,
     /// The unit the policy chose (u32::MAX when not yet placed).
@@ -321,10 +320,10 @@ impl<'a> TaskContext<'a> {
         match cell.host().as_any().downcast_ref::<Vec<T>>() {
             Some(v) => v,
             None => panic!(
-                "codelet {}: data {i} holds {}, not Vec<{}>",
+                "codelet {}: data {i} holds {}, not {}",
                 self.node.codelet.name,
                 cell.type_name,
-                std::any::type_name::<T>()
+                crate::data::short_type_name::<Vec<T>>()
             ),
         }
     }
@@ -340,10 +339,10 @@ impl<'a> TaskContext<'a> {
         match host.as_any_mut().downcast_mut::<Vec<T>>() {
             Some(v) => v,
             None => panic!(
-                "codelet {}: data {i} holds {}, not Vec<{}>",
+                "codelet {}: data {i} holds {}, not {}",
                 self.node.codelet.name,
                 cell.type_name,
-                std::any::type_name::<T>()
+                crate::data::short_type_name::<Vec<T>>()
             ),
         }
     }
@@ -354,8 +353,10 @@ impl<'a> TaskContext<'a> {
         match cell.host().as_any().downcast_ref::<T>() {
             Some(v) => v,
             None => panic!(
-                "codelet {}: data {i} holds {}",
-                self.node.codelet.name, cell.type_name
+                "codelet {}: data {i} holds {}, not {}",
+                self.node.codelet.name,
+                cell.type_name,
+                crate::data::short_type_name::<T>()
             ),
         }
     }
@@ -379,8 +380,10 @@ impl<'a> TaskContext<'a> {
         match host.as_any_mut().downcast_mut::<T>() {
             Some(v) => v,
             None => panic!(
-                "codelet {}: data {i} holds {}",
-                self.node.codelet.name, cell.type_name
+                "codelet {}: data {i} holds {}, not {}",
+                self.node.codelet.name,
+                cell.type_name,
+                crate::data::short_type_name::<T>()
             ),
         }
     }
@@ -482,7 +485,6 @@ impl TaskBuilder<'_> {
             priority: self.priority,
             footprint,
             pending: AtomicUsize::new(1),
-            failed_dep: AtomicBool::new(false),
             succ: Mutex::new(SuccState {
                 done: false,
                 failed: false,
@@ -497,9 +499,6 @@ impl TaskBuilder<'_> {
         for (cell, mode) in &node.accesses {
             let mut d = cell.deps.lock();
             let writer = d.last_writer.as_ref().and_then(Weak::upgrade);
-            if mode.reads() && writer.is_none() && cell.poisoned.load(Ordering::Acquire) {
-                node.failed_dep.store(true, Ordering::Release);
-            }
             if mode.writes() {
                 let mut any_reader = false;
                 for r in d.readers.drain(..) {
@@ -539,20 +538,28 @@ fn add_edge(pred: &Arc<TaskNode>, node: &Arc<TaskNode>) {
     }
     let mut s = pred.succ.lock();
     if s.done {
-        if s.failed {
-            node.failed_dep.store(true, Ordering::Release);
-        }
         return;
     }
     node.pending.fetch_add(1, Ordering::AcqRel);
     s.list.push(node.clone());
 }
 
-/// A task whose predecessors are all done: place it, or fail it if one of them failed.
+/// A task whose predecessors are all done: place it, or fail it if a datum it reads was
+/// last written by a task that failed.
+///
+/// Failure follows the data, not the edges: when a task is ready, every task that wrote
+/// what it reads before it has finished and none after it can have started (a later writer
+/// waits for this reader), so each datum's `poisoned` flag is its last writer's outcome. A
+/// task that only overwrites a datum, or only had to wait for a failed reader, runs; one
+/// that writes a datum whole (`W`) and succeeds makes it valid again.
 pub(crate) fn make_ready(reg: &Arc<Registry>, node: Arc<TaskNode>) {
     let mut work = vec![node];
     while let Some(n) = work.pop() {
-        if n.failed_dep.load(Ordering::Acquire) {
+        let stale = n
+            .accesses
+            .iter()
+            .any(|(cell, mode)| mode.reads() && cell.poisoned.load(Ordering::Acquire));
+        if stale {
             reg.record_failure(RuntimeError::DependencyFailed {
                 task: n.seq,
                 codelet: n.codelet.name.clone(),
@@ -581,9 +588,6 @@ fn finish(reg: &Registry, node: &Arc<TaskNode>, ok: bool, ready: &mut Vec<Arc<Ta
         std::mem::take(&mut s.list)
     };
     for s in list {
-        if !ok {
-            s.failed_dep.store(true, Ordering::Release);
-        }
         if s.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
             ready.push(s);
         }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use flotilla_runtime::{Access, Codelet, PolicyKind, Runtime};
+use flotilla_runtime::{Access, Codelet, PolicyKind, Runtime, RuntimeError};
 use proptest::prelude::*;
 
 /// One submission: the data it accesses (distinct indices) and how.
@@ -165,6 +165,71 @@ fn failed_task_stops_its_dependents_only() {
     assert!(rt.wait_all().is_err());
 }
 
+/// Failure follows the data: reading back a datum whose last writer failed is an error
+/// (it returned the old contents as Ok), a task that only waited for a failed task (it
+/// writes what the failed one read) runs, and a task that writes the datum whole runs and
+/// makes it valid again (it failed, as every task after a failure did).
+#[test]
+fn stale_data_is_refused_until_written_whole() {
+    let rt = Runtime::builder().cpus(2).model_path(None).build().unwrap();
+    let a = rt.register(vec![5u32; 4]);
+    let src = rt.register(vec![7u32; 4]);
+    let boom = Arc::new(Codelet::new("boom").cpu(|_| Err("disk on fire".into())));
+    let fill = Arc::new(Codelet::new("fill").cpu(|ctx| {
+        ctx.data_mut::<u32>(0).fill(9);
+        Ok(())
+    }));
+    let double = Arc::new(Codelet::new("double").cpu(|ctx| {
+        ctx.data_mut::<u32>(0).iter_mut().for_each(|x| *x *= 2);
+        Ok(())
+    }));
+    // `boom` reads `src` and fails writing `a`.
+    rt.task(&boom).read(&src).write(&a).submit().unwrap();
+    let err = rt.read(&a).unwrap_err();
+    assert!(matches!(err, RuntimeError::Poisoned { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("the last task that wrote it failed"),
+        "{err}"
+    );
+    assert!(rt
+        .wait_all()
+        .unwrap_err()
+        .to_string()
+        .contains("disk on fire"));
+    // `src` was only read by the failed task: overwriting it waits for it, then runs.
+    assert!(rt.task(&fill).write(&src).submit().unwrap().wait());
+    assert_eq!(rt.read(&src).unwrap(), vec![9; 4]);
+    // Updating `a` in place reads the stale contents: not run, and `a` stays stale.
+    assert!(!rt.task(&double).rw(&a).submit().unwrap().wait());
+    assert!(rt.read(&a).is_err());
+    rt.wait_all().unwrap_err();
+    // Written whole, it is valid again, and what follows runs.
+    assert!(rt.task(&fill).write(&a).submit().unwrap().wait());
+    assert!(rt.task(&double).rw(&a).submit().unwrap().wait());
+    rt.wait_all().unwrap();
+    assert_eq!(rt.unregister(a).unwrap(), vec![18; 4]);
+    // unregister refuses a stale datum too.
+    let b = rt.register(vec![1u32]);
+    rt.task(&boom).rw(&b).submit().unwrap();
+    let err = rt.unregister(b).unwrap_err();
+    assert!(matches!(err, RuntimeError::Poisoned { .. }), "{err}");
+    rt.wait_all().unwrap_err();
+}
+
+#[test]
+fn a_runtime_with_nothing_to_run_tasks_is_refused() {
+    let Err(err) = Runtime::builder()
+        .cpus(0)
+        .devices(flotilla_runtime::DeviceSelection::None)
+        .model_path(None)
+        .build()
+    else {
+        panic!("a runtime with no CPU workers and no devices was built");
+    };
+    assert!(err.to_string().contains("cpus(0) and no devices"), "{err}");
+}
+
 #[test]
 fn panicking_task_is_reported_and_workers_survive() {
     let rt = Runtime::builder().cpus(2).model_path(None).build().unwrap();
@@ -239,7 +304,15 @@ fn plain_data_cannot_be_resized_through_object_mut() {
     rt.task(&grow).rw(&v).submit().unwrap();
     let e = rt.wait_all().unwrap_err().to_string();
     assert!(e.contains("data_mut"), "{e}");
-    assert_eq!(rt.unregister(v).unwrap(), vec![1.0f32; 8]);
+    // The failed task's data is stale (a failed writer's data is never handed back)...
+    assert!(rt.read(&v).is_err());
+    // ... and its vector kept its size: written whole, it is the 8 elements it was.
+    let fill = Arc::new(Codelet::new("fill").cpu(|ctx| {
+        ctx.data_mut::<f32>(0).fill(3.0);
+        Ok(())
+    }));
+    rt.task(&fill).write(&v).submit().unwrap();
+    assert_eq!(rt.unregister(v).unwrap(), vec![3.0f32; 8]);
 }
 
 /// A task of more than 64 data: each datum's borrows are its own (data 0 and 64 once
@@ -262,6 +335,9 @@ fn a_task_of_more_than_64_data_borrows_each_on_its_own() {
     }
     t.submit().unwrap();
     rt.wait_all().unwrap();
+    let s: u64 = (0..64).sum();
+    let got: Vec<u64> = data[64..].iter().map(|d| rt.read(d).unwrap()[0]).collect();
+    assert_eq!(got, (64..70).map(|j| j + s).collect::<Vec<_>>());
     let twice = Arc::new(Codelet::new("twice").cpu(|ctx| {
         let _a = ctx.data_mut::<u64>(65);
         let _b = ctx.data_mut::<u64>(65);
@@ -277,11 +353,4 @@ fn a_task_of_more_than_64_data_borrows_each_on_its_own() {
         err.contains("data 65 borrowed mutably more than once"),
         "{err}"
     );
-    let s: u64 = (0..64).sum();
-    let got: Vec<u64> = data
-        .into_iter()
-        .skip(64)
-        .map(|d| rt.unregister(d).unwrap()[0])
-        .collect();
-    assert_eq!(got, (64..70).map(|j| j + s).collect::<Vec<_>>());
 }

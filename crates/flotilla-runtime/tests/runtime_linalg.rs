@@ -69,6 +69,15 @@ fn cholesky_of_a_matrix_that_is_not_positive_definite_fails_cleanly() {
     cholesky(&rt, &t).unwrap();
     let e = rt.wait_all().unwrap_err().to_string();
     assert!(e.contains("potrf"), "{e}");
+    // Read back as the guide does, without wait_all: the failure, not the input as a
+    // "factor" (into_dense returned the untouched matrix as Ok).
+    let t = TiledMatrix::from_dense(&rt, &a, n, 32).unwrap();
+    cholesky(&rt, &t).unwrap();
+    let e = t.into_dense(&rt).unwrap_err().to_string();
+    assert!(
+        e.contains("potrf") && e.contains("not positive definite"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -79,6 +88,11 @@ fn tiles_must_divide_the_matrix() {
         .unwrap()
         .to_string();
     assert!(e.contains("not a multiple"), "{e}");
+    let e = TiledMatrix::from_dense(&rt, &[0.0f64; 100], 10, 0)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("a tile size of 0"), "{e}");
 }
 
 /// Data registered on the host moves to the OpenCL node, is computed there, and comes back

@@ -32,6 +32,11 @@ enum Broken {
     Aborted {
         by: usize,
     },
+    /// This rank's own error (an invalid argument, an I/O error): its peers see it abort.
+    Local {
+        op: &'static str,
+        detail: String,
+    },
 }
 
 /// A group of `size` ranks that run collectives together.
@@ -344,6 +349,10 @@ impl Communicator {
                 },
                 Broken::Timeout { peer, after } => CommError::Timeout { peer, op, after },
                 Broken::Aborted { by } => CommError::Aborted { by },
+                Broken::Local { op: first, detail } => CommError::BrokenEarlier {
+                    op,
+                    detail: format!("{first}: {detail}"),
+                },
             });
         }
         let r = f(self);
@@ -358,7 +367,10 @@ impl Communicator {
                     after: *after,
                 },
                 CommError::Aborted { by } => Broken::Aborted { by: *by },
-                _ => Broken::Aborted { by: self.rank },
+                other => Broken::Local {
+                    op,
+                    detail: other.to_string(),
+                },
             });
             if let Some(seg) = &self.shm {
                 seg.abort();
@@ -608,7 +620,12 @@ mod tests {
         assert_eq!(out, v);
         c.barrier().unwrap();
         assert!(matches!(c.send(&v, 0), Err(CommError::InvalidArgument(_))));
-        // any error breaks the communicator
-        assert!(matches!(c.barrier(), Err(CommError::Aborted { by: 0 })));
+        // any error breaks the communicator, and later calls say it was this rank's own
+        // (they said "aborted by rank 0", an abort never called)
+        let later = c.barrier().unwrap_err();
+        assert!(
+            matches!(&later, CommError::BrokenEarlier { op: "barrier", detail } if detail.starts_with("send: invalid argument")),
+            "{later}"
+        );
     }
 }

@@ -53,6 +53,15 @@ pub enum CommError {
         /// The rank that aborted.
         by: usize,
     },
+    /// An earlier call on this rank failed with an error of its own (an invalid argument, an
+    /// I/O error), which broke the communicator: its peers were told it aborted.
+    #[error("{op}: the communicator was broken by an earlier error on this rank, in {detail}; make a new one")]
+    BrokenEarlier {
+        /// The operation called now.
+        op: &'static str,
+        /// The first error: the operation and what went wrong.
+        detail: String,
+    },
     /// Moving a rank's data between its device memory and the host failed (device
     /// collectives and their benchmark).
     #[error("staging device memory: {0}")]

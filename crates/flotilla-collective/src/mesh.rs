@@ -71,6 +71,11 @@ fn configure(s: &TcpStream, ctx: &str) -> Result<()> {
         .map_err(|e| CommError::io(format!("setting nodelay on {ctx}"), e))
 }
 
+/// Said of a connection lost mid-collective: a peer that called another collective, or the
+/// same one with other lengths, finishes (or fails) early and leaves, which reads the same.
+const UNEVEN: &str = "; if it did neither, check that every rank calls the same collectives \
+                      in the same order with the same lengths and element type";
+
 impl Mesh {
     /// Connects the full mesh. `listener` is this rank's bound listener; `addrs[j]` is rank
     /// `j`'s listen address.
@@ -277,7 +282,7 @@ impl Mesh {
                     return Err(CommError::PeerLost {
                         peer: j,
                         op,
-                        detail: "connection closed (peer exited or aborted)".into(),
+                        detail: format!("connection closed (peer exited or aborted){UNEVEN}"),
                     });
                 }
             }
@@ -338,7 +343,7 @@ impl Mesh {
                             return Err(CommError::PeerLost {
                                 peer: s.peer,
                                 op,
-                                detail: format!("send failed: {e}"),
+                                detail: format!("send failed: {e}{UNEVEN}"),
                             })
                         }
                     }
@@ -366,7 +371,7 @@ impl Mesh {
                         return Err(CommError::PeerLost {
                             peer: r.peer,
                             op,
-                            detail: "connection closed (peer exited or aborted)".into(),
+                            detail: format!("connection closed (peer exited or aborted){UNEVEN}"),
                         });
                     }
                     if n < 0 {
@@ -378,7 +383,7 @@ impl Mesh {
                                 return Err(CommError::PeerLost {
                                     peer: r.peer,
                                     op,
-                                    detail: format!("receive failed: {e}"),
+                                    detail: format!("receive failed: {e}{UNEVEN}"),
                                 })
                             }
                         }

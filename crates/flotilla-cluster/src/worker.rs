@@ -752,7 +752,7 @@ impl Shared {
         );
         let sh = self.clone();
         self.pool.spawn(move || {
-            let mut result = execute(&sh, &a, &pkey, &cancel, &logs);
+            let mut result = execute(&sh, &a, &pkey, &cancel, &logs, &preempt);
             if matches!(result.outcome, AttemptOutcome::Cancelled)
                 && preempt.load(std::sync::atomic::Ordering::SeqCst)
             {
@@ -800,6 +800,33 @@ impl Shared {
             sh.apply(runs, cmds);
         });
     }
+}
+
+/// Whether a task that ended badly was stopped together with its worker: a batch system
+/// that ends an allocation (`scancel`, preemption, a node drained) signals every process of
+/// it, the tasks with their worker, and a task's SIGTERM may be seen before the worker's own
+/// (it was a failure, a retry spent, where the worker's drain makes it a preemption). A task
+/// killed by SIGTERM, or exiting 143 as a shell does then, waits up to 10 s for its worker to
+/// be reclaimed; any other failure counts as one only if the worker is already leaving.
+fn stopped_with_the_worker(t: &Termination, preempt: &std::sync::atomic::AtomicBool) -> bool {
+    use std::sync::atomic::Ordering;
+    if preempt.load(Ordering::SeqCst) {
+        return true;
+    }
+    if !matches!(
+        t,
+        Termination::Signaled(libc::SIGTERM) | Termination::Exited(143)
+    ) {
+        return false;
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+        if preempt.load(Ordering::SeqCst) {
+            return true;
+        }
+    }
+    false
 }
 
 /// Reads the checkpoint files a preempted attempt left (its declared patterns, in its
@@ -1455,6 +1482,7 @@ fn execute(
     key: &TaskKey,
     cancel: &CancelHandle,
     logs: &(PathBuf, PathBuf),
+    preempt: &std::sync::atomic::AtomicBool,
 ) -> AttemptResult {
     if let Some(dir) = logs.0.parent() {
         if let Err(e) = std::fs::create_dir_all(dir) {
@@ -1739,6 +1767,10 @@ fn execute(
         variant: None,
     };
     if matches!(outcome.termination, Termination::Cancelled) {
+        return end(AttemptOutcome::Cancelled);
+    }
+    if !outcome.success() && stopped_with_the_worker(&outcome.termination, preempt) {
+        // Preempted (the caller keeps its checkpoint), not failed.
         return end(AttemptOutcome::Cancelled);
     }
     if !outcome.success() {

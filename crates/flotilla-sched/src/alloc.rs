@@ -17,7 +17,8 @@
 //!   queue ([`HEDGE`]: its waits vary widely, and the first to start are used); once the
 //!   need is met the rest is cancelled while still queued, which costs nothing, so none
 //!   starts only to sit idle. Running ones with nothing to do leave after their idle
-//!   timeout.
+//!   timeout. It never keeps fewer queued than the reactive rule would for the tasks
+//!   waiting now.
 
 /// One allocation queue's settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -143,6 +144,11 @@ pub fn decide(rule: Rule, params: &AllocParams, fleet: &Fleet, demand: &Demand) 
             }
         }
         Rule::Predictive => {
+            // Never fewer queued than the tasks waiting now can use (the reactive rule's
+            // floor): the layout starts them at once, so work that would be over within the
+            // learned queue wait asked for nothing while no worker was there to run it
+            // (found with a 2-minute queue wait and 20-second tasks: no allocation, ever).
+            let waiting = (demand.waiting_cpus.max(0.0) / per_alloc).ceil() as u32;
             let need = predicted_need(params, demand);
             // Running allocations that end before a new one could start count as gone.
             let lasting = fleet
@@ -154,7 +160,7 @@ pub fn decide(rule: Rule, params: &AllocParams, fleet: &Fleet, demand: &Demand) 
             // to start are used), and what is still queued once it is met is cancelled,
             // which costs nothing.
             let short = need.saturating_sub(lasting);
-            let keep = params.backlog.min(short.saturating_mul(HEDGE));
+            let keep = params.backlog.min(short.saturating_mul(HEDGE).max(waiting));
             if fleet.queued < keep {
                 Decision {
                     submit: room.min(keep - fleet.queued),
@@ -330,6 +336,37 @@ mod tests {
             ..little
         };
         assert_eq!(predicted_need(&p, &done), 0);
+    }
+
+    #[test]
+    fn predictive_asks_for_waiting_work_however_long_the_queue_wait() {
+        // Work that, started now, would be over before a new allocation could start: the
+        // layout uses no CPUs after the wait, but nothing runs it meanwhile.
+        let d = decide(
+            Rule::Predictive,
+            &params(),
+            &Fleet::default(),
+            &Demand {
+                waiting_cpus: 4.0,
+                future_cpus: 0.0,
+                remaining_cpu_s: 80.0,
+                deadline_s: None,
+                queue_wait_s: 600.0,
+            },
+        );
+        let reactive = decide(
+            Rule::Reactive,
+            &params(),
+            &Fleet::default(),
+            &Demand {
+                waiting_cpus: 4.0,
+                ..Demand::default()
+            },
+        );
+        assert!(
+            d.submit >= reactive.submit && d.submit > 0,
+            "{d:?} {reactive:?}"
+        );
     }
 
     #[test]

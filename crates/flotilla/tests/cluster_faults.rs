@@ -271,6 +271,56 @@ fn a_worker_sent_sigterm_drains_and_its_task_resumes_elsewhere_from_its_checkpoi
     );
 }
 
+/// A batch system ending an allocation (`scancel`, a preemption) signals every process of
+/// it: the task gets SIGTERM, from outside, just before its worker does. That is a
+/// preemption too (it was a failure, with `retries = 0` the job's end; found removing an
+/// allocation queue with work running): the task resumes elsewhere from its checkpoint.
+#[test]
+fn a_task_sigtermed_with_its_worker_is_preempted_not_failed() {
+    let mut c = Cluster::start(1, 1);
+    let progress = c.root().join("progress");
+    let pid_file = c.root().join("task.pid");
+    let job = format!(
+        "name = \"together\"\nstaging = \"transfer\"\n[defaults]\nretries = 0\n\
+         [[task]]\nid = \"sim\"\ntimeout = \"1h\"\ncheckpoint = [\"state/*.ckpt\"]\n\
+         outputs = [\"out.txt\"]\ncmd = [\"sh\", \"-c\", \"mkdir -p state; echo $$ > {pid}; \
+         n=$(cat state/n.ckpt 2>/dev/null || echo 0); from=$n; \
+         trap 'echo $n > state/n.ckpt; exit 143' TERM; \
+         while [ $n -lt 60 ]; do n=$((n+1)); [ $n -eq $((from+5)) ] && touch {progress}; sleep 0.1; done; \
+         echo resumed-from=$from > out.txt\"]\n",
+        pid = pid_file.display(),
+        progress = progress.display()
+    );
+    let id = c.submit_toml("together.toml", &job);
+    wait_until("the task to make progress", Duration::from_secs(60), || {
+        progress.exists().then_some(())
+    });
+    let task: i32 = std::fs::read_to_string(&pid_file)
+        .expect("the task's pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    c.add_worker(1);
+    c.wait_workers(2);
+    // The task first, as the batch system's signal may reach it first; once its worker has
+    // seen it end (reaped: the pid is gone), the worker.
+    // SAFETY: kill(2) on a pid this test's task wrote; no memory is involved.
+    assert_eq!(unsafe { libc::kill(task, libc::SIGTERM) }, 0);
+    wait_until("the task to be reaped", Duration::from_secs(60), || {
+        // SAFETY: as above; signal 0 only checks that the process exists.
+        (unsafe { libc::kill(task, 0) } != 0).then_some(())
+    });
+    c.signal_worker(0, libc::SIGTERM);
+    let s = c.wait_job(id, Duration::from_secs(120));
+    assert_succeeded(&s);
+    let t = &s.tasks[0];
+    assert_eq!((t.attempts, t.failures), (2, 0), "{t:?}");
+    let got = std::fs::read_to_string(c.job_dir().join("out.txt"));
+    if let Ok(got) = got {
+        assert!(!got.contains("resumed-from=0"), "{got:?}");
+    }
+}
+
 /// `--idle-timeout`: a worker with nothing to run leaves on its own (a batch allocation's
 /// worker gives its machine back) once its work is done, and the coordinator forgets it;
 /// `--time-limit`: a worker leaves before its allocation's end, exit 0.

@@ -325,7 +325,7 @@ impl Coordinator {
     /// they are placed again.
     pub fn recovered(&mut self, now: Millis) {
         self.pool.replaying = false;
-        self.release_ended_holds();
+        self.release_stale_holds();
         let now = now.max(self.now);
         self.now = now;
         self.recovered_at = Some(now);
@@ -744,6 +744,7 @@ impl Coordinator {
                 }
             }
         }
+        self.release_job_holds(job);
         out.push(Command::Notify(Notification::JobFinished { job, state }));
     }
 

@@ -350,10 +350,19 @@ impl Coordinator {
             j.set_state(t, TaskState::Cancelled, None, out);
             return;
         }
+        // In shared staging its checkpoint files stay in the job's folder, where the next
+        // attempt finds them: nothing is shipped, so nothing tells whether it wrote them. A
+        // task that declares them is taken to have (it was held back, for want of a worker
+        // with the whole run left, as one that restarts from nothing).
+        let shared_checkpoint =
+            j.staging != Staging::Transfer && !j.graph.task(t).checkpoint.is_empty();
         let from = if files > 0 {
             // It moved on: what it needs now is less than it ran.
             j.cut.remove(&t);
             format!("; resumes from its {files} checkpoint file(s)")
+        } else if shared_checkpoint {
+            j.cut.remove(&t);
+            "; resumes from the checkpoint files it left in the job's folder".to_string()
         } else if usage.wall_seconds > 0.0 {
             let ran = j.cut.entry(t).or_insert(0.0);
             *ran = ran.max(usage.wall_seconds);

@@ -711,6 +711,44 @@ fn a_task_cut_at_its_allocations_end_with_no_checkpoint_needs_more_than_it_ran()
     assert_eq!((w.too_long, w.left.len()), (0, 1), "{w:?}");
 }
 
+/// In shared staging a task's checkpoint files stay in the job's folder and nothing is
+/// shipped: a task that declares them resumes on the next worker, whatever it has left (it
+/// was held back as one with no checkpoint, its allocation queue asking for nothing, the
+/// job waiting for good).
+#[test]
+fn a_task_cut_at_its_allocations_end_in_shared_staging_resumes_from_its_checkpoint() {
+    let mut sim = Sim::new(0);
+    let first = sim.join_leaving(wspec(1.0, &[]), 100_000);
+    let (job, _) = sim.submit(
+        "name = \"cut\"\n[[task]]\nid = \"sim\"\ncmd = [\"true\"]\ncheckpoint = [\"s.ckpt\"]\n",
+    );
+    let t = sim.tref(job, "sim");
+    assert_eq!(sim.state(job, "sim"), TaskState::Assigned);
+    sim.now += 95_000;
+    // Leaving, the worker takes nothing more; its attempt ends preempted.
+    sim.ev(Event::WorkerAvailability {
+        worker: first,
+        available: false,
+    });
+    let preempted = AttemptOutcome::Preempted {
+        checkpoint: Vec::new(),
+    };
+    sim.finish_with(first, t, 1, preempted, Vec::new(), None, 95.0);
+    assert_eq!(sim.state(job, "sim"), TaskState::Ready);
+    let status = sim.c.job_status(job).expect("known job");
+    let message = status.tasks[t.task.index()]
+        .message
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        message.contains("resumes from the checkpoint files it left in the job's folder"),
+        "{message}"
+    );
+    // The next allocation's worker, with no more time than the last, takes it.
+    sim.join_leaving(wspec(1.0, &[]), 105_000);
+    assert_eq!(sim.state(job, "sim"), TaskState::Assigned);
+}
+
 /// A ready task larger than every connected worker is named, with what it needs, until a
 /// worker that could take it joins (a user saw only "0/1 tasks done", forever).
 #[test]

@@ -668,6 +668,7 @@ impl Allocator {
             time_limit: Duration::from_secs(q.spec.time_limit_s),
             workers_per_alloc: q.spec.workers_per_alloc,
             idle_timeout: Duration::from_secs(q.spec.idle_timeout_s),
+            cpus_per_worker: q.spec.cpus_per_worker,
         };
         let launch = WorkerLaunch {
             program: q.spec.worker_program.clone(),

@@ -42,7 +42,7 @@ pub fn batch_script(queue: &BatchQueue, launch: &WorkerLaunch, name: &str) -> St
         shell_word(name)
     );
     let _ = writeln!(s, "set -eu");
-    let command = shell_word(&worker_command(queue, launch, name, PBS_IDS));
+    let command = shell_word(&worker_command(queue, launch, name, PBS_IDS, None));
     if nodes > 1 {
         let _ = writeln!(s, "exec pbsdsh -- sh -c {command}");
     } else {
@@ -177,6 +177,7 @@ mod tests {
             time_limit: Duration::from_secs(7200),
             workers_per_alloc: nodes,
             idle_timeout: Duration::from_secs(120),
+            cpus_per_worker: None,
         }
     }
 

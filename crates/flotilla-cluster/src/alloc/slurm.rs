@@ -18,6 +18,8 @@ pub struct BatchQueue {
     pub workers_per_alloc: u32,
     /// Seconds a worker waits with nothing to run before it gives its node back.
     pub idle_timeout: Duration,
+    /// CPUs each worker takes (`--cpus-per-worker`); `None`: a whole node each.
+    pub cpus_per_worker: Option<f64>,
 }
 
 /// How the script starts a worker: the program and the coordinator it joins.
@@ -46,6 +48,17 @@ pub fn batch_script(queue: &BatchQueue, launch: &WorkerLaunch, name: &str) -> St
     let _ = writeln!(s, "#SBATCH --time={}", slurm_time(queue.time_limit));
     let _ = writeln!(s, "#SBATCH --nodes={}", queue.workers_per_alloc.max(1));
     let _ = writeln!(s, "#SBATCH --ntasks-per-node=1");
+    // What the worker offers is what Slurm gave: so many CPUs, or the whole node (a
+    // worker counted every core of a node that Slurm shared with another job, and two of
+    // them ran four tasks on two cores).
+    match queue.cpus_per_worker {
+        Some(n) => {
+            let _ = writeln!(s, "#SBATCH --cpus-per-task={}", n.ceil().max(1.0) as u64);
+        }
+        None => {
+            let _ = writeln!(s, "#SBATCH --exclusive");
+        }
+    }
     let _ = writeln!(
         s,
         "#SBATCH --output={}/%x-%j.log",
@@ -56,7 +69,13 @@ pub fn batch_script(queue: &BatchQueue, launch: &WorkerLaunch, name: &str) -> St
     let _ = writeln!(
         s,
         "exec srun --kill-on-bad-exit=0 sh -c {}",
-        shell_word(&worker_command(queue, launch, name, SLURM_IDS))
+        shell_word(&worker_command(
+            queue,
+            launch,
+            name,
+            SLURM_IDS,
+            Some(SLURM_CPUS)
+        ))
     );
     s
 }
@@ -65,12 +84,24 @@ pub fn batch_script(queue: &BatchQueue, launch: &WorkerLaunch, name: &str) -> St
 /// variables `srun` sets.
 pub const SLURM_IDS: &str = "\"$SLURM_JOB_ID-$SLURM_NODEID\"";
 
+/// The CPUs Slurm gave the allocation on a node (a shell word), for the worker's `--cpus`
+/// when the queue does not say.
+pub const SLURM_CPUS: &str = "\"$SLURM_CPUS_ON_NODE\"";
+
 /// The command one node runs (through `sh -c`): a worker named and housed after the job
 /// and the node (`ids`, a shell word that expands to `JOBID-NODE` there), leaving when idle
 /// for the queue's idle timeout and before the time limit (counted from its start, a
 /// quarter of it and at most 60 s inside the batch system's own, which also counts the
-/// start).
-pub fn worker_command(queue: &BatchQueue, launch: &WorkerLaunch, name: &str, ids: &str) -> String {
+/// start). Its `--cpus`: the queue's `--cpus-per-worker`, else `node_cpus` (a shell word
+/// the batch system expands) when given, else the node's cores; none when the worker's own
+/// arguments name it.
+pub fn worker_command(
+    queue: &BatchQueue,
+    launch: &WorkerLaunch,
+    name: &str,
+    ids: &str,
+    node_cpus: Option<&str>,
+) -> String {
     let inside = worker_time_limit(queue.time_limit);
     let mut cmd = format!(
         "exec {} worker --server {} --token-file {} --name {}-{ids} \
@@ -84,6 +115,21 @@ pub fn worker_command(queue: &BatchQueue, launch: &WorkerLaunch, name: &str, ids
         queue.idle_timeout.as_secs().max(1),
         inside.as_secs().max(1),
     );
+    let own = launch
+        .worker_args
+        .iter()
+        .any(|a| a == "--cpus" || a.starts_with("--cpus="));
+    if !own {
+        match (queue.cpus_per_worker, node_cpus) {
+            (Some(n), _) => {
+                let _ = write!(cmd, " --cpus {n}");
+            }
+            (None, Some(word)) => {
+                let _ = write!(cmd, " --cpus {word}");
+            }
+            (None, None) => {}
+        }
+    }
     for a in &launch.worker_args {
         cmd.push(' ');
         cmd.push_str(&shell_word(a));
@@ -210,6 +256,7 @@ mod tests {
             time_limit: Duration::from_secs(3600),
             workers_per_alloc: 2,
             idle_timeout: Duration::from_secs(300),
+            cpus_per_worker: None,
         }
     }
 
@@ -233,6 +280,7 @@ mod tests {
             "#SBATCH --time=1:00:00",
             "#SBATCH --nodes=2",
             "#SBATCH --ntasks-per-node=1",
+            "#SBATCH --exclusive",
         ] {
             assert!(s.lines().any(|l| l == line), "{line} in {s}");
         }
@@ -244,9 +292,16 @@ mod tests {
         };
         let out = std::process::Command::new("sh")
             .arg("-c")
-            .arg(worker_command(&queue(), &echo, "flotilla-q1-7", SLURM_IDS))
+            .arg(worker_command(
+                &queue(),
+                &echo,
+                "flotilla-q1-7",
+                SLURM_IDS,
+                Some(SLURM_CPUS),
+            ))
             .env("SLURM_JOB_ID", "4242")
             .env("SLURM_NODEID", "1")
+            .env("SLURM_CPUS_ON_NODE", "16")
             .output()
             .expect("sh runs");
         let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -254,14 +309,32 @@ mod tests {
             line,
             "worker --server head:7070 --token-file /etc/flotilla/worker token \
              --name flotilla-q1-7-4242-1 --work-dir /scratch/flotilla/4242-1 \
-             --data-listen 0.0.0.0:0 --idle-timeout 300s --time-limit 3540s --grace 2m"
+             --data-listen 0.0.0.0:0 --idle-timeout 300s --time-limit 3540s --cpus 16 --grace 2m"
         );
+        // A queue of so many CPUs per worker asks for them, and its workers offer them.
+        let four = BatchQueue {
+            cpus_per_worker: Some(4.0),
+            ..queue()
+        };
+        let s = batch_script(&four, &launch(), "q");
+        assert!(s.lines().any(|l| l == "#SBATCH --cpus-per-task=4"), "{s}");
+        assert!(!s.contains("--exclusive"), "{s}");
+        assert!(
+            worker_command(&four, &echo, "q", SLURM_IDS, Some(SLURM_CPUS)).contains(" --cpus 4 ")
+        );
+        // The worker's own --cpus wins.
+        let own = WorkerLaunch {
+            worker_args: vec!["--cpus".into(), "2".into()],
+            ..launch()
+        };
+        let c = worker_command(&four, &own, "q", SLURM_IDS, Some(SLURM_CPUS));
+        assert_eq!(c.matches("--cpus").count(), 1, "{c}");
         // A short limit keeps three quarters of itself.
         let short = BatchQueue {
             time_limit: Duration::from_secs(120),
             ..queue()
         };
-        assert!(worker_command(&short, &echo, "q", SLURM_IDS).contains("--time-limit 90s"));
+        assert!(worker_command(&short, &echo, "q", SLURM_IDS, None).contains("--time-limit 90s"));
     }
 
     #[test]

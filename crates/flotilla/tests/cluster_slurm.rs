@@ -330,8 +330,15 @@ fn allocations_that_fail_pause_the_queue_with_the_reason_and_nothing_is_lost() {
         text.contains("paused") && text.contains("partition"),
         "{text}"
     );
-    // The job still waits, whole.
-    let s = c.status(job).expect("the job");
+    // The job still waits, whole, and says where its workers would come from (it said
+    // only that no worker was connected).
+    let s = wait_until("the job to name the paused queue", LONG, || {
+        c.status(job).filter(|s| {
+            s.waiting
+                .as_deref()
+                .is_some_and(|w| w.contains("allocation queue 1 is paused"))
+        })
+    });
     assert_eq!(s.counts.ready, 1, "{s:?}");
     // Resumed, it tries again (and pauses again: the partition is still wrong); paused by
     // hand, it says so.

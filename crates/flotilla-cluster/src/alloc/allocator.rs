@@ -513,6 +513,27 @@ impl Allocator {
         queues.get(id).cloned()
     }
 
+    /// The paused queues, for a job that waits with no worker connected: "allocation queue
+    /// 1 is paused: REASON (`flotilla alloc list`)"; `None` when none is.
+    pub fn paused_note(&self) -> Option<String> {
+        let queues = self.queues.lock();
+        let paused: Vec<String> = queues
+            .queues
+            .values()
+            .filter_map(|q| {
+                q.paused
+                    .as_ref()
+                    .map(|why| format!("allocation queue {} is paused: {why}", q.id))
+            })
+            .collect();
+        (!paused.is_empty()).then(|| {
+            format!(
+                "{} (`flotilla alloc list`; `flotilla alloc resume ID` once fixed)",
+                paused.join("; ")
+            )
+        })
+    }
+
     /// The shapes of the queues' workers, for the core's [`CoreView`].
     pub fn shapes(&self) -> Vec<(u32, WorkerShape)> {
         self.queues

@@ -88,6 +88,8 @@ pub(super) enum Req {
     /// The allocator's round: the work left for each queue's workers, and the live workers.
     AllocView {
         shapes: Vec<(u32, crate::state::WorkerShape)>,
+        /// The paused queues, said to jobs waiting with no worker connected.
+        note: Option<String>,
         reply: Reply<crate::alloc::CoreView>,
     },
     /// Each live worker's name and the attempts on it (`--pod-deletion-cost`).
@@ -1244,7 +1246,12 @@ impl Core {
             Req::WorkerLoads { reply } => {
                 let _ = reply.send(Ok(self.coord.worker_loads()));
             }
-            Req::AllocView { shapes, reply } => {
+            Req::AllocView {
+                shapes,
+                note,
+                reply,
+            } => {
+                self.coord.set_capacity_note(note);
                 let view = crate::alloc::CoreView {
                     work: shapes
                         .iter()

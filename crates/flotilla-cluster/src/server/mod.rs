@@ -700,7 +700,15 @@ async fn allocate(
         }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let shapes = alloc.shapes();
-        if core.try_send(Req::AllocView { shapes, reply: tx }).is_err() {
+        let note = alloc.paused_note();
+        if core
+            .try_send(Req::AllocView {
+                shapes,
+                note,
+                reply: tx,
+            })
+            .is_err()
+        {
             continue; // busy or stopping: the next round
         }
         let Ok(Ok(view)) = rx.await else {

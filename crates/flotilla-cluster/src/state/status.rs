@@ -769,11 +769,12 @@ impl Coordinator {
     pub(crate) fn never_fits(&self, j: &Job) -> Option<String> {
         let workers = self.workers_map();
         if workers.is_empty() {
-            return j
-                .classes
-                .iter()
-                .any(|c| !c.ready.is_empty())
-                .then(|| "no worker is connected".to_string());
+            return j.classes.iter().any(|c| !c.ready.is_empty()).then(|| {
+                match self.capacity_note() {
+                    Some(note) => format!("no worker is connected; {note}"),
+                    None => "no worker is connected".to_string(),
+                }
+            });
         }
         for c in j
             .class_order

@@ -65,6 +65,9 @@ const LEFT_NAMES: usize = 10_000;
 pub struct Coordinator {
     config: Config,
     now: Millis,
+    /// Said after "no worker is connected" (the server's allocator: a paused queue, where
+    /// the workers would come from); not journaled.
+    capacity_note: Option<String>,
     jobs: BTreeMap<JobId, Job>,
     /// Jobs still running, oldest first.
     active: BTreeSet<JobId>,
@@ -130,6 +133,7 @@ impl Coordinator {
     pub fn new(config: Config) -> Self {
         Coordinator {
             now: 0,
+            capacity_note: None,
             jobs: BTreeMap::new(),
             active: BTreeSet::new(),
             cpuless: BTreeSet::new(),
@@ -822,6 +826,16 @@ impl Coordinator {
     }
 
     // ---- views for status ----
+
+    /// What a job waiting with no worker connected is told besides (the allocation queues
+    /// that are paused, and why); `None` to say nothing.
+    pub fn set_capacity_note(&mut self, note: Option<String>) {
+        self.capacity_note = note;
+    }
+
+    pub(crate) fn capacity_note(&self) -> Option<&str> {
+        self.capacity_note.as_deref()
+    }
 
     /// The performance model learned so far, as JSON ([`PerfModel::to_json`]).
     pub fn model_json(&self) -> String {

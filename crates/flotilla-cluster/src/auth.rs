@@ -86,8 +86,24 @@ pub fn load_or_create_token(state_dir: &Path) -> Result<String> {
 
 /// Reads a token from a file given with `--token-file`.
 pub fn read_token_file(path: &Path) -> Result<String> {
-    let t = std::fs::read_to_string(path)
-        .map_err(|e| ClusterError::Config(format!("the token file {}: {e}", path.display())))?;
+    let t = std::fs::read_to_string(path).map_err(|e| {
+        // `--token-file "$FLOTILLA_TOKEN"`: the secret itself, which the message must not
+        // print (it did, whole).
+        let text = path.to_string_lossy();
+        let secret = text.len() >= 32
+            && !text.contains('/')
+            && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if secret && e.kind() == std::io::ErrorKind::NotFound {
+            ClusterError::Config(
+                "the token file given looks like a token itself (not shown here): \
+                 --token-file takes the path of a file holding it; put the token in \
+                 FLOTILLA_TOKEN instead"
+                    .into(),
+            )
+        } else {
+            ClusterError::Config(format!("the token file {}: {e}", path.display()))
+        }
+    })?;
     let t = t.trim();
     if t.is_empty() {
         // An empty token was sent as such and refused, again and again.
@@ -274,6 +290,18 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn a_token_given_for_a_token_file_is_not_printed() {
+        let token = format!("flt_{}", "ab12".repeat(16));
+        let e = read_token_file(Path::new(&token)).unwrap_err().to_string();
+        assert!(e.contains("looks like a token itself"), "{e}");
+        assert!(!e.contains(&token), "{e}");
+        let e = read_token_file(Path::new("/nonexistent/token"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/token"), "{e}");
+    }
 
     #[test]
     fn an_admin_token_file_may_be_group_readable_but_not_world_readable() {

@@ -129,8 +129,10 @@ pub(crate) struct CommonArgs {
 
 #[derive(Args)]
 pub(crate) struct QueueArgs {
-    /// The queue's id (`flotilla alloc list`).
-    id: u32,
+    /// The queue: its id (`3` or `q3`, as `flotilla alloc list` and Slurm's job names
+    /// `flotilla-q3` show it) or its `--name`.
+    #[arg(value_name = "ID")]
+    id: String,
     /// One JSON document.
     #[arg(long)]
     json: bool,
@@ -231,12 +233,19 @@ pub(crate) async fn alloc(cmd: AllocCmd) -> Result<()> {
                 ]);
                 for q in list {
                     let f = q.fleet(0);
+                    let st = state(&q);
+                    // A pause after failures says the last one already.
+                    let last = q
+                        .last_error
+                        .clone()
+                        .filter(|e| !st.contains(e.as_str()))
+                        .unwrap_or_default();
                     t.add_row([
                         q.id.to_string(),
                         q.spec.name.clone(),
                         q.spec.manager.clone(),
                         q.spec.partition.clone(),
-                        state(&q),
+                        st,
                         f.queued.to_string(),
                         f.running_left_s.len().to_string(),
                         q.allocations
@@ -245,51 +254,50 @@ pub(crate) async fn alloc(cmd: AllocCmd) -> Result<()> {
                             .sum::<usize>()
                             .to_string(),
                         format_duration(Duration::from_secs(q.spec.time_limit_s)),
-                        q.last_error.clone().unwrap_or_default(),
+                        last,
                     ]);
                 }
                 outln!("{t}");
             }
         }
         AllocCmd::Info(a) => {
-            let q = a
-                .remote
-                .client()
-                .await?
-                .alloc_queue(AllocOp::Info, a.id, "")
-                .await?;
+            let q = queue_op(&a, AllocOp::Info, "").await?;
             print_queue(&q, a.json)?;
         }
         AllocCmd::Pause(p) => {
-            let q = p
-                .queue
-                .remote
-                .client()
-                .await?
-                .alloc_queue(AllocOp::Pause, p.queue.id, &p.reason)
-                .await?;
+            let q = queue_op(&p.queue, AllocOp::Pause, &p.reason).await?;
             print_short(&q, p.queue.json, "paused")?;
         }
         AllocCmd::Resume(a) => {
-            let q = a
-                .remote
-                .client()
-                .await?
-                .alloc_queue(AllocOp::Resume, a.id, "")
-                .await?;
+            let q = queue_op(&a, AllocOp::Resume, "").await?;
             print_short(&q, a.json, "resumed")?;
         }
         AllocCmd::Remove(a) => {
-            let q = a
-                .remote
-                .client()
-                .await?
-                .alloc_queue(AllocOp::Remove, a.id, "")
-                .await?;
+            let q = queue_op(&a, AllocOp::Remove, "").await?;
             print_short(&q, a.json, "removed (its allocations cancelled)")?;
         }
     }
     Ok(())
+}
+
+/// `op` on the queue `a` names: by id (`3`, `q3`), else by name.
+async fn queue_op(a: &QueueArgs, op: AllocOp, reason: &str) -> Result<Queue> {
+    let mut client = a.remote.client().await?;
+    let text = a.id.trim();
+    let id = match text.strip_prefix('q').unwrap_or(text).parse::<u32>() {
+        Ok(id) => id,
+        Err(_) => {
+            let list = client.alloc_list().await?;
+            match list.iter().find(|q| q.spec.name == text) {
+                Some(q) => q.id,
+                None => anyhow::bail!(
+                    "no allocation queue {text:?}: give its id (3 or q3) or its name, as \
+                     `flotilla alloc list` shows them"
+                ),
+            }
+        }
+    };
+    Ok(client.alloc_queue(op, id, reason).await?)
 }
 
 fn state(q: &Queue) -> String {

@@ -348,6 +348,22 @@ fn allocations_that_fail_pause_the_queue_with_the_reason_and_nothing_is_lost() {
     assert!(out.status.success(), "{out:?}");
     let q = info(&c, 1);
     assert!(q.paused.is_some(), "{q:?}");
+    // Named as Slurm's job names show it (`flotilla-q1`), or by a name it does not have.
+    let out = c.cli(&["alloc", "info", "q1", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = c.cli(&["alloc", "info", "nosuch"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no allocation queue \"nosuch\""),
+        "{err}"
+    );
+    // Resumed twice: the second has nothing to resume, and says so.
+    assert!(c.cli(&["alloc", "resume", "1"]).status.success());
+    let out = c.cli(&["alloc", "resume", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        assert!(err.contains("is not paused"), "{err}");
+    }
 }
 
 #[test]

@@ -472,6 +472,11 @@ impl Allocator {
 
     /// Resumes queue `id` (its failures in a row start again from none).
     pub fn resume(&self, id: u32) -> Result<Queue, AllocError> {
+        if self.queues.lock().get(id)?.paused.is_none() {
+            return Err(AllocError::Refused(format!(
+                "allocation queue {id} is not paused: there is nothing to resume"
+            )));
+        }
         self.change(id, |q| {
             q.paused = None;
             q.failures = 0;
@@ -578,7 +583,16 @@ impl Allocator {
             match system.states(&live) {
                 Ok(states) => {
                     for id in &live {
-                        let seen = states.get(id).cloned().unwrap_or(BatchState::Ended);
+                        let mut seen = states.get(id).cloned().unwrap_or(BatchState::Ended);
+                        // Waiting for something waiting cannot bring (a request over the
+                        // partition's or the account's limits): a failure, given back now
+                        // (it stayed queued for good, the queue never pausing).
+                        if let BatchState::Queued(reason) = &seen {
+                            if let Some(why) = never_starts(reason) {
+                                let _ = system.cancel(id);
+                                seen = BatchState::Failed(why);
+                            }
+                        }
                         if let Some(line) = q.observe(id, seen, now) {
                             tracing::info!(queue = q.id, "{line}");
                         }
@@ -602,17 +616,10 @@ impl Allocator {
             .collect();
         for id in stuck {
             let _ = system.cancel(&id);
-            let log = q
-                .allocations
-                .iter()
-                .find(|a| a.id == id)
-                .map(|a| a.log(&q.spec.work_dir))
-                .unwrap_or_default();
+            // `observe` adds where its log is.
             q.observe(
                 &id,
-                BatchState::Failed(format!(
-                    "no worker connected within {CONNECT_TIMEOUT_S}s (its log: {log})"
-                )),
+                BatchState::Failed(format!("no worker connected within {CONNECT_TIMEOUT_S}s")),
                 now,
             );
         }
@@ -703,6 +710,32 @@ impl Allocator {
             .map_err(|e| format!("{}: {e}", script.display()))?;
         system.submit(&script, &q.spec.sbatch_args)
     }
+}
+
+/// Slurm's pending reasons that waiting cannot end (the request exceeds a limit of the
+/// partition, the account or the QOS, or asks for what no node has), as a failure's reason.
+pub(crate) fn never_starts(reason: &str) -> Option<String> {
+    const NEVER: [&str; 12] = [
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "BadConstraints",
+        "InvalidQOS",
+        "InvalidAccount",
+        "DependencyNeverSatisfied",
+        "AssocMaxNodesPerJobLimit",
+        "AssocMaxWallDurationPerJobLimit",
+        "AssocMaxCpuPerJobLimit",
+        "QOSMaxNodePerJobLimit",
+        "QOSMaxWallDurationPerJobLimit",
+        "QOSMaxCpuPerJobLimit",
+    ];
+    let code = reason.trim().trim_matches(|c| c == '(' || c == ')');
+    NEVER.contains(&code).then(|| {
+        format!(
+            "queued for a reason waiting cannot end ({code}: the request exceeds a limit of \
+             the partition, account or QOS, or no node has what it asks); cancelled"
+        )
+    })
 }
 
 /// Writes `text` to `path`, readable by its owner only.
@@ -916,6 +949,23 @@ mod tests {
     }
 
     #[test]
+    fn requests_that_can_never_start_are_failures() {
+        assert!(
+            never_starts("PartitionNodeLimit").is_some_and(|w| w.contains("PartitionNodeLimit"))
+        );
+        assert!(never_starts("(QOSMaxWallDurationPerJobLimit)").is_some());
+        for waits in [
+            "Resources",
+            "Priority",
+            "ReqNodeNotAvail",
+            "PartitionDown",
+            "",
+        ] {
+            assert_eq!(never_starts(waits), None, "{waits}");
+        }
+    }
+
+    #[test]
     fn refused_submissions_pause_the_queue_with_the_reason_until_resumed() {
         let dir = tempfile::tempdir().expect("tmp");
         let fake = Arc::new(Fake::default());
@@ -932,6 +982,9 @@ mod tests {
         a.round(&waiting(q.id, 2.0));
         assert!(fake.submitted.lock().is_empty());
         a.resume(q.id).expect("resumed");
+        // Resumed again: nothing to resume, said (it said "resumed").
+        let again = a.resume(q.id).expect_err("not paused");
+        assert!(again.to_string().contains("is not paused"), "{again}");
         a.round(&waiting(q.id, 2.0));
         assert!(!fake.submitted.lock().is_empty());
     }

@@ -365,10 +365,10 @@ impl Queue {
     pub fn failed(&mut self, why: String) {
         self.failures += 1;
         if self.failures >= self.spec.max_failures && self.paused.is_none() {
-            self.paused = Some(format!(
-                "{} failures in a row; the last: {why}",
-                self.failures
-            ));
+            self.paused = Some(match self.failures {
+                1 => format!("it failed: {why}"),
+                n => format!("{n} failures in a row; the last: {why}"),
+            });
         }
         self.last_error = Some(why);
     }
@@ -421,7 +421,7 @@ impl Queue {
                 // queue's request; one cut by its time limit after working is not.
                 if a.workers_seen == 0 {
                     failure = Some(format!(
-                        "allocation {} {reason} (its log: {})",
+                        "allocation {}: {reason} (its log: {})",
                         a.id,
                         a.log(&self.spec.work_dir)
                     ));

@@ -297,15 +297,33 @@ fn allocations_that_fail_pause_the_queue_with_the_reason_and_nothing_is_lost() {
         return;
     };
     let c = slurm.cluster();
+    // A partition Slurm does not have is refused at once, naming those it has.
+    let out = c.cli(&[
+        "alloc",
+        "add",
+        "slurm",
+        "--partition",
+        "no-such-partition",
+        "--time-limit",
+        "5m",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no such partition (it has: debug)"),
+        "{err}"
+    );
+    // A request sbatch refuses (a node feature no node has): failures, then a pause.
     add(
         &c,
         &[
             "--partition",
-            "no-such-partition",
+            "debug",
             "--time-limit",
             "5m",
             "--max-failures",
             "2",
+            "--",
+            "--constraint=nosuch",
         ],
     );
     let job = c.submit_toml(
@@ -319,7 +337,7 @@ fn allocations_that_fail_pause_the_queue_with_the_reason_and_nothing_is_lost() {
     let why = q.paused.clone().unwrap_or_default();
     assert!(why.contains("2 failures in a row"), "{why}");
     assert!(
-        why.to_lowercase().contains("partition"),
+        why.to_lowercase().contains("feature"),
         "Slurm's reason: {why}"
     );
     assert!(q.allocations.is_empty(), "{q:?}");
@@ -327,7 +345,7 @@ fn allocations_that_fail_pause_the_queue_with_the_reason_and_nothing_is_lost() {
     let list = c.cli(&["alloc", "list"]);
     let text = String::from_utf8_lossy(&list.stdout);
     assert!(
-        text.contains("paused") && text.contains("partition"),
+        text.contains("paused") && text.contains("feature"),
         "{text}"
     );
     // The job still waits, whole, and says where its workers would come from (it said

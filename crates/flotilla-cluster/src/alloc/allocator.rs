@@ -53,6 +53,11 @@ pub trait BatchSystem: Send + Sync {
     fn cancel(&self, id: &str) -> Result<(), String>;
     /// The CPUs of a node of `partition` (Slurm) or of any node (PBS), if it says.
     fn node_cpus(&self, partition: &str) -> Option<f64>;
+    /// The partitions (queues) there are, when it can tell; `None`: it cannot (nothing is
+    /// checked).
+    fn partitions(&self) -> Option<Vec<String>> {
+        None
+    }
 }
 
 /// The batch systems a coordinator's queues may use, by [`QueueSpec::manager`].
@@ -242,6 +247,18 @@ impl BatchSystem for Slurm {
             .ok()
             .and_then(|out| slurm::parse_sinfo_cpus(&out))
     }
+
+    fn partitions(&self) -> Option<Vec<String>> {
+        let out = self.run("sinfo", &["-h", "-o", "%P"]).ok()?;
+        // The default partition is marked with `*`.
+        let mut names: Vec<String> = out
+            .lines()
+            .map(|l| l.trim().trim_end_matches('*').to_string())
+            .filter(|l| !l.is_empty())
+            .collect();
+        names.dedup();
+        (!names.is_empty()).then_some(names)
+    }
 }
 
 /// PBS (OpenPBS, PBS Professional, Torque, or Slurm's PBS wrappers) through its commands:
@@ -425,6 +442,20 @@ impl Allocator {
         }
         spec.token_file = format!("{}/worker.token", spec.work_dir);
         spec.check()?;
+        // A partition Slurm does not have fails every request: said now (it was accepted,
+        // and each allocation failed until the queue paused).
+        if !spec.partition.trim().is_empty() {
+            if let Some(known) = self.systems.of(&spec.manager).partitions() {
+                if !known.iter().any(|p| p == spec.partition.trim()) {
+                    return Err(AllocError::Refused(format!(
+                        "--partition {}: {} has no such partition (it has: {})",
+                        spec.partition,
+                        spec.manager,
+                        known.join(", ")
+                    )));
+                }
+            }
+        }
         let dir = Path::new(&spec.work_dir);
         std::fs::create_dir_all(dir).map_err(|e| AllocError::Io {
             path: format!("--work-dir {}", dir.display()),

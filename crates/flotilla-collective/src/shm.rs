@@ -3,7 +3,8 @@
 //! Layout (all offsets page or cache-line aligned):
 //! ```text
 //! [0, 4096)             header: magic, size, slot bytes; abort word at 64
-//! [4096, ...)           per rank r at 4096 + 256 r: `ready` (+0) and `reduced` (+128) counters
+//! [4096, ...)           per rank r at 4096 + 256 r: `ready` (+0) and `reduced` (+128) counters,
+//!                       the call's signature per parity (+64, +72)
 //! slots                 per rank r and parity s: slot(r, s) of SLOT bytes
 //! res                   per parity s: res(s) of SLOT bytes
 //! ```
@@ -279,6 +280,26 @@ impl Segment {
 
     fn reduced(&self, r: usize) -> &AtomicU64 {
         self.atomic(HEADER + r * COUNTER_STRIDE + 128)
+    }
+
+    fn signature(&self, r: usize, s: usize) -> &AtomicU64 {
+        self.atomic(HEADER + r * COUNTER_STRIDE + 64 + 8 * s)
+    }
+
+    /// States what this rank's collective is (its first chunk, of parity `s`), before
+    /// `publish_ready`: the peers compare it after their `wait_ready`. One word per parity,
+    /// so a rank one chunk ahead does not overwrite what a slower one still reads.
+    pub(crate) fn set_signature(&self, s: usize, sig: u64) {
+        self.signature(self.me, s).store(sig, Ordering::SeqCst);
+    }
+
+    /// The first peer whose stated collective (parity `s`, after `wait_ready`) is not
+    /// `sig`, with what it stated.
+    pub(crate) fn other_signature(&self, s: usize, sig: u64) -> Option<(usize, u64)> {
+        (0..self.n)
+            .filter(|&i| i != self.me)
+            .map(|i| (i, self.signature(i, s).load(Ordering::SeqCst)))
+            .find(|&(_, v)| v != sig)
     }
 
     /// Raises the abort flag (first rank to abort wins).

@@ -208,6 +208,51 @@ fn a_bad_argument_on_one_rank_fails_the_others_instead_of_hanging() {
     }
 }
 
+/// Ranks that disagree on a collective over shared memory fail, each naming what the
+/// other called (they returned `Ok` with wrong values): other lengths, another element
+/// type, another collective.
+#[test]
+fn ranks_that_disagree_on_the_call_fail_over_shared_memory() {
+    let results = run_group(2, options(Transport::Shm, Algorithm::Auto), |mut comm| {
+        let mut buf = vec![1.0f32; if comm.rank() == 0 { 100 } else { 110 }];
+        let r = comm.allreduce(&mut buf, ReduceOp::Sum);
+        r.map_err(|e| e.to_string())
+    });
+    assert!(
+        matches!(&results[0], Err(m) if m.contains("rank 1 called allreduce of 110 f32, this rank allreduce of 100 f32")),
+        "{results:?}"
+    );
+    assert!(
+        matches!(&results[1], Err(m) if m.contains("rank 0 called allreduce of 100 f32")),
+        "{results:?}"
+    );
+    let results = run_group(2, options(Transport::Shm, Algorithm::Auto), |mut comm| {
+        if comm.rank() == 0 {
+            let mut buf = vec![1.0f32; 8];
+            comm.allreduce(&mut buf, ReduceOp::Sum)
+                .map_err(|e| e.to_string())
+        } else {
+            let mut buf = vec![1i32; 8];
+            comm.broadcast(&mut buf, 0).map_err(|e| e.to_string())
+        }
+    });
+    assert!(
+        matches!(&results[0], Err(m) if m.contains("rank 1 called broadcast of 8 i32 to/from rank 0")),
+        "{results:?}"
+    );
+    // Agreeing calls of every kind go on passing.
+    let results = run_group(2, options(Transport::Shm, Algorithm::Auto), |mut comm| {
+        let mut buf = vec![1.0f64; 1 << 17];
+        comm.allreduce(&mut buf, ReduceOp::Sum).unwrap();
+        comm.barrier().unwrap();
+        comm.broadcast(&mut buf, 1).unwrap();
+        let mut all = vec![0.0f64; 2 << 17];
+        comm.allgather(&buf, &mut all).unwrap();
+        all[0]
+    });
+    assert_eq!(results, vec![2.0, 2.0]);
+}
+
 #[test]
 fn timeout_is_the_backstop() {
     let mut opts = options(Transport::Tcp, Algorithm::Ring);

@@ -1251,7 +1251,30 @@ fn cli_command() -> clap::Command {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::from_arg_matches(&cli_command().get_matches()) {
+    let matches = match cli_command().try_get_matches() {
+        Ok(m) => m,
+        Err(e) => {
+            // `flotilla alloc add --partition ...`: the batch system was left out, and clap
+            // says only that --partition is unexpected.
+            let args: Vec<String> = std::env::args().skip(1).take(3).collect();
+            if e.kind() == clap::error::ErrorKind::UnknownArgument
+                && args.len() == 3
+                && args[0] == "alloc"
+                && args[1] == "add"
+                && args[2].starts_with('-')
+            {
+                let _ = e.print();
+                eprintln!(
+                    "\nhint: name the batch system first: `flotilla alloc add slurm {} ...` \
+                     (or `pbs`)",
+                    args[2]
+                );
+                std::process::exit(2);
+            }
+            e.exit()
+        }
+    };
+    let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };

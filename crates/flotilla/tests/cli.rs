@@ -597,4 +597,11 @@ fn worker_flags_are_checked_before_it_connects() {
         err.contains("--gpus") && !err.contains("--available"),
         "{err}"
     );
+    // The batch system left out of `alloc add`: named.
+    let (ok, _, err) = flotilla(&["alloc", "add", "--partition", "debug"]);
+    assert!(!ok);
+    assert!(
+        err.contains("flotilla alloc add slurm --partition"),
+        "{err}"
+    );
 }

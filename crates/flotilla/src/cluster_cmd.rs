@@ -252,9 +252,13 @@ pub(crate) struct WorkerArgs {
     name: Option<String>,
     /// Work directory (logs, sandboxes, held outputs). Default: a new folder in the
     /// temporary directory, flotilla-worker-PID, removed when the worker exits; a folder given
-    /// here is kept.
+    /// here is kept (unless --remove-work-dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
+    /// Remove the --work-dir folder when the worker exits, as the default one is (the
+    /// workers of `flotilla alloc` do: a folder per allocation and node).
+    #[arg(long, requires = "work_dir")]
+    remove_work_dir: bool,
     /// Where to serve held outputs to other workers. Bound to every interface (0.0.0.0:7071),
     /// the worker advertises its address on the route to the coordinator.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -686,8 +690,11 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     cfg.wasm_max_time = flotilla::core::duration::parse_duration(&a.wasm_max_time)
         .with_context(|| format!("--wasm-max-time {}", a.wasm_max_time))?;
     // The default folder is this process's own: it goes when the worker does.
-    let scratch = a.work_dir.is_none().then(|| cfg.work_dir.clone());
+    let mut scratch = a.work_dir.is_none().then(|| cfg.work_dir.clone());
     if let Some(w) = a.work_dir {
+        if a.remove_work_dir {
+            scratch = Some(w.clone());
+        }
         cfg.work_dir = w;
     }
     cfg.data_listen = a.data_listen;

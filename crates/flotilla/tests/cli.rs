@@ -420,6 +420,19 @@ fn a_workers_default_work_folder_goes_with_it() {
         || w.exited().then_some(()),
     );
     assert_eq!(leftovers(), 0, "left behind by a refused worker");
+    // A folder given is kept, unless --remove-work-dir (as `flotilla alloc`'s workers run).
+    let given = tmp.path().join("given");
+    let mut cmd = worker(&c.token);
+    cmd.arg("--work-dir").arg(&given).arg("--remove-work-dir");
+    let (mut w, _lines) = kit::spawn_logged(cmd, "given");
+    kit::wait_until("the worker's folder", Duration::from_secs(120), || {
+        given.exists().then_some(())
+    });
+    w.signal(libc::SIGTERM);
+    kit::wait_until("the worker to exit", Duration::from_secs(120), || {
+        w.exited().then_some(())
+    });
+    assert!(!given.exists(), "{} left behind", given.display());
 }
 
 /// `flotilla submit` checks the job file before it connects: a mistake is named at once,

@@ -222,7 +222,7 @@ mod tests {
             format!(
                 "worker --server head:7070 --token-file {work}/worker.token \
                  --name flotilla-q2-77.head-0 --work-dir {work}/77.head-0 \
-                 --data-listen 0.0.0.0:0 --idle-timeout 120s --time-limit 7140s"
+                 --remove-work-dir --data-listen 0.0.0.0:0 --idle-timeout 120s --time-limit 7140s"
             )
         );
     }

@@ -105,7 +105,7 @@ pub fn worker_command(
     let inside = worker_time_limit(queue.time_limit);
     let mut cmd = format!(
         "exec {} worker --server {} --token-file {} --name {}-{ids} \
-         --work-dir {}/{ids} --data-listen 0.0.0.0:0 \
+         --work-dir {}/{ids} --remove-work-dir --data-listen 0.0.0.0:0 \
          --idle-timeout {}s --time-limit {}s",
         shell_word(&launch.program),
         shell_word(&launch.server),
@@ -309,7 +309,7 @@ mod tests {
             line,
             "worker --server head:7070 --token-file /etc/flotilla/worker token \
              --name flotilla-q1-7-4242-1 --work-dir /scratch/flotilla/4242-1 \
-             --data-listen 0.0.0.0:0 --idle-timeout 300s --time-limit 3540s --cpus 16 --grace 2m"
+             --remove-work-dir --data-listen 0.0.0.0:0 --idle-timeout 300s --time-limit 3540s --cpus 16 --grace 2m"
         );
         // A queue of so many CPUs per worker asks for them, and its workers offer them.
         let four = BatchQueue {

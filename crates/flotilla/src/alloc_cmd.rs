@@ -346,7 +346,7 @@ fn print_queue(q: &Queue, json: bool) -> Result<()> {
         if s.cpus_per_worker.is_some() {
             ""
         } else if q.learned_cpus.is_some() {
-            " (learned)"
+            " (as the batch system or a worker said)"
         } else {
             " (not known yet)"
         },

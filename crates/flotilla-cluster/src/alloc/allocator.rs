@@ -470,7 +470,17 @@ impl Allocator {
             return Err(e);
         }
         let token_id = info.id.clone();
+        // What its workers will offer, as the batch system says, shown from the start (it
+        // read "not known yet" until the first round).
+        let cpus = if spec.cpus_per_worker.is_none() {
+            self.systems.of(&spec.manager).node_cpus(&spec.partition)
+        } else {
+            None
+        };
         let id = queues.add(spec, info.id);
+        if let Ok(q) = queues.get_mut(id) {
+            q.learned_cpus = cpus;
+        }
         if let Err(e) = self.save(&queues) {
             queues.queues.remove(&id);
             let _ = self.access.revoke(&token_id);

@@ -159,6 +159,14 @@ impl Sim {
             .expect("known task")
     }
 
+    /// The message `t`'s status shows ("" for none).
+    pub(super) fn message(&self, t: TaskRef) -> String {
+        self.c.job_status(t.job).expect("known job").tasks[t.task.index()]
+            .message
+            .clone()
+            .unwrap_or_default()
+    }
+
     pub(super) fn tref(&self, job: JobId, name: &str) -> TaskRef {
         let s = self.c.job_status(job).expect("known job");
         let t = s.tasks.iter().find(|t| t.name == name).expect("known task");

@@ -655,11 +655,7 @@ fn a_task_cut_at_its_allocations_end_with_no_checkpoint_needs_more_than_it_ran()
         reason: "its allocation ended".into(),
     });
     assert_eq!(sim.state(job, "sim"), TaskState::Ready);
-    let status = sim.c.job_status(job).expect("known job");
-    let message = status.tasks[t.task.index()]
-        .message
-        .clone()
-        .unwrap_or_default();
+    let message = sim.message(t);
     // 1.25 × 95 s, rounded up.
     assert!(
         message.contains("after 1m35s, with no checkpoint") && message.contains("1m59s left"),
@@ -735,11 +731,7 @@ fn a_task_cut_at_its_allocations_end_in_shared_staging_resumes_from_its_checkpoi
     };
     sim.finish_with(first, t, 1, preempted, Vec::new(), None, 95.0);
     assert_eq!(sim.state(job, "sim"), TaskState::Ready);
-    let status = sim.c.job_status(job).expect("known job");
-    let message = status.tasks[t.task.index()]
-        .message
-        .clone()
-        .unwrap_or_default();
+    let message = sim.message(t);
     assert!(
         message.contains("resumes from the checkpoint files it left in the job's folder"),
         "{message}"

@@ -1131,7 +1131,12 @@ impl Core {
         records: &mut Vec<JournalRecord>,
     ) -> bool {
         let now = self.now();
-        let rec = JournalRecord::from_event(&ev);
+        // A report on a removed job changes nothing: not journaled.
+        let rec = if self.coord.reports_on_a_removed_job(&ev) {
+            None
+        } else {
+            JournalRecord::from_event(&ev)
+        };
         let lost = matches!(ev, Event::WorkerLost { .. });
         match self.coord.handle(now, ev, cmds) {
             Ok(()) => {

@@ -290,6 +290,15 @@ impl Coordinator {
                 self.next_worker = self.next_worker.max(worker.0 + 1);
             }
         }
+        // A worker's report on a job the journal no longer holds (removed, then compacted
+        // away; an older version journaled such reports): nothing to replay.
+        if let JournalRecord::TaskFinished { task, .. }
+        | JournalRecord::TaskFinishedMetered { task, .. } = &record
+        {
+            if !self.jobs.contains_key(&task.job) {
+                return Ok(());
+            }
+        }
         if let JournalRecord::Submission { job, key } = record {
             self.submissions.insert(key, job);
             return Ok(());
@@ -445,13 +454,8 @@ impl Coordinator {
         let now = now.max(self.now);
         // This event's commands start here (the pool's sweep reads its state changes).
         let mark = out.len();
-        if let Event::TaskStarted { task, .. }
-        | Event::TaskFinished { task, .. }
-        | Event::TaskReturned { task, .. } = &event
-        {
-            if self.removed(task.job) {
-                return Ok(()); // a report a worker re-sent for a job since removed
-            }
+        if self.reports_on_a_removed_job(&event) {
+            return Ok(()); // a report a worker re-sent for a job since removed
         }
         match event {
             Event::JobSubmitted {
@@ -672,6 +676,19 @@ impl Coordinator {
     /// A report from a worker that is not live: stale (ignored) if the id was known.
     /// Whether `job` was submitted here and since removed (`flotilla rm`): workers may still
     /// report on it (a rejoining worker re-sends its recent results), and are not wrong to.
+    /// Whether `event` is a worker's report on a task of a job since removed: it changes
+    /// nothing, and is not journaled (a restart read such a record, kept by a compaction
+    /// before the counters that tell the job was removed, as one of an unknown job, and the
+    /// coordinator could not start again).
+    pub fn reports_on_a_removed_job(&self, event: &Event) -> bool {
+        match event {
+            Event::TaskStarted { task, .. }
+            | Event::TaskFinished { task, .. }
+            | Event::TaskReturned { task, .. } => self.removed(task.job),
+            _ => false,
+        }
+    }
+
     fn removed(&self, job: JobId) -> bool {
         job.0 < self.next_job && !self.jobs.contains_key(&job)
     }

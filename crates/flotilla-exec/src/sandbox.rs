@@ -255,6 +255,10 @@ const ETC: &[&str] = &[
     "/etc/mime.types",
 ];
 
+/// The folder, in a job folder, that holds Flotilla's own state when a coordinator or
+/// `flotilla run` keeps it there: a task never sees inside it.
+pub const STATE_DIR: &str = ".flotilla";
+
 /// Folders under [`ETC`] a task never sees: private keys. Hidden under an empty tmpfs when
 /// `/etc` is bound file by file, left out of [`prepare_etc`]'s copy (as is anything others
 /// may not read). Found packaging the systemd units: a root worker's sandboxed task read
@@ -287,6 +291,14 @@ impl SandboxSpec {
         }
         let w = self.writable.display().to_string();
         push(&["--bind", &w, &w]);
+        // Flotilla's own state in the job folder (`flotilla run`'s, or a server's default
+        // `.flotilla`: tokens, the journal, the worker's folder) is hidden under an empty,
+        // read-only tmpfs (a task read the admin token and could write the journal).
+        let state = self.writable.join(STATE_DIR);
+        if state.is_dir() {
+            let state = state.display().to_string();
+            push(&["--perms", "0555", "--tmpfs", &state, "--remount-ro", &state]);
+        }
         let cwd = cwd.display().to_string();
         push(&["--chdir", &cwd, "--"]);
         a.extend(cmd.iter().cloned());

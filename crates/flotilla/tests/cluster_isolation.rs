@@ -453,3 +453,32 @@ fn a_worker_with_a_relative_work_dir_runs_sandboxed_transfer_tasks() {
         "its folder is where it was started"
     );
 }
+
+/// `flotilla run` keeps its state (the admin token, the journal, its worker's folder) in the
+/// job folder's `.flotilla`, as a server started there does by default: a sandboxed task
+/// sees that folder empty and read-only, through the shared sandbox and through one of its
+/// own (a task asking for the network). Before, it read the token and could write the
+/// journal (found by a walkthrough of cluster.md).
+#[test]
+fn a_sandboxed_task_sees_nothing_of_the_state_in_its_job_folder() {
+    if !sandbox_or_skip() {
+        return;
+    }
+    let probe = "ls -A .flotilla | wc -l > seen-$0.txt; \
+                 if cat .flotilla/token; then echo read >> seen-$0.txt; fi; \
+                 if echo x >> .flotilla/journal.log; then echo wrote >> seen-$0.txt; fi; true";
+    let toml = format!(
+        "name = \"peek\"\n\
+         [[task]]\nid = \"shared\"\ncmd = [\"sh\", \"-c\", \"{probe}\", \"shared\"]\n\
+         [[task]]\nid = \"own\"\nnetwork = true\ncmd = [\"sh\", \"-c\", \"{probe}\", \"own\"]\n"
+    );
+    let (dir, out) = kit::run_local(&toml, &["--isolation", "bwrap", "--allow-network"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    for which in ["shared", "own"] {
+        let seen = std::fs::read_to_string(dir.path().join(format!("seen-{which}.txt")))
+            .unwrap_or_else(|e| panic!("{which}: {e}"));
+        assert_eq!(seen.trim(), "0", "{which}: {seen:?}");
+    }
+    let token = std::fs::read_to_string(dir.path().join(".flotilla/token")).unwrap();
+    assert!(!token.trim().is_empty(), "the run's token is still there");
+}

@@ -228,6 +228,19 @@ fn enter(a: &Args) -> Result<(libc::pid_t, std::fs::File), String> {
     )?;
     std::fs::create_dir_all(&a.own).map_err(|e| format!("{}: {e}", a.own))?;
     move_mount(&tree, &a.own)?;
+    // Flotilla's own state in the job folder (`flotilla run`'s, or a server's default
+    // `.flotilla`: tokens, the journal) is none of the task's business: hidden under an
+    // empty, read-only tmpfs (a task read the admin token and could write the journal).
+    let state = format!("{}/.flotilla", a.own.trim_end_matches('/'));
+    if std::path::Path::new(&state).is_dir() {
+        mount(
+            Some("tmpfs"),
+            &state,
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY,
+            Some("size=4k,mode=0555"),
+        )?;
+    }
     // The task is stopped through its process group; we follow it.
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         // SAFETY: SIG_IGN for a catchable signal.

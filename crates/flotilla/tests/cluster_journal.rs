@@ -111,6 +111,9 @@ fn a_damaged_record_stops_the_start_and_recovery_keeps_what_came_before_it() {
         "a refused start changes nothing"
     );
 
+    // The logs of a job whose records the recovery will lose (as a task that printed
+    // something leaves them).
+    std::fs::create_dir_all(c.state.join("logs/9")).unwrap();
     c.restart_server_with(&["--recover-journal"]);
     let s = c.overview().expect("the coordinator answers");
     assert_eq!(
@@ -124,9 +127,11 @@ fn a_damaged_record_stops_the_start_and_recovery_keeps_what_came_before_it() {
         bytes,
         "the damaged file is kept aside"
     );
-    // The recovered coordinator goes on journaling.
-    c.submit_toml("again.toml", ONE_TASK);
+    // The recovered coordinator goes on journaling, and gives no id twice (the lost jobs'
+    // logs are still there: a new job 2 showed the old job 2's).
+    let again = c.submit_toml("again.toml", ONE_TASK);
     assert_eq!(c.overview().unwrap().jobs.len(), 2);
+    assert!(again.0 > 9, "job {} reuses an id that has logs", again.0);
 }
 
 #[test]

@@ -930,6 +930,17 @@ impl Core {
         }
         core.coord.recovered(now);
         let _ = core.coord.take_journal_records();
+        // A job's logs outlive what a recovered journal lost of it: its id is not given
+        // again (a new job 1 showed the old job 1's logs).
+        let logged = std::fs::read_dir(&core.logs_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+            .max();
+        if let Some(last) = logged {
+            core.coord.reserve_job_ids(last + 1);
+        }
         if n > 0 {
             tracing::info!(records = n, "recovered from the journal");
         }

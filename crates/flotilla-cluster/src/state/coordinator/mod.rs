@@ -232,6 +232,13 @@ impl Coordinator {
         JobId::new(self.next_job)
     }
 
+    /// Raises the next job id to `next` at least: ids the journal no longer tells of (a
+    /// journal recovered with `--recover-journal` lost the records of its last jobs) are
+    /// not given again.
+    pub fn reserve_job_ids(&mut self, next: u64) {
+        self.next_job = self.next_job.max(next);
+    }
+
     /// Allocates an id for a joining worker (never reused: replayed ids raise it).
     pub fn next_worker_id(&mut self) -> WorkerId {
         let id = WorkerId::new(self.next_worker);

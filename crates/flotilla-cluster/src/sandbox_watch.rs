@@ -146,9 +146,47 @@ pub(crate) fn disk_usage(dir: &Path) -> u64 {
     total
 }
 
+/// The length of the largest file under `dir` (not following links; stops at
+/// [`MAX_ENTRIES`] entries): a file as long as the cap was cut there by `RLIMIT_FSIZE`.
+pub(crate) fn largest_file(dir: &Path) -> u64 {
+    let mut largest = 0u64;
+    let mut seen = 0usize;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            seen += 1;
+            if seen > MAX_ENTRIES {
+                return largest;
+            }
+            let Ok(md) = e.path().symlink_metadata() else {
+                continue;
+            };
+            if md.is_dir() {
+                stack.push(e.path());
+            } else if md.is_file() {
+                largest = largest.max(md.len());
+            }
+        }
+    }
+    largest
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_largest_file_is_found_in_subfolders() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("small"), [0u8; 10]).unwrap();
+        std::fs::write(dir.path().join("a/b/big"), [0u8; 300]).unwrap();
+        assert_eq!(largest_file(dir.path()), 300);
+        assert_eq!(largest_file(&dir.path().join("missing")), 0);
+    }
 
     #[test]
     fn a_folder_past_the_cap_stops_its_attempt() {

@@ -1743,6 +1743,19 @@ fn execute(
                 false,
             );
         }
+        // The writer got SIGXFSZ but the task went on (a shell running the next command)
+        // and ended well: the file is cut at the cap, which is no success (it passed as
+        // one, the file silently truncated).
+        if crate::sandbox_watch::largest_file(&root) >= w.cap() {
+            return failed(
+                format!(
+                    "a file of the task reached this worker's --max-sandbox ({} bytes) and \
+                     was cut there (its writer got SIGXFSZ; the task went on)",
+                    w.cap()
+                ),
+                false,
+            );
+        }
     }
     drop(watch);
     let gpus = a.resources.as_ref().map_or(0.0, |r| r.gpus);

@@ -216,6 +216,21 @@ fn a_task_folder_past_the_sandbox_cap_is_stopped() {
     let s = c.wait_job(one, Duration::from_secs(60));
     let message = s.tasks[0].message.clone().unwrap_or_default();
     assert!(message.contains("--max-sandbox"), "{message}");
+    // The writer killed, the task going on to end well: the cut file fails it (it passed,
+    // the file silently truncated).
+    let on = c.submit_toml(
+        "on.toml",
+        "name = \"on\"\nstaging = \"transfer\"\n[[task]]\nid = \"t\"\nretries = 0\n\
+         cmd = [\"sh\", \"-c\", \"head -c 4000000 /dev/zero > big; echo wrote\"]\n",
+    );
+    let s = c.wait_job(on, Duration::from_secs(60));
+    assert_eq!(
+        s.tasks[0].state,
+        flotilla::cluster::state::TaskState::Failed,
+        "{s:?}"
+    );
+    let message = s.tasks[0].message.clone().unwrap_or_default();
+    assert!(message.contains("was cut there"), "{message}");
     let small = c.submit_toml(
         "small.toml",
         "name = \"small\"\nstaging = \"transfer\"\n[[task]]\nid = \"t\"\n\

@@ -180,6 +180,16 @@ impl Remote {
                          address)"
                     ),
                 }
+            } else if message.contains("InvalidContentType") {
+                // What came back is no TLS record: the server speaks plain TCP (it was
+                // retried for the whole --connect-timeout as if none answered).
+                ClusterError::Tls {
+                    addr: addr.to_string(),
+                    message: format!(
+                        "{message} (the server answers in plain TCP, not TLS: leave out \
+                         --tls-ca and https://, or start it with --tls-cert and --tls-key)"
+                    ),
+                }
             } else {
                 ClusterError::Connect {
                     addr: addr.to_string(),

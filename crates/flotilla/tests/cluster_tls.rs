@@ -252,3 +252,28 @@ fn a_server_given_unusable_tls_files_names_the_flags() {
         );
     }
 }
+
+/// A TLS client against a plain-TCP coordinator is told so at once (it was retried for the
+/// whole --connect-timeout, then read as no coordinator answering).
+#[test]
+fn a_tls_client_of_a_plain_coordinator_is_told_at_once() {
+    let c = Cluster::start(0, 1);
+    let certs = tempfile::tempdir().unwrap();
+    let (cert, _) = self_signed(certs.path());
+    let started = Instant::now();
+    let out = c.cli(&[
+        "status",
+        "--tls-ca",
+        &cert.display().to_string(),
+        "--connect-timeout",
+        "10m",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("answers in plain TCP, not TLS: leave out --tls-ca"),
+        "{err}"
+    );
+    // Not retried until the 10 minutes are up (a bound for a hung test only).
+    assert!(started.elapsed() < Duration::from_secs(300), "{err}");
+}

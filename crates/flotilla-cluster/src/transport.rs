@@ -145,6 +145,15 @@ impl Remote {
             .keep_alive_while_idle(true);
         if let Some(ca) = &self.tls_ca {
             let pem = std::fs::read(ca).map_err(|e| ClusterError::io(ca, e))?;
+            // A key or another file given for the CA was read as no CA at all, and every
+            // certificate then failed as "UnknownIssuer".
+            if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                return Err(ClusterError::Config(format!(
+                    "--tls-ca {}: the file holds no certificate (PEM, -----BEGIN CERTIFICATE-----); \
+                     give the CA certificate that signed the coordinator's, not a key",
+                    ca.display()
+                )));
+            }
             let host = host_of(addr);
             ep = ep
                 .tls_config(

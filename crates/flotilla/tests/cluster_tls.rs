@@ -276,4 +276,9 @@ fn a_tls_client_of_a_plain_coordinator_is_told_at_once() {
     );
     // Not retried until the 10 minutes are up (a bound for a hung test only).
     assert!(started.elapsed() < Duration::from_secs(300), "{err}");
+    // A key given for the CA: said (it read as no CA, and failed as UnknownIssuer).
+    let (_, key) = self_signed(certs.path());
+    let out = c.cli(&["status", "--tls-ca", &key.display().to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the file holds no certificate"), "{err}");
 }

@@ -409,8 +409,14 @@ pub fn probe(bwrap: &Path) -> Result<(), String> {
         etc: None,
         holder: None,
     };
+    // By its path: the worker's PATH is no business of the probe (a PATH without `true`
+    // read as a machine that cannot sandbox).
+    let truth = ["/usr/bin/true", "/bin/true"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("true");
     let out = Command::new(bwrap)
-        .args(spec.command_line(&["true".into()], &dir))
+        .args(spec.command_line(&[truth.into()], &dir))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -232,6 +232,8 @@ fn writable(path: &Path) -> bool {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct CgroupStats {
     pub(crate) oom_kills: u64,
+    /// Forks refused at `pids.max` (`pids.events`' `max`).
+    pub(crate) pids_refused: u64,
     pub(crate) memory_peak: Option<u64>,
     pub(crate) cpu_usec: Option<u64>,
 }
@@ -582,6 +584,9 @@ impl Cgroup {
                 oom_kills: read(None, "memory.events")
                     .and_then(|t| field(&t, "oom_kill"))
                     .unwrap_or(0),
+                pids_refused: read(None, "pids.events")
+                    .and_then(|t| field(&t, "max"))
+                    .unwrap_or(0),
                 memory_peak: read(None, "memory.peak").and_then(|t| t.trim().parse().ok()),
                 cpu_usec: read(None, "cpu.stat").and_then(|t| field(&t, "usage_usec")),
             };
@@ -592,6 +597,10 @@ impl Cgroup {
                 .and_then(|t| field(&t, "oom_kill"))
                 .unwrap_or(0)
                 .saturating_sub(self.oom_base),
+            // A v1 cgroup kept for the next attempt counts on: read as "some" only.
+            pids_refused: read(Some(Controller::Pids), "pids.events")
+                .and_then(|t| field(&t, "max"))
+                .unwrap_or(0),
             memory_peak: read(mem, "memory.max_usage_in_bytes").and_then(|t| t.trim().parse().ok()),
             cpu_usec: read(Some(Controller::Cpuacct), "cpuacct.usage")
                 .and_then(|t| t.trim().parse::<u64>().ok())

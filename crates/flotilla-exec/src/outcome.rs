@@ -50,6 +50,9 @@ pub struct Outcome {
     pub memory_limit: Option<u64>,
     /// The fuel it was given, if any (for [`Outcome::describe`]).
     pub fuel: Option<u64>,
+    /// Its limit of processes, when it reached it (a fork was refused): said by
+    /// [`Outcome::describe`], since the task's own message reads only "cannot fork".
+    pub processes_reached: Option<u64>,
 }
 
 impl Outcome {
@@ -61,6 +64,7 @@ impl Outcome {
             timeout: None,
             memory_limit: None,
             fuel: None,
+            processes_reached: None,
         }
     }
 
@@ -72,6 +76,17 @@ impl Outcome {
     /// A short human sentence fragment: "exited with code 3", "killed after timeout of 2s",
     /// "exceeded its memory limit of 64MiB", "killed by signal 11 (SIGSEGV)".
     pub fn describe(&self) -> String {
+        let what = self.describe_end();
+        match self.processes_reached {
+            Some(n) if !self.success() => format!(
+                "{what} (it reached its limit of {n} processes: a fork was refused; the \
+                 worker's --task-pids)"
+            ),
+            _ => what,
+        }
+    }
+
+    fn describe_end(&self) -> String {
         match &self.termination {
             Termination::Exited(code) => format!("exited with code {code}"),
             Termination::Signaled(sig) => match signal_name(*sig) {

@@ -126,6 +126,7 @@ impl ProcessSpec {
                 .and_then(|c| c.mem_max)
                 .or(self.limits.mem_bytes),
             fuel: None,
+            processes_reached: None,
         }
     }
 }
@@ -418,9 +419,11 @@ pub fn run_process_guarded(
         fuel: None,
     };
     let mut oom_killed = false;
+    let mut pids_refused = false;
     if let Some(cgroup) = &cgroup {
         let stats = cgroup.stats();
         oom_killed = stats.oom_kills > 0;
+        pids_refused = stats.pids_refused > 0;
         if let Some(usec) = stats.cpu_usec {
             usage.cpu_seconds = usage.cpu_seconds.max(usec as f64 / 1e6);
         }
@@ -438,7 +441,11 @@ pub fn run_process_guarded(
         None if libc::WIFSIGNALED(status) => Termination::Signaled(libc::WTERMSIG(status)),
         None => Termination::Exited(status),
     };
-    Ok(spec.outcome(termination, usage))
+    let mut outcome = spec.outcome(termination, usage);
+    if pids_refused {
+        outcome.processes_reached = spec.cgroup.as_ref().and_then(|c| c.pids_max);
+    }
+    Ok(outcome)
 }
 
 /// In the child, between fork and exec: apply rlimits and join the cgroup.

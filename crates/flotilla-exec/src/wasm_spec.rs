@@ -64,6 +64,7 @@ impl WasmSpec {
             timeout: self.timeout,
             memory_limit: self.memory_bytes,
             fuel: self.fuel,
+            processes_reached: None,
         }
     }
 }

@@ -136,6 +136,22 @@ fn sandboxed_tasks_fail_at_their_attacks_and_harm_nothing() {
         std::fs::read_to_string(dir.join("after.txt")).unwrap(),
         "ok\n"
     );
+    // A task that fails at its process limit is told which limit (its shell said only
+    // "Cannot fork").
+    let bomb = dir.join("bomb.toml");
+    std::fs::write(
+        &bomb,
+        "[[task]]\nid = \"bomb\"\nretries = 0\n\
+         cmd = [\"sh\", \"-c\", \"for i in $(seq 400); do sleep 3 & done; wait\"]\n",
+    )
+    .unwrap();
+    let out = c.cli(&["submit", &bomb.display().to_string()]);
+    let s = c.wait_job(job_id_of(&out), Duration::from_secs(60));
+    let message = s.tasks[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("reached its limit of 64 processes"),
+        "{message}"
+    );
 }
 
 #[test]

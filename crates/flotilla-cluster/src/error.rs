@@ -104,6 +104,21 @@ pub enum ClusterError {
         /// The option that sets the cap.
         flag: &'static str,
     },
+    /// An object larger than its store's whole cap: no removal makes room for it.
+    #[error(
+        "an object of {wanted} bytes is larger than the whole object store {dir} may hold \
+         ({cap} bytes, {flag}): raise {flag}"
+    )]
+    ObjectTooLarge {
+        /// The store's folder.
+        dir: String,
+        /// Its cap.
+        cap: u64,
+        /// The object's size.
+        wanted: u64,
+        /// The option that sets the cap.
+        flag: &'static str,
+    },
     /// The server answered that it cannot serve now (it stops, it lost its leadership, it
     /// cannot reach its group): trying again, on whichever node leads, may succeed.
     #[error("unavailable: {0}")]

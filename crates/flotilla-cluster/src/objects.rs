@@ -115,6 +115,15 @@ impl ObjectStore {
             return Ok(());
         }
         if let Some((cap, flag)) = self.cap {
+            if size > cap {
+                // Said as such: "full" with nothing in it, and `rm` to make room, misled.
+                return Err(ClusterError::ObjectTooLarge {
+                    dir: self.dir.display().to_string(),
+                    cap,
+                    wanted: size,
+                    flag,
+                });
+            }
             if sizes.total.saturating_add(size) > cap {
                 // Others may have removed files meanwhile (in a group, the removal of a job
                 // on every node): count the folder again before refusing.
@@ -876,6 +885,20 @@ mod tests {
             store.put_bytes(&[4u8; 200]),
             Err(ClusterError::StoreFull { used: 900, .. })
         ));
+        // Larger than the whole cap: said as such, not "full" with `rm` to make room.
+        let e = store.put_bytes(&[5u8; 1001]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ClusterError::ObjectTooLarge {
+                    cap: 1000,
+                    wanted: 1001,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("raise --max-test"), "{e}");
     }
 
     #[test]

@@ -1802,7 +1802,10 @@ fn execute(
         },
         Err(e) => end(AttemptOutcome::Failed {
             // A full store is this worker's state, not the task's fault: another may run it.
-            retryable: matches!(e, ClusterError::StoreFull { .. }),
+            retryable: matches!(
+                e,
+                ClusterError::StoreFull { .. } | ClusterError::ObjectTooLarge { .. }
+            ),
             message: e.to_string(),
         }),
     }

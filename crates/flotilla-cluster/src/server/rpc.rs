@@ -294,7 +294,7 @@ impl CoordinatorRpc for Api {
                 crate::objects::safe_relative(&f.path)
                     .map_err(|e| Status::invalid_argument(e.to_string()))?;
                 let (hash, size) = store.put_bytes(&f.data).map_err(|e| match e {
-                    ClusterError::StoreFull { .. } => {
+                    ClusterError::StoreFull { .. } | ClusterError::ObjectTooLarge { .. } => {
                         Status::resource_exhausted(format!("uploading {}: {e}", f.path))
                     }
                     e => Status::internal(format!("storing {}: {e}", f.path)),

@@ -168,7 +168,9 @@ fn disk_caps_refuse_uploads_and_outputs_that_do_not_fit() {
     assert!(!out.status.success(), "an upload over the cap was taken");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("is full") && err.contains("--max-uploads") && err.contains("big.txt"),
+        err.contains("larger than the whole object store")
+            && err.contains("raise flotilla server --max-uploads")
+            && err.contains("big.txt"),
         "{err}"
     );
     let id = c.submit_toml(
@@ -179,7 +181,7 @@ fn disk_caps_refuse_uploads_and_outputs_that_do_not_fit() {
     let s = c.wait_job(id, Duration::from_secs(60));
     let message = s.tasks[0].message.clone().unwrap_or_default();
     assert!(
-        message.contains("is full") && message.contains("--max-store"),
+        message.contains("larger than the whole object store") && message.contains("--max-store"),
         "{message}"
     );
     // The worker is unharmed: a job that fits runs.

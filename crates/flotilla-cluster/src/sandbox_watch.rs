@@ -119,10 +119,9 @@ fn run(weak: Weak<SandboxWatch>) {
     }
 }
 
-/// The disk blocks used under `dir` (bytes), not following links; `u64::MAX` past
-/// [`MAX_ENTRIES`] entries.
-pub(crate) fn disk_usage(dir: &Path) -> u64 {
-    let mut total = 0u64;
+/// Calls `f` with the metadata of every entry under `dir`, not following links; `false`
+/// when it stopped past [`MAX_ENTRIES`] entries.
+fn each_entry(dir: &Path, mut f: impl FnMut(&std::fs::Metadata)) -> bool {
     let mut seen = 0usize;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -132,45 +131,43 @@ pub(crate) fn disk_usage(dir: &Path) -> u64 {
         for e in rd.flatten() {
             seen += 1;
             if seen > MAX_ENTRIES {
-                return u64::MAX;
+                return false;
             }
             let Ok(md) = e.path().symlink_metadata() else {
                 continue;
             };
-            total = total.saturating_add(md.blocks().saturating_mul(512));
+            f(&md);
             if md.is_dir() {
                 stack.push(e.path());
             }
         }
     }
-    total
+    true
+}
+
+/// The disk blocks used under `dir` (bytes), not following links; `u64::MAX` past
+/// [`MAX_ENTRIES`] entries.
+pub(crate) fn disk_usage(dir: &Path) -> u64 {
+    let mut total = 0u64;
+    let whole = each_entry(dir, |md| {
+        total = total.saturating_add(md.blocks().saturating_mul(512));
+    });
+    if whole {
+        total
+    } else {
+        u64::MAX
+    }
 }
 
 /// The length of the largest file under `dir` (not following links; stops at
 /// [`MAX_ENTRIES`] entries): a file as long as the cap was cut there by `RLIMIT_FSIZE`.
 pub(crate) fn largest_file(dir: &Path) -> u64 {
     let mut largest = 0u64;
-    let mut seen = 0usize;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            seen += 1;
-            if seen > MAX_ENTRIES {
-                return largest;
-            }
-            let Ok(md) = e.path().symlink_metadata() else {
-                continue;
-            };
-            if md.is_dir() {
-                stack.push(e.path());
-            } else if md.is_file() {
-                largest = largest.max(md.len());
-            }
+    each_entry(dir, |md| {
+        if md.is_file() {
+            largest = largest.max(md.len());
         }
-    }
+    });
     largest
 }
 

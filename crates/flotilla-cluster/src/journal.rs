@@ -529,6 +529,22 @@ impl Journal {
         &self.path
     }
 
+    /// Bytes an unprivileged writer may still add to the journal's file system (`None`
+    /// where the file system does not say).
+    pub fn free_bytes(&self) -> Option<u64> {
+        use std::os::fd::AsRawFd as _;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: the descriptor is the journal's open file; `st` is written by the call
+        // and read only when it succeeded.
+        let st = unsafe {
+            if libc::fstatvfs(self.file.as_raw_fd(), st.as_mut_ptr()) != 0 {
+                return None;
+            }
+            st.assume_init()
+        };
+        Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    }
+
     /// How durable appends are.
     pub fn sync_mode(&self) -> SyncMode {
         self.sync

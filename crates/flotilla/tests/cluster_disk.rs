@@ -11,7 +11,7 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use kit::{assert_succeeded, job_id_of, wait_until, Cluster, Opts};
+use kit::{assert_succeeded, wait_until, Cluster, Opts};
 
 /// Whether this test may mount file systems (root); CI must.
 fn root_or_skip() -> bool {
@@ -64,29 +64,47 @@ fn a_full_disk_refuses_new_jobs_loses_nothing_and_resumes_when_space_returns() {
     let a = c.submit_toml("a.toml", &job("a", 3));
     assert_succeeded(&c.wait_job(a, Duration::from_secs(60)));
 
+    // Job w's tasks wait until the test says: their reports come on a full disk (more of
+    // them than the slack of the journal's last page holds).
+    let go = c.job_dir().join("go");
+    let w_file = c.job_dir().join("w.toml");
+    let mut w_toml = String::from("name = \"w\"\n");
+    for i in 0..100 {
+        w_toml.push_str(&format!(
+            "[[task]]\nid = \"wait-{i}\"\n\
+             cmd = [\"sh\", \"-c\", \"while [ ! -e '{}' ]; do sleep 0.05; done\"]\n",
+            go.display()
+        ));
+    }
+    std::fs::write(&w_file, w_toml).unwrap();
+    let w = c.submit(&w_file);
+    wait_until("w's tasks to run", Duration::from_secs(60), || {
+        (c.status(w)?.counts.running > 0).then_some(())
+    });
+
     let filler = c.state.join("filler");
     fill(&filler);
-    // Job b's record needs pages the disk no longer has: its submission waits, not
-    // acknowledged, while the coordinator cannot write it.
+    // A new job is refused at once, saying why: it would not be taken and then held
+    // unacknowledged (a client that gives up would take that for a refusal, and a job
+    // sent again would then run twice).
     let b_file = c.job_dir().join("b.toml");
     std::fs::write(&b_file, job("b", 200)).unwrap();
-    let b = Command::new(env!("CARGO_BIN_EXE_flotilla"))
-        .arg("submit")
-        .arg(&b_file)
-        .env("FLOTILLA_SERVER", c.addr.to_string())
-        .env("FLOTILLA_TOKEN", &c.token)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let out = c.cli(&["submit", &b_file.display().to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a job was taken on a full disk");
+    assert!(
+        err.contains("disk is full") && err.contains("journal"),
+        "{err}"
+    );
+    // w's reports cannot be written: the coordinator holds it, unacknowledged, says so,
+    // and refuses new jobs whatever their size.
+    std::fs::write(&go, "").unwrap();
     let error = wait_until(
         "the coordinator to report that its journal cannot be written",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         || c.overview()?.journal?.error,
     );
     assert!(error.contains("No space left"), "{error}");
-    // Meanwhile a new job is refused at once, saying why.
     let c_file = c.job_dir().join("c.toml");
     std::fs::write(&c_file, job("c", 5)).unwrap();
     let out = c.cli(&["submit", &c_file.display().to_string()]);
@@ -96,23 +114,18 @@ fn a_full_disk_refuses_new_jobs_loses_nothing_and_resumes_when_space_returns() {
         err.contains("cannot write its journal") && err.contains("No space left"),
         "{err}"
     );
-    // Space returns: b is acknowledged and runs; new jobs are taken again.
+    // Space returns: w's reports are written and w ends; new jobs are taken again.
     std::fs::remove_file(&filler).unwrap();
-    let out = b.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let b = job_id_of(&out);
-    assert_succeeded(&c.wait_job(b, Duration::from_secs(120)));
+    assert_succeeded(&c.wait_job(w, Duration::from_secs(120)));
     assert!(c.overview().unwrap().journal.unwrap().error.is_none());
+    let b = c.submit(&b_file);
+    assert_succeeded(&c.wait_job(b, Duration::from_secs(120)));
     let cj = c.submit(&c_file);
     assert_succeeded(&c.wait_job(cj, Duration::from_secs(60)));
     // Nothing acknowledged was lost: a restart finds every job, each done once.
     c.kill_server();
     c.restart_server();
-    for (job, n) in [(a, 3), (b, 200), (cj, 5)] {
+    for (job, n) in [(a, 3), (w, 100), (b, 200), (cj, 5)] {
         let s = c.status(job).unwrap();
         assert_succeeded(&s);
         assert_eq!(s.total, n);

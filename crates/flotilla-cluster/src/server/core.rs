@@ -334,6 +334,17 @@ const MAX_UNWRITTEN: usize = 1_000_000;
 /// How often an append that failed is tried again.
 const RETRY_APPEND: Duration = Duration::from_millis(250);
 
+/// Free space the journal's disk keeps beyond a new job's records: a job is refused at once
+/// when taking it would leave less (rather than taken and held unacknowledged until its
+/// records can be written, which a client that gives up takes for a refusal).
+const DISK_RESERVE: u64 = 1 << 20;
+
+/// About how many bytes a job's records take in the journal: its file, and its tasks'
+/// assignments and reports to come.
+fn journal_bytes_of(toml: &str, dir: &str, tasks: usize) -> u64 {
+    (toml.len() + dir.len()) as u64 + 128 * tasks as u64
+}
+
 /// Milliseconds since the Unix epoch by the system's clock (0 before it).
 fn unix_ms() -> Millis {
     std::time::SystemTime::now()
@@ -1429,6 +1440,18 @@ impl Core {
                     tasks,
                 }));
             }));
+            return;
+        }
+        let need = journal_bytes_of(&toml, &dir, graph.len()) + DISK_RESERVE;
+        if let Some(free) = self.journal.free_bytes().filter(|&free| free < need) {
+            let _ = reply.send(Err(Status::resource_exhausted(format!(
+                "the coordinator's disk is full: {} bytes are free where it writes its \
+                 journal {}, this job needs about {need} (its records and a reserve of \
+                 {DISK_RESERVE}); free space there and submit again; nothing it accepted \
+                 is lost",
+                free,
+                self.journal.path().display()
+            ))));
             return;
         }
         let job = self.coord.next_job_id();

@@ -1018,6 +1018,9 @@ pub fn run_worker(
             staged: Mutex::new(HashMap::new()),
         });
         let mut backoff = Duration::from_millis(100);
+        // Whether a session was ever opened: until then, a TLS mismatch is this worker's
+        // settings (read once, at start), not a coordinator that changed.
+        let mut connected = false;
         let mut owner = Owner::new(&shared.config);
         // Registered outside its availability: it says so at once.
         if let Err(why) = owner.may_work(&shared) {
@@ -1032,8 +1035,19 @@ pub fn run_worker(
                 Ok(SessionEnd::Broken(why)) => {
                     tracing::warn!("session with the coordinator ended: {why}; reconnecting");
                     backoff = Duration::from_millis(100);
+                    connected = true;
                 }
                 Err(e @ ClusterError::Version { .. }) => return Err(e),
+                // Its --tls-ca (or its plain TCP) does not fit the coordinator's first
+                // answer: retrying with the same settings cannot help. Once connected, a
+                // mismatch is the coordinator's change (a certificate being replaced):
+                // retried, as an unreachable coordinator is.
+                Err(ClusterError::Tls { addr, message }) if !connected => {
+                    return Err(ClusterError::Config(format!(
+                        "cannot connect to {addr}: {message}; the worker stops rather than \
+                         retry TLS settings it cannot change"
+                    )))
+                }
                 // The token is read once, at start: trying it again cannot help. Stopping
                 // shows the mistake (and a service manager's restart reads the token again).
                 // Its own settings refused (a price without a provider's token): the same.

@@ -186,6 +186,31 @@ fn job_runs_over_tls_and_plain_or_wrong_token_clients_are_refused() {
     );
     let _ = plain.kill();
     let _ = plain.wait();
+    // A worker given a CA that did not sign the coordinator's certificate stops, saying so
+    // (it retried forever, every two seconds, with settings it reads once).
+    let out = std::process::Command::new(kit::BIN)
+        .args([
+            "worker",
+            "--cpus",
+            "1",
+            "--gpus",
+            "none",
+            "--isolation",
+            "none",
+            "--tls-ca",
+        ])
+        .arg(&other_cert)
+        .env("FLOTILLA_SERVER", c.addr.to_string())
+        .env("FLOTILLA_TOKEN", &c.token)
+        .current_dir(certs.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("does not verify") && err.contains("--tls-ca"),
+        "a worker with the wrong CA: {err}"
+    );
 
     // An https:// address without --tls-ca verifies against the system's trust store, which
     // SSL_CERT_FILE points at here (it failed: "Connecting to HTTPS without TLS enabled").

@@ -271,6 +271,8 @@ fn a_server_given_unusable_tls_files_names_the_flags() {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{err}");
+        // Refused before a state folder and an admin token are made for it.
+        assert!(!dir.path().join("state").exists(), "{err}");
         assert!(
             err.contains("--tls-cert") && err.contains(says) && !err.contains("rendezvous"),
             "{err}"

@@ -2349,7 +2349,7 @@ impl Core {
 }
 
 /// `--tls-cert`/`--tls-key` that cannot serve, said as such, with the usual causes named.
-fn tls_files_error(tls: &crate::transport::ServerTls, why: &str) -> ClusterError {
+pub(super) fn tls_files_error(tls: &crate::transport::ServerTls, why: &str) -> ClusterError {
     let hint = if why.contains("UnsupportedCertVersion") {
         "; the certificate must be X.509 version 3 with the server's names in subjectAltName \
          (made with `openssl x509 -req`, add `-extfile` with a line `subjectAltName=DNS:HOST` \

@@ -185,6 +185,11 @@ impl Server {
             if let Some(at) = config.http_listen {
                 probe_port(at)?;
             }
+            // TLS files that cannot serve: the same.
+            if let Some(tls) = &config.tls {
+                flotilla_collective::tls::server_config_from_pem(&tls.cert, &tls.key)
+                    .map_err(|e| core::tls_files_error(tls, &e.to_string()))?;
+            }
             std::fs::create_dir_all(&config.state_dir)
                 .map_err(|e| ClusterError::io(&config.state_dir, e))?;
             let token = match &config.admin_token_file {

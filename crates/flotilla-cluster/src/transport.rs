@@ -131,6 +131,15 @@ impl Remote {
 
     async fn channel_to(&self, addr: &str, in_group: bool) -> Result<Channel> {
         let url = self.url(addr);
+        if let (Some(ca), true) = (&self.tls_ca, url.starts_with("http://")) {
+            // It failed later as an HTTP/2 protocol error, naming neither.
+            return Err(ClusterError::Config(format!(
+                "the server address {addr} says plain TCP (http://) but --tls-ca {} asks for \
+                 TLS: write https://{} or leave out the scheme",
+                ca.display(),
+                addr.trim_start_matches("http://")
+            )));
+        }
         let (ping, patience) = if in_group {
             (Duration::from_secs(2), Duration::from_secs(3))
         } else {

@@ -1042,6 +1042,7 @@ pub fn run_worker(
                 // answer: retrying with the same settings cannot help. Once connected, a
                 // mismatch is the coordinator's change (a certificate being replaced):
                 // retried, as an unreachable coordinator is.
+                Err(e @ ClusterError::Config(_)) if !connected => return Err(e),
                 Err(ClusterError::Tls { addr, message }) if !connected => {
                     return Err(ClusterError::Config(format!(
                         "cannot connect to {addr}: {message}; the worker stops rather than \

@@ -308,4 +308,41 @@ fn a_tls_client_of_a_plain_coordinator_is_told_at_once() {
     let out = c.cli(&["status", "--tls-ca", &key.display().to_string()]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the file holds no certificate"), "{err}");
+    // An http:// address with --tls-ca: the contradiction named (an HTTP/2 protocol error).
+    let http = format!("http://{}", c.addr);
+    let out = c.cli(&[
+        "status",
+        "--server",
+        &http,
+        "--tls-ca",
+        &cert.display().to_string(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("says plain TCP (http://) but --tls-ca"),
+        "{err}"
+    );
+    // A worker so configured stops, saying the same (it retried forever).
+    let out = std::process::Command::new(kit::BIN)
+        .args([
+            "worker",
+            "--cpus",
+            "1",
+            "--gpus",
+            "none",
+            "--isolation",
+            "none",
+        ])
+        .args(["--server", &http, "--tls-ca"])
+        .arg(&cert)
+        .env("FLOTILLA_TOKEN", &c.token)
+        .current_dir(certs.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("says plain TCP (http://) but --tls-ca"),
+        "{err}"
+    );
 }

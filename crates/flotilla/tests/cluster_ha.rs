@@ -33,11 +33,7 @@ fn the_leader_killed_mid_job_the_job_finishes_on_the_new_one_without_reruns() {
     let dag = HashDag::random(120, 0x4a_0001);
     let mut g = Group::start(2);
     let dir = g.job_dir();
-    // A group's first leader may hand over at once (an election of its own under load):
-    // asked until one answers.
-    let status = wait_until("a leader to answer", Duration::from_secs(60), || {
-        g.overview()
-    });
+    let status = g.overview_of_a_leader();
     let group = status.group.expect("a group status");
     assert_eq!(group.members.len(), 3, "{group:?}");
     assert_eq!(group.members.iter().filter(|m| m.leader).count(), 1);
@@ -457,13 +453,7 @@ fn a_node_behind_the_purged_log_catches_up_from_a_snapshot_and_can_lead() {
         g.restart_node(now);
     }
     assert_succeeded(&g.status(keep).expect("the kept job's status"));
-    let listed: Vec<_> = wait_until("a leader to answer", Duration::from_secs(60), || {
-        g.overview()
-    })
-    .jobs
-    .iter()
-    .map(|j| j.id)
-    .collect();
+    let listed: Vec<_> = g.overview_of_a_leader().jobs.iter().map(|j| j.id).collect();
     assert_eq!(listed, vec![keep], "the removed jobs stay removed");
     let file = dir.join("after.toml");
     std::fs::write(
@@ -503,13 +493,7 @@ fn a_submission_whose_answer_was_lost_is_sent_again_and_makes_one_job() {
     );
     let job = kit::job_id_of(&out);
     assert_succeeded(&g.wait_job(job, JOB_TIMEOUT));
-    let jobs: Vec<_> = wait_until("a leader to answer", Duration::from_secs(60), || {
-        g.overview()
-    })
-    .jobs
-    .iter()
-    .map(|j| j.id)
-    .collect();
+    let jobs: Vec<_> = g.overview_of_a_leader().jobs.iter().map(|j| j.id).collect();
     assert_eq!(jobs, vec![job], "the submission made one job");
 }
 

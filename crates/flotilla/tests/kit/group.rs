@@ -320,6 +320,14 @@ impl Group {
         self.rt.block_on(c.cluster_status()).ok()
     }
 
+    /// The cluster's overview, asked until a leader answers (a group's first leader may
+    /// hand over at once, an election of its own under load).
+    pub(crate) fn overview_of_a_leader(&self) -> ClusterStatus {
+        wait_until("a leader to answer", Duration::from_secs(60), || {
+            self.overview()
+        })
+    }
+
     /// A job's status; `None` while no leader answers.
     pub(crate) fn status(&self, job: JobId) -> Option<JobStatus> {
         let mut c = self.client()?;

@@ -264,8 +264,47 @@ fn the_dashboard_exchanges_a_token_for_a_session_and_scopes_its_api() {
         .and_then(|r| r.split(')').next())
         .unwrap()
         .to_string();
+    // Her event stream, open when the token is revoked, ends (it went on showing her jobs).
+    let mut events = TcpStream::connect(http).unwrap();
+    write!(
+        events,
+        "GET /api/events HTTP/1.1\r\nHost: {http}\r\n{carol_with}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    // A bound for a hung test only: the stream ends within a second of the revocation.
+    events
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut first = [0u8; 4096];
+    let n = events.read(&mut first).unwrap();
+    assert!(
+        String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first[..n])
+    );
     assert!(c.cli(&["admin", "token", "revoke", &id]).status.success());
     assert_eq!(request(http, "/api/cluster", &carol_with).0, 401);
+    // Read until the chunked body's end; the bound only keeps a failing test from hanging
+    // (the stream sends an event a second while it stays open).
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut rest = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !rest.ends_with(b"0\r\n\r\n") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the event stream of a revoked token stayed open"
+        );
+        match events.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => rest.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("reading the event stream: {e}"),
+        }
+    }
+    assert!(
+        rest.ends_with(b"0\r\n\r\n"),
+        "the stream did not end: {}",
+        String::from_utf8_lossy(&rest)
+    );
 }
 
 /// `flotilla server --pod-deletion-cost`, as in a pod (the Kubernetes API a fake of the

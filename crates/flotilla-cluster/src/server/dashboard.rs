@@ -463,14 +463,24 @@ pub(crate) async fn events(State(http): State<Http>, headers: HeaderMap) -> Resp
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
-    Sse::new(event_stream(http, scope))
+    Sse::new(event_stream(http, headers, scope))
         .keep_alive(KeepAlive::default())
         .into_response()
 }
 
-fn event_stream(http: Http, scope: Scope) -> impl Stream<Item = Result<Event, Infallible>> {
+/// The stream of `/api/events` for the caller of `headers`: it ends once its token is
+/// revoked or its session logged out (asked again before each event: a stream opened before
+/// a revocation went on showing the tenant's jobs for as long as it stayed open).
+fn event_stream(
+    http: Http,
+    headers: HeaderMap,
+    scope: Scope,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     async_stream(move |tx| async move {
         loop {
+            if scope_of(&http, &headers).ok().as_ref() != Some(&scope) {
+                return;
+            }
             // The newest snapshot, asking the core for one (the same path as a scrape).
             let snap = http.metrics.fresh().await;
             let body = cluster_json(&snap.status, &scope);

@@ -9,8 +9,10 @@
 //! - Followers apply committed entries to their own journal (see [`state_machine`]); they
 //!   serve no API: their API port is closed, so clients and workers given the list of
 //!   addresses connect to the leader, the one that accepts.
-//! - A node that wins an election waits until it has applied every committed entry, then
-//!   replays its journal exactly as a restarted coordinator does, and opens its API port.
+//! - A node that comes to lead commits an empty entry of its own and waits until its state
+//!   machine has applied it (and so every entry before it, those it proposed itself before
+//!   it last stopped serving included), then replays its journal exactly as a restarted
+//!   coordinator does, and opens its API port.
 //!   Workers reconnect to it, report their running attempts and re-send recent results,
 //!   which it applies at most once.
 //! - A leader that loses its leadership (or its majority), or whose commit fails, steps down
@@ -258,6 +260,9 @@ pub struct Node {
     admission: watch::Receiver<Option<std::result::Result<(), String>>>,
     /// Whether every member reads clock records in the group's log (see [`watch_features`]).
     clock: Arc<std::sync::atomic::AtomicBool>,
+    /// While the coordinator here leads: the index of the last entry with journal records
+    /// that its journal holds ([`Node::commit`] checks that it wrote every one since).
+    written: parking_lot::Mutex<Option<u64>>,
 }
 
 fn raft_err(what: &str, e: impl std::fmt::Display) -> ClusterError {
@@ -769,6 +774,7 @@ impl Node {
             store,
             admission,
             clock,
+            written: parking_lot::Mutex::new(None),
         }))
     }
 
@@ -833,13 +839,26 @@ impl Node {
                 b.state == ServerState::Leader && b.current_leader == Some(self.config.node_id)
             };
             if leads {
-                let ready =
-                    tokio::time::timeout(Duration::from_secs(5), self.raft.ensure_linearizable())
-                        .await;
+                // A barrier: an entry of this node's, committed and applied here while the
+                // state machine still writes the journal. Every entry before it is then in
+                // the journal, those this node proposed before it stopped serving and
+                // that are committed only now included: its term may be the same (a leader
+                // that lost its majority stays Raft's leader), so there is no new term's
+                // first entry to wait for, and such an entry applied after the journal was
+                // handed over was written by no one (the other nodes held it, this one did
+                // not: their journals disagreed and failed to replay when they led).
+                let barrier = postcard::to_allocvec(&Vec::<JournalRecord>::new())
+                    .map_err(|e| ClusterError::Config(e.to_string()))?;
+                let ready = tokio::time::timeout(
+                    self.config.commit_timeout,
+                    self.raft.client_write(Payload::Journal(barrier)),
+                )
+                .await;
                 if let Ok(Ok(_)) = ready {
                     let journal = self.sm.take_journal().ok_or_else(|| {
                         ClusterError::Config("the group: the journal was taken already".into())
                     })?;
+                    *self.written.lock() = self.sm.applied().map(|l| l.index);
                     // A leadership change is the operator's business: said at the default level.
                     tracing::warn!(
                         node = self.config.node_id,
@@ -906,9 +925,23 @@ impl Node {
 
     /// Proposes `records` and waits until a majority holds them; returns the marker to
     /// append after them. Blocking: for the core's thread, never a runtime's.
+    ///
+    /// Every entry with journal records committed since the coordinator here took the
+    /// journal must be one of its own: one that is not (it would be in the other nodes'
+    /// journals and not in this one's) stops this coordinator, and the node, following
+    /// again, appends the entries its journal lacks from its log.
     pub fn commit(&self, records: &[JournalRecord]) -> std::result::Result<JournalRecord, String> {
         let bytes = postcard::to_allocvec(records).map_err(|e| e.to_string())?;
         let log_id = self.write_blocking(Payload::Journal(bytes))?;
+        let mut written = self.written.lock();
+        let missed = self.sm.journal_entries_between(*written, log_id.index);
+        if !missed.is_empty() {
+            return Err(format!(
+                "entries {missed:?} of the group's log were committed while this node led, \
+                 and its journal does not hold them: it catches up"
+            ));
+        }
+        *written = Some(log_id.index);
         Ok(self.sm.marker(log_id))
     }
 

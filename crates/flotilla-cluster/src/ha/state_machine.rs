@@ -170,6 +170,21 @@ impl StateMachine {
         JournalRecord::Replicated { state }
     }
 
+    /// The indexes of the entries after `after` and before `before` that carry journal
+    /// records (those held in this node's log).
+    pub fn journal_entries_between(&self, after: Option<u64>, before: u64) -> Vec<u64> {
+        let from = after.map_or(0, |a| a + 1);
+        if before <= from {
+            return Vec::new();
+        }
+        self.log
+            .entries(from..=before - 1)
+            .into_iter()
+            .filter(|e| matches!(e.payload, EntryPayload::Normal(Payload::Journal(_))))
+            .map(|e| e.log_id.index)
+            .collect()
+    }
+
     /// The id of the last entry applied here.
     pub fn applied(&self) -> Option<LogId<NodeId>> {
         self.inner.lock().applied
@@ -642,6 +657,35 @@ mod tests {
             .filter(|r| matches!(r, JournalRecord::Replicated { .. }))
             .count();
         assert_eq!(markers, 2);
+    }
+
+    /// A leader's coordinator that took the journal at entry 1 and is told of entry 4, its
+    /// own: entries 2 (journal records) and 3 (a file) came between. Entry 2 is one its
+    /// journal lacks; entry 3 is not. Once following, the journal catches entry 2 up.
+    #[test]
+    fn entries_with_records_the_leaders_journal_lacks_are_named_and_caught_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (log, mut sm) = open(dir.path());
+        log.push_for_test(entry(1, 10));
+        futures::executor::block_on(sm.apply(vec![entry(1, 10)])).expect("apply");
+        let journal = sm.take_journal().expect("the journal");
+        for e in [
+            entry(2, 20),
+            normal(3, Payload::Allocs(b"[]".to_vec())),
+            entry(4, 40),
+        ] {
+            log.push_for_test(e.clone());
+            futures::executor::block_on(sm.apply(vec![e])).expect("apply");
+        }
+        assert_eq!(sm.journal_entries_between(Some(1), 4), vec![2]);
+        assert_eq!(sm.journal_entries_between(Some(2), 4), Vec::<u64>::new());
+        assert_eq!(sm.journal_entries_between(Some(3), 4), Vec::<u64>::new());
+        // The coordinator stops without appending anything: following again, the journal
+        // holds every entry with records, once.
+        drop(journal);
+        sm.follow(false).expect("follow");
+        let mut j = sm.take_journal().expect("the journal");
+        assert_eq!(cancelled(&j.replay().expect("replay")), vec![10, 20, 40]);
     }
 
     fn normal(index: u64, payload: Payload) -> Entry {

@@ -42,6 +42,18 @@ impl Turn {
 #[derive(Default)]
 struct NoRoom(Vec<u64>);
 
+/// A tenant's CPU and GPU quotas, as said in messages.
+fn quota_text(quota: &Quota) -> String {
+    let limit = |q: Option<f64>, what: &str| {
+        q.map_or(format!("no limit on {what}"), |c| format!("{c} {what}"))
+    };
+    format!(
+        "{}, {}",
+        limit(quota.cpus, "CPUs"),
+        limit(quota.gpus, "GPUs")
+    )
+}
+
 /// What one turn did.
 enum Step {
     /// Placed tasks charged this much.
@@ -161,14 +173,7 @@ impl Coordinator {
                 }
                 Step::Exhausted => turn.next = turn.jobs.len(),
                 Step::OverQuota => {
-                    let limit = |q: Option<f64>, what: &str| {
-                        q.map_or(format!("no limit on {what}"), |c| format!("{c} {what}"))
-                    };
-                    let quota = format!(
-                        "{}, {}",
-                        limit(turn.quota.cpus, "CPUs"),
-                        limit(turn.quota.gpus, "GPUs")
-                    );
+                    let quota = quota_text(&turn.quota);
                     let why = if turn.used.cpus == 0.0 && turn.used.gpus == 0.0 {
                         // Nothing of it runs: waiting would be for ever.
                         format!(
@@ -250,6 +255,25 @@ impl Coordinator {
                 continue;
             }
             let need = j.max_charge(TaskId::new(t));
+            let whole = |q: Option<f64>| q.map_or(f64::INFINITY, |q| q);
+            if need.cpus > whole(turn.quota.cpus) + SLACK
+                || need.gpus > whole(turn.quota.gpus) + SLACK
+            {
+                // It can never run within the quota: its class waits, saying so, and the
+                // tenant's other tasks and jobs go on (it held them all back).
+                let why = format!(
+                    "tenant {:?}'s task {} needs more than the tenant's whole quota ({}): it \
+                     cannot run until an admin raises it (`flotilla admin tenant set {} --cpus \
+                     N`)",
+                    j.tenant,
+                    j.graph.task(TaskId::new(t)).name,
+                    quota_text(&turn.quota),
+                    j.tenant
+                );
+                self.jobs.get_mut(&job).expect("active").quota_wait = Some(why);
+                turn.next_class();
+                continue;
+            }
             if need.cpus > room.cpus + SLACK || need.gpus > room.gpus + SLACK {
                 return Step::OverQuota;
             }

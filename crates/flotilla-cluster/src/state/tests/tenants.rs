@@ -190,8 +190,49 @@ fn a_task_larger_than_the_whole_quota_says_it_cannot_run() {
     assert!(assigns(&out).is_empty());
     let why = sim.c.job_status(job).unwrap().waiting.expect("a reason");
     assert!(
-        why.contains("needs more than its whole quota (0.5 CPUs, no limit on GPUs)")
-            && why.contains("flotilla admin tenant set frank --cpus N"),
+        why.contains(
+            "task a needs more than the tenant's whole quota (0.5 CPUs, no limit on GPUs)"
+        ) && why.contains("flotilla admin tenant set frank --cpus N"),
         "{why}"
+    );
+}
+
+/// A job whose task can never fit its tenant's quota held back every other job of the
+/// tenant, idle workers and all (found by a new operator's walkthrough); the other jobs
+/// run, and only that one says why it waits.
+#[test]
+fn a_task_larger_than_the_whole_quota_holds_back_no_other_job() {
+    let mut sim = Sim::new(0);
+    let mut q = BTreeMap::new();
+    q.insert(
+        "bob".to_string(),
+        Quota {
+            cpus: Some(2.0),
+            ..Quota::default()
+        },
+    );
+    sim.c.set_quotas(q);
+    sim.join(wspec(8.0, &[]));
+    let (huge, out) = sim.submit_as(
+        "bob",
+        "[[task]]\nid = \"h\"\ncmd = [\"x\"]\nresources = { cpus = 64 }\n",
+    );
+    assert!(assigns(&out).is_empty());
+    let (small, out) = sim.submit_as(
+        "bob",
+        "[[task]]\nid = \"s\"\ncmd = [\"x\"]\narray = \"0..3\"\n",
+    );
+    // Two of its three tasks fit the quota's 2 CPUs at once.
+    assert_eq!(assigns(&out).len(), 2, "{out:?}");
+    let why = sim.c.job_status(huge).unwrap().waiting.expect("a reason");
+    assert!(
+        why.contains("task h needs more than the tenant's whole quota"),
+        "{why}"
+    );
+    let s = sim.c.job_status(small).unwrap();
+    assert!(
+        s.waiting.as_deref().is_none_or(|w| !w.contains("task h")),
+        "{:?}",
+        s.waiting
     );
 }

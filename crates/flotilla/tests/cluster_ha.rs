@@ -779,6 +779,30 @@ fn a_node_that_held_the_log_is_refused_with_an_empty_state_folder_until_replaced
 #[test]
 fn a_node_on_every_interface_opens_its_group_port_before_its_name_resolves() {
     let dir = tempfile::tempdir().unwrap();
+    // Without the group's token, a node is refused, saying where to put it (it made a token
+    // of its own, and a group whose nodes each did so never formed).
+    let out = std::process::Command::new(kit::BIN)
+        .args([
+            "server",
+            "--node-id",
+            "1",
+            "--peers",
+            "127.0.0.1:7070,127.0.0.1:7080",
+        ])
+        .arg("--state")
+        .arg(dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("every node of a group must hold the same one"),
+        "{err}"
+    );
+    assert!(!dir.path().join("token").exists());
+    let token = dir.path().join("token");
+    std::fs::write(&token, "0123456789abcdef0123").unwrap();
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let p = kit::group::free_pair(&HashSet::new());
     let q = kit::group::free_pair(&HashSet::from([p, p + 1]));
     let mut cmd = std::process::Command::new(kit::BIN);

@@ -190,6 +190,18 @@ impl Server {
                 flotilla_collective::tls::server_config_from_pem(&tls.cert, &tls.key)
                     .map_err(|e| core::tls_files_error(tls, &e.to_string()))?;
             }
+            // A node of a group makes no token of its own: each node would hold another, and
+            // the group never formed (every node refused the others, and said nothing else).
+            let token_file = config.state_dir.join(crate::auth::TOKEN_FILE);
+            if config.group.is_some() && config.admin_token_file.is_none() && !token_file.exists() {
+                return Err(ClusterError::Config(format!(
+                    "{}: no admin token; every node of a group must hold the same one: make it \
+                     once (`head -c 24 /dev/urandom | base64 > token; chmod 600 token`) and copy \
+                     it into every node's state folder (`cp -p`), or give it with \
+                     --admin-token-file",
+                    token_file.display()
+                )));
+            }
             std::fs::create_dir_all(&config.state_dir)
                 .map_err(|e| ClusterError::io(&config.state_dir, e))?;
             let token = match &config.admin_token_file {

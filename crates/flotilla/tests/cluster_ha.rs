@@ -689,6 +689,46 @@ fn a_node_with_another_token_is_told_every_node_must_hold_the_same() {
     );
 }
 
+/// A node restarted with a typo in its own entry of --peers is refused: it led the group at
+/// an address no client or worker was given, and the group had no reachable leader.
+#[test]
+fn a_node_restarted_under_another_address_is_refused() {
+    let _one = one_group_at_a_time();
+    let mut g = Group::start(0);
+    let leader = g.leader();
+    let f = (1..=3).find(|&i| i != leader).unwrap();
+    g.kill_node(f);
+    let mut peers = g.peers.clone();
+    let other = peers[(f % 3 + 1) - 1].clone();
+    // Its own entry now names another node's port + 1000 (free or not, never its own).
+    let port: u16 = other.rsplit_once(':').unwrap().1.parse().unwrap();
+    peers[f - 1] = format!("127.0.0.1:{}", port.wrapping_add(1000));
+    let mut cmd = std::process::Command::new(kit::BIN);
+    cmd.args([
+        "server",
+        "--node-id",
+        &f.to_string(),
+        "--peers",
+        &peers.join(","),
+    ])
+    .arg("--state")
+    .arg(g.state(f));
+    let (mut node, lines) = kit::spawn_logged(cmd, "misaddressed");
+    wait_until("the misaddressed node to exit", JOB_TIMEOUT, || {
+        node.exited().then_some(())
+    });
+    let said: Vec<String> = lines.try_iter().collect();
+    assert!(
+        said.iter().any(|l| l.contains("but the group knows it as")),
+        "{said:?}"
+    );
+    // Started as it should be, it takes part again.
+    g.restart_node(f);
+    let file = array_job(&g.job_dir(), "after");
+    g.add_worker();
+    assert_succeeded(&g.wait_job(g.submit(&file), JOB_TIMEOUT));
+}
+
 fn array_job(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
     let file = dir.join(format!("{name}.toml"));
     std::fs::write(

@@ -599,6 +599,22 @@ impl Node {
         )
         .await
         .map_err(|e| raft_err("start", e))?;
+        // The group knows this node by the address it was added with: started under
+        // another (a typo in its own entry of --peers), it would lead at an address no client
+        // or worker is given, and the group would have no reachable leader.
+        let known = sm.member_address(config.node_id);
+        if let Some(known) = known.filter(|k| k != config.own_api()) {
+            raft.shutdown().await.ok();
+            return Err(ClusterError::Config(format!(
+                "--peers gives node {} the address {}, but the group knows it as {known}: give \
+                 every node the same list, in the group's order (`flotilla status --json` \
+                 lists the members); to move a node, remove it (`flotilla admin group remove \
+                 {}`) and add it at its new address",
+                config.node_id,
+                config.own_api(),
+                config.node_id
+            )));
+        }
         // On every interface when the API is (`--listen 0.0.0.0:PORT`): then this node's own
         // name in --peers need not resolve yet (a pod's DNS record appears after it starts).
         let at: SocketAddr = match listen.port().checked_add(1) {

@@ -185,6 +185,15 @@ impl StateMachine {
             .collect()
     }
 
+    /// The API address the group's membership, as last applied here, gives node `id`.
+    pub fn member_address(&self, id: NodeId) -> Option<String> {
+        let g = self.inner.lock();
+        g.membership
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone())
+    }
+
     /// The id of the last entry applied here.
     pub fn applied(&self) -> Option<LogId<NodeId>> {
         self.inner.lock().applied

@@ -186,6 +186,23 @@ fn metrics_are_served_behind_the_token_and_parse() {
     // A worker's enrolment token sees no jobs: 403.
     let wt = last_line(&c.cli(&["admin", "worker-token", "add", "--name", "w"]));
     assert_eq!(get(http, "/metrics", Some(&wt)).0, 403);
+
+    // A drained worker leaves; it is not counted lost (every drain and scale-down was).
+    let out = c.cli(&["admin", "worker", "drain", "w0"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let m = wait_until(
+        "the drained worker to leave",
+        Duration::from_secs(60),
+        || {
+            let m = parse(&get(http, "/metrics", Some(&c.token)).1);
+            (m.get("flotilla_workers") == Some(&1.0)).then_some(m)
+        },
+    );
+    assert_eq!(m["flotilla_lost_workers_total"], 0.0, "{m:?}");
 }
 
 #[test]

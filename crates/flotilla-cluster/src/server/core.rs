@@ -331,6 +331,10 @@ struct Blocked {
 /// (a restart replays what is durable; workers report again what was not).
 const MAX_UNWRITTEN: usize = 1_000_000;
 
+/// Why a worker that said it leaves is gone ([`Event::WorkerLost`]'s reason): not counted
+/// as lost.
+const LEFT: &str = "it left (reclaimed by its owner, drained or stopped)";
+
 /// How often an append that failed is tried again.
 const RETRY_APPEND: Duration = Duration::from_millis(250);
 
@@ -1159,7 +1163,8 @@ impl Core {
         } else {
             JournalRecord::from_event(&ev)
         };
-        let lost = matches!(ev, Event::WorkerLost { .. });
+        // A worker that said it leaves (drained, reclaimed, stopped) is not lost.
+        let lost = matches!(&ev, Event::WorkerLost { reason, .. } if reason != LEFT);
         match self.coord.handle(now, ev, cmds) {
             Ok(()) => {
                 if lost {
@@ -2077,7 +2082,7 @@ impl Core {
             self.last_seen.remove(&worker);
             let ev = Event::WorkerLost {
                 worker,
-                reason: "it left (reclaimed by its owner or drained)".into(),
+                reason: LEFT.into(),
             };
             self.handle(ev, cmds, records);
         }

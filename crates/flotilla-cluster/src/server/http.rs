@@ -134,7 +134,7 @@ impl Metrics {
         );
         r.register(
             "lost_workers",
-            "Workers declared lost (silent past the heartbeat timeout, or their session closed)",
+            "Workers declared lost (silent past the heartbeat timeout, or their session closed without saying they leave; a drained or stopped worker is not lost)",
             self.lost_workers.clone(),
         );
         r.register(

@@ -170,6 +170,12 @@ fn metrics_are_served_behind_the_token_and_parse() {
     assert!(m
         .keys()
         .any(|k| k.starts_with("flotilla_worker_utilization_ratio{")));
+    // Each worker's series names its id too (workers of one name were one series).
+    let ids = m
+        .keys()
+        .filter(|k| k.starts_with("flotilla_worker_cpus{") && k.contains("id=\"w"))
+        .count();
+    assert_eq!(ids, 2, "{m:?}");
 
     // A tenant sees its own jobs only.
     let bob = last_line(&c.cli(&["admin", "tenant", "add", "bob"]));

@@ -188,8 +188,11 @@ impl Metrics {
                 .get_or_create(&tenant)
                 .inc_by(gauge(c.running + c.assigned));
             per_tenant_done.get_or_create(&tenant).inc_by(gauge(c.done));
-            if j.state == crate::state::JobState::Running {
-                per_tenant_jobs.get_or_create(&tenant).inc();
+            // Running now: with tasks placed or running (a job held back by its tenant's
+            // --running-jobs quota is not, though its state is).
+            let jobs_running = per_tenant_jobs.get_or_create(&tenant);
+            if j.state == crate::state::JobState::Running && c.running + c.assigned > 0 {
+                jobs_running.inc();
             }
         }
         for (name, n) in &states {
@@ -228,7 +231,7 @@ impl Metrics {
         );
         r.register(
             "tenant_running_jobs",
-            "Jobs running, per tenant",
+            "Jobs with tasks placed or running, per tenant",
             per_tenant_jobs,
         );
 
@@ -237,7 +240,12 @@ impl Metrics {
         let used = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
         let workers = Gauge::<i64>::default();
         for w in &snap.status.workers {
-            let l = vec![("worker".to_string(), w.name.clone())];
+            // Its name and its id: workers share a name (the host name, by default), and
+            // series of the same labels were one.
+            let l = vec![
+                ("worker".to_string(), w.name.clone()),
+                ("id".to_string(), w.id.to_string()),
+            ];
             util.get_or_create(&l).set(w.utilization);
             cpus.get_or_create(&l).set(w.resources.cpus);
             used.get_or_create(&l).set(w.used.cpus);
@@ -246,7 +254,7 @@ impl Metrics {
         r.register("workers", "Workers connected", workers);
         r.register(
             "worker_utilization_ratio",
-            "Share of each worker's CPUs busy",
+            "CPU time its finished tasks used over its CPUs x time connected (it moves when a task ends; worker_cpus_used / worker_cpus is what its tasks hold now)",
             util,
         );
         r.register("worker_cpus", "CPUs each worker offers", cpus);

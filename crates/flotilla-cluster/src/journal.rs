@@ -39,7 +39,7 @@
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 
 use flotilla_core::JobId;
@@ -350,6 +350,7 @@ impl Journal {
             .read(true)
             .append(true)
             .create(true)
+            .mode(0o600)
             .open(&path)
             .map_err(io)?;
         let mut bytes = Vec::new();

@@ -53,6 +53,12 @@ fn fsync_flag_fsyncs_every_append_and_its_absence_none() {
     let j = journal_of(&c);
     assert!(!j.fsync);
     assert_eq!(j.syncs, 0, "{j:?}");
+    // The state folder the server made, and its journal, are its owner's only: they hold
+    // every tenant's job files and output (they were world-readable).
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&c.state), 0o700);
+    assert_eq!(mode(&c.state.join("journal.log")), 0o600);
 }
 
 /// Byte offset of record `n`'s header (format 2: 8-byte magic, 12-byte record headers).

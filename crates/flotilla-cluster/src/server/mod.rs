@@ -202,8 +202,16 @@ impl Server {
                     token_file.display()
                 )));
             }
+            // Made here: private to its owner, as its token is. It holds every tenant's job
+            // files (their `env` too) and task output.
+            let made = !config.state_dir.exists();
             std::fs::create_dir_all(&config.state_dir)
                 .map_err(|e| ClusterError::io(&config.state_dir, e))?;
+            if made {
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(&config.state_dir, std::fs::Permissions::from_mode(0o700))
+                    .map_err(|e| ClusterError::io(&config.state_dir, e))?;
+            }
             let token = match &config.admin_token_file {
                 Some(file) => crate::auth::read_admin_token_file(file)?,
                 None => load_or_create_token(&config.state_dir)?,

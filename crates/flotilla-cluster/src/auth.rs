@@ -143,7 +143,8 @@ pub fn find_token(token_file: Option<&Path>, state_dir: Option<&Path>) -> Result
     Err(ClusterError::Config(format!(
         "no access token: {env}, no --token-file was given{}; the coordinator writes the \
          admin's token to STATE_DIR/token (`flotilla server --state STATE_DIR`), and \
-         `flotilla admin tenant add` prints a tenant's token",
+         `flotilla admin tenant add` prints a tenant's token (`flotilla admin worker-token add` \
+         a worker's enrolment token)",
         if looked.is_empty() {
             String::new()
         } else {

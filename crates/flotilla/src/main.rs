@@ -1332,7 +1332,8 @@ fn token_hint(message: &str, from: &str) -> String {
         format!(
             "\n(the token sent came from {from}; give the coordinator's with --token-file FILE \
              or FLOTILLA_TOKEN: the admin's is STATE_DIR/token of `flotilla server --state \
-             STATE_DIR`, a tenant's is printed by `flotilla admin tenant add`)"
+             STATE_DIR`, a tenant's is printed by `flotilla admin tenant add`, a worker's \
+             enrolment token by `flotilla admin worker-token add`)"
         )
     } else {
         String::new()

@@ -118,6 +118,9 @@ fn metrics_are_served_behind_the_token_and_parse() {
     assert_eq!(code, 401, "{body}");
     assert!(body.contains("Bearer"), "{body}");
     assert_eq!(get(http, "/metrics", Some("not-a-token")).0, 401);
+    // The scheme in any case (RFC 9110).
+    let lower = format!("Authorization: bearer {}\r\n", c.token);
+    assert_eq!(request(http, "/metrics", &lower).0, 200);
 
     // No job yet: every task state has its series at 0, so the autoscalers' demand,
     // sum(flotilla_tasks{state=~"ready|assigned|running"}), is 0 rather than no value (an

@@ -107,7 +107,7 @@ fn token_of(http: &Http, headers: &HeaderMap) -> Option<String> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(super::http::bearer)
         .map(|t| t.trim().to_string())
 }
 

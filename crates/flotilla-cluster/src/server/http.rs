@@ -361,12 +361,19 @@ impl IntoResponse for Refusal {
     }
 }
 
+/// The token of an `Authorization` value: `Bearer T`, the scheme in any case (RFC 9110
+/// makes it case-insensitive; `bearer T` was refused).
+pub(crate) fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
+}
+
 /// `Authorization: Bearer T`: the caller's scope, or why it is refused.
 fn authorize(http: &Http, headers: &HeaderMap) -> std::result::Result<Scope, Refusal> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
         .map(str::trim)
         .ok_or(Refusal::Unauthorized(
             "no token: send `Authorization: Bearer TOKEN` (the admin's or a tenant's)",

@@ -804,6 +804,9 @@ impl Access {
                      STATE/token and start it again"
                 )));
             }
+            if t.info.revoked {
+                return Err(AccessError::Refused(format!("{id} is revoked already")));
+            }
             t.info.revoked = true;
             Ok(t.info.clone())
         })?;
@@ -1003,6 +1006,9 @@ mod tests {
         assert_eq!(a.authenticate(&cred), None, "the credential dies with it");
         assert!(!a.still_valid(&p));
         a.revoke(&t.id).expect("revoked");
+        // Again: said (it printed "revoked" as if it had just been).
+        let again = a.revoke(&t.id).expect_err("revoked twice");
+        assert!(again.to_string().contains("revoked already"), "{again}");
         drop(a);
         let a = open(dir.path());
         assert_eq!(a.authenticate(&tenant), None);

@@ -280,7 +280,7 @@ fn the_dashboard_exchanges_a_token_for_a_session_and_scopes_its_api() {
     let (code, _, body) = request(http, "/api/cluster", &carol_with);
     assert_eq!(code, 200);
     assert!(body.contains("\"jobs\":[]"), "{body}");
-    // Nor what another tenant runs (the model's codelets are JOB/TASK).
+    // Nor what another tenant runs (the admin's codelets are JOB/TASK, a tenant's TENANT:JOB/TASK).
     let (code, _, body) = request(http, "/api/model", &carol_with);
     assert_eq!(code, 200);
     assert!(!body.contains("d/a"), "{body}");

@@ -175,6 +175,17 @@ impl Held {
     }
 }
 
+/// What the codelets (performance model kinds) of `tenant`'s jobs start with: nothing for
+/// the admin's (`JOB/TASK`), `TENANT:` for a tenant's, so that no tenant's runtimes mix with
+/// (or are read through) another's job of the same name.
+pub(crate) fn codelet_prefix(tenant: &str) -> String {
+    if tenant == crate::access::ADMIN_TENANT {
+        String::new()
+    } else {
+        format!("{tenant}:")
+    }
+}
+
 /// Whether a task in `s` holds resources on a worker (counts against its tenant).
 fn in_flight(s: TaskState) -> bool {
     matches!(s, TaskState::Assigned | TaskState::Running)
@@ -203,7 +214,7 @@ impl Job {
                     priority: t.priority,
                     ready: BTreeSet::new(),
                     explore: 0,
-                    codelet: format!("{name}/{}", t.base),
+                    codelet: format!("{}{name}/{}", codelet_prefix(&tenant), t.base),
                     shape: shape_of(t),
                 }),
             }

@@ -866,20 +866,20 @@ impl Coordinator {
         self.model.to_json()
     }
 
-    /// The performance model as `tenant` may see it: the codelets of the names of its own
-    /// jobs (a codelet is `JOB_NAME/TASK`), not what other tenants run.
+    /// The performance model as `tenant` may see it: its own codelets (`TENANT:JOB/TASK`),
+    /// not what other tenants run.
     pub fn model_json_of(&self, tenant: &str) -> String {
-        let names: BTreeSet<&str> = self
-            .jobs
-            .values()
-            .filter(|j| j.tenant == tenant)
-            .map(|j| j.name.as_str())
-            .collect();
-        self.model.to_json_of(|codelet| {
-            codelet
-                .split_once('/')
-                .is_some_and(|(job, _)| names.contains(job))
-        })
+        let prefix = super::job::codelet_prefix(tenant);
+        if prefix.is_empty() {
+            // The admin's own codelets are those with no tenant's prefix.
+            return self.model.to_json_of(|codelet| {
+                codelet
+                    .split_once('/')
+                    .is_some_and(|(job, _)| !job.contains(':'))
+            });
+        }
+        self.model
+            .to_json_of(|codelet| codelet.starts_with(&prefix))
     }
 
     pub(crate) fn jobs_map(&self) -> &BTreeMap<JobId, Job> {

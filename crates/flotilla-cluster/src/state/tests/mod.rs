@@ -96,7 +96,7 @@ impl Sim {
     }
 
     pub(super) fn submit(&mut self, text: &str) -> (JobId, Vec<Command>) {
-        self.submit_as("t", text)
+        self.submit_as(crate::access::ADMIN_TENANT, text)
     }
 
     pub(super) fn submit_as(&mut self, tenant: &str, text: &str) -> (JobId, Vec<Command>) {

@@ -958,8 +958,8 @@ fn a_deadline_sends_work_to_faster_dearer_machines_only_when_the_cheap_ones_woul
     // A slow cheap class (100 s a task) and a fast dear one (10 s), learned.
     let mut model = flotilla_sched::PerfModel::new();
     for _ in 0..3 {
-        model.record("p/t", "slow", 0, 100.0);
-        model.record("p/t", "fast", 0, 10.0);
+        model.record("t:p/t", "slow", 0, 100.0);
+        model.record("t:p/t", "fast", 0, 10.0);
     }
     let run = |deadline: &str| -> WorkerId {
         let mut p = Pooled::new();

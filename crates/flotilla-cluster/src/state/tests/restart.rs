@@ -185,7 +185,9 @@ fn replay_rebuilds_backoff_cancel_and_the_perf_model() {
     journal.push(JournalRecord::JobCancelled { job });
     let c = replayed(&journal, 50);
     assert_eq!(
-        c.perf_model().stats("v/sim/cpu", "cpu", 0).map(|s| s.count),
+        c.perf_model()
+            .stats("t:v/sim/cpu", "cpu", 0)
+            .map(|s| s.count),
         Some(1)
     );
     let s = c.job_status(job).unwrap();

@@ -236,3 +236,19 @@ fn a_task_larger_than_the_whole_quota_holds_back_no_other_job() {
         s.waiting
     );
 }
+
+/// Two tenants' jobs of the same name learn apart: a tenant could read another's runtimes
+/// through the model by naming a job alike, and their samples mixed.
+#[test]
+fn tenants_jobs_of_one_name_have_codelets_of_their_own() {
+    let mut sim = Sim::new(0);
+    sim.join(wspec(8.0, &[]));
+    let file = "name = \"w\"\n[[task]]\nid = \"map\"\ncmd = [\"x\"]\n";
+    let (a, _) = sim.submit_as("alice", file);
+    let (b, _) = sim.submit_as("bob", file);
+    let (c, _) = sim.submit_as(crate::access::ADMIN_TENANT, file);
+    let codelet = |j| sim.c.jobs_map()[&j].classes[0].codelet.clone();
+    assert_eq!(codelet(a), "alice:w/map");
+    assert_eq!(codelet(b), "bob:w/map");
+    assert_eq!(codelet(c), "w/map");
+}

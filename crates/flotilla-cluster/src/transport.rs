@@ -83,6 +83,21 @@ impl Remote {
             .collect()
     }
 
+    /// The addresses as they are tried: with the default port where none was given.
+    pub fn shown(&self) -> String {
+        self.addrs()
+            .iter()
+            .map(|a| {
+                if a.contains("://") {
+                    a.to_string()
+                } else {
+                    with_port(a)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     fn url(&self, addr: &str) -> String {
         if addr.starts_with("http://") || addr.starts_with("https://") {
             addr.to_string()
@@ -131,6 +146,7 @@ impl Remote {
 
     async fn channel_to(&self, addr: &str, in_group: bool) -> Result<Channel> {
         let url = self.url(addr);
+        check_address(addr, &url)?;
         if let (Some(ca), true) = (&self.tls_ca, url.starts_with("http://")) {
             // It failed later as an HTTP/2 protocol error, naming neither.
             return Err(ClusterError::Config(format!(
@@ -244,6 +260,67 @@ pub const DEFAULT_PORT: u16 = 7070;
 
 /// `addr` (`host`, `host:port`, `[v6]`, `[v6]:port` or a bare IPv6 address) with
 /// [`DEFAULT_PORT`] where it names no port (`--server 127.0.0.1` went to port 80).
+/// A server address's mistakes said as such: a port out of range (it was tried, and failed
+/// as "connection refused"), a path (ignored).
+fn check_address(addr: &str, url: &str) -> Result<()> {
+    let bad = |why: String| {
+        Err(ClusterError::Config(format!(
+            "bad server address {addr:?}: {why}"
+        )))
+    };
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if !path.is_empty() {
+        return bad(format!(
+            "it has a path (/{path}); give HOST:PORT, the coordinator's API address"
+        ));
+    }
+    // No port: an http:// or https:// address given whole (80 or 443).
+    let port = match authority.rsplit_once(':') {
+        Some((_, p)) if !authority.ends_with(']') => p,
+        _ => return Ok(()),
+    };
+    if port.parse::<u16>().map_or(true, |p| p == 0) {
+        return bad(format!("the port {port:?} is not a number from 1 to 65535"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::check_address;
+
+    #[test]
+    fn ports_out_of_range_and_paths_are_refused() {
+        for (addr, url) in [
+            ("127.0.0.1:7070", "http://127.0.0.1:7070"),
+            ("https://coord.example", "https://coord.example"),
+            ("[::1]:7070", "http://[::1]:7070"),
+            ("https://[::1]", "https://[::1]"),
+            ("http://h:1/", "http://h:1/"),
+        ] {
+            assert!(check_address(addr, url).is_ok(), "{addr}");
+        }
+        for (addr, url, says) in [
+            (
+                "127.0.0.1:99999",
+                "http://127.0.0.1:99999",
+                "not a number from 1 to 65535",
+            ),
+            ("h:0", "http://h:0", "not a number from 1 to 65535"),
+            ("h:x", "http://h:x", "not a number from 1 to 65535"),
+            (
+                "127.0.0.1:7070/foo",
+                "http://127.0.0.1:7070/foo",
+                "it has a path",
+            ),
+        ] {
+            let e = check_address(addr, url).expect_err(addr).to_string();
+            assert!(e.contains(says) && e.contains(addr), "{e}");
+        }
+    }
+}
+
 fn with_port(addr: &str) -> String {
     match addr.matches(':').count() {
         0 => format!("{addr}:{DEFAULT_PORT}"),

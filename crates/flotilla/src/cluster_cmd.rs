@@ -85,7 +85,7 @@ impl RemoteArgs {
                         "{e}\n(no coordinator answered at {} within {}: is `flotilla server` \
                          running there? The address comes from --server or FLOTILLA_SERVER; \
                          --connect-timeout waits longer){}",
-                        self.server,
+                        remote.shown(),
                         timeout,
                         if run_here {
                             "\n(this folder holds a `flotilla run`'s state: `flotilla logs \

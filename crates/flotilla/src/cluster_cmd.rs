@@ -668,11 +668,37 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     cfg.guard = flotilla::guard_command();
     // Sandboxed tasks enter one holder through the program installed beside this one.
     cfg.enter = flotilla::enter_program();
+    // What the machine has (the defaults): an offer beyond it is allowed (oversubscribing
+    // is a choice), and said; so is one that cannot be meant.
+    let (cores, machine_mem) = (
+        std::thread::available_parallelism().map_or(1, |n| n.get()),
+        cfg.mem,
+    );
     if let Some(c) = a.cpus {
         cfg.cpus = c;
+        if c == 0.0 {
+            eprintln!("flotilla worker: --cpus 0: it runs only tasks that ask for no CPU");
+        } else if c > cores as f64 {
+            eprintln!(
+                "flotilla worker: --cpus {c} is more than this machine's {cores}: its tasks \
+                 will share cores"
+            );
+        }
     }
     if let Some(m) = &a.mem {
         cfg.mem = flotilla::core::size::parse_size(m).with_context(|| format!("--mem {m}"))?;
+        if cfg.mem < 1 << 20 {
+            eprintln!(
+                "flotilla worker: --mem {m} is {} bytes: a size takes a unit (e.g. 16GiB)",
+                cfg.mem
+            );
+        } else if machine_mem > 0 && cfg.mem > machine_mem {
+            eprintln!(
+                "flotilla worker: --mem {m} is more than this machine's {}: its tasks may \
+                 run out of memory",
+                flotilla::core::size::format_size_readable(machine_mem)
+            );
+        }
     }
     cfg.gpus = gpus_from(&a.gpus)?;
     if let Some(n) = a.name {

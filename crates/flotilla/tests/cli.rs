@@ -618,3 +618,34 @@ fn worker_flags_are_checked_before_it_connects() {
         "{err}"
     );
 }
+
+/// A worker's offer beyond the machine, or a size without a unit, is said at start (it was
+/// registered as given, silently); a port out of range stops it at once, naming the address.
+#[test]
+fn a_worker_says_what_its_offer_cannot_mean_and_refuses_a_bad_address() {
+    let out = Command::new(BIN)
+        .args([
+            "worker",
+            "--cpus",
+            "100000",
+            "--mem",
+            "10",
+            "--isolation",
+            "none",
+        ])
+        .args(["--gpus", "none", "--server", "127.0.0.1:99999"])
+        .env("FLOTILLA_TOKEN", "0123456789abcdef0123")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--cpus 100000 is more than this machine's"),
+        "{err}"
+    );
+    assert!(err.contains("--mem 10 is 10 bytes"), "{err}");
+    assert!(
+        err.contains("the port \"99999\" is not a number from 1 to 65535"),
+        "{err}"
+    );
+}

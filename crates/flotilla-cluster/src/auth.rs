@@ -159,6 +159,34 @@ pub struct TokenCheck {
     token: std::sync::Arc<String>,
     /// What a refusal says: the group port's names the usual cause.
     refusal: &'static str,
+    /// When a refusal from each address was last logged (see [`Quiet`]).
+    logged: std::sync::Arc<parking_lot::Mutex<Quiet>>,
+}
+
+/// Refusals logged once a minute per peer address: a node of a group started with another
+/// token asks twice a second, and each refusal was a line in every other node's log.
+#[derive(Default)]
+pub(crate) struct Quiet(std::collections::HashMap<String, std::time::Instant>);
+
+/// How long refusals from one address go unlogged after one is.
+const QUIET: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Quiet {
+    /// Whether a refusal from `peer` at `now` is logged (none was within [`QUIET`]).
+    pub(crate) fn log(&mut self, peer: &str, now: std::time::Instant) -> bool {
+        self.0
+            .retain(|_, at| now.saturating_duration_since(*at) < QUIET);
+        if self.0.contains_key(peer) {
+            return false;
+        }
+        self.0.insert(peer.to_string(), now);
+        true
+    }
+}
+
+/// A peer's address without its port (a client's port changes with each connection).
+fn host_part(peer: &str) -> &str {
+    peer.rsplit_once(':').map_or(peer, |(h, _)| h)
 }
 
 impl TokenCheck {
@@ -167,6 +195,7 @@ impl TokenCheck {
         Self {
             token: std::sync::Arc::new(token),
             refusal: "invalid or missing access token",
+            logged: Default::default(),
         }
     }
 
@@ -176,6 +205,7 @@ impl TokenCheck {
             token: std::sync::Arc::new(token),
             refusal: "this node refuses the token presented: every node of a group must hold \
                       the same admin token (STATE/token, or --admin-token-file)",
+            logged: Default::default(),
         }
     }
 }
@@ -197,7 +227,18 @@ impl tonic::service::Interceptor for TokenCheck {
                 .remote_addr()
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "unknown peer".into());
-            tracing::warn!(%peer, "refused a request without a valid token: {}", self.refusal);
+            if self
+                .logged
+                .lock()
+                .log(host_part(&peer), std::time::Instant::now())
+            {
+                tracing::warn!(
+                    %peer,
+                    "refused a request without a valid token: {} (further refusals from this \
+                     address are not logged for a minute)",
+                    self.refusal
+                );
+            }
             Err(Status::unauthenticated(self.refusal))
         }
     }
@@ -291,6 +332,23 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    #[test]
+    fn refusals_from_one_address_are_logged_once_a_minute() {
+        let mut q = Quiet::default();
+        let t = std::time::Instant::now();
+        assert!(q.log(host_part("127.0.0.1:40001"), t));
+        // Another connection from the same node: its port differs.
+        assert!(!q.log(
+            host_part("127.0.0.1:40002"),
+            t + std::time::Duration::from_secs(1)
+        ));
+        assert!(q.log(
+            host_part("10.0.0.2:40001"),
+            t + std::time::Duration::from_secs(1)
+        ));
+        assert!(q.log(host_part("127.0.0.1:40003"), t + QUIET));
+    }
 
     #[test]
     fn a_token_given_for_a_token_file_is_not_printed() {

@@ -188,24 +188,7 @@ fn job_runs_over_tls_and_plain_or_wrong_token_clients_are_refused() {
     let _ = plain.wait();
     // A worker given a CA that did not sign the coordinator's certificate stops, saying so
     // (it retried forever, every two seconds, with settings it reads once).
-    let out = std::process::Command::new(kit::BIN)
-        .args([
-            "worker",
-            "--cpus",
-            "1",
-            "--gpus",
-            "none",
-            "--isolation",
-            "none",
-            "--tls-ca",
-        ])
-        .arg(&other_cert)
-        .env("FLOTILLA_SERVER", c.addr.to_string())
-        .env("FLOTILLA_TOKEN", &c.token)
-        .current_dir(certs.path())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = worker_that_stops(&c.addr.to_string(), &other_cert, &c.token);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("does not verify") && err.contains("--tls-ca"),
@@ -242,6 +225,29 @@ fn job_runs_over_tls_and_plain_or_wrong_token_clients_are_refused() {
         started.elapsed().as_secs_f64(),
         String::from_utf8_lossy(&out.stderr).trim()
     );
+}
+
+/// `flotilla worker` of one CPU for `server` with `--tls-ca ca`, run to its end (the
+/// callers' settings make it stop at once).
+fn worker_that_stops(server: &str, ca: &std::path::Path, token: &str) -> std::process::Output {
+    std::process::Command::new(kit::BIN)
+        .args([
+            "worker",
+            "--cpus",
+            "1",
+            "--gpus",
+            "none",
+            "--isolation",
+            "none",
+        ])
+        .args(["--server", server, "--tls-ca"])
+        .arg(ca)
+        .env("FLOTILLA_TOKEN", token)
+        .env_remove("FLOTILLA_SERVER")
+        .current_dir(ca.parent().unwrap())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap()
 }
 
 /// `--tls-cert` and `--tls-key` given the wrong way round, or a key of another certificate:
@@ -323,23 +329,7 @@ fn a_tls_client_of_a_plain_coordinator_is_told_at_once() {
         "{err}"
     );
     // A worker so configured stops, saying the same (it retried forever).
-    let out = std::process::Command::new(kit::BIN)
-        .args([
-            "worker",
-            "--cpus",
-            "1",
-            "--gpus",
-            "none",
-            "--isolation",
-            "none",
-        ])
-        .args(["--server", &http, "--tls-ca"])
-        .arg(&cert)
-        .env("FLOTILLA_TOKEN", &c.token)
-        .current_dir(certs.path())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
+    let out = worker_that_stops(&http, &cert, &c.token);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("says plain TCP (http://) but --tls-ca"),

@@ -180,6 +180,14 @@ impl Finished {
     }
 }
 
+/// An outage a follower rides out ([`Client::follow_again`]): since when its coordinator has
+/// been lost, and the pause before its next try.
+#[derive(Debug, Default)]
+pub struct Outage {
+    since: Option<tokio::time::Instant>,
+    pause: std::time::Duration,
+}
+
 impl Client {
     /// Connects to the coordinator at `remote`.
     pub fn connect<'a>(remote: &'a Remote) -> crate::Boxed<'a, Result<Self>> {
@@ -241,6 +249,46 @@ impl Client {
     /// restarted, or gone), [`ClusterError::Unavailable`], never a server that speaks TLS.
     pub fn stream_error(&self, s: tonic::Status) -> ClusterError {
         lost_if_answered(self.rpc_err(s))
+    }
+
+    /// An error of a call to a coordinator that has answered this client before: a broken
+    /// transport there is the connection lost ([`ClusterError::Unavailable`], which
+    /// [`ClusterError::is_transient`] holds for), not a server that speaks TLS.
+    pub fn lost_after_answer(e: ClusterError) -> ClusterError {
+        lost_if_answered(e)
+    }
+
+    /// Connects again after `e`, a transient error of a follower (`wait`, `logs --follow`)
+    /// whose connection was lost, unless the coordinator has been unreachable for longer
+    /// than this client's patience: then `e` is returned. `progressed`: the follower got
+    /// something since the last loss, which starts a new outage. The first try is at once,
+    /// the next ones after a pause from 50 ms doubling to 1 s. (Counting three losses ended a
+    /// follower whose coordinator's port, killed, still took connections for a moment.)
+    pub fn follow_again<'a>(
+        &'a self,
+        outage: &'a mut Outage,
+        progressed: bool,
+        e: ClusterError,
+    ) -> crate::Boxed<'a, Result<Client>> {
+        crate::boxed(async move {
+            let now = tokio::time::Instant::now();
+            let since = match outage.since {
+                Some(since) if !progressed => since,
+                _ => {
+                    outage.pause = std::time::Duration::ZERO;
+                    *outage.since.insert(now)
+                }
+            };
+            if now + outage.pause > since + self.patience {
+                return Err(e);
+            }
+            tokio::time::sleep(outage.pause).await;
+            outage.pause = (outage.pause * 2).clamp(
+                std::time::Duration::from_millis(50),
+                std::time::Duration::from_secs(1),
+            );
+            self.reconnect().await
+        })
     }
 
     /// A new connection to the coordinator this client reached (whichever of a group's
@@ -474,7 +522,7 @@ impl Client {
             // leader) is made again, to whichever coordinator serves, and the job watched
             // there: the journal kept it.
             let mut rewatches = 0u32;
-            let mut lost = 0u32;
+            let mut outage = Outage::default();
             // Whether this coordinator has answered: from then on a transport failure is the
             // connection lost, not a server that wants TLS.
             let mut answered = false;
@@ -510,10 +558,9 @@ impl Client {
                             )));
                         }
                     }
-                    Err(e) if e.is_transient() && lost < 3 => {
-                        lost = if got { 1 } else { lost + 1 };
+                    Err(e) if e.is_transient() => {
                         tracing::info!("following {job}: {e}; connecting again");
-                        *self = self.reconnect().await?;
+                        *self = self.follow_again(&mut outage, got, e).await?;
                     }
                     Err(e) => return Err(e),
                 }

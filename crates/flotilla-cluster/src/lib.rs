@@ -33,7 +33,7 @@ pub mod state;
 pub mod transport;
 pub mod worker;
 
-pub use client::{Client, Finished, GatheredOutput, Outputs, ProviderSummary, Submitted};
+pub use client::{Client, Finished, GatheredOutput, Outage, Outputs, ProviderSummary, Submitted};
 pub use error::{ClusterError, Result};
 pub use server::{Server, ServerConfig};
 pub use transport::{Remote, ServerTls};

@@ -1723,32 +1723,43 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
     };
     let printed = async {
         let mut resume = LogResume::default();
-        let mut lost = 0u32;
+        let mut outage = flotilla::cluster::Outage::default();
         loop {
-            let mut s = client
+            resume.stream_opening();
+            let ended = match client
                 .logs(JobId::new(a.job), &a.task, a.follow, a.stderr)
-                .await?;
-            resume.stream_opened();
-            let ended = loop {
-                match s.message().await {
-                    Ok(Some(c)) => {
-                        let new = resume.unprinted(c.attempt, &c.data);
-                        if !new.is_empty() {
-                            let mut out = std::io::stdout().lock();
-                            out.write_all(new)?;
-                            out.flush()?;
+                .await
+            {
+                Ok(mut s) => {
+                    resume.opened = true;
+                    loop {
+                        match s.message().await {
+                            Ok(Some(c)) => {
+                                let new = resume.unprinted(c.attempt, &c.data);
+                                if !new.is_empty() {
+                                    let mut out = std::io::stdout().lock();
+                                    out.write_all(new)?;
+                                    out.flush()?;
+                                }
+                            }
+                            Ok(None) => break Ok(()),
+                            Err(st) => break Err(client.stream_error(st)),
                         }
                     }
-                    Ok(None) => break Ok(()),
-                    Err(st) => break Err(client.stream_error(st)),
                 }
+                // A coordinator that answered before and breaks the connection now (it is
+                // being killed, or stopping, right after the reconnection) is lost, not
+                // one that wants TLS: it failed CI once, as "the server may speak TLS".
+                Err(e) if resume.opened_any() => Err(Client::lost_after_answer(e)),
+                Err(e) => Err(e),
             };
             match ended {
                 Ok(()) => break,
-                Err(e) if a.follow && local.is_none() && e.is_transient() && lost < 3 => {
-                    lost = if resume.stream_carried() { 1 } else { lost + 1 };
+                Err(e) if a.follow && local.is_none() && e.is_transient() => {
                     tracing::info!("following the logs of {}: {e}; connecting again", a.task);
-                    client = client.reconnect().await?;
+                    client = client
+                        .follow_again(&mut outage, resume.stream_carried(), e)
+                        .await?;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -1783,11 +1794,18 @@ struct LogResume {
     printed: (u32, usize),
     /// (attempt, bytes of it) carried by the current stream.
     seen: (u32, usize),
+    /// Whether a stream was opened: the coordinator answered.
+    opened: bool,
 }
 
 impl LogResume {
-    fn stream_opened(&mut self) {
+    /// A stream is being opened (again): none of its bytes came yet.
+    fn stream_opening(&mut self) {
         self.seen = (0, 0);
+    }
+
+    fn opened_any(&self) -> bool {
+        self.opened
     }
 
     /// The part of this chunk not printed yet (counted as printed from here on).
@@ -1874,7 +1892,7 @@ pub(crate) fn job_number(s: &str) -> std::result::Result<u64, String> {
 mod tests {
     /// One stream: its chunks, each printed as far as it is new.
     fn stream(r: &mut super::LogResume, chunks: &[(u32, &str)]) -> String {
-        r.stream_opened();
+        r.stream_opening();
         chunks
             .iter()
             .map(|(a, d)| String::from_utf8_lossy(r.unprinted(*a, d.as_bytes())).into_owned())
@@ -1901,7 +1919,7 @@ mod tests {
         assert!(!r.printed_any());
         assert_eq!(stream(&mut r, &[(0, "abc")]), "abc");
         assert_eq!(stream(&mut r, &[(0, "ab"), (0, "cd")]), "d");
-        r.stream_opened();
+        r.stream_opening();
         assert!(!r.stream_carried());
     }
 

@@ -353,6 +353,110 @@ fn wait_follows_a_job_through_coordinator_restarts() {
     );
 }
 
+/// The lines a child writes on stdout, as they come.
+fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead as _;
+    let stdout = child.stdout.take().expect("stdout piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    rx
+}
+
+/// `logs --follow` and `wait` follow a job through a coordinator killed while its port, for a
+/// moment, accepts connections and drops them at once (as a coordinator that is killed right
+/// after it accepted a reconnection does). The first call on such a connection failed as
+/// "no HTTP/2 answer over plain TCP (connection reset): the server may speak TLS" and ended
+/// `logs --follow` (seen in CI): a coordinator that answered before is lost, not one that
+/// wants TLS.
+#[test]
+fn follows_ride_out_a_port_that_drops_connections_while_the_coordinator_is_down() {
+    let mut c = Cluster::start(1, 1);
+    let go = c.job_dir().join("go");
+    let job = c.submit_toml(
+        "gated.toml",
+        &format!(
+            "name = \"gated\"\n[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", \"echo before; while [ ! -e {} ]; do sleep 0.05; done; echo after\"]\n",
+            go.display()
+        ),
+    );
+    let piped = |args: &[&str]| {
+        c.cli_command(args, &c.token)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut wait = piped(&["wait", &job.0.to_string()]);
+    let wait_lines = lines_of(&mut wait);
+    let first = wait_lines
+        .recv_timeout(WAIT)
+        .expect("a progress line from flotilla wait");
+    assert!(first.contains("0/1 tasks done"), "{first}");
+    let mut logs = piped(&["logs", &job.0.to_string(), "t", "--follow"]);
+    let log_lines = lines_of(&mut logs);
+    let line = log_lines
+        .recv_timeout(WAIT)
+        .expect("the task's first line from flotilla logs --follow");
+    assert_eq!(line, "before");
+    c.kill_server();
+    // The port accepts, and drops, the first connection of each follower.
+    let port = std::net::TcpListener::bind(c.addr).expect("the killed coordinator's port");
+    port.set_nonblocking(true).unwrap();
+    let mut dropped = 0;
+    let until = std::time::Instant::now() + WAIT;
+    while dropped < 2 {
+        match port.accept() {
+            Ok((conn, _)) => {
+                drop(conn);
+                dropped += 1;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(
+                    std::time::Instant::now() < until,
+                    "the followers connected {dropped} times in {WAIT:?}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("accepting on the coordinator's port: {e}"),
+        }
+    }
+    drop(port);
+    c.restart_server();
+    std::fs::write(&go, "").unwrap();
+    for (what, child, lines, expect) in [
+        ("flotilla wait", &mut wait, &wait_lines, None),
+        (
+            "flotilla logs --follow",
+            &mut logs,
+            &log_lines,
+            Some("after"),
+        ),
+    ] {
+        let status = wait_until(&format!("{what} to end"), WAIT, || {
+            child.try_wait().unwrap()
+        });
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        let out: Vec<String> = lines.try_iter().collect();
+        assert!(status.success(), "{what}: {status}: {err}\n{out:?}");
+        if let Some(expect) = expect {
+            assert_eq!(out, [expect], "{what} printed twice or lost a line: {err}");
+        } else {
+            assert!(
+                out.iter().any(|l| l.contains("succeeded")),
+                "{out:?}\n{err}"
+            );
+        }
+    }
+}
+
 /// A coordinator stopped (SIGTERM) the moment it says it listens stops cleanly: its signals
 /// are heard from before it starts. SIGTERM once came before the handler was set and ended the
 /// process by the signal (seen stopping a coordinator right after a restart).

@@ -89,6 +89,8 @@ fn killed_rank(transport: &str) {
         });
         children.push(child);
     }
+    // The readers hold the only senders: the channel ends when every pipe has closed.
+    drop(tx);
     let mut ready = 0;
     let mut lines = Vec::new();
     while ready < n {
@@ -121,10 +123,9 @@ fn killed_rank(transport: &str) {
         assert_eq!(status.code(), Some(3), "rank {r} exit status ({transport})");
     }
     let elapsed = killed_at.elapsed();
-    // the reader threads finish when the pipes close
-    while let Ok(x) = rx.recv_timeout(Duration::from_millis(500)) {
-        lines.push(x);
-    }
+    // Every rank has exited: the reader threads end at their pipes' close, and the channel
+    // with them (waiting for a 500 ms gap instead lost the lines of a reader held up).
+    lines.extend(rx.iter());
     for r in [0, 2] {
         let failed: Vec<_> = lines
             .iter()

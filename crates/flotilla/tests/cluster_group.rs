@@ -17,7 +17,8 @@ const WAIT: Duration = Duration::from_secs(90);
 #[test]
 fn a_failed_member_restarts_the_whole_gang_once_with_a_new_rendezvous() {
     let c = Cluster::start(2, 1);
-    // Rank 1 fails in its first attempt; rank 0 waits for a file that never comes, so only
+    // Rank 1 fails in its first attempt once rank 0 has started (not after a head start,
+    // which a loaded machine can outlast); rank 0 waits for a file that never comes, so only
     // the gang's restart (a Cancel) ends its first attempt.
     let job = c.submit_toml(
         "gang.toml",
@@ -33,7 +34,7 @@ cmd = ["sh", "-c", """
 mkdir -p seen
 echo "$FLOTILLA_RANK $FLOTILLA_WORLD_SIZE $FLOTILLA_RENDEZVOUS" > seen/r$FLOTILLA_RANK-a$FLOTILLA_ATTEMPT
 if [ "$FLOTILLA_ATTEMPT" = 1 ]; then
-  if [ "$FLOTILLA_RANK" = 1 ]; then sleep 0.3; exit 3; fi
+  if [ "$FLOTILLA_RANK" = 1 ]; then while [ ! -e seen/r0-a1 ]; do sleep 0.05; done; exit 3; fi
   while [ ! -e never ]; do sleep 0.05; done
 fi
 """]
@@ -158,7 +159,7 @@ cmd = ["sh", "-c", "echo $$ > {name}-pid-$FLOTILLA_RANK-$FLOTILLA_ATTEMPT; exec 
     assert_succeeded(&c.wait_job(reference, WAIT));
     let expected = final_line(&c.job_dir().join("ref-0-1.log"));
 
-    let killed = c.submit_toml("kill.toml", &job("kill", 15));
+    let killed = c.submit_toml("kill.toml", &job("kill", 50));
     let log1 = c.job_dir().join("kill-1-1.log");
     kit::wait_until("rank 1 past step 50", WAIT, || {
         let text = std::fs::read_to_string(&log1).ok()?;

@@ -332,7 +332,7 @@ fn wait_follows_a_job_through_coordinator_restarts() {
     });
     let mut err = String::new();
     std::io::Read::read_to_string(&mut wait.stderr.take().unwrap(), &mut err).unwrap();
-    let out: Vec<String> = rx.try_iter().collect();
+    let out: Vec<String> = rx.iter().collect();
     assert!(status.success(), "{status}: {err}\n{out:?}");
     assert!(
         out.iter().any(|l| l.contains("succeeded")),
@@ -444,7 +444,7 @@ fn follows_ride_out_a_port_that_drops_connections_while_the_coordinator_is_down(
         });
         let mut err = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-        let out: Vec<String> = lines.try_iter().collect();
+        let out: Vec<String> = lines.iter().collect();
         assert!(status.success(), "{what}: {status}: {err}\n{out:?}");
         if let Some(expect) = expect {
             assert_eq!(out, [expect], "{what} printed twice or lost a line: {err}");

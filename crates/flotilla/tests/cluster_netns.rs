@@ -143,8 +143,8 @@ fn a_worker_whose_link_is_pulled_is_found_lost_and_its_late_results_discarded() 
                 .any(|t| t.worker == Some(far) && t.state == TaskState::Running)
         },
     );
-    let cut_ns = now_ns();
     ns.link(false);
+    let cut_ns = now_ns();
     cut::wait_lost(&c, far, Instant::now(), "a worker whose link was pulled");
     let settled = cut::settle(&c, job, &dag, &dir, far, "far-tmp", cut_ns);
     ns.link(true);

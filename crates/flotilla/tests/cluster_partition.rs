@@ -60,8 +60,10 @@ fn a_partitioned_worker_is_found_lost_its_work_placed_again_and_its_late_results
 
     // The link goes silent; then it heals, and the worker rejoins (a new session, a new id)
     // and re-sends what it finished meanwhile: none of it changes the job.
-    let cut_ns = now_ns();
+    // The cut's time is taken once it is made: a result that crossed before it was stamped
+    // before it too (taken before, a result crossing in between failed the check).
     relay.black_hole();
+    let cut_ns = now_ns();
     cut::wait_lost(&c, far, Instant::now(), "a silent worker");
     let settled = cut::settle(&c, job, &dag, &dir, far, "far-tmp", cut_ns);
     relay.heal();

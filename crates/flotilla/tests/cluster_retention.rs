@@ -116,16 +116,22 @@ fn the_journal_is_compacted_once_jobs_are_removed() {
     let mut c = Cluster::start_with(1, 1, opts);
     let journal = c.state.join("journal.log");
     let marker = "marker-of-the-removed-job";
+    // The task waits for `go`: finished, the job is removed within 1–2 s, and a test that
+    // looked at it only then could find it gone already.
+    let go = c.job_dir().join("go");
     let first = c.submit_toml(
         "first.toml",
-        &format!("[[task]]\nid = \"t\"\ncmd = [\"echo\", \"{marker}\"]\n"),
+        &format!(
+            "[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", \"while [ ! -e {} ]; do sleep 0.05; done; echo {marker}\"]\n",
+            go.display()
+        ),
     );
-    assert_succeeded(&c.wait_job(first, Duration::from_secs(60)));
     let holds_marker = || {
         let bytes = std::fs::read(&journal).unwrap();
         bytes.windows(marker.len()).any(|w| w == marker.as_bytes())
     };
     assert!(holds_marker(), "the job is in the journal");
+    std::fs::write(&go, "").unwrap();
     wait_until(
         "the removed job's records to leave the journal",
         Duration::from_secs(60),

@@ -316,9 +316,10 @@ fn uploaded_inputs_survive_a_coordinator_restart() {
     c.kill_server();
     c.restart_server();
     c.add_worker(3);
-    // Well under the reconcile grace: w0 re-registers holding a's output, so b does not wait
-    // for it to expire (nor is a rerun).
-    let s = c.wait_job(job, Duration::from_secs(10));
+    // Under the reconcile grace (30 s): w0 re-registers holding a's output, so b does not
+    // wait for it to expire (nor is a rerun). (10 s was too tight for a loaded machine: the
+    // restart, w0's reconnection backoff, a new worker's start and the transfer.)
+    let s = c.wait_job(job, Duration::from_secs(25));
     assert_succeeded(&s);
     assert_eq!(kit::task(&s, "a").attempts, 1, "a was rerun");
     let out = c.cli(&["wait", &job.0.to_string()]);

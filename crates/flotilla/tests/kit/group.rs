@@ -328,6 +328,16 @@ impl Group {
         })
     }
 
+    /// A job's status, asked until a leader answers (right after a failover, a second
+    /// election under load leaves the group without one for a moment).
+    pub(crate) fn status_of_a_leader(&self, job: JobId) -> JobStatus {
+        wait_until(
+            &format!("a leader to answer for {job}"),
+            Duration::from_secs(60),
+            || self.status(job),
+        )
+    }
+
     /// A job's status; `None` while no leader answers.
     pub(crate) fn status(&self, job: JobId) -> Option<JobStatus> {
         let mut c = self.client()?;

@@ -447,6 +447,20 @@ impl Sandboxing {
                 return Ok(None);
             }
         };
+        // A pyenv, conda or venv on the worker's PATH is not in its sandboxes: tasks ran
+        // another `python3` than `flotilla run` did, and failed on a missing module, unsaid.
+        let hidden = std::env::var("PATH")
+            .map(|p| flotilla_exec::sandbox::hidden_path_entries(&p))
+            .unwrap_or_default();
+        if !hidden.is_empty() {
+            tracing::warn!(
+                "sandboxed tasks do not see these folders of PATH: {}; a program there (a \
+                 pyenv, conda or venv python3, a cargo-installed tool) is not the one tasks \
+                 run: install it under /usr or /opt, or in the job folder, or run this worker \
+                 with --isolation none",
+                hidden.join(", ")
+            );
+        }
         let netns = match flotilla_exec::EmptyNetns::new() {
             Ok(n) => Some(n),
             Err(e) => {
@@ -1030,7 +1044,12 @@ pub fn run_worker(
             if *shutdown.borrow() {
                 break;
             }
-            match session(&shared, &mut out_rx, &mut shutdown, &mut owner).await {
+            let ended = session(&shared, &mut out_rx, &mut shutdown, &mut owner).await;
+            // Registered once (the coordinator answered these settings), even if the session
+            // then failed at once: a coordinator killed right after it, whose port resets the
+            // next registration, is not a TLS mismatch.
+            connected |= shared.previous.lock().is_some();
+            match ended {
                 Ok(SessionEnd::Shutdown) => break,
                 Ok(SessionEnd::Broken(why)) => {
                     tracing::warn!("session with the coordinator ended: {why}; reconnecting");

@@ -234,6 +234,22 @@ const SYSTEM: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/sys",
 ];
 
+/// The folders of a `PATH` value (`:`-separated) that a sandbox does not see: those outside
+/// the system folders, such as a pyenv, conda or venv's `bin` or `~/.cargo/bin` (`/usr/local/
+/// bin` is seen). A program found there outside a sandbox (`python3`) is another one, or
+/// none, in it.
+pub fn hidden_path_entries(path: &str) -> Vec<String> {
+    path.split(':')
+        .filter(|e| e.starts_with('/'))
+        .filter(|e| {
+            !SYSTEM
+                .iter()
+                .any(|s| Path::new(e).starts_with(Path::new(s)))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
 /// What of `/etc` a sandbox sees, read-only: what programs need to link, resolve names,
 /// find certificates and OpenCL drivers; not the rest (`shadow`, keys, the machine's
 /// configuration).
@@ -478,6 +494,17 @@ pub(crate) fn join_netns(fd: RawFd) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn path_entries_outside_the_system_folders_are_hidden() {
+        assert_eq!(
+            super::hidden_path_entries(
+                "/root/.pyenv/shims:/usr/local/bin:/usr/bin:/bin:/opt/conda/bin:/home/u/.cargo/bin:rel:/usrx"
+            ),
+            ["/root/.pyenv/shims", "/home/u/.cargo/bin", "/usrx"]
+        );
+        assert!(super::hidden_path_entries("/usr/bin:/bin").is_empty());
+    }
+
     use super::*;
     use std::os::unix::fs::PermissionsExt as _;
 

@@ -846,6 +846,39 @@ impl Interrupts {
     }
 }
 
+/// Runs `work` unless SIGINT (Ctrl-C) comes first: then says what became of the job (`said`,
+/// given at most 3 s) on stderr and exits with 130, the status the default action gives. It
+/// ended the process silently, and `submit --wait` left users wondering whether the job went
+/// on. The handler is in place only while `work` runs.
+async fn unless_interrupted<T>(
+    work: impl std::future::Future<Output = T>,
+    said: impl std::future::Future<Output = String>,
+) -> T {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut int) = signal(SignalKind::interrupt()) else {
+        return work.await;
+    };
+    tokio::select! {
+        r = work => r,
+        _ = int.recv() => {
+            let said = tokio::time::timeout(Duration::from_secs(3), said)
+                .await
+                .unwrap_or_else(|_| "the coordinator did not answer in 3 s".into());
+            eprintln!("\nflotilla: interrupted: {said}");
+            std::process::exit(130);
+        }
+    }
+}
+
+/// What [`unless_interrupted`] says of a job a client followed: it goes on.
+async fn still_runs(job: JobId) -> String {
+    format!(
+        "job {n} goes on running on the coordinator; `flotilla wait {n}` follows it again, \
+         `flotilla cancel {n}` stops it",
+        n = job.0
+    )
+}
+
 /// Where [`follow`] shows its progress.
 #[derive(Clone, Copy, PartialEq)]
 enum Progress {
@@ -1016,8 +1049,22 @@ const STOPPING_WAIT: Duration = Duration::from_secs(15);
 /// ended, not "stopping".
 async fn settled(client: &mut Client, job: JobId) -> Result<JobStatus> {
     let until = Instant::now() + STOPPING_WAIT;
+    // Called once the job was followed to its end: its coordinator answered, so a broken
+    // connection now (it restarts, a leader changes) is connected again, as following does.
+    let mut outage = flotilla::cluster::Outage::default();
     loop {
-        let s = client.job_status(job).await?;
+        let s = match client
+            .job_status(job)
+            .await
+            .map_err(Client::lost_after_answer)
+        {
+            Ok(s) => s,
+            Err(e) if e.is_transient() => {
+                *client = client.follow_again(&mut outage, false, e).await?;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         let stopping = s.counts.running + s.counts.assigned > 0;
         if s.state == flotilla_cluster::state::JobState::Running
             || !stopping
@@ -1355,12 +1402,38 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         submitted.job,
         why_cancelled.clone(),
     ));
-    // No waiting reasons: its one worker is the machine (a task too large is cancelled).
-    let ok = follow(&mut client, submitted.job, &label, to, false).await?;
+    // Interrupted, the job is cancelled at once (the journal says so, and the next run in
+    // this folder has nothing left to cancel); its tasks stop with this process.
+    let interrupted = {
+        let (remote, job) = (remote.clone(), submitted.job);
+        async move {
+            let Ok(mut c) = Client::connect(&remote).await else {
+                return format!("job {} stops with this run", job.0);
+            };
+            let _ = c.cancel(job).await;
+            match c.job_status(job).await {
+                Ok(s) => format!(
+                    "cancelled job {} ({} of {} tasks done); its tasks stop with this run",
+                    job.0, s.counts.done, s.total
+                ),
+                Err(_) => format!("job {} stops with this run", job.0),
+            }
+        }
+    };
+    let (ok, status) = unless_interrupted(
+        async {
+            // No waiting reasons: its one worker is the machine (a task too large is
+            // cancelled).
+            let ok = follow(&mut client, submitted.job, &label, to, false).await?;
+            let status = settled(&mut client, submitted.job).await?;
+            gather_if_transfer(&mut client, &status, ok).await?;
+            anyhow::Ok((ok, status))
+        },
+        interrupted,
+    )
+    .await?;
     never.abort();
     let too_large = why_cancelled.get();
-    let status = settled(&mut client, submitted.job).await?;
-    gather_if_transfer(&mut client, &status, ok).await?;
     if let Some(why) = too_large {
         eprintln!(
             "flotilla: {why}; it can never run on this machine's worker, so the job was \
@@ -1458,25 +1531,20 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
         s.tasks,
         if s.tasks == 1 { "" } else { "s" }
     );
-    let mut ok = true;
-    if a.wait {
-        ok = follow(
-            &mut client,
-            s.job,
-            &format!("{} (job {})", s.name, s.job.0),
-            Progress::Stdout,
-            true,
-        )
-        .await?;
-        // The summary names failed tasks and why, even those that failed before the event
-        // stream was opened (the stream does not replay them).
-        let status = settled(&mut client, s.job).await?;
-        let shown = summarize(&mut client, &status).await;
-        gather_if_transfer(&mut client, &status, ok).await?;
-        crate::out::after_outcome(shown)?;
-    }
-    // The job id alone on the last line of stdout, for scripts.
+    let waited = if a.wait {
+        follow_to_end(&mut client, s.job, &format!("{} (job {})", s.name, s.job.0)).await
+    } else {
+        Ok(true)
+    };
+    // The job id alone on the last line of stdout, for scripts, also when following it
+    // failed (the coordinator gone for good): the job was taken, and may still run.
     crate::out::after_outcome(crate::out::write(format_args!("{}", s.job.0), true))?;
+    let ok = waited.with_context(|| {
+        format!(
+            "following job {} (it was submitted; `flotilla wait {}` follows it again)",
+            s.job.0, s.job.0
+        )
+    })?;
     Ok(ok)
 }
 
@@ -1613,19 +1681,26 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
 pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let job = JobId::new(a.job);
-    let ok = follow(
-        &mut client,
-        job,
-        &format!("job {}", job.0),
-        Progress::Stdout,
-        true,
+    follow_to_end(&mut client, job, &format!("job {}", job.0)).await
+}
+
+/// `wait` and `submit --wait`: follows a job to its end, prints its summary (with the last
+/// lines of each failed task's stderr, even those that failed before the event stream was
+/// opened: the stream does not replay them), gathers its outputs in transfer staging;
+/// whether it succeeded. Ctrl-C says that the job goes on.
+async fn follow_to_end(client: &mut Client, job: JobId, label: &str) -> Result<bool> {
+    unless_interrupted(
+        async {
+            let ok = follow(client, job, label, Progress::Stdout, true).await?;
+            let status = settled(client, job).await?;
+            let shown = summarize(client, &status).await;
+            gather_if_transfer(client, &status, ok).await?;
+            crate::out::after_outcome(shown)?;
+            Ok(ok)
+        },
+        still_runs(job),
     )
-    .await?;
-    let status = settled(&mut client, job).await?;
-    let shown = summarize(&mut client, &status).await;
-    gather_if_transfer(&mut client, &status, ok).await?;
-    crate::out::after_outcome(shown)?;
-    Ok(ok)
+    .await
 }
 
 pub(crate) async fn trace(a: TraceArgs) -> Result<()> {

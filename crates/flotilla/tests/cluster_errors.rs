@@ -743,36 +743,48 @@ fn local_run(dir: &std::path::Path, cpus: &str, more: &[&str]) -> Command {
     cmd
 }
 
+/// `flotilla run` in `dir` of a job `long` of two tasks that sleep, on one CPU, once its
+/// first task has started; its stderr piped.
+fn long_run(dir: &std::path::Path) -> std::process::Child {
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"long\"\n[[task]]\nid = \"long\"\narray = \"0..2\"\ncmd = [\"sh\", \"-c\", \"echo $$ > long{i}.pid; exec sleep 600\"]\n",
+    )
+    .unwrap();
+    let run = local_run(dir, "1", &[])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the run's first task to start", WAIT, || {
+        std::fs::read_to_string(dir.join("long0.pid"))
+            .ok()
+            .filter(|p| p.ends_with('\n'))
+    });
+    run
+}
+
+/// `flotilla run` in `dir` of a job `short` of one task that ends at once.
+fn short_run(dir: &std::path::Path) -> Output {
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"short\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
+    local_run(dir, "1", &[]).output().unwrap()
+}
+
 /// `flotilla run` killed mid-job leaves that job running in its state folder; the next run
 /// there cancels it and says so, instead of resuming it unannounced before its own job.
 #[test]
 fn a_run_after_an_interrupted_one_cancels_its_leftover_job_and_says_so() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    std::fs::write(
-        dir.join("job.toml"),
-        "name = \"long\"\n[[task]]\nid = \"long\"\narray = \"0..2\"\ncmd = [\"sh\", \"-c\", \"echo $$ > long{i}.pid; exec sleep 600\"]\n",
-    )
-    .unwrap();
-    let mut first = local_run(dir, "1", &[])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_until("the first run's task to start", WAIT, || {
-        std::fs::read_to_string(dir.join("long0.pid"))
-            .ok()
-            .filter(|p| p.ends_with('\n'))
-    });
+    let mut first = long_run(dir);
     first.kill().unwrap();
     first.wait().unwrap();
 
-    std::fs::write(
-        dir.join("job.toml"),
-        "name = \"short\"\n[[task]]\nid = \"a\"\ncmd = [\"true\"]\n",
-    )
-    .unwrap();
-    let second = local_run(dir, "1", &[]).output().unwrap();
+    let second = short_run(dir);
     let err = text(&second.stderr);
     assert!(second.status.success(), "{err}{}", text(&second.stdout));
     assert!(
@@ -785,6 +797,54 @@ fn a_run_after_an_interrupted_one_cancels_its_leftover_job_and_says_so() {
         "{}",
         text(&second.stdout)
     );
+}
+
+/// Ctrl-C (SIGINT) of `flotilla run` cancels its job and says so, with what was done; it
+/// exits 130 as the default action did (which ended it silently), and the next run has no
+/// leftover job to cancel. Ctrl-C of `flotilla wait` says the job goes on, and it does.
+#[test]
+fn ctrl_c_of_run_cancels_its_job_and_of_wait_says_the_job_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let run = long_run(dir);
+    // SAFETY: kill(2) on the child this test started and has not reaped.
+    unsafe { libc::kill(run.id() as libc::pid_t, libc::SIGINT) };
+    let out = run.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("interrupted: cancelled job 1 (0 of 2 tasks done)"),
+        "{err}"
+    );
+    let second = short_run(dir);
+    let err = text(&second.stderr);
+    assert!(second.status.success(), "{err}");
+    assert!(!err.contains("left unfinished"), "{err}");
+
+    let c = Cluster::start(1, 1);
+    let (job, go) = c.submit_gated("gated", "", "");
+    let mut wait = c.cli_piped(&["wait", &job.0.to_string()]);
+    // Kept open to the end: a closed pipe would end `wait` before the signal does.
+    let mut progress = std::io::BufReader::new(wait.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut progress, &mut first).unwrap();
+    assert!(first.contains("0/1 tasks done"), "{first}");
+    // SAFETY: as above.
+    unsafe { libc::kill(wait.id() as libc::pid_t, libc::SIGINT) };
+    let out = wait.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains(&format!(
+            "interrupted: job {n} goes on running on the coordinator; `flotilla wait {n}` \
+             follows it again, `flotilla cancel {n}` stops it",
+            n = job.0
+        )),
+        "{err}"
+    );
+    drop(progress);
+    std::fs::write(&go, "").unwrap();
+    assert_succeeded(&c.wait_job(job, WAIT));
 }
 
 /// `flotilla run` has one worker, this machine's: a task larger than it offers would wait

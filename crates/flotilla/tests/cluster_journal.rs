@@ -270,54 +270,18 @@ fn a_jobs_times_are_the_same_after_a_restart() {
 /// the stop with "the coordinator is stopping".
 #[test]
 fn wait_follows_a_job_through_coordinator_restarts() {
-    use std::io::BufRead as _;
     let mut c = Cluster::start(1, 1);
-    let go = c.job_dir().join("go");
-    let job = c.submit_toml(
-        "gated.toml",
-        &format!(
-            "name = \"gated\"\n[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", \"echo before; while [ ! -e {} ]; do sleep 0.05; done; echo after\"]\n",
-            go.display()
-        ),
-    );
-    let mut wait = c
-        .cli_command(&["wait", &job.0.to_string()], &c.token)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (job, go) = c.submit_gated("gated", "echo before", "echo after");
+    let mut wait = c.cli_piped(&["wait", &job.0.to_string()]);
     // Its first progress line: it follows the job's events.
-    let stdout = wait.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = lines_of(&mut wait);
     let first = rx
         .recv_timeout(WAIT)
         .expect("a progress line from flotilla wait");
     assert!(first.contains("0/1 tasks done"), "{first}");
     // And one following the task's output (`logs --follow`), once its first line came.
-    let mut logs = c
-        .cli_command(&["logs", &job.0.to_string(), "t", "--follow"], &c.token)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let logs_out = logs.stdout.take().unwrap();
-    let (ltx, lrx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(logs_out)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = ltx.send(line);
-        }
-    });
+    let mut logs = c.cli_piped(&["logs", &job.0.to_string(), "t", "--follow"]);
+    let lrx = lines_of(&mut logs);
     let line = lrx
         .recv_timeout(WAIT)
         .expect("the task's first line from flotilla logs --follow");
@@ -378,28 +342,14 @@ fn lines_of(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String
 #[test]
 fn follows_ride_out_a_port_that_drops_connections_while_the_coordinator_is_down() {
     let mut c = Cluster::start(1, 1);
-    let go = c.job_dir().join("go");
-    let job = c.submit_toml(
-        "gated.toml",
-        &format!(
-            "name = \"gated\"\n[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", \"echo before; while [ ! -e {} ]; do sleep 0.05; done; echo after\"]\n",
-            go.display()
-        ),
-    );
-    let piped = |args: &[&str]| {
-        c.cli_command(args, &c.token)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
-    let mut wait = piped(&["wait", &job.0.to_string()]);
+    let (job, go) = c.submit_gated("gated", "echo before", "echo after");
+    let mut wait = c.cli_piped(&["wait", &job.0.to_string()]);
     let wait_lines = lines_of(&mut wait);
     let first = wait_lines
         .recv_timeout(WAIT)
         .expect("a progress line from flotilla wait");
     assert!(first.contains("0/1 tasks done"), "{first}");
-    let mut logs = piped(&["logs", &job.0.to_string(), "t", "--follow"]);
+    let mut logs = c.cli_piped(&["logs", &job.0.to_string(), "t", "--follow"]);
     let log_lines = lines_of(&mut logs);
     let line = log_lines
         .recv_timeout(WAIT)

@@ -382,14 +382,7 @@ fn each_worker_pods_deletion_cost_follows_the_attempts_on_it() {
         vec![("w0".into(), "0".into()), ("w1".into(), "0".into())]
     );
     // One task that runs until the test lets it end: its worker's cost is 1 at once.
-    let go = c.job_dir().join("go");
-    let job = c.submit_toml(
-        "busy",
-        &format!(
-            "name = \"busy\"\n[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", \"while [ ! -e {} ]; do sleep 0.05; done\"]\n",
-            go.display()
-        ),
-    );
+    let (job, go) = c.submit_gated("busy", "", "");
     let (busy, cost) = next();
     assert_eq!(cost, "1", "{busy}");
     std::fs::write(&go, "").unwrap();

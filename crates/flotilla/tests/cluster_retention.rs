@@ -118,14 +118,7 @@ fn the_journal_is_compacted_once_jobs_are_removed() {
     let marker = "marker-of-the-removed-job";
     // The task waits for `go`: finished, the job is removed within 1–2 s, and a test that
     // looked at it only then could find it gone already.
-    let go = c.job_dir().join("go");
-    let first = c.submit_toml(
-        "first.toml",
-        &format!(
-            "[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", \"while [ ! -e {} ]; do sleep 0.05; done; echo {marker}\"]\n",
-            go.display()
-        ),
-    );
+    let (first, go) = c.submit_gated("first", "", &format!("echo {marker}"));
     let holds_marker = || {
         let bytes = std::fs::read(&journal).unwrap();
         bytes.windows(marker.len()).any(|w| w == marker.as_bytes())

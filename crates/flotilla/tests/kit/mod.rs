@@ -529,6 +529,16 @@ impl Cluster {
         cmd.args(extra).output().expect("the flotilla binary runs")
     }
 
+    /// Starts the CLI with `args` (the admin's token), its stdout and stderr piped: for a
+    /// command that follows something (`wait`, `logs --follow`) while the test acts.
+    pub(crate) fn cli_piped(&self, args: &[&str]) -> std::process::Child {
+        self.cli_command(args, &self.token)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the flotilla binary runs")
+    }
+
     /// The CLI with `args` against this cluster (FLOTILLA_SERVER set, `token` presented), in
     /// the job folder, stdin closed: for a test that sets more (its stdout) before running it.
     pub(crate) fn cli_command(&self, args: &[&str], token: &str) -> Command {
@@ -567,6 +577,24 @@ impl Cluster {
         let path = self.job_dir().join(name);
         std::fs::write(&path, toml).expect("write the job file");
         self.submit(&path)
+    }
+
+    /// Submits a job `name` of one task `t` that runs `before`, waits until the returned
+    /// file exists (the test creates it: the task runs as long as the test wants), then runs
+    /// `after` (shell commands; empty for none).
+    pub(crate) fn submit_gated(&self, name: &str, before: &str, after: &str) -> (JobId, PathBuf) {
+        let go = self.job_dir().join(format!("{name}.go"));
+        let script = format!(
+            "{before}{}while [ ! -e {} ]; do sleep 0.05; done{}{after}",
+            if before.is_empty() { "" } else { "; " },
+            go.display(),
+            if after.is_empty() { "" } else { "; " },
+        );
+        let toml = format!(
+            "name = \"{name}\"\n[[task]]\nid = \"t\"\ncmd = [\"sh\", \"-c\", {}]\n",
+            toml_string(&script)
+        );
+        (self.submit_toml(&format!("{name}.toml"), &toml), go)
     }
 
     fn with_client<T>(
@@ -913,4 +941,19 @@ pub(crate) fn last_line(out: &Output) -> String {
         .unwrap_or_default()
         .trim()
         .to_string()
+}
+
+/// `s` as a TOML basic string.
+pub(crate) fn toml_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }

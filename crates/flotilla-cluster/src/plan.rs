@@ -108,6 +108,18 @@ pub fn plan_file(path: &Path) -> Result<Plan> {
     }
     let more_warnings = warnings.len().saturating_sub(MAX_WARNINGS);
     warnings.truncate(MAX_WARNINGS);
+    // `flotilla run` takes it, a coordinator with its default limit would not.
+    let tasks = graph.tasks().len() as u64;
+    if tasks > crate::server::DEFAULT_MAX_JOB_TASKS {
+        warnings.insert(
+            0,
+            format!(
+                "the job expands to {tasks} tasks: `flotilla run` takes it, but a coordinator \
+                 refuses more than {} by default (`flotilla server --max-job-tasks`)",
+                crate::server::DEFAULT_MAX_JOB_TASKS
+            ),
+        );
+    }
     let task_tables = spec
         .tasks
         .iter()

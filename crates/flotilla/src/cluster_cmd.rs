@@ -899,7 +899,9 @@ async fn follow(
 ) -> Result<bool> {
     let tty = to == Progress::Stdout && std::io::stdout().is_terminal();
     let bar = if tty {
-        let b = ProgressBar::new(0);
+        // Drawn from the first event, which gives its length: a bar of length 0 was drawn
+        // full ("0/0 tasks") until then.
+        let b = ProgressBar::with_draw_target(Some(0), indicatif::ProgressDrawTarget::hidden());
         b.set_style(
             ProgressStyle::with_template(
                 "{spinner} {prefix} [{bar:40}] {pos}/{len} tasks {elapsed} (eta {eta}) {msg}",
@@ -908,12 +910,12 @@ async fn follow(
             .progress_chars("=> "),
         );
         b.set_prefix(label.to_string());
-        b.enable_steady_tick(Duration::from_millis(120));
         Some(b)
     } else {
         None
     };
     let mut last_line = Instant::now() - Duration::from_secs(10);
+    let mut drawn = false;
     // The first failure to write progress (stdout closed under us); the wait goes on to the end.
     let mut shown: Result<()> = Ok(());
     // Why the job waits, when it does (a quota, a pool's rule, a task no worker fits): no
@@ -932,6 +934,11 @@ async fn follow(
             if let Some(b) = &bar {
                 b.set_length(ev.total as u64);
                 b.set_position(ev.done as u64);
+                if !drawn && ev.total > 0 {
+                    drawn = true;
+                    b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+                    b.enable_steady_tick(Duration::from_millis(120));
+                }
                 if ev.state == "failed" || ev.state == "backoff" {
                     b.println(format!("  {} {}: {}", ev.name, ev.state, ev.message));
                 }
@@ -1315,14 +1322,19 @@ fn dry_run(job: &Path, json: bool) -> Result<bool> {
         ]);
     }
     outln!("{t}");
+    print_warnings(&plan);
+    outln!("checked; nothing was run (--dry-run)");
+    Ok(true)
+}
+
+/// A plan's warnings, on stderr.
+fn print_warnings(plan: &flotilla_cluster::plan::Plan) {
     for w in &plan.warnings {
         eprintln!("warning: {w}");
     }
     if plan.more_warnings > 0 {
         eprintln!("warning: … and {} more like these", plan.more_warnings);
     }
-    outln!("checked; nothing was run (--dry-run)");
-    Ok(true)
 }
 
 pub(crate) async fn run(a: RunArgs) -> Result<bool> {
@@ -1330,8 +1342,12 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         return dry_run(&a.job, a.json);
     }
     let job_path = a.job.clone();
-    // Refuse a bad job file before starting anything.
-    check_job_file(&job_path, true)?;
+    // Refuse a bad job file before starting anything, and say what `--dry-run` would warn
+    // of (an input that no task before it writes raced silently).
+    check_job_file(&job_path, false)?;
+    print_warnings(
+        &flotilla_cluster::plan::plan_file(&job_path).map_err(|e| anyhow::anyhow!("{e}"))?,
+    );
     let job_dir = std::fs::canonicalize(&job_path)?
         .parent()
         .map(Path::to_path_buf)
@@ -1841,7 +1857,23 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
         }
         let wrote = resume.printed_any();
         // Said on stderr, so that stdout holds the task's own output only.
-        if !wrote && a.stderr {
+        if !wrote && resume.last_attempt == Some(0) {
+            let ended = client
+                .job_status_range(JobId::new(a.job), 0, Some(0))
+                .await
+                .ok()
+                .filter(|s| s.state != flotilla_cluster::state::JobState::Running);
+            match ended {
+                Some(s) => eprintln!(
+                    "({} never ran: job {} ended ({}) before it started)",
+                    a.task, a.job, s.state
+                ),
+                None => eprintln!(
+                    "({} has not started yet; --follow waits for its output)",
+                    a.task
+                ),
+            }
+        } else if !wrote && a.stderr {
             eprintln!("({} wrote nothing to stderr)", a.task);
         } else if !wrote {
             eprintln!(
@@ -1871,6 +1903,8 @@ struct LogResume {
     seen: (u32, usize),
     /// Whether a stream was opened: the coordinator answered.
     opened: bool,
+    /// The attempt of the last chunk (0: the task never ran, said by an empty chunk).
+    last_attempt: Option<u32>,
 }
 
 impl LogResume {
@@ -1885,6 +1919,7 @@ impl LogResume {
 
     /// The part of this chunk not printed yet (counted as printed from here on).
     fn unprinted<'a>(&mut self, attempt: u32, data: &'a [u8]) -> &'a [u8] {
+        self.last_attempt = Some(attempt);
         if attempt != self.seen.0 {
             self.seen = (attempt, 0);
         }

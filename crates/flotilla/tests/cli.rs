@@ -531,6 +531,44 @@ outputs = ["sum.txt"]
     );
 }
 
+/// `run` warns of what `--dry-run` warns of: an input pattern matching the output of a task
+/// it does not run after raced silently. A job larger than a coordinator takes by default
+/// is warned of (`run` takes it, `submit` was refused).
+#[test]
+fn run_warns_as_a_dry_run_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("job.toml");
+    std::fs::write(
+        &file,
+        "[[task]]\nid = \"make\"\narray = \"0..2\"\ncmd = [\"sh\", \"-c\", \"echo {i} > part{i}.txt\"]\noutputs = [\"part{i}.txt\"]\n\
+         [[task]]\nid = \"sum\"\ncmd = [\"sh\", \"-c\", \"cat part*.txt > sum.txt\"]\ninputs = [\"part*.txt\"]\noutputs = [\"sum.txt\"]\n",
+    )
+    .unwrap();
+    let (_, _, err) = flotilla(&[
+        "run",
+        "--cpus",
+        "1",
+        "--gpus",
+        "none",
+        file.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains("warning: task \"sum\": input pattern \"part*.txt\" matches \"part0.txt\", an output of task \"make[0]\", which does not run before it"),
+        "{err}"
+    );
+    std::fs::write(
+        &file,
+        "[[task]]\nid = \"t\"\narray = \"0..1000001\"\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
+    let (ok, _, err) = flotilla(&["run", "--dry-run", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("warning: the job expands to 1000001 tasks: `flotilla run` takes it, but a coordinator refuses more than 1000000 by default"),
+        "{err}"
+    );
+}
+
 #[test]
 fn run_refuses_a_whole_machine_job_folder_before_writing_in_it() {
     // A job file straight in /tmp: the coordinator refuses /tmp as a job folder, and `run`

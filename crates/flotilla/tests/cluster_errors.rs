@@ -502,6 +502,50 @@ cmd = ["touch", "later-ran"]
     assert_eq!(c.wait_job(done, WAIT).state, JobState::Succeeded);
 }
 
+/// `logs` of a task that has not run says so (it said "wrote nothing" of a task still
+/// waiting, and of one its job's cancel left unrun); `--follow` of one waits, and says it
+/// never ran when its job ends first.
+#[test]
+fn logs_of_a_task_that_never_ran_say_so() {
+    let c = Cluster::start(1, 1);
+    let go = c.job_dir().join("go");
+    let job = c.submit_toml(
+        "two.toml",
+        &format!(
+            "name = \"two\"\n[[task]]\nid = \"first\"\ncmd = [\"sh\", \"-c\", \"while [ ! -e {} ]; do sleep 0.05; done\"]\n\
+             [[task]]\nid = \"second\"\nafter = [\"first\"]\ncmd = [\"echo\", \"never\"]\n",
+            go.display()
+        ),
+    );
+    let id = job.0.to_string();
+    let waiting = c.cli(&["logs", &id, "second"]);
+    assert!(waiting.status.success(), "{}", text(&waiting.stderr));
+    assert_eq!(text(&waiting.stdout), "");
+    assert!(
+        text(&waiting.stderr)
+            .contains("(second has not started yet; --follow waits for its output)"),
+        "{}",
+        text(&waiting.stderr)
+    );
+    let following = c.cli_piped(&["logs", &id, "second", "--follow"]);
+    let cancel = c.cli(&["cancel", &id]);
+    assert!(cancel.status.success(), "{}", text(&cancel.stderr));
+    let followed = following.wait_with_output().unwrap();
+    let never = format!("(second never ran: job {id} ended (cancelled) before it started)");
+    assert!(followed.status.success(), "{}", text(&followed.stderr));
+    assert!(
+        text(&followed.stderr).contains(&never),
+        "{}",
+        text(&followed.stderr)
+    );
+    let ended = c.cli(&["logs", &id, "second", "--stderr"]);
+    assert!(
+        text(&ended.stderr).contains(&never),
+        "{}",
+        text(&ended.stderr)
+    );
+}
+
 #[test]
 fn logs_print_what_the_task_wrote() {
     let c = Cluster::start(1, 1);

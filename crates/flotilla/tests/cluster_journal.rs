@@ -166,7 +166,15 @@ fn rm_forgets_a_finished_job_across_a_restart_and_refuses_a_running_one() {
     assert!(c.status(job).is_none(), "the removed job is still known");
     let out = c.cli(&["rm", &job.0.to_string()]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("no job {}", job.0)));
+    // Said with what it may mean: removed (ids are never given twice).
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!(
+            "no job {} (ids are never given twice: a job removed with `flotilla rm`",
+            job.0
+        )),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     c.kill_server();
     c.restart_server();

@@ -275,7 +275,8 @@ pub struct LogsRequest {
     pub stderr: bool,
 }
 /// `attempt`: whose output this is (1 for the first; 0 from coordinators before it was sent).
-/// A followed stream goes on from one attempt to the next.
+/// A followed stream goes on from one attempt to the next. A stream that carried nothing ends
+/// with an empty chunk naming the attempt it read (0: the task never ran).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct LogChunk {
     #[prost(bytes = "vec", tag = "1")]

@@ -144,8 +144,15 @@ pub(super) enum Req {
 
 /// What a job request answers for a job its sender does not see: exactly what it answers
 /// for a job that does not exist.
+/// "no job N", the same for an id never given, a job removed and another tenant's (whose
+/// existence is not told); with what it may mean (`status` of a removed job said "no job
+/// 2", as of one never made).
 pub(super) fn no_job(job: JobId) -> Status {
-    Status::not_found(format!("no job {}", job.0))
+    Status::not_found(format!(
+        "no job {} (ids are never given twice: a job removed with `flotilla rm`, or by the \
+         retention of finished jobs, is gone for good)",
+        job.0
+    ))
 }
 
 impl Req {
@@ -236,6 +243,9 @@ pub(super) struct LogInfo {
     /// The attempt those files are of (0 when the task has not been tried yet).
     pub(super) attempt: u32,
     pub(super) finished: bool,
+    /// Whether any attempt of the task ran (one placed on a worker's queue and cancelled
+    /// there did not).
+    pub(super) ran: bool,
 }
 
 /// The thread that owns the state machine.
@@ -1775,10 +1785,17 @@ impl Core {
                         .unwrap_or(t.attempts)
                 };
                 let (out, err) = self.log_paths(job, t.id, attempt);
+                let ran = matches!(
+                    t.state,
+                    state::TaskState::Running | state::TaskState::Done | state::TaskState::Failed
+                ) || t.usage.is_some()
+                    || out.exists()
+                    || err.exists();
                 Ok(LogInfo {
                     out,
                     err,
                     attempt,
+                    ran,
                     finished: t.state.is_final(),
                 })
             }

@@ -442,6 +442,8 @@ impl CoordinatorRpc for Api {
             let mut off = 0u64;
             let mut attempt = info.attempt;
             let mut finished = info.finished;
+            let mut ran = info.ran;
+            let mut sent = false;
             loop {
                 let chunk = {
                     let p = path.clone();
@@ -452,6 +454,7 @@ impl CoordinatorRpc for Api {
                 };
                 if !chunk.is_empty() {
                     off += chunk.len() as u64;
+                    sent = true;
                     if tx
                         .send(Ok(proto::LogChunk {
                             data: chunk,
@@ -466,6 +469,17 @@ impl CoordinatorRpc for Api {
                     continue;
                 }
                 if finished || !r.follow {
+                    // Nothing to show: said with the attempt read, 0 for a task that never
+                    // ran (`logs` said "wrote nothing" of a task still waiting, or cancelled).
+                    if !sent {
+                        let _ = tx
+                            .send(Ok(proto::LogChunk {
+                                data: Vec::new(),
+                                stderr: r.stderr,
+                                attempt: if ran { attempt } else { 0 },
+                            }))
+                            .await;
+                    }
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -493,6 +507,7 @@ impl CoordinatorRpc for Api {
                         } else {
                             finished = i.finished;
                         }
+                        ran = i.ran;
                     }
                     _ => return,
                 }

@@ -75,7 +75,7 @@ pub enum ClusterError {
         source: crate::state::StateError,
     },
     /// A listening socket could not be opened.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {source}{}", bind_hint(.source))]
     Bind {
         /// The address.
         addr: String,
@@ -144,6 +144,17 @@ impl ClusterError {
             path: path.display().to_string(),
             error: source,
         }
+    }
+}
+
+/// What a port already taken may mean (a second `flotilla server` on the port said only
+/// "Address already in use").
+fn bind_hint(e: &std::io::Error) -> &'static str {
+    if e.kind() == std::io::ErrorKind::AddrInUse {
+        " (another process listens there, such as a flotilla server or worker already \
+         running: stop it, or give another port)"
+    } else {
+        ""
     }
 }
 

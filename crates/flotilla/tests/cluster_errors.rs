@@ -998,7 +998,9 @@ fn a_server_whose_port_is_taken_says_so_and_leaves_no_state_behind() {
         assert!(!out.status.success(), "{flag}");
         let err = text(&out.stderr);
         assert!(
-            err.contains(&format!("cannot listen on {addr}")) && err.contains("in use"),
+            err.contains(&format!("cannot listen on {addr}"))
+                && err.contains("in use")
+                && err.contains("another process listens there"),
             "{flag}: {err}"
         );
         assert!(

@@ -32,15 +32,42 @@ pub(crate) struct Group {
     pub(crate) rt: tokio::runtime::Runtime,
 }
 
-/// A port `p` with `p + 1` free too (the API and the group port), from the ephemeral range.
+/// A port `p` with `p + 1` free too (the API and the group port), below the kernel's
+/// ephemeral range where it has room there: a port from that range, free when picked, could
+/// be taken by any outgoing connection (the kit polls the nodes all along) before a node
+/// killed and restarted binds it again, which then failed to start.
 pub(crate) fn free_pair(taken: &HashSet<u16>) -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let usable = |p: u16| {
+        p < u16::MAX
+            && !taken.contains(&p)
+            && !taken.contains(&(p + 1))
+            && std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()
+            && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok()
+    };
+    if low > 12_000 {
+        // From a start that differs between test processes and calls (the pid and the
+        // clock), every port pair of [10000, low - 2).
+        let span = u32::from(low - 2 - 10_000);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let start = (std::process::id().wrapping_mul(7919) ^ nanos) % span;
+        for k in 0..span {
+            let p = 10_000 + ((start + k) % span) as u16;
+            if usable(p) {
+                return p;
+            }
+        }
+    }
     loop {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
         let p = l.local_addr().expect("its address").port();
-        if p == u16::MAX || taken.contains(&p) || taken.contains(&(p + 1)) {
-            continue;
-        }
-        if std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+        drop(l);
+        if usable(p) {
             return p;
         }
     }

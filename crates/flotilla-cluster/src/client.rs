@@ -40,6 +40,9 @@ pub struct Client {
     remote: Remote,
     /// How long connecting again may take.
     patience: std::time::Duration,
+    /// Whether the coordinator answered it with a job's events ([`Client::wait`]): from then
+    /// on a broken transport is the connection lost, not a server that wants TLS.
+    answered: bool,
 }
 
 /// How long [`Client::connect`]'s client waits for its coordinator to answer again when the
@@ -205,6 +208,7 @@ impl Client {
                 tls: remote.tls_ca.is_some(),
                 remote: remote.clone(),
                 patience: RECONNECT_PATIENCE,
+                answered: false,
             })
         })
     }
@@ -287,7 +291,9 @@ impl Client {
                 std::time::Duration::from_millis(50),
                 std::time::Duration::from_secs(1),
             );
-            self.reconnect().await
+            let mut c = self.reconnect().await?;
+            c.answered = self.answered;
+            Ok(c)
         })
     }
 
@@ -523,14 +529,11 @@ impl Client {
             // there: the journal kept it.
             let mut rewatches = 0u32;
             let mut outage = Outage::default();
-            // Whether this coordinator has answered: from then on a transport failure is the
-            // connection lost, not a server that wants TLS.
-            let mut answered = false;
             loop {
                 let mut got = false;
                 let ended = match self.watch(job).await {
                     Ok(mut s) => loop {
-                        answered = true;
+                        self.answered = true;
                         match s.message().await.map_err(|e| self.stream_error(e)) {
                             Ok(Some(ev)) => {
                                 got = true;
@@ -545,7 +548,7 @@ impl Client {
                             Err(e) => break Err(e),
                         }
                     },
-                    Err(e) if answered => Err(lost_if_answered(e)),
+                    Err(e) if self.answered => Err(lost_if_answered(e)),
                     Err(e) => Err(e),
                 };
                 match ended {
@@ -688,8 +691,20 @@ impl Client {
             const ROUNDS: u32 = 12;
             let mut backoff = std::time::Duration::from_millis(250);
             let mut last_error = String::new();
-            for _ in 0..ROUNDS {
-                let outs = match self.outputs(job).await {
+            // A lost connection (the coordinator restarts, a leader changes) is made again
+            // within the follower's patience, and counts no round.
+            let mut outage = Outage::default();
+            let mut rounds = 0;
+            while rounds < ROUNDS {
+                rounds += 1;
+                let answered = self.answered;
+                let outs = match self.outputs(job).await.map_err(|e| {
+                    if answered {
+                        lost_if_answered(e)
+                    } else {
+                        e
+                    }
+                }) {
                     Ok(Outputs::Ready(outs)) => outs,
                     Ok(Outputs::Rebuilding(why)) => {
                         note(&why);
@@ -707,6 +722,11 @@ impl Client {
                         last_error = e.to_string();
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(std::time::Duration::from_secs(4));
+                        continue;
+                    }
+                    Err(e) if e.is_transient() => {
+                        rounds -= 1;
+                        *self = self.follow_again(&mut outage, false, e).await?;
                         continue;
                     }
                     Err(e) => return Err(e),

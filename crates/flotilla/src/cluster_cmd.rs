@@ -1516,8 +1516,10 @@ async fn gather_if_transfer(client: &mut Client, status: &JobStatus, ok: bool) -
     Ok(())
 }
 
-/// How many times `flotilla submit` sends a submission whose answer was lost.
-const SUBMIT_ATTEMPTS: u32 = 5;
+/// How long `flotilla submit` goes on sending a submission whose answer was lost (at least
+/// 5 times): counting 5 tries alone (7.5 s) could end within one unlucky election of a
+/// loaded group.
+const SUBMIT_PATIENCE: Duration = Duration::from_secs(30);
 
 pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     if a.dry_run {
@@ -1528,13 +1530,14 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     check_job_file(&a.job, false)?;
     let id = Client::new_request_id();
     let mut attempt = 1;
+    let started = Instant::now();
     let (mut client, s) = loop {
         let mut client = a.remote.client().await?;
         match client.submit_file_with_id(&a.job, Some(&id)).await {
             Ok(s) => break (client, s),
-            Err(e) if e.is_transient() && attempt < SUBMIT_ATTEMPTS => {
-                eprintln!("submitting: {e}; trying again ({attempt}/{SUBMIT_ATTEMPTS})");
-                tokio::time::sleep(Duration::from_millis(250 << attempt)).await;
+            Err(e) if e.is_transient() && (attempt < 5 || started.elapsed() < SUBMIT_PATIENCE) => {
+                eprintln!("submitting: {e}; trying again (attempt {})", attempt + 1);
+                tokio::time::sleep(Duration::from_millis(250 << attempt.min(3))).await;
                 attempt += 1;
             }
             Err(e) => return Err(e.into()),

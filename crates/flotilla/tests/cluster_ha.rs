@@ -697,6 +697,17 @@ fn a_node_restarted_under_another_address_is_refused() {
     let mut g = Group::start(0);
     let leader = g.leader();
     let f = (1..=3).find(|&i| i != leader).unwrap();
+    // Once it holds the group's membership (killed before, it knows nothing to compare with:
+    // a node that never held the log is checked by the others instead).
+    wait_until("the follower to hold the leader's log", JOB_TIMEOUT, || {
+        let group = g.overview()?.group?;
+        let applied = group.applied?;
+        group
+            .members
+            .iter()
+            .any(|m| m.id == f as u64 && m.matched.is_some_and(|i| i >= applied))
+            .then_some(())
+    });
     g.kill_node(f);
     let mut peers = g.peers.clone();
     let other = peers[(f % 3 + 1) - 1].clone();

@@ -200,6 +200,24 @@ impl LogStore {
         g.vote.is_none() && g.log.is_empty() && g.purged.is_none() && g.committed.is_none()
     }
 
+    /// What the latest membership entry held here says of node `id`'s API address: `None`
+    /// when the log holds no membership entry (purged into a snapshot, or none came yet);
+    /// `Some(None)` when it does not name the node. The entry may not be applied yet: a node
+    /// stopped before it learned that the entry was committed holds it all the same.
+    pub fn member_address(&self, id: NodeId) -> Option<Option<String>> {
+        self.inner
+            .lock()
+            .log
+            .values()
+            .rev()
+            .find_map(|e| match &e.payload {
+                openraft::EntryPayload::Membership(m) => {
+                    Some(m.get_node(&id).map(|n| n.addr.clone()))
+                }
+                _ => None,
+            })
+    }
+
     /// The entries held in `range` (a state machine catching up its journal).
     pub fn entries(&self, range: std::ops::RangeInclusive<u64>) -> Vec<Entry> {
         self.inner

@@ -590,6 +590,7 @@ impl Node {
         }
         .validate()
         .map_err(|e| raft_err("settings", e))?;
+        let logged = log.member_address(config.node_id);
         let raft = Raft::new(
             config.node_id,
             Arc::new(rc),
@@ -601,8 +602,10 @@ impl Node {
         .map_err(|e| raft_err("start", e))?;
         // The group knows this node by the address it was added with: started under
         // another (a typo in its own entry of --peers), it would lead at an address no client
-        // or worker is given, and the group would have no reachable leader.
-        let known = sm.member_address(config.node_id);
+        // or worker is given, and the group would have no reachable leader. The latest
+        // membership its log holds, applied or not (a node stopped soon after the group
+        // formed held it unapplied, and ran on unchecked), else the one applied.
+        let known = logged.unwrap_or_else(|| sm.member_address(config.node_id));
         if let Some(known) = known.filter(|k| k != config.own_api()) {
             raft.shutdown().await.ok();
             return Err(ClusterError::Config(format!(

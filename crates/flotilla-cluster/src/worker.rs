@@ -1311,7 +1311,7 @@ async fn session(
         tokio::select! {
             _ = shutdown.changed(), if leaving.is_none() => {
                 if *shutdown.borrow() {
-                    say_leaving(cfg, "stopped (SIGTERM or Ctrl-C): running tasks get their grace period");
+                    say_leaving(cfg, "stopped (SIGTERM or Ctrl-C)");
                     reclaim(shared, "the worker got SIGTERM");
                     leaving = Some(tokio::time::Instant::now() + cfg.grace + LEAVE_EARLY);
                 }

@@ -249,6 +249,8 @@ pub(crate) struct Cgroup {
     pool: Option<PathBuf>,
     /// v1: the OOM kills counted before this attempt (a reused cgroup's counter goes on).
     oom_base: u64,
+    /// v1: the forks refused at `pids.max` before this attempt (the same).
+    pids_base: u64,
 }
 
 /// v1 cgroups emptied by attempts that ended, by parent, for the next attempts: making and
@@ -410,6 +412,7 @@ impl Cgroup {
             procs: Vec::new(),
             pool: None,
             oom_base: 0,
+            pids_base: 0,
         };
         for (c, dir) in dirs {
             if make {
@@ -430,6 +433,18 @@ impl Cgroup {
     fn reuse(spec: &CgroupSpec, dirs: Vec<(Option<Controller>, PathBuf)>) -> Result<Cgroup> {
         let mut cgroup = Cgroup::adopt(dirs, false)?;
         let at = |c: Controller, file: &str| cgroup.dir(Some(c)).map(|d| d.join(file));
+        // The page cache earlier attempts' files left charged to it is reclaimed first (the
+        // cgroup is empty): it counted in the next attempt's peak memory (`true` read 178 MiB
+        // after a task that wrote large files).
+        let charged = at(Controller::Memory, "memory.usage_in_bytes")
+            .and_then(|p| fs::read_to_string(p).ok())
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if charged > 0 {
+            if let Some(path) = at(Controller::Memory, "memory.force_empty") {
+                let _ = write_file(&path, "0");
+            }
+        }
         for (c, file, value) in [
             (Controller::Memory, "memory.max_usage_in_bytes", "0"),
             (Controller::Cpuacct, "cpuacct.usage", "0"),
@@ -448,6 +463,14 @@ impl Cgroup {
             .and_then(|t| {
                 t.lines()
                     .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+            })
+            .unwrap_or(0);
+        cgroup.pids_base = cgroup
+            .dir(Some(Controller::Pids))
+            .and_then(|d| fs::read_to_string(d.join("pids.events")).ok())
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("max ")?.trim().parse().ok())
             })
             .unwrap_or(0);
         cgroup.apply(spec)?;
@@ -597,10 +620,13 @@ impl Cgroup {
                 .and_then(|t| field(&t, "oom_kill"))
                 .unwrap_or(0)
                 .saturating_sub(self.oom_base),
-            // A v1 cgroup kept for the next attempt counts on: read as "some" only.
+            // A v1 cgroup kept for the next attempt counts on: this attempt's are those
+            // after its base (a task after a fork bomb in the same cgroup was said to have
+            // reached its process limit).
             pids_refused: read(Some(Controller::Pids), "pids.events")
                 .and_then(|t| field(&t, "max"))
-                .unwrap_or(0),
+                .unwrap_or(0)
+                .saturating_sub(self.pids_base),
             memory_peak: read(mem, "memory.max_usage_in_bytes").and_then(|t| t.trim().parse().ok()),
             cpu_usec: read(Some(Controller::Cpuacct), "cpuacct.usage")
                 .and_then(|t| t.trim().parse::<u64>().ok())

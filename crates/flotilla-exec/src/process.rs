@@ -427,8 +427,11 @@ pub fn run_process_guarded(
         if let Some(usec) = stats.cpu_usec {
             usage.cpu_seconds = usage.cpu_seconds.max(usec as f64 / 1e6);
         }
+        // The cgroup's peak, of every process of the attempt, when it has one: the kernel's
+        // ru_maxrss carries the launching process's own peak across exec (a 3-line script
+        // read as the worker's 105 MB).
         if let Some(peak) = stats.memory_peak {
-            usage.peak_rss_bytes = usage.peak_rss_bytes.max(peak);
+            usage.peak_rss_bytes = peak;
         }
     }
     drop(cgroup);

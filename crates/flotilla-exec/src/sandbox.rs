@@ -239,15 +239,16 @@ const SYSTEM: &[&str] = &[
 /// bin` is seen). A program found there outside a sandbox (`python3`) is another one, or
 /// none, in it.
 pub fn hidden_path_entries(path: &str) -> Vec<String> {
-    path.split(':')
-        .filter(|e| e.starts_with('/'))
-        .filter(|e| {
-            !SYSTEM
-                .iter()
-                .any(|s| Path::new(e).starts_with(Path::new(s)))
-        })
-        .map(str::to_string)
-        .collect()
+    let mut hidden: Vec<String> = Vec::new();
+    for e in path.split(':').filter(|e| e.starts_with('/')) {
+        let seen = SYSTEM
+            .iter()
+            .any(|s| Path::new(e).starts_with(Path::new(s)));
+        if !seen && !hidden.iter().any(|h| h == e) {
+            hidden.push(e.to_string());
+        }
+    }
+    hidden
 }
 
 /// What of `/etc` a sandbox sees, read-only: what programs need to link, resolve names,
@@ -498,7 +499,7 @@ mod tests {
     fn path_entries_outside_the_system_folders_are_hidden() {
         assert_eq!(
             super::hidden_path_entries(
-                "/root/.pyenv/shims:/usr/local/bin:/usr/bin:/bin:/opt/conda/bin:/home/u/.cargo/bin:rel:/usrx"
+                "/root/.pyenv/shims:/usr/local/bin:/usr/bin:/bin:/opt/conda/bin:/home/u/.cargo/bin:rel:/usrx:/root/.pyenv/shims"
             ),
             ["/root/.pyenv/shims", "/home/u/.cargo/bin", "/usrx"]
         );

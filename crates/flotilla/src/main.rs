@@ -682,13 +682,31 @@ fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// A shell starts a background job (`flotilla worker &`) with SIGINT and SIGQUIT ignored,
+/// and the tasks of such a worker inherited them (a task's `kill -QUIT` did nothing).
+/// Terminal signals do not reach a background job, so their defaults cost nothing here;
+/// `run` and `worker` handle SIGINT themselves.
+fn undo_background_ignores() {
+    for sig in [libc::SIGINT, libc::SIGQUIT] {
+        // SAFETY: setting the default disposition of a catchable signal, before any thread
+        // or handler of ours exists.
+        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    }
+}
+
 /// Runs a command; `Ok(false)` means it ran but the job did not succeed.
 fn run(cli: Cli) -> Result<bool> {
     let ok = |r: Result<()>| r.map(|()| true);
     match cli.command {
-        Command::Run(a) => tokio_runtime()?.block_on(cluster_cmd::run(a)),
+        Command::Run(a) => {
+            undo_background_ignores();
+            tokio_runtime()?.block_on(cluster_cmd::run(a))
+        }
         Command::Server(a) => ok(tokio_runtime()?.block_on(cluster_cmd::server(a))),
-        Command::Worker(a) => ok(tokio_runtime()?.block_on(cluster_cmd::worker(*a))),
+        Command::Worker(a) => {
+            undo_background_ignores();
+            ok(tokio_runtime()?.block_on(cluster_cmd::worker(*a)))
+        }
         Command::WorkerGuard => {
             flotilla_exec::guard_main(std::io::stdin().lock());
             Ok(true)

@@ -66,6 +66,10 @@ id = "network"
 cmd = ["python3", "-c", "import socket, sys; s = socket.socket(); s.settimeout(3); sys.exit(1 if s.connect_ex(('127.0.0.1', {port})) == 0 else 0)"]
 
 [[task]]
+id = "signals"
+cmd = ["sh", "-c", "m=$(awk '/^SigIgn/ {{ print $2 }}' /proc/self/status); [ $((0x$m & 0x1006)) -eq 0 ] || {{ echo ignored $m >&2; exit 1; }}"]
+
+[[task]]
 id = "honest"
 cmd = ["sh", "-c", "echo fine > honest.txt; tr '\\0' ' ' < /proc/1/cmdline > pid1.txt"]
 "#
@@ -78,7 +82,21 @@ fn sandboxed_tasks_fail_at_their_attacks_and_harm_nothing() {
         return;
     }
     let mut c = Cluster::start(0, 1);
+    // Started as a shell starts a background job, SIGINT and SIGQUIT ignored: its tasks
+    // (task "signals") must not inherit that, nor the SIGPIPE flotilla-enter ignores.
+    // SAFETY: dispositions of catchable signals, put back at once after the spawn.
+    let was = unsafe {
+        [
+            libc::signal(libc::SIGINT, libc::SIG_IGN),
+            libc::signal(libc::SIGQUIT, libc::SIG_IGN),
+        ]
+    };
     c.add_worker_with(4, &["--isolation", "required", "--task-pids", "64"]);
+    // SAFETY: as above.
+    unsafe {
+        libc::signal(libc::SIGINT, was[0]);
+        libc::signal(libc::SIGQUIT, was[1]);
+    }
     c.wait_workers(1);
     let worker = c.worker_pid(0).unwrap();
     let dir = c.job_dir();
@@ -150,6 +168,41 @@ fn sandboxed_tasks_fail_at_their_attacks_and_harm_nothing() {
     let message = s.tasks[0].message.clone().unwrap_or_default();
     assert!(
         message.contains("reached its limit of 64 processes"),
+        "{message}"
+    );
+}
+
+/// A task that fails after a fork bomb on the same worker slot is not said to have reached
+/// its process limit: a cgroup kept for the next attempt counts its refused forks on, and
+/// the next attempt's failure was blamed on them.
+#[test]
+fn a_failure_after_a_fork_bomb_is_not_blamed_on_the_process_limit() {
+    if !sandbox_or_skip() {
+        return;
+    }
+    let mut c = Cluster::start(0, 1);
+    c.add_worker_with(1, &["--isolation", "required", "--task-pids", "32"]);
+    c.wait_workers(1);
+    let job = c.submit_toml(
+        "after-bomb.toml",
+        r#"name = "after-bomb"
+[defaults]
+retries = 0
+[[task]]
+id = "bomb"
+cmd = ["sh", "-c", "sh -c 'for i in $(seq 100); do sleep 3 & done' 2> bomb.err; grep -qi fork bomb.err"]
+[[task]]
+id = "plain"
+after = ["bomb"]
+cmd = ["sh", "-c", "exit 3"]
+"#,
+    );
+    let s = c.wait_job(job, Duration::from_secs(60));
+    assert_eq!(kit::task(&s, "bomb").state, TaskState::Done, "{s:?}");
+    let plain = kit::task(&s, "plain");
+    let message = plain.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("exited with code 3") && !message.contains("limit"),
         "{message}"
     );
 }

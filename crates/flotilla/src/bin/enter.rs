@@ -318,9 +318,21 @@ fn die(msg: &str) -> ! {
 
 /// The task: default signals, no capabilities, its folder, then exec.
 fn exec_task(a: &Args) -> ! {
-    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-        // SAFETY: restoring the default disposition.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
+    // Every disposition and the mask as a fresh process has them: this program's (SIGPIPE
+    // ignored by Rust's runtime, the stop signals above) and its worker's (SIGQUIT, ignored
+    // by a shell for a worker started in the background) were inherited, and a task's
+    // `yes | head -1` said "Broken pipe" on a worker only.
+    for sig in 1..32 {
+        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+            // SAFETY: restoring the default disposition of a catchable signal.
+            unsafe { libc::signal(sig, libc::SIG_DFL) };
+        }
+    }
+    // SAFETY: an empty set, initialized by sigemptyset, as the new mask.
+    unsafe {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     }
     if let Err(e) = drop_capabilities() {
         die(&e);

@@ -457,22 +457,23 @@ impl Cgroup {
                 let _ = write_file(&path, value);
             }
         }
-        cgroup.oom_base = cgroup
-            .dir(Some(Controller::Memory))
-            .and_then(|d| fs::read_to_string(d.join("memory.oom_control")).ok())
-            .and_then(|t| {
-                t.lines()
-                    .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
-            })
-            .unwrap_or(0);
-        cgroup.pids_base = cgroup
-            .dir(Some(Controller::Pids))
-            .and_then(|d| fs::read_to_string(d.join("pids.events")).ok())
-            .and_then(|t| {
-                t.lines()
-                    .find_map(|l| l.strip_prefix("max ")?.trim().parse().ok())
-            })
-            .unwrap_or(0);
+        // Counters that cannot be reset: what they held before this attempt.
+        let counter = |c: Controller, file: &str, key: &str| {
+            at(c, file)
+                .and_then(|p| fs::read_to_string(p).ok())
+                .and_then(|t| {
+                    t.lines().find_map(|l| {
+                        let (k, v) = l.split_once(' ')?;
+                        (k == key).then(|| v.trim().parse().ok())?
+                    })
+                })
+                .unwrap_or(0)
+        };
+        let bases = (
+            counter(Controller::Memory, "memory.oom_control", "oom_kill"),
+            counter(Controller::Pids, "pids.events", "max"),
+        );
+        (cgroup.oom_base, cgroup.pids_base) = bases;
         cgroup.apply(spec)?;
         // Only a cgroup that was set up whole goes back to the pool.
         cgroup.pool = Some(spec.parent.clone());

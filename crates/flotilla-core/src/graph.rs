@@ -172,9 +172,23 @@ pub struct TaskGraph {
     succs: Adjacency,
     topo: Vec<TaskId>,
     bases: HashMap<String, BaseEntry>,
+    /// The job's `keep_going`: a task failing for good leaves the others running.
+    keep_going: bool,
 }
 
 impl TaskGraph {
+    /// This graph with the job's `keep_going` set: a task that fails for good does not end
+    /// the job; the tasks that need it are cancelled, every other one runs.
+    pub fn keeping_going(mut self, keep_going: bool) -> TaskGraph {
+        self.keep_going = keep_going;
+        self
+    }
+
+    /// Whether a task failing for good leaves the job's other tasks running.
+    pub fn keep_going(&self) -> bool {
+        self.keep_going
+    }
+
     /// Builds a graph from instances made in code. `deps[v]` lists the predecessors of
     /// instance `v`. Instances must have ids `0..n` in order; the instances of one base must
     /// be consecutive, with consecutive indices (as [`JobSpec::expand`] makes them), and each
@@ -299,6 +313,7 @@ impl TaskGraph {
             succs,
             topo,
             bases,
+            keep_going: false,
         })
     }
 
@@ -581,19 +596,21 @@ pub(crate) fn expand(spec: &JobSpec) -> Result<TaskGraph> {
         }
     }
 
-    TaskGraph::build(tasks, adj, bases).map_err(|cycle| {
+    let graph = TaskGraph::build(tasks, adj, bases).map_err(|cycle| {
         // Validation rejects task-level cycles, so this only guards against a bug there.
         let base = cycle[0].split('[').next().unwrap_or_default().to_string();
         let t = index_of.get(base.as_str()).copied().unwrap_or(0);
         let e = JobError::new(Problem::Cycle { path: cycle })
             .task(base)
             .field("after");
-        Locator {
-            source: spec.source.as_ref(),
-        }
-        .task(e, t, "after")
-        .into()
-    })
+        CoreError::from(
+            Locator {
+                source: spec.source.as_ref(),
+            }
+            .task(e, t, "after"),
+        )
+    })?;
+    Ok(graph.keeping_going(spec.keep_going))
 }
 
 #[cfg(test)]

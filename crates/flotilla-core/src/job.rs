@@ -264,6 +264,11 @@ pub struct JobSpec {
     pub name: String,
     /// How files reach workers.
     pub staging: Staging,
+    /// `keep_going = true`: a task that fails for good does not end the job; the tasks that
+    /// need it are cancelled and every other one runs (the job fails at its end). Not
+    /// serialized, as [`pool`](JobSpec::pool): journals keep the job file's text.
+    #[serde(skip)]
+    pub keep_going: bool,
     /// `[defaults]`.
     pub defaults: Defaults,
     /// The tasks, in file order.
@@ -284,6 +289,7 @@ impl PartialEq for JobSpec {
     fn eq(&self, other: &Self) -> bool {
         self.name == other.name
             && self.staging == other.staging
+            && self.keep_going == other.keep_going
             && self.defaults == other.defaults
             && self.tasks == other.tasks
             && self.pool == other.pool
@@ -373,6 +379,9 @@ impl JobSpec {
         let mut out = String::new();
         line(&mut out, "name", lit(self.name.as_str()));
         line(&mut out, "staging", lit(self.staging.as_str()));
+        if self.keep_going {
+            line(&mut out, "keep_going", lit(true));
+        }
         out.push_str("\n[defaults]\n");
         let d = &self.defaults;
         line(&mut out, "retries", lit(i64::from(d.retries)));

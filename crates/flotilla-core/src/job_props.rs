@@ -232,6 +232,7 @@ fn job() -> impl Strategy<Value = JobSpec> {
             JobSpec {
                 name,
                 staging,
+                keep_going: false,
                 defaults,
                 tasks,
                 pool: None,

@@ -33,6 +33,7 @@ type SpannedMap = Spanned<BTreeMap<String, Spanned<Value>>>;
 struct RawJob {
     name: V,
     staging: V,
+    keep_going: V,
     defaults: Option<Spanned<RawDefaults>>,
     pool: Option<Spanned<RawPool>>,
     task: Option<Vec<Spanned<RawTask>>>,
@@ -368,6 +369,14 @@ impl Cx<'_> {
             }
             None => Staging::default(),
         };
+        let keep_going = match &raw.keep_going {
+            Some(v) => {
+                top.fields
+                    .insert("keep_going", self.lines.pos(v.span().start));
+                self.conv(v, "keep_going", boolean)?
+            }
+            None => false,
+        };
         let mut defaults = Defaults::default();
         if let Some(d) = raw.defaults {
             let d = d.into_inner();
@@ -410,6 +419,7 @@ impl Cx<'_> {
         Ok(JobSpec {
             name,
             staging,
+            keep_going,
             defaults,
             tasks,
             pool,

@@ -1213,3 +1213,18 @@ fn in_transfer_staging_a_wasm_module_travels_as_an_input_of_its_task() {
         .unwrap();
     assert_eq!(g.task(g.by_name("w").unwrap()).inputs, vec!["data.csv"]);
 }
+
+#[test]
+fn keep_going_is_read_written_and_carried_into_the_graph() {
+    let text = "keep_going = true\n[[task]]\nid = \"a\"\ncmd = [\"x\"]\n";
+    let spec = parse_job(text, "j.toml").unwrap();
+    assert!(spec.keep_going);
+    assert!(spec.expand().unwrap().keep_going());
+    let again = parse_job(&spec.to_toml(), "j.toml").unwrap();
+    assert_eq!(again, spec, "{}", spec.to_toml());
+    let plain = parse_job("[[task]]\nid = \"a\"\ncmd = [\"x\"]\n", "j.toml").unwrap();
+    assert!(!plain.keep_going && !plain.expand().unwrap().keep_going());
+    assert!(!plain.to_toml().contains("keep_going"));
+    let e = job_error("keep_going = \"yes\"\n[[task]]\nid = \"a\"\ncmd = [\"x\"]\n");
+    assert_eq!(e.field.as_deref(), Some("keep_going"), "{e}");
+}

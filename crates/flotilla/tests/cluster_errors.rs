@@ -808,6 +808,61 @@ fn long_run(dir: &std::path::Path) -> std::process::Child {
     run
 }
 
+/// A sweep with `keep_going = true` runs every point that does not need a failed one: the
+/// failed points are listed, what needs them is not run, and `run` fails at the end. A
+/// point failing before a task chained after it on the same worker is handled too.
+#[test]
+fn a_job_that_keeps_going_runs_the_rest_and_fails_at_its_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"kg\"\nkeep_going = true\n[defaults]\nretries = 0\n\
+         [[task]]\nid = \"sim\"\narray = \"0..6\"\ncmd = [\"sh\", \"-c\", \"[ {i} -ne 3 ] && touch ran{i}\"]\n\
+         [[task]]\nid = \"reduce\"\nafter = [\"sim\"]\ncmd = [\"touch\", \"reduced\"]\n\
+         [[task]]\nid = \"first\"\ncmd = [\"sh\", \"-c\", \"exit 1\"]\n\
+         [[task]]\nid = \"second\"\nafter = [\"first\"]\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
+    let out = local_run(dir, "2", &["--json"]).output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for i in [0, 1, 2, 4, 5] {
+        assert!(
+            dir.join(format!("ran{i}")).exists(),
+            "sim[{i}] did not run: {err}"
+        );
+    }
+    assert!(
+        !dir.join("reduced").exists(),
+        "reduce ran after a failed sim"
+    );
+    let doc: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    assert_eq!(doc["state"], "failed", "{doc}");
+    let state = |name: &str| {
+        doc["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .map(|t| (t["state"].clone(), t["message"].clone()))
+            .unwrap()
+    };
+    assert_eq!(state("sim[4]").0, "done");
+    assert_eq!(state("sim[3]").0, "failed");
+    assert_eq!(state("first").0, "failed");
+    for t in ["reduce", "second"] {
+        assert_eq!(
+            state(t),
+            (
+                "cancelled".into(),
+                "not run: it needs a task that failed".into()
+            ),
+            "{t}"
+        );
+    }
+}
+
 /// `flotilla run` in `dir` of a job `short` of one task that ends at once.
 fn short_run(dir: &std::path::Path) -> Output {
     std::fs::write(

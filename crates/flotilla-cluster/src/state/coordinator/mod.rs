@@ -719,8 +719,41 @@ impl Coordinator {
     /// Ends a job that is complete (every task `Done`).
     fn check_job_end(&mut self, job: JobId, out: &mut Vec<Command>) {
         let j = &self.jobs[&job];
-        if j.is_active() && j.counts[TaskState::Done.index()] == j.len() as u64 {
+        if !j.is_active() {
+            return;
+        }
+        if j.counts[TaskState::Done.index()] == j.len() as u64 {
             self.end_job(job, JobState::Succeeded, out);
+            return;
+        }
+        // A job that keeps going past a failed task ends once nothing can run any more:
+        // no task ready, placed, running or waiting for a retry. What still waits needs a
+        // task that failed (or one cancelled for that): it is cancelled, by `end_job`.
+        let c = &j.counts;
+        let live = [
+            TaskState::Ready,
+            TaskState::Assigned,
+            TaskState::Running,
+            TaskState::Backoff,
+        ]
+        .iter()
+        .map(|s| c[s.index()])
+        .sum::<u64>();
+        if j.graph.keep_going() && live == 0 && c[TaskState::Failed.index()] > 0 {
+            self.end_job(job, JobState::Failed, out);
+        }
+    }
+
+    /// Task `t` of `job` failed for good: the job fails at once (its other tasks cancelled
+    /// or stopped), unless it keeps going (`keep_going = true`): then it goes on with every
+    /// task that does not need `t`, and ends, failed, when nothing more can run. A gang
+    /// member's failure ends its job all the same (its gang cannot run without it).
+    pub(super) fn failed_for_good(&mut self, job: JobId, t: TaskId, out: &mut Vec<Command>) {
+        let j = &self.jobs[&job];
+        if j.graph.keep_going() && j.graph.task(t).gang.is_none() {
+            self.check_job_end(job, out);
+        } else {
+            self.end_job(job, JobState::Failed, out);
         }
     }
 
@@ -737,7 +770,12 @@ impl Coordinator {
         self.active.remove(&job);
         self.cpuless.remove(&job);
         if state != JobState::Succeeded {
-            let message = format!("job {}", state.as_str());
+            // What a job that kept going past a failure leaves waiting needs a failed task.
+            let message = if state == JobState::Failed && j.graph.keep_going() {
+                "not run: it needs a task that failed".to_string()
+            } else {
+                format!("job {}", state.as_str())
+            };
             for i in 0..j.len() {
                 let t = TaskId::new(i as u32);
                 let (st, attempt, owner) = {

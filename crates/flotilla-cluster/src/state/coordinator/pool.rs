@@ -1426,7 +1426,7 @@ impl Coordinator {
                 let j = self.jobs.get_mut(&task.job).expect("present above");
                 if j.is_active() {
                     j.set_state(task.task, TaskState::Failed, Some(why.clone()), out);
-                    self.end_job(task.job, JobState::Failed, out);
+                    self.failed_for_good(task.job, task.task, out);
                 }
             }
         }

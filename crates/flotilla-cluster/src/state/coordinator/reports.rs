@@ -100,6 +100,9 @@ impl Coordinator {
             }
         }
         self.settle_chained((task, attempt), false, worker, out);
+        // A job that keeps going may have waited only for this (a successor of a failed
+        // task, placed ahead on a worker's queue, coming back to wait for good).
+        self.check_job_end(task.job, out);
         Ok(())
     }
 
@@ -496,7 +499,7 @@ impl Coordinator {
                 message
             };
             j.set_state(t, TaskState::Failed, Some(why), out);
-            self.end_job(task.job, JobState::Failed, out);
+            self.failed_for_good(task.job, t, out);
             return;
         }
         j.retries += 1;

@@ -876,3 +876,64 @@ fn busy_cpu_seconds_count_the_cpus_each_attempt_held() {
     assert!((share.busy_s - 6.0).abs() < 1e-9, "{share:?}");
     assert!((share.cpu_busy_s - 4.0).abs() < 1e-9, "{share:?}");
 }
+
+/// `keep_going = true`: a task that fails for good leaves the job running; what needs it
+/// (directly or not) is cancelled at the end, every other task runs, and the job fails once
+/// nothing more can run. Without it the same failure ends the job at once.
+#[test]
+fn a_job_that_keeps_going_runs_what_does_not_need_the_failed_task() {
+    let file = |keep: bool| {
+        format!(
+            r#"
+keep_going = {keep}
+[defaults]
+retries = 0
+[[task]]
+id = "bad"
+cmd = ["x"]
+[[task]]
+id = "child"
+after = ["bad"]
+cmd = ["x"]
+[[task]]
+id = "grandchild"
+after = ["child"]
+cmd = ["x"]
+[[task]]
+id = "free"
+cmd = ["y"]
+"#
+        )
+    };
+    for keep in [false, true] {
+        let mut sim = Sim::new(0);
+        let (job, _) = sim.submit(&file(keep));
+        let (w, out) = sim.join(wspec(1.0, &[]));
+        let bad = sim.tref(job, "bad");
+        let free = sim.tref(job, "free");
+        assert_eq!(assigns(&out)[0].1.task, bad, "{keep}");
+        let out = sim.finish(w, bad, 1, failed("boom", true));
+        assert_eq!(sim.state(job, "bad"), TaskState::Failed);
+        if !keep {
+            assert_eq!(job_finished(&out), vec![(job, JobState::Failed)]);
+            assert_eq!(sim.state(job, "free"), TaskState::Cancelled);
+            continue;
+        }
+        assert!(job_finished(&out).is_empty(), "the job goes on");
+        let a = assigns(&out);
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(a[0].1.task, free, "the task that does not need it runs");
+        let out = sim.finish(w, free, 1, AttemptOutcome::Succeeded);
+        assert_eq!(job_finished(&out), vec![(job, JobState::Failed)]);
+        assert_eq!(sim.state(job, "free"), TaskState::Done);
+        for t in ["child", "grandchild"] {
+            assert_eq!(sim.state(job, t), TaskState::Cancelled, "{t}");
+        }
+        let s = sim.c.job_status(job).unwrap();
+        let child = &s.tasks[sim.tref(job, "child").task.index()];
+        assert_eq!(
+            child.message.as_deref(),
+            Some("not run: it needs a task that failed")
+        );
+    }
+}

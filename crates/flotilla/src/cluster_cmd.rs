@@ -1356,6 +1356,31 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     // folder is made in it.
     flotilla_cluster::plan::check_job_dir(&job_dir.display().to_string())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The one worker, as it will offer itself (its coordinator's address comes below).
+    let mut wcfg = WorkerConfig::local(Remote::new(String::new(), String::new()));
+    wcfg.guard = flotilla::guard_command();
+    if let Some(c) = a.cpus {
+        wcfg.cpus = c;
+    }
+    wcfg.gpus = gpus_from(&a.gpus)?;
+    wcfg.name = "local".into();
+    wcfg.isolation = a.isolation;
+    wcfg.allow_network = a.allow_network;
+    // A task that worker can never take is refused before anything runs: it was cancelled
+    // only once the tasks before it had run (a whole sweep, before its reduce).
+    let text = std::fs::read_to_string(&job_path)
+        .with_context(|| format!("reading {}", job_path.display()))?;
+    flotilla::core::parse_job(&text, &job_path.display().to_string())
+        .and_then(|spec| spec.check_fits(&[wcfg.offer()]))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e}: it can never run on this machine's worker, so nothing was run (flotilla \
+                 run's one worker offers {}, what --cpus, --gpus and --allow-network give it, \
+                 and no custom resources: for more, run the job on a cluster whose workers \
+                 offer what the task needs)",
+                wcfg.offer()
+            )
+        })?;
     let state = a.state.clone().unwrap_or_else(|| job_dir.join(".flotilla"));
     let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), &state);
     scfg.http_listen = a.dashboard;
@@ -1370,16 +1395,8 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         );
     }
     let remote = Remote::new(server.addr().to_string(), server.token().to_string());
-    let mut wcfg = WorkerConfig::local(remote.clone());
-    wcfg.guard = flotilla::guard_command();
-    if let Some(c) = a.cpus {
-        wcfg.cpus = c;
-    }
-    wcfg.gpus = gpus_from(&a.gpus)?;
-    wcfg.name = "local".into();
+    wcfg.remote = remote.clone();
     wcfg.work_dir = state.join("worker");
-    wcfg.isolation = a.isolation;
-    wcfg.allow_network = a.allow_network;
     let mut client = Client::connect(&remote).await?;
     // A run interrupted before its job ended (Ctrl-C, a kill) left that job running in the
     // state folder: it would resume here, before and beside this one, unannounced. It is

@@ -947,30 +947,41 @@ fn ctrl_c_of_run_cancels_its_job_and_of_wait_says_the_job_goes_on() {
 }
 
 /// `flotilla run` has one worker, this machine's: a task larger than it offers would wait
-/// forever ("0/2 tasks done", no word why). The run cancels the job, names the task and
-/// what it needs, and fails.
+/// forever ("0/2 tasks done", no word why). The run refuses the job before anything runs
+/// (it ran the tasks before the large one first, a whole sweep before its reduce), naming
+/// the task, the line and what it needs; a gang that cannot fit side by side is found once
+/// it is ready, and the job cancelled, saying why (in the JSON document too).
 #[test]
 fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     std::fs::write(
         dir.join("job.toml"),
-        "name = \"big\"\n[[task]]\nid = \"small\"\ncmd = [\"true\"]\n\
+        "name = \"big\"\n[[task]]\nid = \"small\"\ncmd = [\"touch\", \"small-ran\"]\n\
          [[task]]\nid = \"huge\"\nafter = [\"small\"]\nresources = { cpus = 64 }\ncmd = [\"true\"]\n",
     )
     .unwrap();
-    let out = local_run(dir, "2", &[]).output().unwrap();
-    let err = text(&out.stderr);
-    assert!(!out.status.success(), "{err}");
-    assert!(
-        err.contains("task huge needs cpus=64") && err.contains("can never run on this machine"),
-        "{err}"
-    );
-    // The task before it ran; the large one was cancelled, not failed.
-    let summary = text(&out.stdout);
-    assert!(summary.contains("1 cancelled, 1 done"), "{summary}");
-    // With --json, the reason is in the document too (a script could not tell this from a
-    // cancel by hand).
+    for more in [&[][..], &["--json"][..]] {
+        let out = local_run(dir, "2", more).output().unwrap();
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains("job.toml:8: task \"huge\"")
+                && err.contains("needs cpus=64")
+                && err.contains("it can never run on this machine's worker, so nothing was run"),
+            "{err}"
+        );
+        assert_eq!(text(&out.stdout), "", "{more:?}");
+        assert!(!dir.join("small-ran").exists(), "a task ran");
+        assert!(!dir.join(".flotilla").exists(), "a state folder was made");
+    }
+
+    // A gang of three on two CPUs: each member fits, not all three at once.
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"gang\"\n[[task]]\nid = \"g\"\ngroup = { size = 3 }\ncmd = [\"true\"]\n",
+    )
+    .unwrap();
     let out = local_run(dir, "2", &["--json"]).output().unwrap();
     assert!(!out.status.success());
     let doc: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
@@ -978,11 +989,11 @@ fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
     assert!(
         doc["cancelled_because"]
             .as_str()
-            .is_some_and(|w| w.contains("task huge needs cpus=64")),
+            .is_some_and(|w| w.contains("the gang of task g") && w.contains("needs 3 members")),
         "{doc}"
     );
 
-    // A task that needs the network: cancelled the same way, and run with --allow-network.
+    // A task that needs the network: refused the same way, and run with --allow-network.
     std::fs::write(
         dir.join("job.toml"),
         "name = \"net\"\n[[task]]\nid = \"fetch\"\nnetwork = true\ncmd = [\"true\"]\n",
@@ -992,7 +1003,7 @@ fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
     let without = run(&[]);
     assert!(!without.status.success());
     assert!(
-        text(&without.stderr).contains("task fetch needs cpus=1 network=1"),
+        text(&without.stderr).contains("needs cpus=1 network=1"),
         "{}",
         text(&without.stderr)
     );

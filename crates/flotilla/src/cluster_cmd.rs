@@ -382,6 +382,11 @@ pub(crate) struct RunArgs {
     /// with warnings of what only running would find; run nothing. With --json, as JSON.
     #[arg(long)]
     dry_run: bool,
+    /// Go on with the job of the same name that an interrupted run (Ctrl-C, a kill) left
+    /// unfinished in the state folder, as it was submitted: its done tasks are not run
+    /// again. Without it, such a job is cancelled and the job file submitted anew.
+    #[arg(long, conflicts_with = "dry_run")]
+    resume: bool,
 }
 
 #[derive(Args, Debug)]
@@ -1387,6 +1392,12 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     // One user's own coordinator: any job the file format allows (a shared coordinator's
     // per-job limit, `server --max-job-tasks`, protects its other tenants).
     scfg.max_job_tasks = flotilla_core::job::MAX_INSTANCES;
+    // Its one worker lives in this process: an earlier run's, whose attempts a resumed job
+    // may still list as running, is gone for good (they waited 30 s for it to rejoin).
+    scfg.coordinator.reconcile_grace_ms = 0;
+    let name = flotilla::core::parse_job(&text, &job_path.display().to_string())
+        .map(|s| s.name)
+        .unwrap_or_default();
     let server = Server::start(scfg).await?;
     if let Some(http) = server.http_addr() {
         eprintln!(
@@ -1399,14 +1410,25 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     wcfg.work_dir = state.join("worker");
     let mut client = Client::connect(&remote).await?;
     // A run interrupted before its job ended (Ctrl-C, a kill) left that job running in the
-    // state folder: it would resume here, before and beside this one, unannounced. It is
-    // cancelled, and said so, before the worker starts.
+    // state folder: it would resume here, before and beside this one, unannounced. With
+    // --resume the newest of this name goes on; every other is cancelled, and said so,
+    // before the worker starts.
     let leftover = client.cluster_status().await?;
-    for j in leftover
+    let unfinished = leftover
         .jobs
         .iter()
-        .filter(|j| j.state == flotilla_cluster::state::JobState::Running)
-    {
+        .filter(|j| j.state == flotilla_cluster::state::JobState::Running);
+    let resumed = unfinished
+        .clone()
+        .filter(|j| a.resume && j.name == name)
+        .max_by_key(|j| j.id);
+    if a.resume && resumed.is_none() {
+        eprintln!(
+            "--resume: no unfinished job named {name:?} in {}: the job file is submitted anew",
+            state.display()
+        );
+    }
+    for j in unfinished.filter(|j| Some(j.id) != resumed.map(|r| r.id)) {
         client.cancel(j.id).await?;
         eprintln!(
             "cancelled job {} ({}), left unfinished by an earlier run in {} ({} of {} tasks done)",
@@ -1420,7 +1442,21 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let worker = tokio::spawn(run_worker(wcfg, stop_rx));
     let started = Instant::now();
-    let submitted = client.submit_file(&job_path).await?;
+    let submitted = match resumed {
+        Some(j) => {
+            eprintln!(
+                "resuming job {} ({}), {} of {} tasks done: it goes on as it was submitted \
+                 (edits to the job file since are not taken: run without --resume for them)",
+                j.id.0, j.name, j.done, j.total
+            );
+            flotilla::cluster::Submitted {
+                job: j.id,
+                name: j.name.clone(),
+                tasks: u32::try_from(j.total).unwrap_or(u32::MAX),
+            }
+        }
+        None => client.submit_file(&job_path).await?,
+    };
     let label = format!("{} (job {})", submitted.name, submitted.job.0);
     let to = if a.json {
         Progress::Stderr
@@ -1435,22 +1471,25 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         submitted.job,
         why_cancelled.clone(),
     ));
-    // Interrupted, the job is cancelled at once (the journal says so, and the next run in
-    // this folder has nothing left to cancel); its tasks stop with this process.
+    // Interrupted, the job is left unfinished in the journal, its tasks stopped with this
+    // process: `run --resume` goes on with it, a plain run cancels it.
     let interrupted = {
         let (remote, job) = (remote.clone(), submitted.job);
+        let file = job_path.display().to_string();
         async move {
-            let Ok(mut c) = Client::connect(&remote).await else {
-                return format!("job {} stops with this run", job.0);
+            let done = match Client::connect(&remote).await {
+                Ok(mut c) => c
+                    .job_status(job)
+                    .await
+                    .map(|s| format!(" ({} of {} tasks done)", s.counts.done, s.total))
+                    .unwrap_or_default(),
+                Err(_) => String::new(),
             };
-            let _ = c.cancel(job).await;
-            match c.job_status(job).await {
-                Ok(s) => format!(
-                    "cancelled job {} ({} of {} tasks done); its tasks stop with this run",
-                    job.0, s.counts.done, s.total
-                ),
-                Err(_) => format!("job {} stops with this run", job.0),
-            }
+            format!(
+                "job {} left unfinished{done}, its running tasks stopped: `flotilla run \
+                 --resume {file}` goes on with it; a plain `flotilla run` cancels it",
+                job.0
+            )
         }
     };
     let (ok, status) = unless_interrupted(

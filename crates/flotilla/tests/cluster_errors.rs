@@ -790,21 +790,31 @@ fn local_run(dir: &std::path::Path, cpus: &str, more: &[&str]) -> Command {
 /// `flotilla run` in `dir` of a job `long` of two tasks that sleep, on one CPU, once its
 /// first task has started; its stderr piped.
 fn long_run(dir: &std::path::Path) -> std::process::Child {
-    std::fs::write(
-        dir.join("job.toml"),
+    run_until(
+        dir,
         "name = \"long\"\n[[task]]\nid = \"long\"\narray = \"0..2\"\ncmd = [\"sh\", \"-c\", \"echo $$ > long{i}.pid; exec sleep 600\"]\n",
+        "long0.pid",
     )
-    .unwrap();
+}
+
+/// `flotilla run` in `dir` of the job `toml` (on one CPU) once a task has written its pid
+/// to `pid_file`; its stderr piped.
+fn run_until(dir: &std::path::Path, toml: &str, pid_file: &str) -> std::process::Child {
+    std::fs::write(dir.join("job.toml"), toml).unwrap();
     let run = local_run(dir, "1", &[])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    wait_until("the run's first task to start", WAIT, || {
-        std::fs::read_to_string(dir.join("long0.pid"))
-            .ok()
-            .filter(|p| p.ends_with('\n'))
-    });
+    wait_until(
+        &format!("a task of the run to write {pid_file}"),
+        WAIT,
+        || {
+            std::fs::read_to_string(dir.join(pid_file))
+                .ok()
+                .filter(|p| p.ends_with('\n'))
+        },
+    );
     run
 }
 
@@ -898,27 +908,60 @@ fn a_run_after_an_interrupted_one_cancels_its_leftover_job_and_says_so() {
     );
 }
 
-/// Ctrl-C (SIGINT) of `flotilla run` cancels its job and says so, with what was done; it
-/// exits 130 as the default action did (which ended it silently), and the next run has no
-/// leftover job to cancel. Ctrl-C of `flotilla wait` says the job goes on, and it does.
+/// Ctrl-C (SIGINT) of `flotilla run` says what it leaves: its job unfinished (with what was
+/// done) and how to go on with it; it exits 130 as the default action did (which ended it
+/// silently). `run --resume` goes on with that job: its done task is not run again, its
+/// stopped one is. Ctrl-C of `flotilla wait` says the job goes on, and it does.
 #[test]
-fn ctrl_c_of_run_cancels_its_job_and_of_wait_says_the_job_goes_on() {
+fn ctrl_c_of_run_leaves_a_job_to_resume_and_of_wait_says_the_job_goes_on() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let run = long_run(dir);
+    let run = run_until(
+        dir,
+        "name = \"resumable\"\n[[task]]\nid = \"a\"\ncmd = [\"sh\", \"-c\", \"echo x >> a.count\"]\n\
+         [[task]]\nid = \"b\"\nafter = [\"a\"]\ncmd = [\"sh\", \"-c\", \"echo $$ > b.pid; while [ ! -e go ]; do sleep 0.05; done; echo y >> b.count\"]\n",
+        "b.pid",
+    );
     // SAFETY: kill(2) on the child this test started and has not reaped.
     unsafe { libc::kill(run.id() as libc::pid_t, libc::SIGINT) };
     let out = run.wait_with_output().unwrap();
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{err}");
     assert!(
-        err.contains("interrupted: cancelled job 1 (0 of 2 tasks done)"),
+        err.contains(
+            "interrupted: job 1 left unfinished (1 of 2 tasks done), its running tasks stopped: \
+             `flotilla run --resume job.toml` goes on with it"
+        ),
         "{err}"
     );
-    let second = short_run(dir);
-    let err = text(&second.stderr);
-    assert!(second.status.success(), "{err}");
-    assert!(!err.contains("left unfinished"), "{err}");
+    std::fs::write(dir.join("go"), "").unwrap();
+    let resumed = local_run(dir, "1", &["--resume"]).output().unwrap();
+    let err = text(&resumed.stderr);
+    assert!(resumed.status.success(), "{err}");
+    assert!(
+        err.contains("resuming job 1 (resumable), 1 of 2 tasks done"),
+        "{err}"
+    );
+    let lines = |f: &str| {
+        std::fs::read_to_string(dir.join(f))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    assert_eq!(lines("a.count"), 1, "the done task ran again");
+    assert_eq!(lines("b.count"), 1);
+    let again = local_run(dir, "1", &["--resume"]).output().unwrap();
+    let err = text(&again.stderr);
+    assert!(again.status.success(), "{err}");
+    assert!(
+        err.contains("--resume: no unfinished job named \"resumable\""),
+        "{err}"
+    );
+    assert_eq!(
+        lines("a.count"),
+        2,
+        "a run with nothing to resume runs the job"
+    );
 
     let c = Cluster::start(1, 1);
     let (job, go) = c.submit_gated("gated", "", "");

@@ -55,8 +55,8 @@ pub use guard::{guard_main, Guard, GUARD_VAR};
 pub use outcome::{Outcome, Termination, Usage};
 pub use output::Output;
 pub use process::{
-    host_vars, run_process, run_process_guarded, GangEnv, Limits, ProcessSpec, TaskEnv,
-    DEFAULT_KILL_GRACE, HOST_VARS,
+    host_vars, note_inherited_ignores, run_process, run_process_guarded, GangEnv, Limits,
+    ProcessSpec, TaskEnv, DEFAULT_KILL_GRACE, HOST_VARS,
 };
 pub use sandbox::{EmptyNetns, Holder, HolderRef, SandboxSpec};
 #[cfg(feature = "wasm")]

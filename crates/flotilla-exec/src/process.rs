@@ -348,6 +348,22 @@ pub fn run_process_guarded(
         }
     }
 
+    // Stop signals this process was started ignoring (a shell's background job ignores
+    // SIGINT and SIGQUIT) are not passed on to the task: it gets their defaults, as a
+    // sandboxed task does (`flotilla-enter`). Rare, so the hook (and fork) only then.
+    let ignored = inherited_ignores();
+    if holder.is_none() && !ignored.is_empty() {
+        // SAFETY: signal(2) is async-signal-safe; the hook allocates nothing.
+        unsafe {
+            command.pre_exec(move || {
+                for &sig in ignored {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
+    }
+
     if let Some((_, write)) = &info {
         let fd = write.as_raw_fd();
         // SAFETY: fcntl is async-signal-safe; the hook allocates nothing. The pipe is made
@@ -562,6 +578,33 @@ fn reap(pid: libc::pid_t) -> io::Result<(libc::c_int, libc::rusage)> {
 
 fn timeval_seconds(tv: libc::timeval) -> f64 {
     tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6
+}
+
+/// The stop signals (SIGINT, SIGQUIT) this process found ignored when
+/// [`note_inherited_ignores`] was called, which tasks must not inherit.
+static INHERITED_IGNORES: std::sync::OnceLock<Vec<libc::c_int>> = std::sync::OnceLock::new();
+
+/// Notes which stop signals this process was started with ignored (a shell starts a
+/// background job so): tasks get their defaults back. Call it first thing, before any
+/// handler is installed (a handler replaces the ignore).
+pub fn note_inherited_ignores() {
+    INHERITED_IGNORES.get_or_init(|| {
+        [libc::SIGINT, libc::SIGQUIT]
+            .into_iter()
+            .filter(|&sig| {
+                // SAFETY: a null new action only reads the current one into `old`.
+                unsafe {
+                    let mut old: libc::sigaction = std::mem::zeroed();
+                    libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                        && old.sa_sigaction == libc::SIG_IGN
+                }
+            })
+            .collect()
+    });
+}
+
+fn inherited_ignores() -> &'static [libc::c_int] {
+    INHERITED_IGNORES.get().map_or(&[], Vec::as_slice)
 }
 
 #[cfg(test)]

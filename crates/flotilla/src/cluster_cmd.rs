@@ -851,19 +851,25 @@ impl Interrupts {
     }
 }
 
-/// Runs `work` unless SIGINT (Ctrl-C) comes first: then says what became of the job (`said`,
-/// given at most 3 s) on stderr and exits with 130, the status the default action gives. It
-/// ended the process silently, and `submit --wait` left users wondering whether the job went
-/// on. The handler is in place only while `work` runs.
+/// SIGINT (Ctrl-C), heard from when this is made: see [`unless_interrupted`].
+fn interrupts() -> Option<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok()
+}
+
+/// Runs `work` unless SIGINT (Ctrl-C, heard through `int`, made before anything it should
+/// cover started) comes first: then says what became of the job (`said`, given at most
+/// 3 s) on stderr and exits with 130, the status the default action gives. It ended the
+/// process silently, and `submit --wait` left users wondering whether the job went on.
+/// A handler cannot be taken back: once `work` is done, a SIGINT still exits with 130.
 async fn unless_interrupted<T>(
+    int: Option<tokio::signal::unix::Signal>,
     work: impl std::future::Future<Output = T>,
     said: impl std::future::Future<Output = String>,
 ) -> T {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut int) = signal(SignalKind::interrupt()) else {
+    let Some(mut int) = int else {
         return work.await;
     };
-    tokio::select! {
+    let r = tokio::select! {
         r = work => r,
         _ = int.recv() => {
             let said = tokio::time::timeout(Duration::from_secs(3), said)
@@ -872,7 +878,14 @@ async fn unless_interrupted<T>(
             eprintln!("\nflotilla: interrupted: {said}");
             std::process::exit(130);
         }
-    }
+    };
+    tokio::spawn(async move {
+        if int.recv().await.is_some() {
+            eprintln!("\nflotilla: interrupted");
+            std::process::exit(130);
+        }
+    });
+    r
 }
 
 /// What [`unless_interrupted`] says of a job a client followed: it goes on.
@@ -1346,6 +1359,9 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     if a.dry_run {
         return dry_run(&a.job, a.json);
     }
+    // Heard from now: a Ctrl-C before the job is followed is one too (the default action
+    // ended the process silently).
+    let int = interrupts();
     let job_path = a.job.clone();
     // Refuse a bad job file before starting anything, and say what `--dry-run` would warn
     // of (an input that no task before it writes raced silently).
@@ -1477,14 +1493,16 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         let (remote, job) = (remote.clone(), submitted.job);
         let file = job_path.display().to_string();
         async move {
-            let done = match Client::connect(&remote).await {
-                Ok(mut c) => c
-                    .job_status(job)
-                    .await
-                    .map(|s| format!(" ({} of {} tasks done)", s.counts.done, s.total))
-                    .unwrap_or_default(),
-                Err(_) => String::new(),
+            let status = match Client::connect(&remote).await {
+                Ok(mut c) => c.job_status(job).await.ok(),
+                Err(_) => None,
             };
+            if let Some(s) = status.as_ref().filter(|s| s.finished_state().is_some()) {
+                return format!("job {} had ended ({}) before it", job.0, s.state);
+            }
+            let done = status
+                .map(|s| format!(" ({} of {} tasks done)", s.counts.done, s.total))
+                .unwrap_or_default();
             format!(
                 "job {} left unfinished{done}, its running tasks stopped: `flotilla run \
                  --resume {file}` goes on with it; a plain `flotilla run` cancels it",
@@ -1493,6 +1511,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         }
     };
     let (ok, status) = unless_interrupted(
+        int,
         async {
             // No waiting reasons: its one worker is the machine (a task too large is
             // cancelled).
@@ -1765,6 +1784,7 @@ pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
 /// whether it succeeded. Ctrl-C says that the job goes on.
 async fn follow_to_end(client: &mut Client, job: JobId, label: &str) -> Result<bool> {
     unless_interrupted(
+        interrupts(),
         async {
             let ok = follow(client, job, label, Progress::Stdout, true).await?;
             let status = settled(client, job).await?;

@@ -682,29 +682,19 @@ fn tokio_runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// A shell starts a background job (`flotilla worker &`) with SIGINT and SIGQUIT ignored,
-/// and the tasks of such a worker inherited them (a task's `kill -QUIT` did nothing).
-/// Terminal signals do not reach a background job, so their defaults cost nothing here;
-/// `run` and `worker` handle SIGINT themselves.
-fn undo_background_ignores() {
-    for sig in [libc::SIGINT, libc::SIGQUIT] {
-        // SAFETY: setting the default disposition of a catchable signal, before any thread
-        // or handler of ours exists.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
-    }
-}
-
 /// Runs a command; `Ok(false)` means it ran but the job did not succeed.
 fn run(cli: Cli) -> Result<bool> {
     let ok = |r: Result<()>| r.map(|()| true);
     match cli.command {
         Command::Run(a) => {
-            undo_background_ignores();
+            flotilla_exec::note_inherited_ignores();
             tokio_runtime()?.block_on(cluster_cmd::run(a))
         }
         Command::Server(a) => ok(tokio_runtime()?.block_on(cluster_cmd::server(a))),
         Command::Worker(a) => {
-            undo_background_ignores();
+            // A shell's background job (`flotilla worker &`) ignores SIGINT and SIGQUIT: its
+            // tasks inherited that (a task's `kill -QUIT` did nothing).
+            flotilla_exec::note_inherited_ignores();
             ok(tokio_runtime()?.block_on(cluster_cmd::worker(*a)))
         }
         Command::WorkerGuard => {

@@ -164,3 +164,58 @@ fn no_chaining_with_two_unfinished_predecessors_or_transfer_staging() {
     assert_eq!(placed[0].1.after, None);
     assert_eq!(sim.state(job, "b"), TaskState::Waiting);
 }
+
+/// A job that keeps going ends on the failure's own report when the only task left is one
+/// chained behind the failed task: the worker's answer to its retraction is not journaled,
+/// and waiting for it left the job running after a restart (and for good after a lost
+/// worker). The chained task is stopped and cancelled as one that needs the failed task.
+#[test]
+fn a_job_that_keeps_going_ends_on_the_failure_of_a_task_with_a_chained_successor() {
+    let mut sim = chained_sim();
+    let (job, _) = sim.submit(&format!(
+        "keep_going = true\n{}",
+        CHAIN.replace("retries = 2", "retries = 0")
+    ));
+    let (w, out) = sim.join(super::tests::wspec(1.0, &[]));
+    let a = sim.tref(job, "a");
+    let b = sim.tref(job, "b");
+    let placed: Vec<TaskRef> = assigns(&out).iter().map(|(_, t)| t.task).collect();
+    assert!(
+        placed.contains(&a) && placed.contains(&b),
+        "b chained behind a: {placed:?}"
+    );
+    started(&mut sim, w, a, 1);
+    let out = sim.finish(w, a, 1, super::tests::failed("boom", true));
+    assert_eq!(
+        super::tests::job_finished(&out),
+        vec![(job, JobState::Failed)],
+        "ended on a's report"
+    );
+    assert!(
+        !retracts_of(&out).is_empty() || !cancels_of(&out).is_empty(),
+        "b is stopped"
+    );
+    let s = sim.c.job_status(job).unwrap();
+    let d = s.tasks.iter().find(|x| x.name == "d").unwrap();
+    assert_eq!(
+        d.message.as_deref(),
+        Some("not run: it needs a task that failed")
+    );
+    // b and c, chained on the worker, are stopped there; their answers change nothing but
+    // themselves.
+    for t in ["b", "c"] {
+        assert_eq!(
+            sim.state(job, t),
+            TaskState::Assigned,
+            "{t} is being stopped"
+        );
+        let task = sim.tref(job, t);
+        let out = sim.ev(Event::TaskReturned {
+            worker: w,
+            task,
+            attempt: 1,
+        });
+        assert!(super::tests::job_finished(&out).is_empty());
+        assert_eq!(sim.state(job, t), TaskState::Cancelled, "{t}");
+    }
+}

@@ -727,20 +727,34 @@ impl Coordinator {
             return;
         }
         // A job that keeps going past a failed task ends once nothing can run any more:
-        // no task ready, placed, running or waiting for a retry. What still waits needs a
-        // task that failed (or one cancelled for that): it is cancelled, by `end_job`.
+        // no task ready, running, waiting for a retry, or placed to start (one chained on a
+        // worker behind a predecessor, `unmet > 0`, can start only if that succeeds). What
+        // still waits needs a task that failed: `end_job` cancels it, and stops a chained
+        // one. Decided on the failure's own (journaled) report, never on a worker's later
+        // answer to the chained task's retraction, which is not journaled: a restart
+        // replaying the journal ends the job the same way.
         let c = &j.counts;
-        let live = [
-            TaskState::Ready,
-            TaskState::Assigned,
-            TaskState::Running,
-            TaskState::Backoff,
-        ]
-        .iter()
-        .map(|s| c[s.index()])
-        .sum::<u64>();
-        if j.graph.keep_going() && live == 0 && c[TaskState::Failed.index()] > 0 {
-            self.end_job(job, JobState::Failed, out);
+        if !j.graph.keep_going() || c[TaskState::Failed.index()] == 0 {
+            return;
+        }
+        let moving = [TaskState::Ready, TaskState::Running, TaskState::Backoff]
+            .iter()
+            .map(|s| c[s.index()])
+            .sum::<u64>();
+        if moving > 0 {
+            return;
+        }
+        let placed_to_start = c[TaskState::Assigned.index()] > 0
+            && j.tasks
+                .iter()
+                .any(|rt| rt.state == TaskState::Assigned && rt.unmet == 0);
+        if !placed_to_start {
+            self.end_job_saying(
+                job,
+                JobState::Failed,
+                "not run: it needs a task that failed",
+                out,
+            );
         }
     }
 
@@ -760,6 +774,17 @@ impl Coordinator {
     /// Moves a job out of `Running`: tasks not on a worker are cancelled, tasks on a worker
     /// get a `Cancel`; notifies `JobFinished`.
     fn end_job(&mut self, job: JobId, state: JobState, out: &mut Vec<Command>) {
+        self.end_job_saying(job, state, &format!("job {}", state.as_str()), out);
+    }
+
+    /// [`Coordinator::end_job`], its unfinished tasks cancelled with `message`.
+    fn end_job_saying(
+        &mut self,
+        job: JobId,
+        state: JobState,
+        message: &str,
+        out: &mut Vec<Command>,
+    ) {
         let now = self.now;
         let j = self
             .jobs
@@ -770,12 +795,7 @@ impl Coordinator {
         self.active.remove(&job);
         self.cpuless.remove(&job);
         if state != JobState::Succeeded {
-            // What a job that kept going past a failure leaves waiting needs a failed task.
-            let message = if state == JobState::Failed && j.graph.keep_going() {
-                "not run: it needs a task that failed".to_string()
-            } else {
-                format!("job {}", state.as_str())
-            };
+            let message = message.to_string();
             for i in 0..j.len() {
                 let t = TaskId::new(i as u32);
                 let (st, attempt, owner) = {

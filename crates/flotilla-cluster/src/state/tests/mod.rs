@@ -206,7 +206,7 @@ fn notified(out: &[Command]) -> Vec<(TaskRef, TaskState)> {
         .collect()
 }
 
-fn job_finished(out: &[Command]) -> Vec<(JobId, JobState)> {
+pub(super) fn job_finished(out: &[Command]) -> Vec<(JobId, JobState)> {
     out.iter()
         .filter_map(|c| match c {
             Command::Notify(Notification::JobFinished { job, state }) => Some((*job, *state)),
@@ -245,7 +245,7 @@ pub(super) fn retracts(out: &[Command]) -> Vec<(WorkerId, TaskRef, u32)> {
         .collect()
 }
 
-fn failed(message: &str, retryable: bool) -> AttemptOutcome {
+pub(super) fn failed(message: &str, retryable: bool) -> AttemptOutcome {
     AttemptOutcome::Failed {
         message: message.into(),
         retryable,

@@ -819,6 +819,17 @@ impl Coordinator {
                                     task: tref,
                                     attempt,
                                 });
+                                // Chained behind a predecessor that did not succeed, it never
+                                // started: cancelled now, with the reason (the worker's
+                                // answer finds it ended, and only frees its slot).
+                                if st == TaskState::Assigned && j.tasks[i].unmet > 0 {
+                                    j.set_state(
+                                        t,
+                                        TaskState::Cancelled,
+                                        Some(message.clone()),
+                                        out,
+                                    );
+                                }
                             }
                             None => {
                                 self.ghosts.remove(&tref);

@@ -189,6 +189,15 @@ impl Finished {
 pub struct Outage {
     since: Option<tokio::time::Instant>,
     pause: std::time::Duration,
+    lost_before: bool,
+}
+
+impl Outage {
+    /// The coordinator answered (a call succeeded, a stream opened): the outage is over,
+    /// and a later loss starts a new one with its whole patience.
+    pub fn answered(&mut self) {
+        self.since = None;
+    }
 }
 
 impl Client {
@@ -279,7 +288,14 @@ impl Client {
             let since = match outage.since {
                 Some(since) if !progressed => since,
                 _ => {
-                    outage.pause = std::time::Duration::ZERO;
+                    // The first loss is tried again at once; a later one after 50 ms (a
+                    // coordinator that answers and breaks again and again is not spun on).
+                    outage.pause = if outage.lost_before {
+                        std::time::Duration::from_millis(50)
+                    } else {
+                        std::time::Duration::ZERO
+                    };
+                    outage.lost_before = true;
                     *outage.since.insert(now)
                 }
             };
@@ -531,7 +547,11 @@ impl Client {
             let mut outage = Outage::default();
             loop {
                 let mut got = false;
-                let ended = match self.watch(job).await {
+                let opened = self.watch(job).await;
+                if opened.is_ok() {
+                    outage.answered();
+                }
+                let ended = match opened {
                     Ok(mut s) => loop {
                         self.answered = true;
                         match s.message().await.map_err(|e| self.stream_error(e)) {
@@ -698,13 +718,20 @@ impl Client {
             while rounds < ROUNDS {
                 rounds += 1;
                 let answered = self.answered;
-                let outs = match self.outputs(job).await.map_err(|e| {
-                    if answered {
-                        lost_if_answered(e)
-                    } else {
-                        e
-                    }
-                }) {
+                let asked =
+                    self.outputs(job).await.map_err(
+                        |e| {
+                            if answered {
+                                lost_if_answered(e)
+                            } else {
+                                e
+                            }
+                        },
+                    );
+                if asked.is_ok() {
+                    outage.answered();
+                }
+                let outs = match asked {
                     Ok(Outputs::Ready(outs)) => outs,
                     Ok(Outputs::Rebuilding(why)) => {
                         note(&why);

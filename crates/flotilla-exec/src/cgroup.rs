@@ -263,6 +263,9 @@ static POOL: Mutex<Pool> = parking_lot::const_mutex(Vec::new());
 /// The most emptied cgroups kept per parent.
 const POOL_MAX: usize = 64;
 
+/// The most memory (page cache) an emptied cgroup may still be charged with to be kept.
+const POOL_MAX_CHARGED: u64 = 16 << 20;
+
 /// Removes the emptied cgroups kept for reuse (a worker that stops calls it).
 pub fn drain_cgroup_pool() {
     let pool = std::mem::take(&mut *POOL.lock());
@@ -433,18 +436,6 @@ impl Cgroup {
     fn reuse(spec: &CgroupSpec, dirs: Vec<(Option<Controller>, PathBuf)>) -> Result<Cgroup> {
         let mut cgroup = Cgroup::adopt(dirs, false)?;
         let at = |c: Controller, file: &str| cgroup.dir(Some(c)).map(|d| d.join(file));
-        // The page cache earlier attempts' files left charged to it is reclaimed first (the
-        // cgroup is empty): it counted in the next attempt's peak memory (`true` read 178 MiB
-        // after a task that wrote large files).
-        let charged = at(Controller::Memory, "memory.usage_in_bytes")
-            .and_then(|p| fs::read_to_string(p).ok())
-            .and_then(|t| t.trim().parse::<u64>().ok())
-            .unwrap_or(0);
-        if charged > 0 {
-            if let Some(path) = at(Controller::Memory, "memory.force_empty") {
-                let _ = write_file(&path, "0");
-            }
-        }
         for (c, file, value) in [
             (Controller::Memory, "memory.max_usage_in_bytes", "0"),
             (Controller::Cpuacct, "cpuacct.usage", "0"),
@@ -640,6 +631,18 @@ impl Drop for Cgroup {
     fn drop(&mut self) {
         // v1: an emptied cgroup goes back to the pool (stragglers were killed; they leave
         // the cgroup a moment after: short waits, bounded).
+        // One still charged with much page cache of its attempt's files is not kept: that
+        // cache counted in the next attempt's peak memory (`true` read 178 MiB after a task
+        // that wrote large files), and reclaiming it (`memory.force_empty`) costs more than a
+        // new cgroup. Removed, its charges move to the parent.
+        let charged = self
+            .dir(Some(Controller::Memory))
+            .and_then(|d| fs::read_to_string(d.join("memory.usage_in_bytes")).ok())
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if charged > POOL_MAX_CHARGED {
+            self.pool = None;
+        }
         if let Some(parent) = self.pool.take() {
             let mut wait = Duration::from_micros(20);
             for _ in 0..60 {

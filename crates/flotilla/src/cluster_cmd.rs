@@ -382,9 +382,10 @@ pub(crate) struct RunArgs {
     /// with warnings of what only running would find; run nothing. With --json, as JSON.
     #[arg(long)]
     dry_run: bool,
-    /// Go on with the job of the same name that an interrupted run (Ctrl-C, a kill) left
-    /// unfinished in the state folder, as it was submitted: its done tasks are not run
-    /// again. Without it, such a job is cancelled and the job file submitted anew.
+    /// Go on with the job of the same name and folder that an interrupted run (Ctrl-C, a
+    /// kill) left unfinished in the state folder, as it was submitted: its done tasks are
+    /// not run again (in transfer staging, those whose outputs only the stopped run's worker
+    /// held are). Without it, such a job is cancelled and the job file submitted anew.
     #[arg(long, conflicts_with = "dry_run")]
     resume: bool,
 }
@@ -1083,7 +1084,10 @@ async fn settled(client: &mut Client, job: JobId) -> Result<JobStatus> {
             .await
             .map_err(Client::lost_after_answer)
         {
-            Ok(s) => s,
+            Ok(s) => {
+                outage.answered();
+                s
+            }
             Err(e) if e.is_transient() => {
                 *client = client.follow_again(&mut outage, false, e).await?;
                 continue;
@@ -1434,10 +1438,23 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         .jobs
         .iter()
         .filter(|j| j.state == flotilla_cluster::state::JobState::Running);
-    let resumed = unfinished
-        .clone()
-        .filter(|j| a.resume && j.name == name)
-        .max_by_key(|j| j.id);
+    // The newest of this name whose job folder is this file's (a --state shared by jobs of
+    // several folders holds others).
+    let mut resumed = None;
+    if a.resume {
+        let mut named: Vec<_> = unfinished.clone().filter(|j| j.name == name).collect();
+        named.sort_by_key(|j| std::cmp::Reverse(j.id));
+        for j in named {
+            let same_folder = client
+                .job_status_range(j.id, 0, Some(0))
+                .await
+                .is_ok_and(|s| Path::new(&s.dir) == job_dir);
+            if same_folder {
+                resumed = Some(j);
+                break;
+            }
+        }
+    }
     if a.resume && resumed.is_none() {
         eprintln!(
             "--resume: no unfinished job named {name:?} in {}: the job file is submitted anew",
@@ -1902,6 +1919,7 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
             {
                 Ok(mut s) => {
                     resume.opened = true;
+                    outage.answered();
                     loop {
                         match s.message().await {
                             Ok(Some(c)) => {

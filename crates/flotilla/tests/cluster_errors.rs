@@ -544,6 +544,13 @@ fn logs_of_a_task_that_never_ran_say_so() {
         "{}",
         text(&ended.stderr)
     );
+    // The task that ran, silent, until the cancel: it ran, and wrote nothing.
+    let first = c.cli(&["logs", &id, "first"]);
+    let said = text(&first.stderr);
+    assert!(
+        said.contains("(first wrote nothing to stdout") && !said.contains("never ran"),
+        "{said}"
+    );
 }
 
 #[test]

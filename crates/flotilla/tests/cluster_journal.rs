@@ -364,12 +364,14 @@ fn follows_ride_out_a_port_that_drops_connections_while_the_coordinator_is_down(
         .expect("the task's first line from flotilla logs --follow");
     assert_eq!(line, "before");
     c.kill_server();
-    // The port accepts, and drops, the first connection of each follower.
+    // The port accepts, and drops, every connection for a while: at least four, over at
+    // least 1.5 s, so that both followers (each tries again within 1 s) meet it.
     let port = std::net::TcpListener::bind(c.addr).expect("the killed coordinator's port");
     port.set_nonblocking(true).unwrap();
     let mut dropped = 0;
-    let until = std::time::Instant::now() + WAIT;
-    while dropped < 2 {
+    let opened = std::time::Instant::now();
+    let until = opened + WAIT;
+    while dropped < 4 || opened.elapsed() < Duration::from_millis(1500) {
         match port.accept() {
             Ok((conn, _)) => {
                 drop(conn);

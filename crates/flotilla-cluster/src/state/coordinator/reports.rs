@@ -266,8 +266,12 @@ impl Coordinator {
             let busy = j.busy.entry(ran_on).or_default();
             busy.0 += wall;
             busy.1 += wall * cpus;
-            if matches!(result.outcome, AttemptOutcome::Failed { .. }) {
-                // A failed (or timed-out) attempt's time is the task's time so far.
+            if matches!(
+                result.outcome,
+                AttemptOutcome::Failed { .. } | AttemptOutcome::Cancelled
+            ) {
+                // A failed (or timed-out) attempt's time is the task's time so far; so is a
+                // cancelled one's that ran (`logs` then does not say it never ran).
                 j.tasks[t.index()].ext().usage = Some(result.usage);
             }
         }

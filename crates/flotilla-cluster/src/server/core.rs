@@ -144,6 +144,23 @@ pub(super) enum Req {
 
 /// What a job request answers for a job its sender does not see: exactly what it answers
 /// for a job that does not exist.
+/// What of `data` a task's log of `have` bytes, capped at `cap`, takes: all of it while it
+/// stays below the cap; else what fits and one line saying the rest is dropped (also when it
+/// fills the cap exactly: a 64 MiB cap filled by 64 KiB chunks dropped the rest unsaid);
+/// nothing once the cap is reached.
+fn capped(have: u64, cap: u64, data: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
+    if have >= cap {
+        return None;
+    }
+    let room = usize::try_from(cap - have).unwrap_or(usize::MAX);
+    if data.len() < room {
+        return Some(data.into());
+    }
+    let mut w = data[..room].to_vec();
+    w.extend_from_slice(format!("\n[flotilla: output truncated at {cap} bytes]\n").as_bytes());
+    Some(w.into())
+}
+
 /// "no job N", the same for an id never given, a job removed and another tenant's (whose
 /// existence is not told); with what it may mean (`status` of a removed job said "no job
 /// 2", as of one never made).
@@ -2168,19 +2185,8 @@ impl Core {
                 .append(true)
                 .open(&path)?;
             // At most `cap` bytes per stream and attempt, then one line saying so.
-            let have = f.metadata()?.len();
-            if have >= cap {
+            let Some(wrote) = capped(f.metadata()?.len(), cap, &l.data) else {
                 return Ok(());
-            }
-            let room = usize::try_from(cap - have).unwrap_or(usize::MAX);
-            let wrote: std::borrow::Cow<'_, [u8]> = if l.data.len() <= room {
-                l.data.as_slice().into()
-            } else {
-                let mut w = l.data[..room].to_vec();
-                w.extend_from_slice(
-                    format!("\n[flotilla: output truncated at {cap} bytes]\n").as_bytes(),
-                );
-                w.into()
             };
             f.write_all(&wrote)?;
             // In a group, the other nodes keep the same log (best effort, in order).
@@ -2394,6 +2400,22 @@ pub(super) fn tls_files_error(tls: &crate::transport::ServerTls, why: &str) -> C
 #[cfg(test)]
 mod watch_tests {
     use super::*;
+
+    #[test]
+    fn a_log_filled_to_its_cap_says_so_even_when_a_chunk_fills_it_exactly() {
+        let note = b"\n[flotilla: output truncated at 8 bytes]\n";
+        assert_eq!(capped(0, 8, b"1234").as_deref(), Some(&b"1234"[..]));
+        // A chunk that fills the cap to the byte: the note comes with it (a later chunk
+        // would find no room to say so).
+        let exact = capped(4, 8, b"5678").unwrap();
+        assert_eq!(&exact[..4], b"5678");
+        assert_eq!(&exact[4..], note);
+        let over = capped(4, 8, b"56789").unwrap();
+        assert_eq!(&over[..4], b"5678");
+        assert_eq!(&over[4..], note);
+        assert!(capped(8, 8, b"x").is_none());
+        assert!(capped(8 + note.len() as u64, 8, b"x").is_none());
+    }
 
     #[test]
     fn a_watcher_that_does_not_read_is_dropped_and_the_others_kept() {

@@ -1395,17 +1395,17 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     // only once the tasks before it had run (a whole sweep, before its reduce).
     let text = std::fs::read_to_string(&job_path)
         .with_context(|| format!("reading {}", job_path.display()))?;
-    flotilla::core::parse_job(&text, &job_path.display().to_string())
-        .and_then(|spec| spec.check_fits(&[wcfg.offer()]))
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "{e}: it can never run on this machine's worker, so nothing was run (flotilla \
+    let spec = flotilla::core::parse_job(&text, &job_path.display().to_string())
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    spec.check_fits(&[wcfg.offer()]).map_err(|e| {
+        anyhow::anyhow!(
+            "{e}: it can never run on this machine's worker, so nothing was run (flotilla \
                  run's one worker offers {}, what --cpus, --gpus and --allow-network give it, \
                  and no custom resources: for more, run the job on a cluster whose workers \
                  offer what the task needs)",
-                wcfg.offer()
-            )
-        })?;
+            wcfg.offer()
+        )
+    })?;
     let state = a.state.clone().unwrap_or_else(|| job_dir.join(".flotilla"));
     let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), &state);
     scfg.http_listen = a.dashboard;
@@ -1415,9 +1415,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     // Its one worker lives in this process: an earlier run's, whose attempts a resumed job
     // may still list as running, is gone for good (they waited 30 s for it to rejoin).
     scfg.coordinator.reconcile_grace_ms = 0;
-    let name = flotilla::core::parse_job(&text, &job_path.display().to_string())
-        .map(|s| s.name)
-        .unwrap_or_default();
+    let name = spec.name;
     let server = Server::start(scfg).await?;
     if let Some(http) = server.http_addr() {
         eprintln!(

@@ -602,6 +602,27 @@ impl Client {
         })
     }
 
+    /// Runs again a job's tasks that failed or were cancelled, its done tasks kept: `flotilla
+    /// retry`. A job that ended runs again. How many tasks were put back to run.
+    pub fn retry<'a>(&'a mut self, job: JobId) -> crate::Boxed<'a, Result<u64>> {
+        crate::boxed(async move {
+            let r = self
+                .inner
+                .retry(proto::RetryRequest { job: job.0 })
+                .await
+                .map_err(|e| match e.code() {
+                    tonic::Code::Unimplemented => ClusterError::Rpc(format!(
+                        "the coordinator at {} runs an older flotilla, which cannot retry a \
+                         job: upgrade it, or submit the job file again",
+                        self.addr
+                    )),
+                    _ => self.rpc_err(e),
+                })?
+                .into_inner();
+            Ok(r.tasks)
+        })
+    }
+
     /// Forgets a finished job on the coordinator (its tasks, logs and the list of its
     /// uploads): `flotilla rm`. A running job is refused (cancel it first).
     pub fn remove<'a>(&'a mut self, job: JobId) -> crate::Boxed<'a, Result<()>> {

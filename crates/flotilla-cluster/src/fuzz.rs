@@ -365,6 +365,8 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             job,
             tasks: vec![task.task],
         });
+        records.push(crate::state::JournalRecord::JobCancelled { job });
+        records.push(crate::state::JournalRecord::JobRetried { job });
     }
     records.push(c.checkpoint());
     let dir = std::env::temp_dir().join(format!("flotilla-fuzz-seeds-{}", std::process::id()));

@@ -1281,6 +1281,7 @@ after = ["sim"]
             | JournalRecord::JobSubmittedText { job: j, .. }
             | JournalRecord::BudgetRaised { job: j, .. }
             | JournalRecord::JobReopened { job: j, .. }
+            | JournalRecord::JobRetried { job: j }
             | JournalRecord::Submission { job: j, .. } => *j = JobId::new(job),
             JournalRecord::TaskFinished { task, .. }
             | JournalRecord::TaskFinishedMetered { task, .. }

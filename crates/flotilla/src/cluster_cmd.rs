@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use flotilla::cluster::state::{ClusterStatus, JobStatus};
+use flotilla::cluster::state::{ClusterStatus, JobState, JobStatus};
 use flotilla::cluster::worker::Isolation;
 use flotilla::cluster::{
     proto, run_worker, Client, Remote, Server, ServerConfig, ServerTls, WorkerConfig, WorkerGpu,
@@ -382,10 +382,12 @@ pub(crate) struct RunArgs {
     /// with warnings of what only running would find; run nothing. With --json, as JSON.
     #[arg(long)]
     dry_run: bool,
-    /// Go on with the job of the same name and folder that an interrupted run (Ctrl-C, a
-    /// kill) left unfinished in the state folder, as it was submitted: its done tasks are
-    /// not run again (in transfer staging, those whose outputs only the stopped run's worker
-    /// held are). Without it, such a job is cancelled and the job file submitted anew.
+    /// Go on with the newest job of the same name and folder in the state folder, as it was
+    /// submitted: one an interrupted run (Ctrl-C, a kill) left unfinished goes on; one that
+    /// ended failed or cancelled has its failed and cancelled tasks run again (as `flotilla
+    /// retry`); one that succeeded runs nothing. Its done tasks are not run again (in
+    /// transfer staging, those whose outputs only the stopped run's worker held are).
+    /// Without it, an unfinished job is cancelled and the job file submitted anew.
     #[arg(long, conflicts_with = "dry_run")]
     resume: bool,
 }
@@ -447,6 +449,19 @@ pub(crate) struct JobArgs {
     /// The job id: `7` or `job-7`.
     #[arg(value_parser = crate::cluster_cmd::job_number)]
     job: u64,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RetryArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// The job id: `7` or `job-7`.
+    #[arg(value_parser = crate::cluster_cmd::job_number)]
+    job: u64,
+    /// Follow the job to its end as `flotilla wait` does (exit code 0 only if every task
+    /// succeeded).
+    #[arg(long)]
+    wait: bool,
 }
 
 #[derive(Args, Debug)]
@@ -1429,8 +1444,8 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let mut client = Client::connect(&remote).await?;
     // A run interrupted before its job ended (Ctrl-C, a kill) left that job running in the
     // state folder: it would resume here, before and beside this one, unannounced. With
-    // --resume the newest of this name goes on; every other is cancelled, and said so,
-    // before the worker starts.
+    // --resume the newest job of this name goes on (retried when it ended failed or
+    // cancelled); every unfinished other is cancelled, and said so, before the worker starts.
     let leftover = client.cluster_status().await?;
     let unfinished = leftover
         .jobs
@@ -1440,7 +1455,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     // several folders holds others).
     let mut resumed = None;
     if a.resume {
-        let mut named: Vec<_> = unfinished.clone().filter(|j| j.name == name).collect();
+        let mut named: Vec<_> = leftover.jobs.iter().filter(|j| j.name == name).collect();
         named.sort_by_key(|j| std::cmp::Reverse(j.id));
         for j in named {
             let same_folder = client
@@ -1455,9 +1470,22 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     }
     if a.resume && resumed.is_none() {
         eprintln!(
-            "--resume: no unfinished job named {name:?} in {}: the job file is submitted anew",
+            "--resume: no job named {name:?} in {}: the job file is submitted anew",
             state.display()
         );
+    }
+    if let Some(j) = resumed.filter(|j| j.state == flotilla_cluster::state::JobState::Succeeded) {
+        eprintln!(
+            "--resume: job {} ({}) in {} succeeded already, all {} tasks done: nothing to run \
+             (a plain `flotilla run` runs the job file anew)",
+            j.id.0,
+            j.name,
+            state.display(),
+            j.total
+        );
+        server.stop();
+        server.wait().await?;
+        return Ok(true);
     }
     for j in unfinished.filter(|j| Some(j.id) != resumed.map(|r| r.id)) {
         client.cancel(j.id).await?;
@@ -1470,22 +1498,34 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
             j.total
         );
     }
+    // One that ended failed or cancelled: its failed and cancelled tasks run again.
+    if let Some(j) = resumed.filter(|j| j.state != flotilla_cluster::state::JobState::Running) {
+        let again = client.retry(j.id).await?;
+        eprintln!(
+            "resuming job {} ({}), which ended {}: {} again, its {} done kept (edits to the \
+             job file since are not taken: run without --resume for them)",
+            j.id.0,
+            j.name,
+            j.state.as_str(),
+            tasks_run(again, "failed or cancelled "),
+            j.done
+        );
+    } else if let Some(j) = resumed {
+        eprintln!(
+            "resuming job {} ({}), {} of {} tasks done: it goes on as it was submitted \
+             (edits to the job file since are not taken: run without --resume for them)",
+            j.id.0, j.name, j.done, j.total
+        );
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let worker = tokio::spawn(run_worker(wcfg, stop_rx));
     let started = Instant::now();
     let submitted = match resumed {
-        Some(j) => {
-            eprintln!(
-                "resuming job {} ({}), {} of {} tasks done: it goes on as it was submitted \
-                 (edits to the job file since are not taken: run without --resume for them)",
-                j.id.0, j.name, j.done, j.total
-            );
-            flotilla::cluster::Submitted {
-                job: j.id,
-                name: j.name.clone(),
-                tasks: u32::try_from(j.total).unwrap_or(u32::MAX),
-            }
-        }
+        Some(j) => flotilla::cluster::Submitted {
+            job: j.id,
+            name: j.name.clone(),
+            tasks: u32::try_from(j.total).unwrap_or(u32::MAX),
+        },
         None => client.submit_file(&job_path).await?,
     };
     let label = format!("{} (job {})", submitted.name, submitted.job.0);
@@ -1580,6 +1620,13 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
             e => e,
         }
     };
+    if status.state == JobState::Failed {
+        eprintln!(
+            "once the cause is fixed, `flotilla run --resume {}` runs its failed tasks and those \
+             not run again (its done ones kept)",
+            job_path.display()
+        );
+    }
     let _ = stop_tx.send(true);
     let _ = worker.await;
     server.stop();
@@ -1804,6 +1851,13 @@ async fn follow_to_end(client: &mut Client, job: JobId, label: &str) -> Result<b
             let ok = follow(client, job, label, Progress::Stdout, true).await?;
             let status = settled(client, job).await?;
             let shown = summarize(client, &status).await;
+            if status.state == JobState::Failed && status.pool.is_none() {
+                eprintln!(
+                    "once the cause is fixed, `flotilla retry {}` runs its failed tasks and \
+                     those not run again (its done ones kept)",
+                    job.0
+                );
+            }
             gather_if_transfer(client, &status, ok).await?;
             crate::out::after_outcome(shown)?;
             Ok(ok)
@@ -1865,6 +1919,34 @@ pub(crate) async fn cancel(a: JobArgs) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// "1 task runs", "3 tasks run" (`kind`: words before "task").
+fn tasks_run(n: u64, kind: &str) -> String {
+    if n == 1 {
+        format!("1 {kind}task runs")
+    } else {
+        format!("{n} {kind}tasks run")
+    }
+}
+
+/// `flotilla retry`: the job's failed and cancelled tasks run again, its done ones kept;
+/// with --wait, followed to the end (whether it succeeded); without, `true`.
+pub(crate) async fn retry(a: RetryArgs) -> Result<bool> {
+    let mut client = a.remote.client().await?;
+    let job = JobId::new(a.job);
+    let again = client.retry(job).await?;
+    let s = client.job_status_range(job, 0, Some(0)).await?;
+    eprintln!(
+        "job {}: {} again ({} done kept)",
+        a.job,
+        tasks_run(again, ""),
+        s.counts.done
+    );
+    if !a.wait {
+        return Ok(true);
+    }
+    follow_to_end(&mut client, job, &format!("job {}", job.0)).await
 }
 
 pub(crate) async fn remove(a: JobArgs) -> Result<()> {

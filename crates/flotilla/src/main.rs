@@ -65,6 +65,9 @@ enum Command {
     Wait(cluster_cmd::JobArgs),
     /// Cancel a job.
     Cancel(cluster_cmd::JobArgs),
+    /// Run again a job's tasks that failed or were cancelled, its done tasks kept (a job that
+    /// ended runs again, under its id); with --wait, follow it to its end.
+    Retry(cluster_cmd::RetryArgs),
     /// Forget a finished job on the coordinator: its tasks, logs and uploads list (cancel a
     /// running one first).
     Rm(cluster_cmd::JobArgs),
@@ -705,6 +708,7 @@ fn run(cli: Cli) -> Result<bool> {
         Command::Status(a) => ok(tokio_runtime()?.block_on(cluster_cmd::status(a))),
         Command::Wait(a) => tokio_runtime()?.block_on(cluster_cmd::wait(a)),
         Command::Cancel(a) => ok(tokio_runtime()?.block_on(cluster_cmd::cancel(a))),
+        Command::Retry(a) => tokio_runtime()?.block_on(cluster_cmd::retry(a)),
         Command::Rm(a) => ok(tokio_runtime()?.block_on(cluster_cmd::remove(a))),
         Command::Logs(a) => ok(tokio_runtime()?.block_on(cluster_cmd::logs(a))),
         Command::Trace(a) => ok(tokio_runtime()?.block_on(cluster_cmd::trace(a))),

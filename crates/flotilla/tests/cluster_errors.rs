@@ -505,6 +505,67 @@ cmd = ["touch", "later-ran"]
 /// `logs` of a task that has not run says so (it said "wrote nothing" of a task still
 /// waiting, and of one its job's cancel left unrun); `--follow` of one waits, and says it
 /// never ran when its job ends first.
+/// `flotilla retry` runs a failed job again under its id: its failed task and those
+/// cancelled with it run, its done ones do not, and `--wait` follows it to success. A job
+/// that succeeded, or one that does not exist, is refused with the reason.
+#[test]
+fn a_failed_job_is_retried_in_place_and_its_done_tasks_are_kept() {
+    let c = Cluster::start(1, 2);
+    let out = submit_wait(
+        &c,
+        "sweep.toml",
+        "name = \"sweep\"\n[defaults]\nretries = 0\n\
+         [[task]]\nid = \"prep\"\ncmd = [\"sh\", \"-c\", \"echo x >> prep.count\"]\n\
+         [[task]]\nid = \"sim\"\narray = \"0..3\"\nafter = [\"prep\"]\n\
+         cmd = [\"sh\", \"-c\", \"echo x >> sim{i}.count; [ {i} -ne 1 ] || [ -e fixed ]\"]\n\
+         [[task]]\nid = \"sum\"\nafter = [\"sim\"]\ncmd = [\"touch\", \"summed\"]\n",
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let job = job_id_of(&out);
+    let n = job.0.to_string();
+    let s = c.wait_job(job, WAIT);
+    assert_eq!(s.state, JobState::Failed);
+    assert_eq!(task(&s, "sim[1]").state, TaskState::Failed);
+    assert_eq!(task(&s, "sum").state, TaskState::Cancelled);
+    let lines = |f: &str| {
+        std::fs::read_to_string(c.job_dir().join(f))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    std::fs::write(c.job_dir().join("fixed"), "").unwrap();
+    let again = c.cli(&["retry", &n, "--wait"]);
+    let err = text(&again.stderr);
+    assert!(again.status.success(), "{err}{}", text(&again.stdout));
+    assert!(
+        err.contains(&format!("job {n}: ")) && err.contains("again ("),
+        "{err}"
+    );
+    let s = c.wait_job(job, WAIT);
+    assert_eq!(s.state, JobState::Succeeded);
+    assert!(c.job_dir().join("summed").exists());
+    assert_eq!(lines("prep.count"), 1, "the done task ran again");
+    assert_eq!(lines("sim1.count"), 2);
+    // A sim that had succeeded before the failure stopped the job ran once; one stopped
+    // by it ran at most twice (its stopped attempt, then the retry's).
+    for f in ["sim0.count", "sim2.count"] {
+        assert!((1..=2).contains(&lines(f)), "{f}: {}", lines(f));
+    }
+    let refused = c.cli(&["retry", &n]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains(&format!("job {n}: nothing to retry: it succeeded")),
+        "{}",
+        text(&refused.stderr)
+    );
+    let unknown = c.cli(&["retry", "999"]);
+    assert!(!unknown.status.success());
+    assert!(
+        text(&unknown.stderr).contains("no job 999"),
+        "{}",
+        text(&unknown.stderr)
+    );
+}
+
 #[test]
 fn logs_of_a_task_that_never_ran_say_so() {
     let c = Cluster::start(1, 1);
@@ -827,7 +888,8 @@ fn run_until(dir: &std::path::Path, toml: &str, pid_file: &str) -> std::process:
 
 /// A sweep with `keep_going = true` runs every point that does not need a failed one: the
 /// failed points are listed, what needs them is not run, and `run` fails at the end. A
-/// point failing before a task chained after it on the same worker is handled too.
+/// point failing before a task chained after it on the same worker is handled too. Once
+/// the cause is fixed, `run --resume` runs again only what failed or was not run.
 #[test]
 fn a_job_that_keeps_going_runs_the_rest_and_fails_at_its_end() {
     let tmp = tempfile::tempdir().unwrap();
@@ -835,9 +897,9 @@ fn a_job_that_keeps_going_runs_the_rest_and_fails_at_its_end() {
     std::fs::write(
         dir.join("job.toml"),
         "name = \"kg\"\nkeep_going = true\n[defaults]\nretries = 0\n\
-         [[task]]\nid = \"sim\"\narray = \"0..6\"\ncmd = [\"sh\", \"-c\", \"[ {i} -ne 3 ] && touch ran{i}\"]\n\
+         [[task]]\nid = \"sim\"\narray = \"0..6\"\ncmd = [\"sh\", \"-c\", \"echo x >> ran{i}; [ {i} -ne 3 ] || [ -e fixed ]\"]\n\
          [[task]]\nid = \"reduce\"\nafter = [\"sim\"]\ncmd = [\"touch\", \"reduced\"]\n\
-         [[task]]\nid = \"first\"\ncmd = [\"sh\", \"-c\", \"exit 1\"]\n\
+         [[task]]\nid = \"first\"\ncmd = [\"test\", \"-e\", \"fixed\"]\n\
          [[task]]\nid = \"second\"\nafter = [\"first\"]\ncmd = [\"true\"]\n",
     )
     .unwrap();
@@ -878,6 +940,29 @@ fn a_job_that_keeps_going_runs_the_rest_and_fails_at_its_end() {
             "{t}"
         );
     }
+    // Fixed, resumed: the two that failed and the two not run run; no done one again.
+    std::fs::write(dir.join("fixed"), "").unwrap();
+    let resumed = local_run(dir, "2", &["--resume"]).output().unwrap();
+    let err = text(&resumed.stderr);
+    assert!(resumed.status.success(), "{err}{}", text(&resumed.stdout));
+    assert!(
+        err.contains(
+            "resuming job 1 (kg), which ended failed: 4 failed or cancelled tasks run again, \
+             its 5 done kept"
+        ),
+        "{err}"
+    );
+    assert!(dir.join("reduced").exists(), "{err}");
+    let runs = |i: u32| {
+        std::fs::read_to_string(dir.join(format!("ran{i}")))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    for i in [0, 1, 2, 4, 5] {
+        assert_eq!(runs(i), 1, "sim[{i}] ran again");
+    }
+    assert_eq!(runs(3), 2);
 }
 
 /// `flotilla run` in `dir` of a job `short` of one task that ends at once.
@@ -961,14 +1046,14 @@ fn ctrl_c_of_run_leaves_a_job_to_resume_and_of_wait_says_the_job_goes_on() {
     let err = text(&again.stderr);
     assert!(again.status.success(), "{err}");
     assert!(
-        err.contains("--resume: no unfinished job named \"resumable\""),
+        err.contains("--resume: job 1 (resumable) in ")
+            && err.contains("succeeded already, all 2 tasks done: nothing to run"),
         "{err}"
     );
-    assert_eq!(
-        lines("a.count"),
-        2,
-        "a run with nothing to resume runs the job"
-    );
+    assert_eq!(lines("a.count"), 1, "a succeeded job is not run again");
+    let anew = local_run(dir, "1", &[]).output().unwrap();
+    assert!(anew.status.success(), "{}", text(&anew.stderr));
+    assert_eq!(lines("a.count"), 2, "a plain run runs the job anew");
 
     let c = Cluster::start(1, 1);
     let (job, go) = c.submit_gated("gated", "", "");

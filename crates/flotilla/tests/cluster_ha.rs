@@ -557,6 +557,55 @@ fn a_submission_whose_answer_was_lost_is_sent_again_and_makes_one_job() {
     assert_eq!(jobs, vec![job], "the submission made one job");
 }
 
+/// `flotilla retry` in a group: the retry is in the group's log, so the next leader holds
+/// the job retried (the leader that took it is killed at once) and runs it to success there;
+/// its done task does not run again.
+#[test]
+fn a_job_retried_in_a_group_goes_on_on_the_next_leader() {
+    let _one = one_group_at_a_time();
+    let mut g = Group::start(1);
+    let dir = g.job_dir();
+    let file = dir.join("retried.toml");
+    std::fs::write(
+        &file,
+        "name = \"retried\"\n[defaults]\nretries = 0\n\
+         [[task]]\nid = \"ok\"\ncmd = [\"sh\", \"-c\", \"echo x >> ok.count\"]\n\
+         [[task]]\nid = \"bad\"\nafter = [\"ok\"]\ncmd = [\"sh\", \"-c\", \"echo x >> bad.count; [ -e fixed ]\"]\n\
+         [[task]]\nid = \"last\"\nafter = [\"bad\"]\ncmd = [\"touch\", \"last.done\"]\n",
+    )
+    .unwrap();
+    // Every member reads retries once every member is asked what it reads (as for the
+    // journal's clock, learned in the same round).
+    wait_until(
+        "every member to read the journal's clock",
+        Duration::from_secs(60),
+        || g.overview()?.group?.journal_clock.then_some(()),
+    );
+    let job = g.submit(&file);
+    let s = g.wait_job(job, JOB_TIMEOUT);
+    assert_eq!(s.state, flotilla::cluster::state::JobState::Failed);
+    std::fs::write(dir.join("fixed"), "").unwrap();
+    let out = g.cli(&["retry", &job.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "retry: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let leader = g.leader();
+    g.kill_leader(leader);
+    let s = g.wait_job(job, JOB_TIMEOUT);
+    assert_succeeded(&s);
+    assert!(dir.join("last.done").exists());
+    let lines = |f: &str| {
+        std::fs::read_to_string(dir.join(f))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    assert_eq!(lines("ok.count"), 1, "the done task ran again");
+    assert_eq!(lines("bad.count"), 2);
+}
+
 /// Membership changes while the group runs: a fourth node started with `--join` is added
 /// (`flotilla admin group add`), catches up and votes; a follower is removed (`remove`) and
 /// stopped, as a lost machine is; the group then survives losing its leader, and the node

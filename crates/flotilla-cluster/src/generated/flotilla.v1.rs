@@ -28,6 +28,18 @@ pub struct BudgetRequest {
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ProviderListRequest {}
+/// `flotilla retry`: a job's tasks that failed or were cancelled run again (its done tasks
+/// are kept); `tasks`: how many were put back to run.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RetryRequest {
+    #[prost(uint64, tag = "1")]
+    pub job: u64,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RetryReply {
+    #[prost(uint64, tag = "1")]
+    pub tasks: u64,
+}
 /// A queue's settings, as `flotilla alloc add slurm` takes them (0 or "": the default).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct AllocAddRequest {
@@ -1033,6 +1045,27 @@ pub mod coordinator_client {
                 .insert(GrpcMethod::new("flotilla.v1.Coordinator", "Budget"));
             self.inner.unary(req, path, codec).await
         }
+        pub async fn retry(
+            &mut self,
+            request: impl tonic::IntoRequest<super::RetryRequest>,
+        ) -> std::result::Result<tonic::Response<super::RetryReply>, tonic::Status> {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/flotilla.v1.Coordinator/Retry",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("flotilla.v1.Coordinator", "Retry"));
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -1104,6 +1137,10 @@ pub mod coordinator_server {
             &self,
             request: tonic::Request<super::BudgetRequest>,
         ) -> std::result::Result<tonic::Response<super::JsonReply>, tonic::Status>;
+        async fn retry(
+            &self,
+            request: tonic::Request<super::RetryRequest>,
+        ) -> std::result::Result<tonic::Response<super::RetryReply>, tonic::Status>;
     }
     #[derive(Debug)]
     pub struct CoordinatorServer<T> {
@@ -1663,6 +1700,49 @@ pub mod coordinator_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = BudgetSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/flotilla.v1.Coordinator/Retry" => {
+                    #[allow(non_camel_case_types)]
+                    struct RetrySvc<T: Coordinator>(pub Arc<T>);
+                    impl<T: Coordinator> tonic::server::UnaryService<super::RetryRequest>
+                    for RetrySvc<T> {
+                        type Response = super::RetryReply;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::RetryRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as Coordinator>::retry(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = RetrySvc(inner);
                         let codec = tonic_prost::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

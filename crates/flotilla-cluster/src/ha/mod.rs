@@ -258,8 +258,9 @@ pub struct Node {
     store: Arc<crate::objects::ObjectStore>,
     /// Whether it takes part in the group (`None` until known; see [`Node::admitted`]).
     admission: watch::Receiver<Option<std::result::Result<(), String>>>,
-    /// Whether every member reads clock records in the group's log (see [`watch_features`]).
-    clock: Arc<std::sync::atomic::AtomicBool>,
+    /// What every member reads in the group's log ([`network::FEATURES`] bits: clock
+    /// records, retries; see [`watch_features`]).
+    features: Arc<std::sync::atomic::AtomicU32>,
     /// While the coordinator here leads: the index of the last entry with journal records
     /// that its journal holds ([`Node::commit`] checks that it wrote every one since).
     written: parking_lot::Mutex<Option<u64>>,
@@ -395,18 +396,18 @@ async fn refuse_if_held(
     }
 }
 
-/// Keeps `clock` saying whether the other members read clock records in the group's log
-/// ([`network::FEATURE_JOURNAL_CLOCK`]; see
-/// [`JournalRecord::Clock`](crate::state::JournalRecord::Clock)), asking them every 5 s:
-/// false while one answers as an older version (mid rolling upgrade) or without the feature.
-/// A member that does not answer counts as one that reads them, as for [`record_held`]: a
-/// leader that lost a member to a crash keeps jobs' times (the member comes back as the
-/// version it was, or an upgrade).
+/// Keeps `features` saying what every member reads in the group's log
+/// ([`network::FEATURES`]: [`JournalRecord::Clock`](crate::state::JournalRecord::Clock),
+/// [`JournalRecord::JobRetried`](crate::state::JournalRecord::JobRetried)), asking the others
+/// every 5 s: a bit is off while one answers as an older version (mid rolling upgrade, none
+/// of them) or without it. A member that does not answer counts as one that reads them all,
+/// as for [`record_held`]: a leader that lost a member to a crash keeps jobs' times (the
+/// member comes back as the version it was, or an upgrade).
 async fn watch_features(
     raft: Raft,
     me: NodeId,
     (token, ca): (String, Option<Vec<u8>>),
-    clock: Arc<std::sync::atomic::AtomicBool>,
+    features: Arc<std::sync::atomic::AtomicU32>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut every = tokio::time::interval(Duration::from_secs(5));
@@ -435,19 +436,29 @@ async fn watch_features(
                 .map(|addr| network::ask_features(addr, ca.as_deref(), &token)),
         )
         .await;
-        let all = asked.iter().all(|r| match r {
-            Ok(f) => f & network::FEATURE_JOURNAL_CLOCK != 0,
-            Err(network::NoAnswer::Older) => false,
-            Err(network::NoAnswer::Unreachable(_)) => true,
+        let all = asked.iter().fold(network::FEATURES, |all, r| match r {
+            Ok(f) => all & f,
+            Err(network::NoAnswer::Older) => 0,
+            Err(network::NoAnswer::Unreachable(_)) => all,
         });
-        if clock.swap(all, std::sync::atomic::Ordering::AcqRel) != all {
-            if all {
-                tracing::info!("every member reads the journal's clock: jobs' times are kept");
-            } else {
-                tracing::info!(
-                    "a member runs an older flotilla: the journal's clock is not written until \
-                     every member reads it"
-                );
+        let before = features.swap(all, std::sync::atomic::Ordering::AcqRel);
+        let said = [
+            (
+                network::FEATURE_JOURNAL_CLOCK,
+                "every member reads the journal's clock: jobs' times are kept",
+                "a member runs an older flotilla: the journal's clock is not written until \
+                 every member reads it",
+            ),
+            (
+                network::FEATURE_JOB_RETRIED,
+                "every member reads retries: `flotilla retry` is taken",
+                "a member runs an older flotilla: `flotilla retry` is refused until every \
+                 member reads retries",
+            ),
+        ];
+        for (bit, on, off) in said {
+            if before & bit != all & bit {
+                tracing::info!("{}", if all & bit != 0 { on } else { off });
             }
         }
     }
@@ -754,12 +765,12 @@ impl Node {
             (token.to_string(), peer_ca.clone()),
             stop.clone(),
         ));
-        let clock = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let features = Arc::new(std::sync::atomic::AtomicU32::new(0));
         tokio::spawn(watch_features(
             raft.clone(),
             config.node_id,
             (token.to_string(), peer_ca.clone()),
-            clock.clone(),
+            features.clone(),
             stop.clone(),
         ));
         // A follower's compaction finishes at the next entry it applies, or here when the
@@ -792,7 +803,7 @@ impl Node {
             objects,
             store,
             admission,
-            clock,
+            features,
             written: parking_lot::Mutex::new(None),
         }))
     }
@@ -1123,7 +1134,15 @@ impl Node {
     /// Whether the leader may write clock records: no member answers as a version that cannot
     /// read them (see [`watch_features`]).
     pub fn writes_clock(&self) -> bool {
-        self.clock.load(std::sync::atomic::Ordering::Acquire)
+        self.features.load(std::sync::atomic::Ordering::Acquire) & network::FEATURE_JOURNAL_CLOCK
+            != 0
+    }
+
+    /// Whether the leader may take a `flotilla retry` (write
+    /// [`JournalRecord::JobRetried`](crate::state::JournalRecord::JobRetried)): no member
+    /// answers as a version that cannot read it (see [`watch_features`]).
+    pub fn takes_retries(&self) -> bool {
+        self.features.load(std::sync::atomic::Ordering::Acquire) & network::FEATURE_JOB_RETRIED != 0
     }
 
     /// The group as this node sees it.

@@ -126,6 +126,12 @@ pub(super) enum Req {
         amount: flotilla_pool::Credits,
         reply: Reply<String>,
     },
+    /// `flotilla retry JOB` (journaled before the reply): how many tasks were put back.
+    Retry {
+        job: JobId,
+        scope: Scope,
+        reply: Reply<u64>,
+    },
     /// `flotilla admin worker drain NAME`: the ids of the workers told to drain.
     Drain {
         name: String,
@@ -181,6 +187,7 @@ impl Req {
             | Req::Outputs { job, scope, .. }
             | Req::Watch { job, scope, .. }
             | Req::Budget { job, scope, .. }
+            | Req::Retry { job, scope, .. }
             | Req::LogInfo { job, scope, .. } => Some((*job, scope)),
             Req::Status {
                 job: Some(job),
@@ -201,6 +208,9 @@ impl Req {
                 let _ = reply.send(Err(no_job(job)));
             }
             Req::Budget { reply, .. } => {
+                let _ = reply.send(Err(no_job(job)));
+            }
+            Req::Retry { reply, .. } => {
                 let _ = reply.send(Err(no_job(job)));
             }
             Req::Status { reply, .. } => {
@@ -1183,6 +1193,22 @@ impl Core {
         cmds: &mut Vec<Command>,
         records: &mut Vec<JournalRecord>,
     ) -> bool {
+        match self.try_handle(ev, cmds, records) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("event refused: {e}");
+                false
+            }
+        }
+    }
+
+    /// [`Core::handle`], the refusal returned (a request's, answered to its client).
+    fn try_handle(
+        &mut self,
+        ev: Event,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+    ) -> std::result::Result<(), state::StateError> {
         let now = self.now();
         // A report on a removed job changes nothing: not journaled.
         let rec = if self.coord.reports_on_a_removed_job(&ev) {
@@ -1192,24 +1218,17 @@ impl Core {
         };
         // A worker that said it leaves (drained, reclaimed, stopped) is not lost.
         let lost = matches!(&ev, Event::WorkerLost { reason, .. } if reason != LEFT);
-        match self.coord.handle(now, ev, cmds) {
-            Ok(()) => {
-                if lost {
-                    self.metrics.lost_workers.inc();
-                }
-                let mark = records.len();
-                if let Some(r) = rec {
-                    records.push(r);
-                }
-                records.extend(self.coord.take_journal_records());
-                self.stamp(now, records, mark);
-                true
-            }
-            Err(e) => {
-                tracing::warn!("event refused: {e}");
-                false
-            }
+        self.coord.handle(now, ev, cmds)?;
+        if lost {
+            self.metrics.lost_workers.inc();
         }
+        let mark = records.len();
+        if let Some(r) = rec {
+            records.push(r);
+        }
+        records.extend(self.coord.take_journal_records());
+        self.stamp(now, records, mark);
+        Ok(())
     }
 
     /// Applies one request: its events go to the state machine, its journal records to
@@ -1350,16 +1369,10 @@ impl Core {
                 amount,
                 reply,
             } => {
-                let now = self.now();
+                // Credits may unpause jobs: what they placed is journaled too.
                 let ev = Event::CreditsGranted { tenant, amount };
-                let rec = JournalRecord::from_event(&ev);
-                match self.coord.handle(now, ev, cmds) {
+                match self.try_handle(ev, cmds, records) {
                     Ok(()) => {
-                        let mark = records.len();
-                        records.extend(rec);
-                        // Credits may unpause jobs: what they placed is journaled too.
-                        records.extend(self.coord.take_journal_records());
-                        self.stamp(now, records, mark);
                         after.push(Box::new(move |_| {
                             let _ = reply.send(Ok(()));
                         }));
@@ -1379,6 +1392,7 @@ impl Core {
             Req::Drain { name, reply } => {
                 let _ = reply.send(self.on_drain(&name, cmds, records));
             }
+            Req::Retry { job, reply, .. } => self.on_retry(job, reply, cmds, records, after),
             Req::Budget {
                 job, amount, reply, ..
             } => {
@@ -1406,15 +1420,9 @@ impl Core {
                     let _ = reply.send(Err(Status::failed_precondition(why)));
                     return;
                 }
-                let now = self.now();
                 let ev = Event::BudgetRaised { job, amount };
-                let rec = JournalRecord::from_event(&ev);
-                match self.coord.handle(now, ev, cmds) {
+                match self.try_handle(ev, cmds, records) {
                     Ok(()) => {
-                        let mark = records.len();
-                        records.extend(rec);
-                        records.extend(self.coord.take_journal_records());
-                        self.stamp(now, records, mark);
                         let pool = self.coord.job_summary(job).and_then(|s| s.pool);
                         let json = serde_json::to_string(&pool).unwrap_or_default();
                         after.push(Box::new(move |_| {
@@ -1554,6 +1562,35 @@ impl Core {
         }));
     }
 
+    /// `flotilla retry`: the job's failed and cancelled tasks run again (journaled); the
+    /// reply, once that is durable, says how many.
+    fn on_retry(
+        &mut self,
+        job: JobId,
+        reply: Reply<u64>,
+        cmds: &mut Vec<Command>,
+        records: &mut Vec<JournalRecord>,
+        after: &mut Vec<AfterCommit>,
+    ) {
+        let again = self
+            .coord
+            .job_summary(job)
+            .map_or(0, |s| s.counts.failed + s.counts.cancelled);
+        match self.try_handle(Event::JobRetried { job }, cmds, records) {
+            Ok(()) => {
+                after.push(Box::new(move |_| {
+                    let _ = reply.send(Ok(again));
+                }));
+            }
+            Err(state::StateError::UnknownJob(_)) => {
+                let _ = reply.send(Err(no_job(job)));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(Status::failed_precondition(e.to_string())));
+            }
+        }
+    }
+
     /// `flotilla rm` (or the retention): a finished job is forgotten (journaled), and once
     /// that is durable its data goes ([`Core::forget`]).
     fn on_remove(
@@ -1564,10 +1601,7 @@ impl Core {
         records: &mut Vec<JournalRecord>,
         after: &mut Vec<AfterCommit>,
     ) {
-        let ev = Event::JobRemoved { job };
-        let rec = JournalRecord::from_event(&ev);
-        let now = self.now();
-        match self.coord.handle(now, ev, cmds) {
+        match self.try_handle(Event::JobRemoved { job }, cmds, records) {
             Err(state::StateError::UnknownJob(_)) => {
                 let _ = reply.send(Err(no_job(job)));
             }
@@ -1575,10 +1609,6 @@ impl Core {
                 let _ = reply.send(Err(Status::failed_precondition(e.to_string())));
             }
             Ok(()) => {
-                let mark = records.len();
-                records.extend(rec);
-                records.extend(self.coord.take_journal_records());
-                self.stamp(now, records, mark);
                 after.push(Box::new(move |core: &mut Core| {
                     core.forget(job);
                     let _ = reply.send(Ok(()));

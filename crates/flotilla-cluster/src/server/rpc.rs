@@ -575,6 +575,24 @@ impl CoordinatorRpc for Api {
         Ok(Response::new(proto::JsonReply { json }))
     }
 
+    async fn retry(
+        &self,
+        req: Request<proto::RetryRequest>,
+    ) -> std::result::Result<Response<proto::RetryReply>, Status> {
+        let scope = job_scope(&req, "retry jobs")?;
+        let job = JobId::new(req.into_inner().job);
+        // The group's log holds the retry: every member must read it (a rolling upgrade).
+        if self.group.as_ref().is_some_and(|g| !g.takes_retries()) {
+            return Err(Status::failed_precondition(
+                "a coordinator of the group runs an older flotilla, which cannot read a retry \
+                 in the group's log: upgrade every member first (`flotilla status` lists
+                 them)",
+            ));
+        }
+        let tasks = self.ask(|reply| Req::Retry { job, scope, reply }).await?;
+        Ok(Response::new(proto::RetryReply { tasks }))
+    }
+
     async fn provider_list(
         &self,
         req: Request<proto::ProviderListRequest>,

@@ -114,6 +114,9 @@ pub(crate) struct Job {
     pub(crate) state: JobState,
     pub(crate) submitted: Millis,
     pub(crate) finished: Option<Millis>,
+    /// Time it spent ended before it was retried (`flotilla retry`): not part of its
+    /// makespan.
+    pub(crate) idle: Millis,
     /// Failed attempts that were retried.
     pub(crate) retries: u32,
     /// Wall seconds of every attempt that reported an end, per worker that ran it (failed,
@@ -278,6 +281,7 @@ impl Job {
             state: JobState::Running,
             submitted: now,
             finished: None,
+            idle: 0,
             retries: 0,
             busy: BTreeMap::new(),
             outputs: HashMap::new(),

@@ -199,6 +199,14 @@ pub enum StateError {
         /// Its state.
         state: &'static str,
     },
+    /// `flotilla retry` of a job with nothing to retry, or one that cannot be.
+    #[error("job {}: nothing to retry: {why}", job.0)]
+    NotRetryable {
+        /// The job.
+        job: JobId,
+        /// Why.
+        why: String,
+    },
 }
 
 /// The state machine's result type.
@@ -559,6 +567,14 @@ pub enum Event {
         /// The tasks to run again.
         tasks: Vec<TaskId>,
     },
+    /// `flotilla retry` (J): the tasks of `job` that failed or were cancelled run again, each
+    /// with its retries counted afresh, and a job that had ended (failed or cancelled) runs
+    /// again; its done tasks are kept. Its attempts still stopping when it is retried go on
+    /// as the job's (cancelled, they run again). See [`Coordinator::retry_refusal`].
+    JobRetried {
+        /// The job.
+        job: JobId,
+    },
     /// Worker `worker` holds a copy of `task`'s outputs now, made as a [`Handoff`] from a
     /// leaving worker: it is one of their holders, and the task need not run again when the
     /// leaving worker goes. Not journaled: after a restart the copy is forgotten, and a
@@ -598,6 +614,7 @@ impl Event {
                 | Event::CreditsGranted { .. }
                 | Event::BudgetRaised { .. }
                 | Event::JobReopened { .. }
+                | Event::JobRetried { .. }
         )
     }
 }
@@ -768,6 +785,12 @@ pub enum JournalRecord {
         /// Milliseconds since the Unix epoch.
         at_ms: u64,
     },
+    /// See [`Event::JobRetried`] (after the others, so older journals decode unchanged; in a
+    /// group of coordinators written only while every member reads it).
+    JobRetried {
+        /// The job.
+        job: JobId,
+    },
 }
 
 impl JournalRecord {
@@ -825,6 +848,7 @@ impl JournalRecord {
                 job: *job,
                 tasks: tasks.clone(),
             },
+            Event::JobRetried { job } => JournalRecord::JobRetried { job: *job },
             Event::WorkerJoined { .. }
             | Event::WorkerAvailability { .. }
             | Event::WorkerReconciled { .. }
@@ -847,6 +871,7 @@ impl JournalRecord {
             | JournalRecord::JobSubmittedText { job, .. }
             | JournalRecord::BudgetRaised { job, .. }
             | JournalRecord::JobReopened { job, .. }
+            | JournalRecord::JobRetried { job }
             | JournalRecord::Submission { job, .. } => Some(*job),
             JournalRecord::TaskFinished { task, .. }
             | JournalRecord::TaskFinishedMetered { task, .. }
@@ -963,6 +988,7 @@ impl JournalRecord {
             }
             JournalRecord::BudgetRaised { job, amount } => Event::BudgetRaised { job, amount },
             JournalRecord::JobReopened { job, tasks } => Event::JobReopened { job, tasks },
+            JournalRecord::JobRetried { job } => Event::JobRetried { job },
             JournalRecord::Checkpoint { .. }
             | JournalRecord::PoolWorker { .. }
             | JournalRecord::Ledger { .. }

@@ -144,6 +144,8 @@ enum Op {
     Join(WorkerShape),
     Tick(u64),
     Submit(Vec<Group>),
+    /// `flotilla retry` of the n-th job (refused when it has nothing to retry).
+    Retry(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -157,6 +159,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => worker_shape().prop_map(Op::Join),
         2 => (0u64..400).prop_map(Op::Tick),
         1 => prop::collection::vec(group(), 1..4).prop_map(Op::Submit),
+        1 => any::<usize>().prop_map(Op::Retry),
     ]
 }
 
@@ -365,6 +368,13 @@ impl World {
                 self.apply(Event::Tick);
             }
             Op::Submit(groups) => self.submit(groups),
+            Op::Retry(i) => {
+                let jobs: Vec<JobId> = self.c.jobs_map().keys().copied().collect();
+                if !jobs.is_empty() {
+                    let job = jobs[i % jobs.len()];
+                    self.apply(Event::JobRetried { job });
+                }
+            }
         }
     }
 }

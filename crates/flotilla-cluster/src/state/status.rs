@@ -510,7 +510,11 @@ impl JobTrace {
 }
 
 fn makespan(j: &Job, now: Millis) -> f64 {
-    j.finished.unwrap_or(now).saturating_sub(j.submitted) as f64 / 1000.0
+    j.finished
+        .unwrap_or(now)
+        .saturating_sub(j.submitted)
+        .saturating_sub(j.idle) as f64
+        / 1000.0
 }
 
 /// A job's makespan until its last attempt stopped: a job that failed or was cancelled ends
@@ -521,7 +525,7 @@ fn makespan_with_stops(j: &Job, now: Millis) -> f64 {
     match j.finished {
         Some(end) if j.state != JobState::Succeeded => {
             let last = j.spans.iter().map(|s| s.end).fold(end, u64::max);
-            last.saturating_sub(j.submitted) as f64 / 1000.0
+            last.saturating_sub(j.submitted).saturating_sub(j.idle) as f64 / 1000.0
         }
         _ => makespan(j, now),
     }

@@ -645,6 +645,10 @@ impl Coordinator {
                 self.reopen(job, &tasks, out)?;
                 self.now = now;
             }
+            Event::JobRetried { job } => {
+                self.now = now;
+                self.retry(job, out)?;
+            }
             Event::BudgetRaised { job, amount } => {
                 self.raise_budget(job, amount)?;
                 self.now = now;
@@ -915,6 +919,79 @@ impl Coordinator {
         }
         let j = self.job(job);
         j.undo_done(&set, "rerun: its outputs were lost with their workers", out);
+        Ok(())
+    }
+
+    /// Why `flotilla retry` of `job` would change nothing, or may not be done; `None` when it
+    /// may. A job is retried when some of its tasks failed or were cancelled: one that ended
+    /// (failed or cancelled), or one that keeps going (`keep_going`) past failed tasks while
+    /// it runs. A job of the pool is not (its replicas, holds and verdicts are not undone).
+    pub fn retry_refusal(&self, job: JobId) -> Option<String> {
+        let Some(j) = self.jobs.get(&job) else {
+            return Some("no such job".into());
+        };
+        if j.pool.is_some() {
+            return Some(
+                "it runs on the pool (`[pool]`), whose jobs are not retried: submit its job \
+                 file again"
+                    .into(),
+            );
+        }
+        let c = &j.counts;
+        let failed = c[TaskState::Failed.index()];
+        let cancelled = c[TaskState::Cancelled.index()];
+        match j.state {
+            JobState::Succeeded => Some("it succeeded".into()),
+            JobState::Running if failed == 0 => Some(
+                "it is running and none of its tasks failed for good (a failed attempt is \
+                 retried as its task's `retries` say)"
+                    .into(),
+            ),
+            JobState::Failed | JobState::Cancelled if failed + cancelled == 0 => Some(format!(
+                "it {} with no task failed or cancelled",
+                j.state.as_str()
+            )),
+            _ => None,
+        }
+    }
+
+    /// [`Event::JobRetried`]: the tasks that failed or were cancelled go back to `Ready` (or
+    /// `Waiting` for what they need), their retries counted afresh, and the job runs again.
+    /// Attempts still stopping on workers (the job ended while they ran) are left to report:
+    /// cancelled, they run again as any cancelled attempt of a running job; done, they count.
+    fn retry(&mut self, job: JobId, out: &mut Vec<Command>) -> Result<()> {
+        if let Some(why) = self.retry_refusal(job) {
+            return match self.jobs.contains_key(&job) {
+                true => Err(StateError::NotRetryable { job, why }),
+                false => Err(StateError::UnknownJob(job)),
+            };
+        }
+        let now = self.now;
+        let j = self.job(job);
+        if !j.is_active() {
+            j.state = JobState::Running;
+            if let Some(end) = j.finished.take() {
+                j.idle += now.saturating_sub(end);
+            }
+            let cpuless = j.cpuless;
+            self.active.insert(job);
+            if cpuless {
+                self.cpuless.insert(job);
+            }
+        }
+        let j = self.job(job);
+        for i in 0..j.len() {
+            let t = TaskId::new(i as u32);
+            let rt = &mut j.tasks[i];
+            if rt.state == TaskState::Done {
+                continue;
+            }
+            rt.failures = 0;
+            if matches!(rt.state, TaskState::Failed | TaskState::Cancelled) {
+                rt.worker = None;
+                j.runnable(t, Some("retried".into()), out);
+            }
+        }
         Ok(())
     }
 

@@ -1018,3 +1018,165 @@ fn two_workers_that_rejoin_at_once_keep_their_running_attempts() {
         }
     }
 }
+
+/// `flotilla retry` of a job that failed: the failed task and the tasks cancelled with the
+/// job run again (retries counted afresh), the done one does not; an attempt still stopping
+/// when the retry comes runs again once it reports cancelled; the time the job sat ended is
+/// not in its makespan; and a restart replays the retry to the same state.
+#[test]
+fn a_failed_job_retried_runs_its_failed_and_cancelled_tasks_again_and_the_retry_replays() {
+    let mut sim = Sim::new(0);
+    let mut journal: Vec<JournalRecord> = Vec::new();
+    let text = "[defaults]\nretries = 0\n[[task]]\nid = \"done\"\ncmd = [\"d\"]\n[[task]]\nid = \"bad\"\ncmd = [\"b\"]\n[[task]]\nid = \"slow\"\ncmd = [\"s\"]\n[[task]]\nid = \"child\"\ncmd = [\"c\"]\nafter = [\"bad\"]\n";
+    let (job, _) = submit_journaled(&mut sim, &mut journal, text);
+    let (w, out) = sim.join(wspec(3.0, &[]));
+    journal.extend(sim.c.take_journal_records());
+    assert_eq!(names(&sim, &out), vec!["done", "bad", "slow"]);
+    let record = |sim: &mut Sim, journal: &mut Vec<JournalRecord>, ev: Event| {
+        journal.extend(JournalRecord::from_event(&ev));
+        let out = sim.ev(ev);
+        journal.extend(sim.c.take_journal_records());
+        out
+    };
+    let finished = |t: TaskRef, attempt: u32, outcome: AttemptOutcome| Event::TaskFinished {
+        worker: w,
+        task: t,
+        attempt,
+        result: AttemptResult {
+            outcome,
+            usage: Usage::default(),
+            outputs: vec![],
+            variant: None,
+        },
+    };
+    let (done, bad, slow) = (
+        sim.tref(job, "done"),
+        sim.tref(job, "bad"),
+        sim.tref(job, "slow"),
+    );
+    sim.now = 1_000;
+    record(
+        &mut sim,
+        &mut journal,
+        finished(done, 1, AttemptOutcome::Succeeded),
+    );
+    let out = record(
+        &mut sim,
+        &mut journal,
+        finished(bad, 1, failed("boom", true)),
+    );
+    assert_eq!(job_finished(&out), vec![(job, JobState::Failed)]);
+    assert_eq!(cancels_of(&out), vec![(w, slow, 1)], "slow is stopped");
+    assert_eq!(sim.state(job, "child"), TaskState::Cancelled);
+    // Nothing to retry in a job that succeeded or runs with no failure: said, not done.
+    assert!(sim.c.retry_refusal(job).is_none());
+    // An hour later, slow not yet stopped, the job is retried.
+    sim.now = 3_601_000;
+    let out = record(&mut sim, &mut journal, Event::JobRetried { job });
+    let s = sim.c.job_status(job).unwrap();
+    assert_eq!(s.state, JobState::Running);
+    assert_eq!(s.finished_ms, None);
+    assert_eq!(names(&sim, &out), vec!["bad"], "bad runs again at once");
+    assert_eq!(sim.state(job, "done"), TaskState::Done, "done is kept");
+    assert_eq!(sim.state(job, "child"), TaskState::Waiting);
+    assert_eq!(
+        sim.state(job, "slow"),
+        TaskState::Assigned,
+        "still stopping"
+    );
+    // A restart here replays the retry: the same states, but for slow, whose stopping
+    // attempt the replay knows of no live worker for (cancelled at the job's end, it is
+    // ready again; the worker's late report of it is stale).
+    let r = replayed(&journal, sim.now).job_status(job).unwrap();
+    assert_eq!(r.state, JobState::Running);
+    let again: Vec<TaskState> = r.tasks.iter().map(|t| t.state).collect();
+    use TaskState::{Assigned, Done, Ready, Waiting};
+    assert_eq!(again, vec![Done, Assigned, Ready, Waiting]);
+    // slow's stopped attempt reports: it runs again; bad succeeds, then child.
+    let out = record(
+        &mut sim,
+        &mut journal,
+        finished(slow, 1, AttemptOutcome::Cancelled),
+    );
+    assert_eq!(names(&sim, &out), vec!["slow"]);
+    let out = record(
+        &mut sim,
+        &mut journal,
+        finished(bad, 2, AttemptOutcome::Succeeded),
+    );
+    assert_eq!(names(&sim, &out), vec!["child"]);
+    let child = sim.tref(job, "child");
+    sim.now = 3_602_000;
+    record(
+        &mut sim,
+        &mut journal,
+        finished(child, 1, AttemptOutcome::Succeeded),
+    );
+    let out = record(
+        &mut sim,
+        &mut journal,
+        finished(slow, 2, AttemptOutcome::Succeeded),
+    );
+    assert_eq!(job_finished(&out), vec![(job, JobState::Succeeded)]);
+    let s = sim.c.job_status(job).unwrap();
+    assert!(
+        (s.makespan_s - 2.0).abs() < 1e-9,
+        "the hour it sat failed is not run time: {}",
+        s.makespan_s
+    );
+    let r = replayed(&journal, sim.now).job_status(job).unwrap();
+    assert_eq!(r.state, JobState::Succeeded);
+    assert_eq!(r.counts.done, 4);
+    // A job that succeeded has nothing to retry.
+    let refused = sim.try_ev(Event::JobRetried { job });
+    assert!(
+        matches!(&refused, Err(StateError::NotRetryable { why, .. }) if why == "it succeeded"),
+        "{refused:?}"
+    );
+}
+
+/// A job that keeps going past a failed task may be retried while it runs: the failed
+/// task runs again (its retries afresh), what waits for it is released when it succeeds,
+/// and the job succeeds. A running job with no failed task has nothing to retry, and a job
+/// that does not exist is unknown.
+#[test]
+fn a_job_that_keeps_going_is_retried_while_it_runs() {
+    let mut sim = Sim::new(0);
+    let text = "keep_going = true\n[defaults]\nretries = 1\n[[task]]\nid = \"bad\"\ncmd = [\"b\"]\n[[task]]\nid = \"child\"\ncmd = [\"c\"]\nafter = [\"bad\"]\n[[task]]\nid = \"long\"\ncmd = [\"l\"]\n";
+    let (job, _) = sim.submit(text);
+    let (w, out) = sim.join(wspec(2.0, &[]));
+    assert_eq!(names(&sim, &out), vec!["bad", "long"]);
+    let refused = sim.try_ev(Event::JobRetried { job });
+    assert!(
+        matches!(&refused, Err(StateError::NotRetryable { .. })),
+        "{refused:?}"
+    );
+    let bad = sim.tref(job, "bad");
+    sim.finish(w, bad, 1, failed("boom", true));
+    sim.now += 1_000; // its backoff
+    let out = sim.ev(Event::Tick);
+    assert_eq!(names(&sim, &out), vec!["bad"]);
+    let out = sim.finish(w, bad, 2, failed("boom", true));
+    assert!(job_finished(&out).is_empty(), "long still runs");
+    assert_eq!(sim.state(job, "bad"), TaskState::Failed);
+    let out = sim.ev(Event::JobRetried { job });
+    assert_eq!(names(&sim, &out), vec!["bad"]);
+    // Its retries are counted afresh: one failure is retried again.
+    let out = sim.finish(w, bad, 3, failed("boom", true));
+    assert_eq!(sim.state(job, "bad"), TaskState::Backoff, "{out:?}");
+    sim.now += 1_000;
+    let out = sim.ev(Event::Tick);
+    assert_eq!(names(&sim, &out), vec!["bad"]);
+    let out = sim.finish(w, bad, 4, AttemptOutcome::Succeeded);
+    assert_eq!(names(&sim, &out), vec!["child"]);
+    sim.finish(w, sim.tref(job, "child"), 1, AttemptOutcome::Succeeded);
+    let out = sim.finish(w, sim.tref(job, "long"), 1, AttemptOutcome::Succeeded);
+    assert_eq!(job_finished(&out), vec![(job, JobState::Succeeded)]);
+    let unknown = sim.try_ev(Event::JobRetried {
+        job: JobId::new(99),
+    });
+    assert!(
+        matches!(unknown, Err(StateError::UnknownJob(_))),
+        "{unknown:?}"
+    );
+}

@@ -99,7 +99,7 @@ pub fn plan_file(path: &Path) -> Result<Plan> {
             .unwrap_or(false)
     };
     let mut problems = input_problems(&graph, &present_refs, &pattern_matches_a_file);
-    let mut warnings = Vec::new();
+    let mut warnings = flotilla_core::lint::placeholder_warnings(&spec);
     for p in problems.drain(..) {
         if p.refused_in(spec.staging) {
             return Err(ClusterError::Config(format!("{file}: {p}")));

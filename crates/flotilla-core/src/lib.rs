@@ -49,6 +49,7 @@ pub mod host;
 pub mod ids;
 pub mod job;
 pub mod ledger;
+pub mod lint;
 mod parse;
 pub mod pool;
 pub mod resources;

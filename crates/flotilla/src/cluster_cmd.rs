@@ -1309,7 +1309,7 @@ fn not_a_folder(job_path: &Path) -> Result<()> {
 /// named (with the path as given) whether or not a coordinator is up. With `expand`, its
 /// tasks are expanded too (`run`; a coordinator expands a submitted job itself, within its
 /// limits).
-fn check_job_file(job_path: &Path, expand: bool) -> Result<()> {
+fn check_job_file(job_path: &Path, expand: bool) -> Result<flotilla::core::JobSpec> {
     not_a_folder(job_path)?;
     let text = std::fs::read_to_string(job_path)
         .with_context(|| format!("reading {}", job_path.display()))?;
@@ -1319,7 +1319,7 @@ fn check_job_file(job_path: &Path, expand: bool) -> Result<()> {
             if expand {
                 s.expand()?;
             }
-            Ok(())
+            Ok(s)
         })
         .map_err(|e| anyhow::anyhow!("{e}"))
 }
@@ -1384,7 +1384,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let job_path = a.job.clone();
     // Refuse a bad job file before starting anything, and say what `--dry-run` would warn
     // of (an input that no task before it writes raced silently).
-    check_job_file(&job_path, false)?;
+    let spec = check_job_file(&job_path, false)?;
     print_warnings(
         &flotilla_cluster::plan::plan_file(&job_path).map_err(|e| anyhow::anyhow!("{e}"))?,
     );
@@ -1408,10 +1408,6 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     wcfg.allow_network = a.allow_network;
     // A task that worker can never take is refused before anything runs: it was cancelled
     // only once the tasks before it had run (a whole sweep, before its reduce).
-    let text = std::fs::read_to_string(&job_path)
-        .with_context(|| format!("reading {}", job_path.display()))?;
-    let spec = flotilla::core::parse_job(&text, &job_path.display().to_string())
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
     spec.check_fits(&[wcfg.offer()]).map_err(|e| {
         anyhow::anyhow!(
             "{e}: it can never run on this machine's worker, so nothing was run (flotilla \
@@ -1664,7 +1660,10 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     }
     // One id for every attempt: a submission that was taken, but whose answer was lost (a
     // leader change, a broken connection), is answered with its job when sent again.
-    check_job_file(&a.job, false)?;
+    let spec = check_job_file(&a.job, false)?;
+    for w in flotilla::core::lint::placeholder_warnings(&spec) {
+        eprintln!("warning: {w}");
+    }
     let id = Client::new_request_id();
     let mut attempt = 1;
     let started = Instant::now();

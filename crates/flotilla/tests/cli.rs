@@ -567,6 +567,36 @@ fn run_warns_as_a_dry_run_does() {
         err.contains("warning: the job expands to 1000001 tasks: `flotilla run` takes it, but a coordinator refuses more than 1000000 by default"),
         "{err}"
     );
+    // A misspelt placeholder is passed to the program as written: said by a dry run, a run
+    // and a submission (which then goes to a coordinator that is not there).
+    std::fs::write(
+        &file,
+        "[[task]]\nid = \"sim\"\narray = \"0..2\"\ncmd = [\"sh\", \"-c\", \"echo {index} > out{i}.txt\"]\n",
+    )
+    .unwrap();
+    let said = "warning: task \"sim\": \"{index}\" in its cmd is passed as written (only \"{i}\" is replaced); did you mean \"{i}\"";
+    let (ok, _, err) = flotilla(&["run", "--dry-run", file.to_str().unwrap()]);
+    assert!(ok && err.contains(said), "{err}");
+    let (ok, _, err) = flotilla(&[
+        "run",
+        "--cpus",
+        "1",
+        "--gpus",
+        "none",
+        file.to_str().unwrap(),
+    ]);
+    assert!(ok && err.matches(said).count() == 1, "{err}");
+    let written = std::fs::read_to_string(dir.path().join("out1.txt")).unwrap();
+    assert_eq!(written.trim(), "{index}");
+    let (ok, _, err) = flotilla(&[
+        "submit",
+        "--server",
+        "127.0.0.1:9",
+        "--connect-timeout",
+        "0s",
+        file.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains(said), "{err}");
 }
 
 #[test]

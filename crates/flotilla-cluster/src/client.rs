@@ -442,6 +442,18 @@ impl Client {
         from: u64,
         limit: Option<u64>,
     ) -> crate::Boxed<'a, Result<JobStatus>> {
+        self.job_status_in(job, from, limit, &[])
+    }
+
+    /// [`Client::job_status_range`] listing only the tasks in `states` (every task when
+    /// empty; `flotilla status JOB --state failed`).
+    pub fn job_status_in<'a>(
+        &'a mut self,
+        job: JobId,
+        from: u64,
+        limit: Option<u64>,
+        states: &'a [crate::state::TaskState],
+    ) -> crate::Boxed<'a, Result<JobStatus>> {
         crate::boxed(async move {
             let json = self
                 .inner
@@ -450,13 +462,22 @@ impl Client {
                     trace: false,
                     task_from: from,
                     task_limit: limit,
+                    states: states.iter().map(|s| s.as_str().to_string()).collect(),
                 })
                 .await
                 .map_err(|e| self.rpc_err(e))?
                 .into_inner()
                 .json;
-            serde_json::from_str(&json)
-                .map_err(|e| ClusterError::Rpc(format!("bad status document of {job}: {e}")))
+            let s: JobStatus = serde_json::from_str(&json)
+                .map_err(|e| ClusterError::Rpc(format!("bad status document of {job}: {e}")))?;
+            if !states.is_empty() && s.tasks_in.is_empty() {
+                return Err(ClusterError::Rpc(format!(
+                    "the coordinator at {} runs an older flotilla, which lists a job's tasks \
+                     without filtering them by state",
+                    self.addr
+                )));
+            }
+            Ok(s)
         })
     }
 
@@ -482,6 +503,7 @@ impl Client {
                     trace: true,
                     task_from: 0,
                     task_limit: None,
+                    states: Vec::new(),
                 })
                 .await
                 .map_err(|e| self.rpc_err(e))?
@@ -500,6 +522,7 @@ impl Client {
                 trace: false,
                 task_from: 0,
                 task_limit: None,
+                states: Vec::new(),
             })
             .await
             .map_err(|e| self.rpc_err(e))?

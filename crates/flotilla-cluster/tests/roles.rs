@@ -538,6 +538,7 @@ async fn every_rpc_for_every_role() {
                             trace: false,
                             task_from: 0,
                             task_limit: None,
+                            states: Vec::new(),
                         })
                         .await
                         .map(|_| ()),
@@ -575,6 +576,7 @@ async fn every_rpc_for_every_role() {
                             trace: false,
                             task_from: 0,
                             task_limit: None,
+                            states: Vec::new(),
                         })
                         .await,
                 ),
@@ -585,6 +587,7 @@ async fn every_rpc_for_every_role() {
                             trace: false,
                             task_from: 0,
                             task_limit: None,
+                            states: Vec::new(),
                         })
                         .await,
                 ),
@@ -830,6 +833,7 @@ async fn a_revoked_token_ends_its_open_streams_at_once() {
             trace: false,
             task_from: 0,
             task_limit: None,
+            states: Vec::new(),
         })
         .await
         .expect_err("revoked");

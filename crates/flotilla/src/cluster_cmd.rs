@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use flotilla::cluster::state::{ClusterStatus, JobState, JobStatus};
+use flotilla::cluster::state::{ClusterStatus, JobState, JobStatus, TaskState};
 use flotilla::cluster::worker::Isolation;
 use flotilla::cluster::{
     proto, run_worker, Client, Remote, Server, ServerConfig, ServerTls, WorkerConfig, WorkerGpu,
@@ -440,6 +440,10 @@ pub(crate) struct StatusArgs {
     /// counts, first failures and per-worker totals are always whole).
     #[arg(long, requires = "job")]
     tasks_limit: Option<u64>,
+    /// A job's status lists only its tasks in these states, e.g. `--state failed` or
+    /// `--state failed,cancelled` (its counts stay whole).
+    #[arg(long, requires = "job", value_delimiter = ',', value_parser = task_state)]
+    state: Vec<TaskState>,
 }
 
 #[derive(Args, Debug)]
@@ -1709,6 +1713,10 @@ const TEXT_TASKS: u64 = 50;
 /// A job's page of tasks as a table, and how to see the next page.
 fn print_tasks(s: &JobStatus) -> Result<()> {
     if s.tasks.is_empty() {
+        if !s.tasks_in.is_empty() {
+            let states: Vec<&str> = s.tasks_in.iter().map(|t| t.as_str()).collect();
+            outln!("\nno {} tasks", states.join(" or "));
+        }
         return Ok(());
     }
     let mut t = crate::table::new(&["TASK", "STATE", ">ATTEMPTS", "WORKER", ">WALL", "MESSAGE"]);
@@ -1730,6 +1738,29 @@ fn print_tasks(s: &JobStatus) -> Result<()> {
         ]);
     }
     outln!("\n{t}");
+    if !s.tasks_in.is_empty() {
+        let states: Vec<&str> = s.tasks_in.iter().map(|t| t.as_str()).collect();
+        let states = states.join(",");
+        let n = s.tasks.len();
+        match s.tasks_next {
+            Some(next) => outln!(
+                "\n{n} {states} task{} listed; the next page: flotilla status {} --state \
+                 {states} --tasks-from {next} (--tasks-limit N for more at once)",
+                if n == 1 { "" } else { "s" },
+                s.id.0
+            ),
+            None => outln!(
+                "\n{n} {states} task{} listed{}",
+                if n == 1 { "" } else { "s" },
+                if s.tasks_from > 0 {
+                    format!(" from id {}", s.tasks_from)
+                } else {
+                    String::new()
+                }
+            ),
+        }
+        return Ok(());
+    }
     let end = s.tasks_from + s.tasks.len() as u64;
     if end < s.total {
         outln!(
@@ -1746,6 +1777,11 @@ fn print_tasks(s: &JobStatus) -> Result<()> {
     Ok(())
 }
 
+/// `--state failed`: a task state as the status documents write it.
+fn task_state(s: &str) -> std::result::Result<TaskState, String> {
+    s.trim().parse()
+}
+
 pub(crate) async fn status(a: StatusArgs) -> Result<()> {
     let mut client = a.remote.client().await?;
     if let Some(job) = a.job.map(JobId::new) {
@@ -1755,7 +1791,9 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         } else {
             Some(a.tasks_limit.unwrap_or(TEXT_TASKS))
         };
-        let s = client.job_status_range(job, a.tasks_from, limit).await?;
+        let s = client
+            .job_status_in(job, a.tasks_from, limit, &a.state)
+            .await?;
         if a.json {
             outln!("{}", serde_json::to_string_pretty(&s)?);
         } else {

@@ -527,6 +527,35 @@ fn a_failed_job_is_retried_in_place_and_its_done_tasks_are_kept() {
     assert_eq!(s.state, JobState::Failed);
     assert_eq!(task(&s, "sim[1]").state, TaskState::Failed);
     assert_eq!(task(&s, "sum").state, TaskState::Cancelled);
+    // `status --state` lists only the tasks in those states.
+    let failed = c.cli(&["status", &n, "--state", "failed"]);
+    let out = text(&failed.stdout);
+    assert!(failed.status.success(), "{}", text(&failed.stderr));
+    assert!(
+        out.contains("sim[1]") && out.contains("1 failed task listed"),
+        "{out}"
+    );
+    assert!(!out.contains("prep ") && !out.contains("sum "), "{out}");
+    let both = c.cli(&["status", &n, "--state", "failed,cancelled", "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&both.stdout).unwrap();
+    let names: Vec<&str> = doc["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"sim[1]") && names.contains(&"sum"),
+        "{names:?}"
+    );
+    assert!(!names.contains(&"prep"), "{names:?}");
+    let bad = c.cli(&["status", &n, "--state", "broken"]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("task state \"broken\": one of waiting, ready"),
+        "{}",
+        text(&bad.stderr)
+    );
     let lines = |f: &str| {
         std::fs::read_to_string(c.job_dir().join(f))
             .map(|t| t.lines().count())

@@ -212,7 +212,7 @@ pub struct SubmitReply {
 }
 /// trace: the job's attempts in time (JobTrace). A job's status lists at most task_limit tasks
 /// (10,000 when unset) from id task_from on; its counts, failures and per-worker totals are whole.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StatusRequest {
     #[prost(uint64, optional, tag = "1")]
     pub job: ::core::option::Option<u64>,
@@ -222,6 +222,9 @@ pub struct StatusRequest {
     pub task_from: u64,
     #[prost(uint64, optional, tag = "4")]
     pub task_limit: ::core::option::Option<u64>,
+    /// Only the tasks in these states ("failed", "cancelled", ...; none: every task).
+    #[prost(string, repeated, tag = "5")]
+    pub states: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StatusReply {

@@ -62,6 +62,8 @@ pub(super) enum Req {
         limit: Option<usize>,
         /// The status's first task.
         from: usize,
+        /// Only the tasks in these states (all when empty).
+        states: Vec<state::TaskState>,
         reply: Reply<String>,
     },
     Outputs {
@@ -1279,10 +1281,11 @@ impl Core {
                 trace,
                 limit,
                 from,
+                states,
                 reply,
             } => {
                 let answer = move |core: &mut Core| {
-                    core.answer_status(job, &scope, trace, (limit, from), reply)
+                    core.answer_status(job, &scope, trace, (limit, from, &states), reply)
                 };
                 // A read after changes of this turn waits for them to be durable: a client
                 // is never shown what a crash could take back (found under load: a job seen
@@ -1742,7 +1745,7 @@ impl Core {
         job: Option<JobId>,
         scope: &Scope,
         trace: bool,
-        (limit, from): (Option<usize>, usize),
+        (limit, from, states): (Option<usize>, usize, &[state::TaskState]),
         reply: Reply<String>,
     ) {
         let json = |doc: Option<String>, j: JobId| doc.ok_or_else(|| no_job(j));
@@ -1756,7 +1759,7 @@ impl Core {
             (true, None, _) => Err(Status::invalid_argument("a trace is of one job")),
             (false, Some(j), n) => json(
                 self.coord
-                    .job_status_range(j, from, n.unwrap_or(state::STATUS_TASKS))
+                    .job_status_in(j, from, n.unwrap_or(state::STATUS_TASKS), states)
                     .and_then(|s| serde_json::to_string(&s).ok()),
                 j,
             ),

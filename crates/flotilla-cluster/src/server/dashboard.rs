@@ -343,6 +343,7 @@ async fn job_document(http: &Http, id: u64, headers: &HeaderMap, trace: bool) ->
         trace,
         limit,
         from: 0,
+        states: Vec::new(),
         reply,
     })
     .await

@@ -93,6 +93,7 @@ pub(super) mod tests {
                 trace: false,
                 limit: None,
                 from: 0,
+                states: Vec::new(),
                 reply,
             },
             rx,

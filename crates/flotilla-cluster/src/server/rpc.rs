@@ -360,6 +360,14 @@ impl CoordinatorRpc for Api {
             .filter(|_| !trace)
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
         let from = usize::try_from(r.task_from).unwrap_or(usize::MAX);
+        let states = r
+            .states
+            .iter()
+            .map(|s| {
+                s.parse::<crate::state::TaskState>()
+                    .map_err(Status::invalid_argument)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let json = self
             .ask(|reply| Req::Status {
                 job,
@@ -367,6 +375,7 @@ impl CoordinatorRpc for Api {
                 trace,
                 limit,
                 from,
+                states,
                 reply,
             })
             .await?;

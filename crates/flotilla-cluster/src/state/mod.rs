@@ -1216,6 +1216,22 @@ impl TaskState {
     }
 }
 
+impl std::str::FromStr for TaskState {
+    type Err = String;
+
+    /// A state as [`TaskState::as_str`] writes it (`failed`), naming the others when it is
+    /// none of them.
+    fn from_str(s: &str) -> std::result::Result<TaskState, String> {
+        TaskState::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| {
+                let all: Vec<&str> = TaskState::ALL.iter().map(|t| t.as_str()).collect();
+                format!("task state {s:?}: one of {}", all.join(", "))
+            })
+    }
+}
+
 impl fmt::Display for TaskState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -182,9 +182,17 @@ pub struct JobStatus {
     /// Its tasks by id: all of them, or a page of at most [`STATUS_TASKS`] (or as asked)
     /// from `tasks_from` on.
     pub tasks: Vec<TaskStatus>,
-    /// The id of the first listed task (0 unless a later page was asked for).
+    /// The id of the first listed task (0 unless a later page was asked for); with a filter
+    /// by state, the id the listing started from.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub tasks_from: u64,
+    /// When the listing was cut (more tasks, or more in the states asked for, come after):
+    /// the id the next page starts from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks_next: Option<u64>,
+    /// The states the listing was filtered by (empty: every task).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks_in: Vec<TaskState>,
     /// When `tasks` is a page: the first [`STATUS_FAILED`] failed tasks not on it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed: Vec<TaskStatus>,
@@ -612,18 +620,37 @@ impl Coordinator {
     /// [`Coordinator::job_status`] listing at most `limit` tasks from id `from` on; its
     /// counts, per-worker totals and the first failures off the page are whole.
     pub fn job_status_range(&self, job: JobId, from: usize, limit: usize) -> Option<JobStatus> {
+        self.job_status_in(job, from, limit, &[])
+    }
+
+    /// [`Coordinator::job_status_range`] listing only the tasks in `states` (all when
+    /// empty): at most `limit` of them, from id `from` on (`flotilla status JOB --state
+    /// failed`). Linear in the job's tasks from `from`.
+    pub fn job_status_in(
+        &self,
+        job: JobId,
+        from: usize,
+        limit: usize,
+        states: &[TaskState],
+    ) -> Option<JobStatus> {
         let j = self.jobs_map().get(&job)?;
-        let end = from.saturating_add(limit).min(j.len());
-        let from = from.min(end);
-        let tasks: Vec<TaskStatus> = (from..end)
-            .map(|i| self.task_view(j, TaskId::new(i as u32)))
+        let from = from.min(j.len());
+        let wanted = |i: &usize| states.is_empty() || states.contains(&j.tasks[*i].state);
+        let mut ids = (from..j.len()).filter(wanted);
+        let listed: Vec<usize> = ids.by_ref().take(limit).collect();
+        let tasks_next = ids
+            .next()
+            .and_then(|_| listed.last().map(|l| *l as u64 + 1));
+        let tasks: Vec<TaskStatus> = listed
+            .iter()
+            .map(|&i| self.task_view(j, TaskId::new(i as u32)))
             .collect();
-        let partial = from > 0 || end < j.len();
+        let partial = from > 0 || listed.len() < j.len();
         let failed: Vec<TaskStatus> = if partial {
             j.tasks
                 .iter()
                 .enumerate()
-                .filter(|(i, rt)| rt.state == TaskState::Failed && !(from..end).contains(i))
+                .filter(|(i, rt)| rt.state == TaskState::Failed && listed.binary_search(i).is_err())
                 .take(STATUS_FAILED)
                 .map(|(i, _)| self.task_view(j, TaskId::new(i as u32)))
                 .collect()
@@ -676,6 +703,8 @@ impl Coordinator {
                 .collect(),
             tasks,
             tasks_from: from as u64,
+            tasks_next,
+            tasks_in: states.to_vec(),
             failed,
             per_worker: shares
                 .into_iter()

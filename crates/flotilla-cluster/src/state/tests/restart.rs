@@ -1180,3 +1180,41 @@ fn a_job_that_keeps_going_is_retried_while_it_runs() {
         "{unknown:?}"
     );
 }
+
+/// A status listing only the tasks in some states pages through them: each page says where
+/// the next starts, the last says none; the counts stay whole.
+#[test]
+fn a_status_filtered_by_state_pages_through_the_tasks_in_those_states() {
+    let mut sim = Sim::new(0);
+    let (job, _) = sim.submit(
+        "[[task]]\nid = \"a\"\narray = \"0..6\"\ncmd = [\"x\"]\n[[task]]\nid = \"b\"\nafter = [\"a\"]\ncmd = [\"y\"]\n",
+    );
+    let page = |from: usize| {
+        let s = sim
+            .c
+            .job_status_in(job, from, 2, &[TaskState::Ready])
+            .unwrap();
+        let names: Vec<String> = s.tasks.iter().map(|t| t.name.clone()).collect();
+        (names, s.tasks_next, s.counts.waiting)
+    };
+    assert_eq!(page(0), (vec!["a[0]".into(), "a[1]".into()], Some(2), 1));
+    assert_eq!(page(2), (vec!["a[2]".into(), "a[3]".into()], Some(4), 1));
+    // b waits: the last page of ready tasks has nothing after it.
+    assert_eq!(page(4), (vec!["a[4]".into(), "a[5]".into()], None, 1));
+    let waiting = sim
+        .c
+        .job_status_in(job, 0, 10, &[TaskState::Waiting])
+        .unwrap();
+    let names: Vec<&str> = waiting.tasks.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, vec!["b"]);
+    assert_eq!(waiting.tasks_in, vec![TaskState::Waiting]);
+    // Unfiltered, a cut page says where the next starts too.
+    let all = sim.c.job_status_range(job, 0, 4).unwrap();
+    assert_eq!((all.tasks.len(), all.tasks_next), (4, Some(4)));
+    assert!(sim
+        .c
+        .job_status_range(job, 4, 4)
+        .unwrap()
+        .tasks_next
+        .is_none());
+}

@@ -1500,7 +1500,17 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     }
     // One that ended failed or cancelled: its failed and cancelled tasks run again.
     if let Some(j) = resumed.filter(|j| j.state != flotilla_cluster::state::JobState::Running) {
-        let again = client.retry(j.id).await?;
+        let again = match client.retry(j.id).await {
+            Ok(n) => n,
+            Err(e) => {
+                server.stop();
+                server.wait().await?;
+                anyhow::bail!(
+                    "--resume: {e}; a plain `flotilla run {}` runs the job file anew",
+                    job_path.display()
+                );
+            }
+        };
         eprintln!(
             "resuming job {} ({}), which ended {}: {} again, its {} done kept (edits to the \
              job file since are not taken: run without --resume for them)",
@@ -1620,7 +1630,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
             e => e,
         }
     };
-    if status.state == JobState::Failed {
+    if status.state == JobState::Failed && status.pool.is_none() {
         eprintln!(
             "once the cause is fixed, `flotilla run --resume {}` runs its failed tasks and those \
              not run again (its done ones kept)",

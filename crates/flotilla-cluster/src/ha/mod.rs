@@ -396,13 +396,19 @@ async fn refuse_if_held(
     }
 }
 
+/// Set in [`Node`]'s features once the other members were asked (the bits before are not
+/// known: none set).
+const FEATURES_KNOWN: u32 = 1 << 31;
+
 /// Keeps `features` saying what every member reads in the group's log
 /// ([`network::FEATURES`]: [`JournalRecord::Clock`](crate::state::JournalRecord::Clock),
 /// [`JournalRecord::JobRetried`](crate::state::JournalRecord::JobRetried)), asking the others
 /// every 5 s: a bit is off while one answers as an older version (mid rolling upgrade, none
-/// of them) or without it. A member that does not answer counts as one that reads them all,
+/// of them) or without it. A member that does not answer counts as one that reads the clock,
 /// as for [`record_held`]: a leader that lost a member to a crash keeps jobs' times (the
-/// member comes back as the version it was, or an upgrade).
+/// member comes back as the version it was, or an upgrade; a clock record it cannot read
+/// costs only times). Not as one that reads retries: a member down mid-upgrade may come back
+/// as the older version, which could not replay a retry at all.
 async fn watch_features(
     raft: Raft,
     me: NodeId,
@@ -439,9 +445,10 @@ async fn watch_features(
         let all = asked.iter().fold(network::FEATURES, |all, r| match r {
             Ok(f) => all & f,
             Err(network::NoAnswer::Older) => 0,
-            Err(network::NoAnswer::Unreachable(_)) => all,
+            Err(network::NoAnswer::Unreachable(_)) => all & !network::FEATURE_JOB_RETRIED,
         });
-        let before = features.swap(all, std::sync::atomic::Ordering::AcqRel);
+        // From the first round on, known (before it no bit is set: none is taken as read).
+        let before = features.swap(all | FEATURES_KNOWN, std::sync::atomic::Ordering::AcqRel);
         let said = [
             (
                 network::FEATURE_JOURNAL_CLOCK,
@@ -452,8 +459,8 @@ async fn watch_features(
             (
                 network::FEATURE_JOB_RETRIED,
                 "every member reads retries: `flotilla retry` is taken",
-                "a member runs an older flotilla: `flotilla retry` is refused until every \
-                 member reads retries",
+                "a member runs an older flotilla or does not answer: `flotilla retry` is \
+                 refused until every member reads retries",
             ),
         ];
         for (bit, on, off) in said {
@@ -1138,11 +1145,26 @@ impl Node {
             != 0
     }
 
-    /// Whether the leader may take a `flotilla retry` (write
-    /// [`JournalRecord::JobRetried`](crate::state::JournalRecord::JobRetried)): no member
-    /// answers as a version that cannot read it (see [`watch_features`]).
-    pub fn takes_retries(&self) -> bool {
-        self.features.load(std::sync::atomic::Ordering::Acquire) & network::FEATURE_JOB_RETRIED != 0
+    /// Why the leader may not take a `flotilla retry` (write
+    /// [`JournalRecord::JobRetried`](crate::state::JournalRecord::JobRetried)) now, if so: a
+    /// member answers as an older version or does not answer, or the members have not been
+    /// asked yet (see [`watch_features`]).
+    pub fn retry_refusal(&self) -> Option<&'static str> {
+        let f = self.features.load(std::sync::atomic::Ordering::Acquire);
+        if f & FEATURES_KNOWN == 0 {
+            Some(
+                "this coordinator has not yet asked the group's other members what they read \
+                 in the group's log: try again in a moment",
+            )
+        } else if f & network::FEATURE_JOB_RETRIED == 0 {
+            Some(
+                "a coordinator of the group runs an older flotilla, which cannot read a retry \
+                 in the group's log, or does not answer (it could come back as one): upgrade \
+                 or restart every member first (`flotilla status` lists them)",
+            )
+        } else {
+            None
+        }
     }
 
     /// The group as this node sees it.

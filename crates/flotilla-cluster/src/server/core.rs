@@ -1575,10 +1575,7 @@ impl Core {
         records: &mut Vec<JournalRecord>,
         after: &mut Vec<AfterCommit>,
     ) {
-        let again = self
-            .coord
-            .job_summary(job)
-            .map_or(0, |s| s.counts.failed + s.counts.cancelled);
+        let again = self.coord.retry_count(job);
         match self.try_handle(Event::JobRetried { job }, cmds, records) {
             Ok(()) => {
                 after.push(Box::new(move |_| {

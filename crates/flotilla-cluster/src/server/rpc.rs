@@ -591,12 +591,8 @@ impl CoordinatorRpc for Api {
         let scope = job_scope(&req, "retry jobs")?;
         let job = JobId::new(req.into_inner().job);
         // The group's log holds the retry: every member must read it (a rolling upgrade).
-        if self.group.as_ref().is_some_and(|g| !g.takes_retries()) {
-            return Err(Status::failed_precondition(
-                "a coordinator of the group runs an older flotilla, which cannot read a retry \
-                 in the group's log: upgrade every member first (`flotilla status` lists
-                 them)",
-            ));
+        if let Some(why) = self.group.as_ref().and_then(|g| g.retry_refusal()) {
+            return Err(Status::failed_precondition(why));
         }
         let tasks = self.ask(|reply| Req::Retry { job, scope, reply }).await?;
         Ok(Response::new(proto::RetryReply { tasks }))

@@ -833,6 +833,15 @@ impl Coordinator {
                                         Some(message.clone()),
                                         out,
                                     );
+                                } else {
+                                    // Whatever it reports (done, failed, cancelled), it
+                                    // counts nothing: cancelled, or ready again if the job is
+                                    // retried first. A replay, which knows no live worker,
+                                    // cancels it here; a late success taken as done (or a
+                                    // late failure counted) made the two differ, and a
+                                    // replay then refused what the live coordinator had
+                                    // journaled after (a retry, a removal).
+                                    j.broken.insert((t, attempt));
                                 }
                             }
                             None => {
@@ -937,9 +946,7 @@ impl Coordinator {
                     .into(),
             );
         }
-        let c = &j.counts;
-        let failed = c[TaskState::Failed.index()];
-        let cancelled = c[TaskState::Cancelled.index()];
+        let failed = j.counts[TaskState::Failed.index()];
         match j.state {
             JobState::Succeeded => Some("it succeeded".into()),
             JobState::Running if failed == 0 => Some(
@@ -947,18 +954,36 @@ impl Coordinator {
                  retried as its task's `retries` say)"
                     .into(),
             ),
-            JobState::Failed | JobState::Cancelled if failed + cancelled == 0 => Some(format!(
-                "it {} with no task failed or cancelled",
+            JobState::Failed | JobState::Cancelled if Self::retried_count(j) == 0 => Some(format!(
+                "it ended ({}) with every task done",
                 j.state.as_str()
             )),
             _ => None,
         }
     }
 
+    /// How many tasks a retry of `job` runs again: those that failed or were cancelled, and
+    /// in a job that ended, those still stopping.
+    pub fn retry_count(&self, job: JobId) -> u64 {
+        self.jobs.get(&job).map_or(0, Self::retried_count)
+    }
+
+    fn retried_count(j: &Job) -> u64 {
+        let c = &j.counts;
+        let mut n = c[TaskState::Failed.index()];
+        if !j.is_active() {
+            n += c[TaskState::Cancelled.index()]
+                + c[TaskState::Assigned.index()]
+                + c[TaskState::Running.index()];
+        }
+        n
+    }
+
     /// [`Event::JobRetried`]: the tasks that failed or were cancelled go back to `Ready` (or
     /// `Waiting` for what they need), their retries counted afresh, and the job runs again.
     /// Attempts still stopping on workers (the job ended while they ran) are left to report:
-    /// cancelled, they run again as any cancelled attempt of a running job; done, they count.
+    /// their reports count nothing (see `end_job_saying`), and their tasks are ready again
+    /// then, their retries counted afresh too.
     fn retry(&mut self, job: JobId, out: &mut Vec<Command>) -> Result<()> {
         if let Some(why) = self.retry_refusal(job) {
             return match self.jobs.contains_key(&job) {
@@ -968,7 +993,8 @@ impl Coordinator {
         }
         let now = self.now;
         let j = self.job(job);
-        if !j.is_active() {
+        let ended = !j.is_active();
+        if ended {
             j.state = JobState::Running;
             if let Some(end) = j.finished.take() {
                 j.idle += now.saturating_sub(end);
@@ -983,13 +1009,15 @@ impl Coordinator {
         for i in 0..j.len() {
             let t = TaskId::new(i as u32);
             let rt = &mut j.tasks[i];
-            if rt.state == TaskState::Done {
-                continue;
-            }
-            rt.failures = 0;
-            if matches!(rt.state, TaskState::Failed | TaskState::Cancelled) {
-                rt.worker = None;
-                j.runnable(t, Some("retried".into()), out);
+            match rt.state {
+                TaskState::Failed | TaskState::Cancelled => {
+                    rt.failures = 0;
+                    rt.worker = None;
+                    j.runnable(t, Some("retried".into()), out);
+                }
+                // Stopping, in a job that had ended: it runs again once it reports.
+                TaskState::Assigned | TaskState::Running if ended => rt.failures = 0,
+                _ => {}
             }
         }
         Ok(())

@@ -1021,17 +1021,19 @@ fn two_workers_that_rejoin_at_once_keep_their_running_attempts() {
 
 /// `flotilla retry` of a job that failed: the failed task and the tasks cancelled with the
 /// job run again (retries counted afresh), the done one does not; an attempt still stopping
-/// when the retry comes runs again once it reports cancelled; the time the job sat ended is
-/// not in its makespan; and a restart replays the retry to the same state.
+/// when the job ended counts nothing, whatever it reports (a late success is not taken as
+/// done: a replay, which knows no live worker, cancels it at the job's end), and runs again
+/// after the retry; the time the job sat ended is not in its makespan; and a restart
+/// replays the retry to the same state.
 #[test]
 fn a_failed_job_retried_runs_its_failed_and_cancelled_tasks_again_and_the_retry_replays() {
     let mut sim = Sim::new(0);
     let mut journal: Vec<JournalRecord> = Vec::new();
-    let text = "[defaults]\nretries = 0\n[[task]]\nid = \"done\"\ncmd = [\"d\"]\n[[task]]\nid = \"bad\"\ncmd = [\"b\"]\n[[task]]\nid = \"slow\"\ncmd = [\"s\"]\n[[task]]\nid = \"child\"\ncmd = [\"c\"]\nafter = [\"bad\"]\n";
+    let text = "[defaults]\nretries = 0\n[[task]]\nid = \"done\"\ncmd = [\"d\"]\n[[task]]\nid = \"bad\"\ncmd = [\"b\"]\n[[task]]\nid = \"slow\"\ncmd = [\"s\"]\n[[task]]\nid = \"child\"\ncmd = [\"c\"]\nafter = [\"bad\"]\n[[task]]\nid = \"quick\"\ncmd = [\"q\"]\n";
     let (job, _) = submit_journaled(&mut sim, &mut journal, text);
-    let (w, out) = sim.join(wspec(3.0, &[]));
+    let (w, out) = sim.join(wspec(4.0, &[]));
     journal.extend(sim.c.take_journal_records());
-    assert_eq!(names(&sim, &out), vec!["done", "bad", "slow"]);
+    assert_eq!(names(&sim, &out), vec!["done", "bad", "slow", "quick"]);
     let record = |sim: &mut Sim, journal: &mut Vec<JournalRecord>, ev: Event| {
         journal.extend(JournalRecord::from_event(&ev));
         let out = sim.ev(ev);
@@ -1049,10 +1051,11 @@ fn a_failed_job_retried_runs_its_failed_and_cancelled_tasks_again_and_the_retry_
             variant: None,
         },
     };
-    let (done, bad, slow) = (
+    let (done, bad, slow, quick) = (
         sim.tref(job, "done"),
         sim.tref(job, "bad"),
         sim.tref(job, "slow"),
+        sim.tref(job, "quick"),
     );
     sim.now = 1_000;
     record(
@@ -1066,17 +1069,33 @@ fn a_failed_job_retried_runs_its_failed_and_cancelled_tasks_again_and_the_retry_
         finished(bad, 1, failed("boom", true)),
     );
     assert_eq!(job_finished(&out), vec![(job, JobState::Failed)]);
-    assert_eq!(cancels_of(&out), vec![(w, slow, 1)], "slow is stopped");
+    assert_eq!(
+        cancels_of(&out),
+        vec![(w, slow, 1), (w, quick, 1)],
+        "slow and quick are stopped"
+    );
     assert_eq!(sim.state(job, "child"), TaskState::Cancelled);
-    // Nothing to retry in a job that succeeded or runs with no failure: said, not done.
+    // quick had ended before its cancel arrived: its success counts nothing now.
+    record(
+        &mut sim,
+        &mut journal,
+        finished(quick, 1, AttemptOutcome::Succeeded),
+    );
+    assert_eq!(sim.state(job, "quick"), TaskState::Cancelled);
     assert!(sim.c.retry_refusal(job).is_none());
+    // bad, child, quick, and slow (still stopping) run again.
+    assert_eq!(sim.c.retry_count(job), 4);
     // An hour later, slow not yet stopped, the job is retried.
     sim.now = 3_601_000;
     let out = record(&mut sim, &mut journal, Event::JobRetried { job });
     let s = sim.c.job_status(job).unwrap();
     assert_eq!(s.state, JobState::Running);
     assert_eq!(s.finished_ms, None);
-    assert_eq!(names(&sim, &out), vec!["bad"], "bad runs again at once");
+    assert_eq!(
+        names(&sim, &out),
+        vec!["bad", "quick"],
+        "bad and quick run again at once"
+    );
     assert_eq!(sim.state(job, "done"), TaskState::Done, "done is kept");
     assert_eq!(sim.state(job, "child"), TaskState::Waiting);
     assert_eq!(
@@ -1091,14 +1110,33 @@ fn a_failed_job_retried_runs_its_failed_and_cancelled_tasks_again_and_the_retry_
     assert_eq!(r.state, JobState::Running);
     let again: Vec<TaskState> = r.tasks.iter().map(|t| t.state).collect();
     use TaskState::{Assigned, Done, Ready, Waiting};
-    assert_eq!(again, vec![Done, Assigned, Ready, Waiting]);
-    // slow's stopped attempt reports: it runs again; bad succeeds, then child.
+    assert_eq!(again, vec![Done, Assigned, Ready, Waiting, Assigned]);
+    // slow's stopped attempt reports, even as a success: it runs again, as a replay has it.
     let out = record(
         &mut sim,
         &mut journal,
-        finished(slow, 1, AttemptOutcome::Cancelled),
+        finished(slow, 1, AttemptOutcome::Succeeded),
     );
     assert_eq!(names(&sim, &out), vec!["slow"]);
+    let live: Vec<TaskState> = sim
+        .c
+        .job_status(job)
+        .unwrap()
+        .tasks
+        .iter()
+        .map(|t| t.state)
+        .collect();
+    let r = replayed(&journal, sim.now).job_status(job).unwrap();
+    let again: Vec<TaskState> = r.tasks.iter().map(|t| t.state).collect();
+    assert_eq!(
+        again, live,
+        "a replay holds what the live coordinator holds"
+    );
+    record(
+        &mut sim,
+        &mut journal,
+        finished(quick, 2, AttemptOutcome::Succeeded),
+    );
     let out = record(
         &mut sim,
         &mut journal,
@@ -1126,13 +1164,19 @@ fn a_failed_job_retried_runs_its_failed_and_cancelled_tasks_again_and_the_retry_
     );
     let r = replayed(&journal, sim.now).job_status(job).unwrap();
     assert_eq!(r.state, JobState::Succeeded);
-    assert_eq!(r.counts.done, 4);
+    assert_eq!(r.counts.done, 5);
     // A job that succeeded has nothing to retry.
     let refused = sim.try_ev(Event::JobRetried { job });
     assert!(
         matches!(&refused, Err(StateError::NotRetryable { why, .. }) if why == "it succeeded"),
         "{refused:?}"
     );
+    // What the live coordinator journaled after is taken by a replay: the job's removal.
+    let ev = Event::JobRemoved { job };
+    journal.extend(JournalRecord::from_event(&ev));
+    sim.ev(ev);
+    let r = replayed(&journal, sim.now);
+    assert!(r.job_status(job).is_none());
 }
 
 /// A job that keeps going past a failed task may be retried while it runs: the failed

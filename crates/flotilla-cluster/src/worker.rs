@@ -1835,14 +1835,21 @@ fn execute(
             variant: (!a.variant.is_empty()).then(|| a.variant.clone()),
             ..end(AttemptOutcome::Succeeded)
         },
-        Err(e) => end(AttemptOutcome::Failed {
+        Err(e) => {
             // A full store is this worker's state, not the task's fault: another may run it.
-            retryable: matches!(
+            let retryable = matches!(
                 e,
                 ClusterError::StoreFull { .. } | ClusterError::ObjectTooLarge { .. }
-            ),
-            message: e.to_string(),
-        }),
+            );
+            // Said, as "no retries left" is of an exit code: the task ran to its end, and
+            // would again without writing what it declares.
+            let message = if retryable {
+                e.to_string()
+            } else {
+                format!("{e} (not retried: the task ran to its end without it)")
+            };
+            end(AttemptOutcome::Failed { retryable, message })
+        }
     }
 }
 

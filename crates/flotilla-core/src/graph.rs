@@ -426,11 +426,36 @@ impl TaskGraph {
     }
 }
 
+/// `s` with each `{i}` replaced by `index` (kept when `None`), but for a shell's `${i}`, kept
+/// as written, and `{{i}}`, written `{i}`.
 fn substitute(s: &str, index: Option<&str>) -> String {
-    match index {
-        Some(i) if s.contains(INDEX_PLACEHOLDER) => s.replace(INDEX_PLACEHOLDER, i),
-        _ => s.to_string(),
+    if !s.contains(INDEX_PLACEHOLDER) {
+        return s.to_string();
     }
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(p) = rest.find(INDEX_PLACEHOLDER) {
+        let (before, after) = (&rest[..p], &rest[p + INDEX_PLACEHOLDER.len()..]);
+        match crate::job::placeholder_at(before, after) {
+            crate::job::Placeholder::Escaped => {
+                out.push_str(&before[..before.len() - 1]);
+                out.push_str(INDEX_PLACEHOLDER);
+                rest = &after[1..];
+                continue;
+            }
+            crate::job::Placeholder::Shell => {
+                out.push_str(before);
+                out.push_str(INDEX_PLACEHOLDER);
+            }
+            crate::job::Placeholder::Index => {
+                out.push_str(before);
+                out.push_str(index.unwrap_or(INDEX_PLACEHOLDER));
+            }
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
 }
 
 fn substitute_all(v: &[String], index: Option<&str>) -> Vec<String> {

@@ -29,6 +29,42 @@ pub const MAX_EDGES: u64 = 100_000_000;
 /// The string replaced by the array index.
 pub const INDEX_PLACEHOLDER: &str = "{i}";
 
+/// What a `{i}` found in a string is, from the text around it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placeholder {
+    /// The index placeholder: replaced.
+    Index,
+    /// `{{i}}`: a written `{i}`.
+    Escaped,
+    /// A shell's `${i}`: kept as written.
+    Shell,
+}
+
+/// The kind of the `{i}` between `before` and `after` (the text on either side of it).
+pub(crate) fn placeholder_at(before: &str, after: &str) -> Placeholder {
+    if before.ends_with('{') && after.starts_with('}') {
+        Placeholder::Escaped
+    } else if before.ends_with('$') {
+        Placeholder::Shell
+    } else {
+        Placeholder::Index
+    }
+}
+
+/// Whether `s` holds an index placeholder that is replaced (not `{{i}}`, not `${i}`).
+pub fn has_index_placeholder(s: &str) -> bool {
+    let mut at = 0;
+    while let Some(p) = s[at..].find(INDEX_PLACEHOLDER) {
+        let start = at + p;
+        let end = start + INDEX_PLACEHOLDER.len();
+        if placeholder_at(&s[..start], &s[end..]) == Placeholder::Index {
+            return true;
+        }
+        at = end;
+    }
+    false
+}
+
 /// The WASM entry point used when a job does not name one.
 pub const DEFAULT_WASM_ENTRY: &str = "_start";
 

@@ -5,30 +5,37 @@
 
 use crate::job::{JobSpec, TaskBody, TaskSpec};
 
-/// What a braced word most likely meant: the placeholder or variable that gives it.
-fn meant(word: &str) -> Option<&'static str> {
+/// What a braced word most likely meant: the placeholder or variable that gives it (in a
+/// task with indices when `indexed`: an array or a gang).
+fn meant(word: &str, indexed: bool) -> Option<&'static str> {
     let w = word.trim();
+    let index = |with_spaces: bool| match (indexed, with_spaces) {
+        (true, true) => {
+            Some("\"{i}\", with no spaces inside the braces (the index is also in FLOTILLA_INDEX)")
+        }
+        (true, false) => Some("\"{i}\" (the index is also in FLOTILLA_INDEX)"),
+        (false, _) => Some(
+            "an index? Only an array task (`array = \"0..n\"`) has one, as \"{i}\" and \
+             FLOTILLA_INDEX",
+        ),
+    };
     if w == "i" && word != "i" {
-        return Some(
-            "\"{i}\", with no spaces inside the braces (the index is also in FLOTILLA_INDEX)",
-        );
+        return index(true);
     }
     match w.to_ascii_lowercase().as_str() {
-        "i" | "index" | "idx" | "task_id" | "taskid" | "array_index" | "array_task_id" => {
-            Some("\"{i}\" (the index is also in FLOTILLA_INDEX)")
-        }
+        "i" | "index" | "idx" | "array_index" | "array_task_id" => index(false),
         "rank" => Some("FLOTILLA_RANK, in a gang's environment"),
         "world_size" => Some("FLOTILLA_WORLD_SIZE, in a gang's environment"),
         "attempt" => Some("FLOTILLA_ATTEMPT, in the environment"),
         "job" | "job_id" | "jobid" => Some("FLOTILLA_JOB or FLOTILLA_JOB_ID, in the environment"),
-        "task" | "task_name" => Some("FLOTILLA_TASK, in the environment"),
+        "task" | "task_name" | "task_id" | "taskid" => Some("FLOTILLA_TASK, in the environment"),
         _ => None,
     }
 }
 
 /// The braced words of `s` that [`meant`] knows (not `{i}` itself, not a shell's `${...}`;
 /// none in a string that formats its own braces, as a Python `.format(` or f-string does).
-fn suspects(s: &str) -> Vec<(&str, &'static str)> {
+fn suspects(s: &str, indexed: bool) -> Vec<(&str, &'static str)> {
     let mut found = Vec::new();
     if s.contains(".format(") || s.contains("f\"") || s.contains("f'") {
         return found;
@@ -45,7 +52,7 @@ fn suspects(s: &str) -> Vec<(&str, &'static str)> {
             let word = &after[..close];
             let shell = at > 0 && s.as_bytes()[at - 1] == b'$';
             if !shell && word != "i" {
-                if let Some(m) = meant(word) {
+                if let Some(m) = meant(word, indexed) {
                     found.push((&s[at..at + close + 2], m));
                 }
             }
@@ -101,8 +108,9 @@ pub fn placeholder_warnings(spec: &JobSpec) -> Vec<String> {
     let mut out = Vec::new();
     for task in &spec.tasks {
         let mut seen: Vec<(String, String)> = Vec::new();
+        let indexed = task.array.is_some() || task.group.is_some();
         for (field, text) in fields(task) {
-            for (word, m) in suspects(text) {
+            for (word, m) in suspects(text, indexed) {
                 let key = (field.clone(), word.to_string());
                 if seen.contains(&key) {
                     continue;
@@ -167,6 +175,14 @@ mod tests {
              [[task]]\nid = \"py\"\ncmd = [\"python3\", \"-c\", \"print('{job}'.format(job=1), f'{task}')\"]\n",
         );
         assert!(w.is_empty(), "{w:?}");
+    }
+
+    #[test]
+    fn a_task_without_indices_is_not_told_to_use_the_index() {
+        let w = warnings("[[task]]\nid = \"t\"\ncmd = [\"x\", \"{index}\", \"{task_id}\"]\n");
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("Only an array task"), "{w:?}");
+        assert!(w[1].contains("FLOTILLA_TASK"), "{w:?}");
     }
 
     #[test]

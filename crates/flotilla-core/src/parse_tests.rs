@@ -1228,3 +1228,27 @@ fn keep_going_is_read_written_and_carried_into_the_graph() {
     let e = job_error("keep_going = \"yes\"\n[[task]]\nid = \"a\"\ncmd = [\"x\"]\n");
     assert_eq!(e.field.as_deref(), Some("keep_going"), "{e}");
 }
+
+#[test]
+fn a_shell_s_dollar_brace_i_and_a_doubled_placeholder_are_kept_as_written() {
+    // A bash loop's `${i}` was replaced by the index (and refused outside arrays); `{{i}}`
+    // writes a `{i}`.
+    let job = parse_job(
+        "[[task]]\nid = \"loop\"\ncmd = [\"bash\", \"-c\", \"for i in a b; do echo ${i}; done\"]\n\
+         [[task]]\nid = \"t\"\narray = \"0..2\"\ncmd = [\"echo\", \"{i}\", \"${i}\", \"{{i}}\", \"x{i}y{i}\"]\n\
+         env = { N = \"{{i}}-{i}\" }\n",
+        "j.toml",
+    )
+    .unwrap();
+    let g = job.expand().unwrap();
+    let kind = |name: &str| g.task(g.by_name(name).unwrap()).kind.clone();
+    let TaskKind::Command { cmd, .. } = kind("loop") else {
+        panic!("a command")
+    };
+    assert_eq!(cmd[2], "for i in a b; do echo ${i}; done");
+    let TaskKind::Command { cmd, env, .. } = kind("t[1]") else {
+        panic!("a command")
+    };
+    assert_eq!(cmd, vec!["echo", "1", "${i}", "{i}", "x1y1"]);
+    assert_eq!(env.get("N").map(String::as_str), Some("{i}-1"));
+}

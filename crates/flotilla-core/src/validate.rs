@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{JobError, Problem, Result};
-use crate::job::{JobSpec, TaskBody, TaskSpec, INDEX_PLACEHOLDER, MAX_EDGES, MAX_INSTANCES};
+use crate::job::{JobSpec, TaskBody, TaskSpec, MAX_EDGES, MAX_INSTANCES};
 use crate::resources::ResourceRequest;
 use crate::source::Locator;
 
@@ -81,7 +81,7 @@ fn check_inside(path: &str) -> Option<Problem> {
 }
 
 fn has_index(s: &str) -> bool {
-    s.contains(INDEX_PLACEHOLDER)
+    crate::job::has_index_placeholder(s)
 }
 
 /// The first field of a non-array task that uses `{i}`: (variant index, field).

@@ -1289,6 +1289,31 @@ fn print_summary(
             }
         }
     }
+    // Tasks that had failed too, cancelled while they waited to retry: fixing the first
+    // failure alone would not do.
+    let also: Vec<&str> = status
+        .tasks
+        .iter()
+        .filter(|t| {
+            t.state == TaskState::Cancelled
+                && t.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains(flotilla_cluster::state::FAILED_BEFORE_END))
+        })
+        .map(|t| t.name.as_str())
+        .collect();
+    if !also.is_empty() {
+        let shown = also.iter().take(10).copied().collect::<Vec<_>>().join(", ");
+        let more = also.len().saturating_sub(10);
+        outln!(
+            "  failed too, cancelled while waiting to retry: {shown}{}",
+            if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            }
+        );
+    }
     Ok(())
 }
 
@@ -1453,7 +1478,11 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         .filter(|j| j.state == flotilla_cluster::state::JobState::Running);
     // The newest of this name whose job folder is this file's (a --state shared by jobs of
     // several folders holds others).
+    // Of a job submitted by a run, which file it came from (another file of the same name
+    // in the folder is another job) and whether that file changed since.
+    let this_file = RunSource::of(&job_path)?;
     let mut resumed = None;
+    let mut edited = None;
     if a.resume {
         let mut named: Vec<_> = leftover.jobs.iter().filter(|j| j.name == name).collect();
         named.sort_by_key(|j| std::cmp::Reverse(j.id));
@@ -1462,27 +1491,49 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
                 .job_status_range(j.id, 0, Some(0))
                 .await
                 .is_ok_and(|s| Path::new(&s.dir) == job_dir);
-            if same_folder {
-                resumed = Some(j);
-                break;
+            let source = RunSource::read(&state, j.id);
+            if !same_folder || source.as_ref().is_some_and(|s| s.file != this_file.file) {
+                continue;
             }
+            edited = source.map(|s| s.hash != this_file.hash);
+            resumed = Some(j);
+            break;
         }
     }
     if a.resume && resumed.is_none() {
         eprintln!(
-            "--resume: no job named {name:?} in {}: the job file is submitted anew",
+            "--resume: no job of {} in {}: the job file is submitted anew",
+            job_path.display(),
             state.display()
         );
     }
+    // What is said of the file's edits: taken only by a plain run.
+    let edits = match edited {
+        Some(true) => {
+            " (the job file changed since it was submitted: the edits are not taken; a plain \
+             `flotilla run` runs it as it is now)"
+        }
+        Some(false) => "",
+        None => " (edits to the job file since are not taken: run without --resume for them)",
+    };
     if let Some(j) = resumed.filter(|j| j.state == flotilla_cluster::state::JobState::Succeeded) {
         eprintln!(
-            "--resume: job {} ({}) in {} succeeded already, all {} tasks done: nothing to run \
-             (a plain `flotilla run` runs the job file anew)",
+            "--resume: job {} ({}) in {} succeeded already, all {} tasks done: nothing to \
+             run{}",
             j.id.0,
             j.name,
             state.display(),
-            j.total
+            j.total,
+            if edits.is_empty() {
+                " (a plain `flotilla run` runs the job file anew)"
+            } else {
+                edits
+            }
         );
+        if a.json {
+            let s = client.job_status(j.id).await?;
+            outln!("{}", serde_json::to_string(&s)?);
+        }
         server.stop();
         server.wait().await?;
         return Ok(true);
@@ -1512,8 +1563,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
             }
         };
         eprintln!(
-            "resuming job {} ({}), which ended {}: {} again, its {} done kept (edits to the \
-             job file since are not taken: run without --resume for them)",
+            "resuming job {} ({}), which ended {}: {} again, its {} done kept{edits}",
             j.id.0,
             j.name,
             j.state.as_str(),
@@ -1522,8 +1572,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         );
     } else if let Some(j) = resumed {
         eprintln!(
-            "resuming job {} ({}), {} of {} tasks done: it goes on as it was submitted \
-             (edits to the job file since are not taken: run without --resume for them)",
+            "resuming job {} ({}), {} of {} tasks done: it goes on as it was submitted{edits}",
             j.id.0, j.name, j.done, j.total
         );
     }
@@ -1536,7 +1585,11 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
             name: j.name.clone(),
             tasks: u32::try_from(j.total).unwrap_or(u32::MAX),
         },
-        None => client.submit_file(&job_path).await?,
+        None => {
+            let s = client.submit_file(&job_path).await?;
+            this_file.write(&state, s.job);
+            s
+        }
     };
     let label = format!("{} (job {})", submitted.name, submitted.job.0);
     let to = if a.json {
@@ -1749,21 +1802,20 @@ fn print_tasks(s: &JobStatus) -> Result<()> {
     }
     outln!("\n{t}");
     if !s.tasks_in.is_empty() {
-        let states: Vec<&str> = s.tasks_in.iter().map(|t| t.as_str()).collect();
-        let states = states.join(",");
+        let names: Vec<&str> = s.tasks_in.iter().map(|t| t.as_str()).collect();
+        let (flag, said) = (names.join(","), names.join(" or "));
         let n = s.tasks.len();
+        let tasks = if n == 1 { "task" } else { "tasks" };
         match s.tasks_next {
             Some(next) => outln!(
-                "\n{n} {states} task{} listed; the next page: flotilla status {} --state \
-                 {states} --tasks-from {next} (--tasks-limit N for more at once)",
-                if n == 1 { "" } else { "s" },
+                "\n{n} {tasks} listed ({said}); the next page: flotilla status {} --state \
+                 {flag} --tasks-from {next} (--tasks-limit N for more at once)",
                 s.id.0
             ),
             None => outln!(
-                "\n{n} {states} task{} listed{}",
-                if n == 1 { "" } else { "s" },
+                "\n{n} {tasks} listed ({said}){}",
                 if s.tasks_from > 0 {
-                    format!(" from id {}", s.tasks_from)
+                    format!(", from id {}", s.tasks_from)
                 } else {
                     String::new()
                 }
@@ -1801,8 +1853,11 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         } else {
             Some(a.tasks_limit.unwrap_or(TEXT_TASKS))
         };
+        let mut states = a.state.clone();
+        states.sort_by_key(|s| s.index());
+        states.dedup();
         let s = client
-            .job_status_in(job, a.tasks_from, limit, &a.state)
+            .job_status_in(job, a.tasks_from, limit, &states)
             .await?;
         if a.json {
             outln!("{}", serde_json::to_string_pretty(&s)?);
@@ -1968,6 +2023,55 @@ pub(crate) async fn cancel(a: JobArgs) -> Result<()> {
     Ok(())
 }
 
+/// The job file a `flotilla run` submitted a job from, kept in its state folder
+/// (`run/<job>.json`): `--resume` goes on only with a job of the same file, and says whether
+/// the file changed since.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RunSource {
+    /// The file's absolute path.
+    file: String,
+    /// The BLAKE3 hash of its text, hex.
+    hash: String,
+}
+
+impl RunSource {
+    fn of(path: &Path) -> Result<RunSource> {
+        let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let file = std::fs::canonicalize(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .display()
+            .to_string();
+        let hash = blake3::hash(&text).to_hex().to_string();
+        Ok(RunSource { file, hash })
+    }
+
+    fn path(state: &Path, job: JobId) -> PathBuf {
+        state.join("run").join(format!("{}.json", job.0))
+    }
+
+    /// What was kept of `job`'s file; `None` for a job no run of this version submitted.
+    fn read(state: &Path, job: JobId) -> Option<RunSource> {
+        let text = std::fs::read(Self::path(state, job)).ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    /// Keeps it for `job` (a failure only costs `--resume` its checks, and is said).
+    fn write(&self, state: &Path, job: JobId) {
+        let path = Self::path(state, job);
+        let r = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&path, serde_json::to_vec(self).unwrap_or_default()));
+        if let Err(e) = r {
+            eprintln!(
+                "warning: {}: {e} (`flotilla run --resume` cannot tell this job's file from \
+                 another of the same name)",
+                path.display()
+            );
+        }
+    }
+}
+
 /// "1 task runs", "3 tasks run" (`kind`: words before "task").
 fn tasks_run(n: u64, kind: &str) -> String {
     if n == 1 {
@@ -1993,7 +2097,7 @@ pub(crate) async fn retry(a: RetryArgs) -> Result<bool> {
     if !a.wait {
         return Ok(true);
     }
-    follow_to_end(&mut client, job, &format!("job {}", job.0)).await
+    follow_to_end(&mut client, job, &format!("{} (job {})", s.name, job.0)).await
 }
 
 pub(crate) async fn remove(a: JobArgs) -> Result<()> {

@@ -532,7 +532,7 @@ fn a_failed_job_is_retried_in_place_and_its_done_tasks_are_kept() {
     let out = text(&failed.stdout);
     assert!(failed.status.success(), "{}", text(&failed.stderr));
     assert!(
-        out.contains("sim[1]") && out.contains("1 failed task listed"),
+        out.contains("sim[1]") && out.contains("1 task listed (failed)"),
         "{out}"
     );
     assert!(!out.contains("prep ") && !out.contains("sum "), "{out}");
@@ -992,6 +992,42 @@ fn a_job_that_keeps_going_runs_the_rest_and_fails_at_its_end() {
         assert_eq!(runs(i), 1, "sim[{i}] ran again");
     }
     assert_eq!(runs(3), 2);
+    // Edited since: said. Another file of the same name in the folder is another job.
+    let written = std::fs::read_to_string(dir.join("job.toml")).unwrap();
+    std::fs::write(dir.join("job.toml"), format!("{written}# edited\n")).unwrap();
+    let again = local_run(dir, "2", &["--resume", "--json"])
+        .output()
+        .unwrap();
+    let err = text(&again.stderr);
+    assert!(again.status.success(), "{err}");
+    assert!(
+        err.contains("succeeded already")
+            && err.contains("the job file changed since it was submitted"),
+        "{err}"
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(doc["state"], "succeeded", "--json prints the job's status");
+    std::fs::write(dir.join("other.toml"), &written).unwrap();
+    let other = Command::new(kit::BIN)
+        .args([
+            "run",
+            "other.toml",
+            "--cpus",
+            "2",
+            "--gpus",
+            "none",
+            "--resume",
+        ])
+        .current_dir(dir)
+        .env("FLOTILLA_HOME", dir.join(".home"))
+        .output()
+        .unwrap();
+    let err = text(&other.stderr);
+    assert!(
+        err.contains("--resume: no job of other.toml in"),
+        "resumed another file's job: {err}"
+    );
+    assert_eq!(runs(0), 2, "other.toml runs anew");
 }
 
 /// `flotilla run` in `dir` of a job `short` of one task that ends at once.

@@ -209,6 +209,10 @@ pub enum StateError {
     },
 }
 
+/// What the message of a task cancelled by its job's end says before the failure it was
+/// waiting to retry (`job failed; its last attempt had failed: exited with code 3 ...`).
+pub const FAILED_BEFORE_END: &str = "its last attempt had failed: ";
+
 /// The state machine's result type.
 pub type Result<T, E = StateError> = std::result::Result<T, E>;
 

@@ -807,8 +807,19 @@ impl Coordinator {
                     (rt.state, rt.attempt, rt.worker)
                 };
                 match st {
-                    TaskState::Waiting | TaskState::Ready | TaskState::Backoff => {
+                    TaskState::Waiting | TaskState::Ready => {
                         j.set_state(t, TaskState::Cancelled, Some(message.clone()), out);
+                    }
+                    TaskState::Backoff => {
+                        // It had failed too: said, or a sweep fixed for its first failure
+                        // fails again on this one.
+                        let before = j.tasks[i]
+                            .ext
+                            .as_ref()
+                            .and_then(|e| e.message.clone())
+                            .unwrap_or_default();
+                        let m = format!("{message}; {}{before}", super::FAILED_BEFORE_END);
+                        j.set_state(t, TaskState::Cancelled, Some(m), out);
                     }
                     TaskState::Assigned | TaskState::Running => {
                         let tref = j.tref(t);

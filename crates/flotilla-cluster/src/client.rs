@@ -667,6 +667,18 @@ impl Client {
         follow: bool,
         stderr: bool,
     ) -> crate::Boxed<'a, Result<tonic::Streaming<proto::LogChunk>>> {
+        self.logs_of(job, task, (follow, stderr), None)
+    }
+
+    /// [`Client::logs`] of one attempt (1 for the first), followed until that attempt ends;
+    /// `None`: the latest, followed on to the next ones.
+    pub fn logs_of<'a>(
+        &'a mut self,
+        job: JobId,
+        task: &'a str,
+        (follow, stderr): (bool, bool),
+        attempt: Option<u32>,
+    ) -> crate::Boxed<'a, Result<tonic::Streaming<proto::LogChunk>>> {
         crate::boxed(async move {
             Ok(self
                 .inner
@@ -675,6 +687,7 @@ impl Client {
                     task: task.to_string(),
                     follow,
                     stderr,
+                    attempt,
                 })
                 .await
                 .map_err(|e| self.rpc_err(e))?

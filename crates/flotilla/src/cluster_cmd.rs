@@ -488,6 +488,11 @@ pub(crate) struct LogsArgs {
     /// its job file, or its --state) instead of asking a coordinator.
     #[arg(long)]
     state: Option<PathBuf>,
+    /// One attempt's output (1 for the first; `flotilla status JOB` counts a task's
+    /// attempts), e.g. an earlier failure of a task retried since. Without it, the latest
+    /// attempt's (with --follow, on to the next ones).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    attempt: Option<u32>,
 }
 
 pub(crate) fn gpus_from(spec: &str) -> Result<Vec<WorkerGpu>> {
@@ -2145,7 +2150,7 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
         loop {
             resume.stream_opening();
             let ended = match client
-                .logs(JobId::new(a.job), &a.task, a.follow, a.stderr)
+                .logs_of(JobId::new(a.job), &a.task, (a.follow, a.stderr), a.attempt)
                 .await
             {
                 Ok(mut s) => {
@@ -2154,6 +2159,14 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
                     loop {
                         match s.message().await {
                             Ok(Some(c)) => {
+                                if a.attempt.is_some_and(|n| c.attempt != n && c.attempt != 0) {
+                                    break Err(flotilla::cluster::ClusterError::Rpc(
+                                        "the coordinator runs an older flotilla, which gives \
+                                         only the latest attempt's output (it sent attempt \
+                                         {}): drop --attempt"
+                                            .replace("{}", &c.attempt.to_string()),
+                                    ));
+                                }
                                 let new = resume.unprinted(c.attempt, &c.data);
                                 if !new.is_empty() {
                                     let mut out = std::io::stdout().lock();

@@ -230,7 +230,7 @@ name = "retry"
 [[task]]
 id = "flaky"
 retries = 1
-cmd = ["sh", "-c", "if [ -e marker ]; then echo second >> attempts; exit 0; fi; touch marker; echo first >> attempts; exit 1"]
+cmd = ["sh", "-c", "echo error-$FLOTILLA_ATTEMPT >&2; if [ -e marker ]; then echo second >> attempts; exit 0; fi; touch marker; echo first >> attempts; exit 1"]
 "#,
     );
     assert!(
@@ -249,6 +249,40 @@ cmd = ["sh", "-c", "if [ -e marker ]; then echo second >> attempts; exit 0; fi; 
     assert_eq!(t.message, None);
     let attempts = std::fs::read_to_string(c.job_dir().join("attempts")).unwrap();
     assert_eq!(attempts, "first\nsecond\n");
+    // Each attempt's output stays readable: the latest by default, an earlier one asked for.
+    let n = s.id.0.to_string();
+    let latest = c.cli(&["logs", &n, "flaky", "--stderr"]);
+    assert_eq!(
+        text(&latest.stdout),
+        "error-2\n",
+        "{}",
+        text(&latest.stderr)
+    );
+    let first = c.cli(&["logs", &n, "flaky", "--stderr", "--attempt", "1"]);
+    assert_eq!(text(&first.stdout), "error-1\n", "{}", text(&first.stderr));
+    let followed = c.cli(&[
+        "logs",
+        &n,
+        "flaky",
+        "--stderr",
+        "--attempt",
+        "1",
+        "--follow",
+    ]);
+    assert_eq!(
+        text(&followed.stdout),
+        "error-1\n",
+        "{}",
+        text(&followed.stderr)
+    );
+    let none = c.cli(&["logs", &n, "flaky", "--attempt", "3"]);
+    assert!(!none.status.success());
+    assert!(
+        text(&none.stderr)
+            .contains("flaky of job 1 has no attempt 3: it has had 2, attempts 1 to 2"),
+        "{}",
+        text(&none.stderr)
+    );
 }
 
 #[test]

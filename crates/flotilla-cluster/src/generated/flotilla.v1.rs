@@ -278,6 +278,8 @@ pub struct RemoveRequest {
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct RemoveReply {}
+/// `attempt`: that attempt's output (1 for the first), followed until that attempt ends;
+/// unset: the latest attempt's, followed on to the next ones.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct LogsRequest {
     #[prost(uint64, tag = "1")]
@@ -288,6 +290,8 @@ pub struct LogsRequest {
     pub follow: bool,
     #[prost(bool, tag = "4")]
     pub stderr: bool,
+    #[prost(uint32, optional, tag = "5")]
+    pub attempt: ::core::option::Option<u32>,
 }
 /// `attempt`: whose output this is (1 for the first; 0 from coordinators before it was sent).
 /// A followed stream goes on from one attempt to the next. A stream that carried nothing ends

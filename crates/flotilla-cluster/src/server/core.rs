@@ -79,6 +79,8 @@ pub(super) enum Req {
     LogInfo {
         job: JobId,
         task: String,
+        /// One attempt's (`None`: the latest that ran).
+        attempt: Option<u32>,
         scope: Scope,
         reply: Reply<LogInfo>,
     },
@@ -1308,9 +1310,13 @@ impl Core {
                 }
             }
             Req::LogInfo {
-                job, task, reply, ..
+                job,
+                task,
+                attempt,
+                reply,
+                ..
             } => {
-                let _ = reply.send(self.on_log_info(job, &task));
+                let _ = reply.send(self.on_log_info(job, &task, attempt));
             }
             Req::Register {
                 req,
@@ -1792,7 +1798,12 @@ impl Core {
         self.watchers.entry(job).or_default().push(tx);
     }
 
-    fn on_log_info(&self, job: JobId, task: &str) -> std::result::Result<LogInfo, Status> {
+    fn on_log_info(
+        &self,
+        job: JobId,
+        task: &str,
+        pinned: Option<u32>,
+    ) -> std::result::Result<LogInfo, Status> {
         match self.coord.task_status(job, task) {
             None if self.coord.job_summary(job).is_none() => Err(no_job(job)),
             None => {
@@ -1810,6 +1821,36 @@ impl Core {
                     "job {} has no task named {task:?}{hint}",
                     job.0
                 )))
+            }
+            Some(t) if pinned.is_some_and(|n| n == 0 || n > t.attempts) => {
+                Err(Status::not_found(format!(
+                    "{task} of job {} has no attempt {}: {}",
+                    job.0,
+                    pinned.unwrap_or_default(),
+                    match t.attempts {
+                        0 => "it has not been placed yet".to_string(),
+                        1 => "it has had one, attempt 1".to_string(),
+                        n => format!("it has had {n}, attempts 1 to {n}"),
+                    }
+                )))
+            }
+            Some(t) if pinned.is_some() => {
+                let n = pinned.unwrap_or_default();
+                let (out, err) = self.log_paths(job, t.id, n);
+                let latest = n == t.attempts;
+                let live = latest
+                    && matches!(
+                        t.state,
+                        state::TaskState::Running | state::TaskState::Assigned
+                    );
+                Ok(LogInfo {
+                    ran: !latest || live || t.usage.is_some() || out.exists() || err.exists(),
+                    out,
+                    err,
+                    attempt: n,
+                    // An earlier attempt has ended; the latest ends with its task.
+                    finished: !latest || t.state.is_final() || t.state == state::TaskState::Backoff,
+                })
             }
             Some(t) => {
                 // The latest attempt, unless it has not run (queued, or cancelled before it

@@ -417,6 +417,7 @@ pub(crate) async fn logs(
     let req = Req::LogInfo {
         job: JobId::new(id),
         task,
+        attempt: None,
         scope,
         reply: tx,
     };

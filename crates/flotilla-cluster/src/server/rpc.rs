@@ -435,6 +435,7 @@ impl CoordinatorRpc for Api {
             .ask(|reply| Req::LogInfo {
                 job,
                 task: r.task.clone(),
+                attempt: r.attempt,
                 scope: scope.clone(),
                 reply,
             })
@@ -496,6 +497,7 @@ impl CoordinatorRpc for Api {
                 let asked = Req::LogInfo {
                     job,
                     task: task.clone(),
+                    attempt: r.attempt,
                     scope: scope.clone(),
                     reply: rtx,
                 };

@@ -172,8 +172,9 @@ pub(crate) struct ServerArgs {
     /// job is refused at submit, before anything is expanded.
     #[arg(long, default_value_t = flotilla::cluster::server::DEFAULT_MAX_JOB_TASKS)]
     max_job_tasks: u64,
-    /// The most bytes of output kept per stream (stdout, stderr) and attempt; the rest is
-    /// dropped, with one line saying so (accepts sizes like 64MiB).
+    /// The most bytes of output kept per stream (stdout, stderr) and attempt: its head and,
+    /// once the attempt ends, its end (a quarter of this, at most 64 KiB); what lies between
+    /// is dropped, and said (accepts sizes like 64MiB).
     #[arg(long, default_value = "64MiB", value_parser = parse_log_size)]
     max_log_bytes: u64,
     /// How long a finished job is kept (status, logs, uploads, its objects on workers)

@@ -855,19 +855,27 @@ fn a_task_that_prints_without_end_is_kept_to_the_log_limit() {
 name = "chatty"
 [[task]]
 id = "talk"
-cmd = ["sh", "-c", "i=0; while [ $i -lt 500 ]; do echo 0123456789; i=$((i+1)); done"]
+cmd = ["sh", "-c", "i=0; while [ $i -lt 500 ]; do echo 0123456789; i=$((i+1)); done; echo the end; exit 3"]
 "#,
     );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    // The end of what it wrote is what says why it failed: kept past the head.
     let job = job_id_of(&out).0.to_string();
     let logs = c.cli(&["logs", &job, "talk"]);
     let shown = text(&logs.stdout);
     assert!(shown.starts_with("0123456789\n0123456789\n"), "{shown}");
     assert!(
-        shown.ends_with("[flotilla: output truncated at 1000 bytes]\n"),
+        shown.contains(
+            "[flotilla: output over 750 bytes: the rest is dropped but for its last 250 bytes"
+        ),
         "{shown}"
     );
-    assert!(shown.len() < 1100, "{} bytes kept", shown.len());
+    assert!(
+        shown.contains("bytes dropped here; the last 250 follow]\n"),
+        "{shown}"
+    );
+    assert!(shown.ends_with("0123456789\nthe end\n"), "{shown}");
+    assert!(shown.len() < 1300, "{} bytes kept", shown.len());
 }
 
 #[test]

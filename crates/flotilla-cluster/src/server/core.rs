@@ -154,22 +154,8 @@ pub(super) enum Req {
 
 /// What a job request answers for a job its sender does not see: exactly what it answers
 /// for a job that does not exist.
-/// What of `data` a task's log of `have` bytes, capped at `cap`, takes: all of it while it
-/// stays below the cap; else what fits and one line saying the rest is dropped (also when it
-/// fills the cap exactly: a 64 MiB cap filled by 64 KiB chunks dropped the rest unsaid);
-/// nothing once the cap is reached.
-fn capped(have: u64, cap: u64, data: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
-    if have >= cap {
-        return None;
-    }
-    let room = usize::try_from(cap - have).unwrap_or(usize::MAX);
-    if data.len() < room {
-        return Some(data.into());
-    }
-    let mut w = data[..room].to_vec();
-    w.extend_from_slice(format!("\n[flotilla: output truncated at {cap} bytes]\n").as_bytes());
-    Some(w.into())
-}
+/// The most outputs whose ends are kept in memory at once (64 KiB each at most).
+const MAX_LOG_TAILS: usize = 4096;
 
 /// "no job N", the same for an id never given, a job removed and another tenant's (whose
 /// existence is not told); with what it may mean (`status` of a removed job said "no job
@@ -303,6 +289,9 @@ pub(super) struct Core {
     logs_dir: PathBuf,
     /// The most bytes kept of each stream of each attempt.
     max_log_bytes: u64,
+    /// The ends of outputs past their head (see [`super::logcap`]), by attempt and stream,
+    /// with the worker that runs it: written when the attempt ends or its worker goes.
+    log_tails: HashMap<(TaskRef, u32, bool), (WorkerId, super::logcap::Tail)>,
     heartbeat: Duration,
     heartbeat_timeout: Duration,
     /// Transfer staging: files uploaded with each job, by path.
@@ -905,6 +894,7 @@ impl Core {
             watchers: HashMap::new(),
             logs_dir: config.state_dir.join("logs"),
             max_log_bytes: config.max_log_bytes,
+            log_tails: HashMap::new(),
             heartbeat: config.heartbeat,
             heartbeat_timeout: config.heartbeat_timeout,
             uploads: HashMap::new(),
@@ -1626,6 +1616,7 @@ impl Core {
     /// A removed job's data: its uploads list and the uploaded objects no other job uses,
     /// its logs here, and (told to every worker) the objects and logs it left on workers.
     fn forget(&mut self, job: JobId) {
+        self.log_tails.retain(|k, _| k.0.job != job);
         let files = self.uploads.remove(&job);
         if let Some(node) = &self.group {
             // In a group the committed entry removes the list, the objects no other list
@@ -2004,7 +1995,7 @@ impl Core {
             let Some(k) = &l.task else { continue };
             let (task, attempt) = crate::convert::task_key(k);
             if self.coord.gave(worker, task, attempt) {
-                self.write_log(l);
+                self.write_log(worker, l);
             } else {
                 tracing::debug!(%worker, %task, attempt, "output of an attempt it was not given: dropped");
             }
@@ -2014,6 +2005,13 @@ impl Core {
             self.handle(ev, cmds, records);
         }
         for r in m.finished {
+            // Its output is whole: the end kept past the head follows it.
+            if let Some(k) = &r.task {
+                let (task, attempt) = crate::convert::task_key(k);
+                if !self.log_tails.is_empty() {
+                    self.flush_log_tails(|key, w| w == worker && key.0 == task && key.1 == attempt);
+                }
+            }
             if !r.checkpoint.is_empty() {
                 if let Some(k) = &r.task {
                     let (task, attempt) = crate::convert::task_key(k);
@@ -2210,6 +2208,18 @@ impl Core {
     }
 
     fn check_heartbeats(&mut self, cmds: &mut Vec<Command>, records: &mut Vec<JournalRecord>) {
+        // The ends kept of a gone worker's outputs: their attempts report no more.
+        if !self.log_tails.is_empty() {
+            let gone: HashSet<WorkerId> = self
+                .log_tails
+                .values()
+                .map(|(w, _)| *w)
+                .filter(|w| !self.senders.contains_key(w))
+                .collect();
+            if !gone.is_empty() {
+                self.flush_log_tails(|_, w| gone.contains(&w));
+            }
+        }
         let timeout = self.heartbeat_timeout;
         let lost: Vec<WorkerId> = self
             .last_seen
@@ -2241,12 +2251,37 @@ impl Core {
         )
     }
 
-    fn write_log(&self, l: &proto::TaskLog) {
-        use std::io::Write;
+    /// Output of an attempt on `worker`: written to its log up to the cap's head; past it,
+    /// its last bytes are kept for the attempt's end ([`super::logcap`]).
+    fn write_log(&mut self, worker: WorkerId, l: &proto::TaskLog) {
         let Some(k) = &l.task else { return };
-        let (out, err) = self.log_paths(JobId::new(k.job), TaskId::new(k.task), k.attempt);
+        let (task, attempt) = crate::convert::task_key(k);
+        let (out, err) = self.log_paths(task.job, task.task, attempt);
         let path = if l.stderr { err } else { out };
         let cap = self.max_log_bytes;
+        let have = std::fs::metadata(&path).map_or(0, |m| m.len());
+        let (now, rest) = super::logcap::split(have, cap, &l.data);
+        self.append_log(&path, &now);
+        if rest.is_empty() {
+            return;
+        }
+        let key = (task, attempt, l.stderr);
+        if !self.log_tails.contains_key(&key) && self.log_tails.len() >= MAX_LOG_TAILS {
+            return; // the rest is dropped: memory for ends is spent
+        }
+        self.log_tails
+            .entry(key)
+            .or_insert_with(|| (worker, super::logcap::Tail::new(cap)))
+            .1
+            .push(rest);
+    }
+
+    /// Appends `data` to the log at `path` (and, in a group, to the other nodes' copies).
+    fn append_log(&self, path: &std::path::Path, data: &[u8]) {
+        use std::io::Write;
+        if data.is_empty() {
+            return;
+        }
         let r = (|| -> std::io::Result<()> {
             if let Some(d) = path.parent() {
                 std::fs::create_dir_all(d)?;
@@ -2254,20 +2289,33 @@ impl Core {
             let mut f = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(&path)?;
-            // At most `cap` bytes per stream and attempt, then one line saying so.
-            let Some(wrote) = capped(f.metadata()?.len(), cap, &l.data) else {
-                return Ok(());
-            };
-            f.write_all(&wrote)?;
+                .open(path)?;
+            f.write_all(data)?;
             // In a group, the other nodes keep the same log (best effort, in order).
             if let (Some(node), Ok(rel)) = (&self.group, path.strip_prefix(&self.logs_dir)) {
-                node.replicate_log(&format!("logs/{}", rel.to_string_lossy()), &wrote);
+                node.replicate_log(&format!("logs/{}", rel.to_string_lossy()), data);
             }
             Ok(())
         })();
         if let Err(e) = r {
             tracing::warn!("{}: {e}", path.display());
+        }
+    }
+
+    /// Writes the kept ends of the outputs `which` picks, after their heads.
+    fn flush_log_tails(&mut self, which: impl Fn(&(TaskRef, u32, bool), WorkerId) -> bool) {
+        let keys: Vec<(TaskRef, u32, bool)> = self
+            .log_tails
+            .iter()
+            .filter(|(k, (w, _))| which(k, *w))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            if let Some((_, tail)) = self.log_tails.remove(&key) {
+                let (task, attempt, stderr) = key;
+                let (out, err) = self.log_paths(task.job, task.task, attempt);
+                self.append_log(if stderr { &err } else { &out }, &tail.flush());
+            }
         }
     }
 
@@ -2471,22 +2519,6 @@ pub(super) fn tls_files_error(tls: &crate::transport::ServerTls, why: &str) -> C
 #[cfg(test)]
 mod watch_tests {
     use super::*;
-
-    #[test]
-    fn a_log_filled_to_its_cap_says_so_even_when_a_chunk_fills_it_exactly() {
-        let note = b"\n[flotilla: output truncated at 8 bytes]\n";
-        assert_eq!(capped(0, 8, b"1234").as_deref(), Some(&b"1234"[..]));
-        // A chunk that fills the cap to the byte: the note comes with it (a later chunk
-        // would find no room to say so).
-        let exact = capped(4, 8, b"5678").unwrap();
-        assert_eq!(&exact[..4], b"5678");
-        assert_eq!(&exact[4..], note);
-        let over = capped(4, 8, b"56789").unwrap();
-        assert_eq!(&over[..4], b"5678");
-        assert_eq!(&over[4..], note);
-        assert!(capped(8, 8, b"x").is_none());
-        assert!(capped(8 + note.len() as u64, 8, b"x").is_none());
-    }
 
     #[test]
     fn a_watcher_that_does_not_read_is_dropped_and_the_others_kept() {

@@ -872,6 +872,7 @@ impl StopHandle {
 mod core;
 mod dashboard;
 mod http;
+mod logcap;
 mod peers;
 mod queue;
 mod rpc;

@@ -19,6 +19,12 @@ pub enum ClusterError {
     /// Bad configuration or arguments.
     #[error("{0}")]
     Config(String),
+    /// Another worker holds this work folder.
+    #[error("{dir}: another worker uses this work folder; give each worker its own (--work-dir)")]
+    WorkDirInUse {
+        /// The folder.
+        dir: String,
+    },
     /// A worker offers resources no ledger can hold (a negative amount, a GPU listed twice).
     #[error("the worker's offer: {0}")]
     Offer(#[from] flotilla_core::ledger::LedgerError),

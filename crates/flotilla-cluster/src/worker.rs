@@ -219,7 +219,8 @@ impl WorkerConfig {
             gpus: Vec::new(),
             custom: Vec::new(),
             hw_class: default_hw_class(),
-            work_dir: std::env::temp_dir().join(format!("flotilla-worker-{}", std::process::id())),
+            work_dir: std::env::temp_dir()
+                .join(format!("{DEFAULT_WORK_PREFIX}{}", std::process::id())),
             data_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
             guard: None,
             isolation: Isolation::Auto,
@@ -960,6 +961,10 @@ pub fn run_worker(
         // The work folder first: the sandbox holder is checked with a task entering it.
         std::fs::create_dir_all(&config.work_dir)
             .map_err(|e| ClusterError::io(&config.work_dir, e))?;
+        // Held for the worker's life: one worker per folder, and what an earlier one left
+        // there (killed, its attempts' folders never removed) is removed now.
+        let _work_lock = lock_work_dir(&config.work_dir)?;
+        remove_left_sandboxes(&config.work_dir);
         let sandboxing = Sandboxing::find(&config)?;
         let objects = Arc::new(ObjectStore::open_capped(
             &config.work_dir.join("objects"),
@@ -1134,6 +1139,95 @@ pub fn run_worker(
 }
 
 /// Whether a process of this PID exists (signal 0 checks without sending anything).
+/// The default work folder of this process: `flotilla-worker-PID` in `tmp`.
+const DEFAULT_WORK_PREFIX: &str = "flotilla-worker-";
+
+/// Takes `.lock` in a worker's work folder exclusively (released when the process ends,
+/// however it ends), or says another worker uses the folder.
+fn lock_work_dir(dir: &Path) -> Result<std::fs::File> {
+    let at = dir.join(".lock");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&at)
+        .map_err(|e| ClusterError::io(&at, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(ClusterError::WorkDirInUse {
+            dir: dir.display().to_string(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(ClusterError::io(&at, e)),
+    }
+}
+
+/// Removes the attempt folders an earlier worker of this work folder left (it was killed
+/// with attempts running); said when there were some.
+fn remove_left_sandboxes(work: &Path) {
+    let dir = work.join("sandbox");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    let mut removed = 0usize;
+    for e in entries.flatten() {
+        let p = e.path();
+        let r = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
+        match r {
+            Ok(()) => removed += 1,
+            Err(err) => tracing::warn!("{}: {err}", p.display()),
+        }
+    }
+    if removed > 0 {
+        tracing::info!(
+            "removed {removed} attempt folder(s) an earlier worker left in {}",
+            dir.display()
+        );
+    }
+}
+
+/// Removes the default work folders (`flotilla-worker-PID` in `tmp`, owned by this user) of
+/// workers that are gone: killed, they never removed theirs (their object stores with them).
+/// A folder whose worker still holds its lock, or whose process lives, is kept. The ones
+/// removed.
+pub fn remove_gone_workers_folders(tmp: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt as _;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DEFAULT_WORK_PREFIX))
+            .and_then(|p| p.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        let path = e.path();
+        let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir() && m.uid() == me);
+        if !ours || pid == std::process::id() as libc::pid_t || process_alive(pid) {
+            continue;
+        }
+        // Its lock, when it has one, tells a worker alive in another PID namespace.
+        let held = match std::fs::File::open(path.join(".lock")) {
+            Ok(f) => f.try_lock().is_err(),
+            Err(_) => false,
+        };
+        if !held && std::fs::remove_dir_all(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
+}
+
 fn process_alive(pid: libc::pid_t) -> bool {
     // SAFETY: kill with signal 0 has no memory-safety preconditions and sends nothing.
     let rc = unsafe { libc::kill(pid, 0) };

@@ -251,9 +251,10 @@ pub(crate) struct WorkerArgs {
     /// A name (default: FLOTILLA_POD_NAME in a Kubernetes pod, else the hostname).
     #[arg(long)]
     name: Option<String>,
-    /// Work directory (logs, sandboxes, held outputs). Default: a new folder in the
-    /// temporary directory, flotilla-worker-PID, removed when the worker exits; a folder given
-    /// here is kept (unless --remove-work-dir).
+    /// Work directory (logs, sandboxes, held outputs), this worker's alone while it runs.
+    /// Default: a new folder in the temporary directory, flotilla-worker-PID, removed when
+    /// the worker exits (those of killed workers are removed when the next one starts); a
+    /// folder given here is kept (unless --remove-work-dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
     /// Remove the --work-dir folder when the worker exits, as the default one is (the
@@ -746,7 +747,25 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
     cfg.fault = flotilla::cluster::fault::Fault::from_env()?;
     cfg.wasm_max_time = flotilla::core::duration::parse_duration(&a.wasm_max_time)
         .with_context(|| format!("--wasm-max-time {}", a.wasm_max_time))?;
-    // The default folder is this process's own: it goes when the worker does.
+    // The default folder is this process's own: it goes when the worker does. Those of
+    // workers that were killed (they could not remove theirs) go now.
+    if a.work_dir.is_none() {
+        let tmp = cfg.work_dir.parent().map(Path::to_path_buf);
+        let gone = tmp.map_or_else(Vec::new, |t| {
+            flotilla::cluster::worker::remove_gone_workers_folders(&t)
+        });
+        if !gone.is_empty() {
+            eprintln!(
+                "flotilla worker {}: removed {} work folder(s) of workers that were killed ({})",
+                cfg.name,
+                gone.len(),
+                gone.iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
     let mut scratch = a.work_dir.is_none().then(|| cfg.work_dir.clone());
     if let Some(w) = a.work_dir {
         if a.remove_work_dir {
@@ -798,7 +817,12 @@ pub(crate) async fn worker(a: WorkerArgs) -> Result<()> {
         let _ = tx.send(true);
     });
     let ran = run_worker(cfg, rx).await;
-    if let Some(dir) = scratch {
+    // Another worker's folder is not this one's to remove.
+    let theirs = matches!(
+        ran,
+        Err(flotilla::cluster::ClusterError::WorkDirInUse { .. })
+    );
+    if let Some(dir) = scratch.filter(|_| !theirs) {
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             if e.kind() != std::io::ErrorKind::NotFound {
                 tracing::warn!("removing the work folder {}: {e}", dir.display());

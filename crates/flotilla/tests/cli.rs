@@ -376,7 +376,9 @@ fn a_failed_jobs_exit_status_survives_a_closed_pipe_and_its_summary_is_final() {
 
 /// A worker without `--work-dir` works in a folder of its own under the temporary
 /// directory, and removes it when it exits (SIGTERM), as it does when the coordinator
-/// refuses it at once.
+/// refuses it at once; the folders of workers that were killed go when the next one starts.
+/// A folder given is the worker's alone while it runs, and the attempt folders an earlier
+/// worker left there go when the next starts.
 #[test]
 fn a_workers_default_work_folder_goes_with_it() {
     let c = Cluster::start(0, 1);
@@ -390,8 +392,16 @@ fn a_workers_default_work_folder_goes_with_it() {
         cmd
     };
     let leftovers = || std::fs::read_dir(tmp.path()).unwrap().count();
+    // A killed worker's folder: its process is gone.
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead = gone.id();
+    gone.wait().unwrap();
+    let killed = tmp.path().join(format!("flotilla-worker-{dead}"));
+    std::fs::create_dir_all(killed.join("objects")).unwrap();
+    std::fs::write(killed.join("objects").join("x"), "left").unwrap();
     let (mut w, lines) = kit::spawn_logged(worker(&c.token), "scratch");
     c.wait_workers(1);
+    assert!(!killed.exists(), "a killed worker's folder is left");
     // It says on its terminal that it registered (tracing's info lines are off by default).
     let said = lines
         .iter()
@@ -422,12 +432,33 @@ fn a_workers_default_work_folder_goes_with_it() {
     assert_eq!(leftovers(), 0, "left behind by a refused worker");
     // A folder given is kept, unless --remove-work-dir (as `flotilla alloc`'s workers run).
     let given = tmp.path().join("given");
+    let left = given.join("sandbox").join("1-0-1");
+    std::fs::create_dir_all(&left).unwrap();
     let mut cmd = worker(&c.token);
     cmd.arg("--work-dir").arg(&given).arg("--remove-work-dir");
     let (mut w, _lines) = kit::spawn_logged(cmd, "given");
-    kit::wait_until("the worker's folder", Duration::from_secs(120), || {
-        given.exists().then_some(())
-    });
+    kit::wait_until(
+        "the attempt folder left there to go",
+        Duration::from_secs(120),
+        || (!left.exists()).then_some(()),
+    );
+    // A second worker on the same folder is refused, naming it.
+    let mut second = worker(&c.token);
+    second
+        .arg("--work-dir")
+        .arg(&given)
+        .arg("--remove-work-dir");
+    let out = second.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("another worker uses this work folder"),
+        "{err}"
+    );
+    assert!(
+        given.join(".lock").exists(),
+        "the refused worker removed the folder"
+    );
     w.signal(libc::SIGTERM);
     kit::wait_until("the worker to exit", Duration::from_secs(120), || {
         w.exited().then_some(())

@@ -2183,6 +2183,7 @@ impl Core {
     ) {
         if self.senders.remove(&worker).is_some() {
             self.last_seen.remove(&worker);
+            tracing::warn!(%worker, "worker's session closed: declared lost (its attempts are placed again)");
             let ev = Event::WorkerLost {
                 worker,
                 reason: LEFT.into(),

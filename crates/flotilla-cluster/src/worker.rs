@@ -495,6 +495,14 @@ impl Sandboxing {
                         .and_then(|pid| pid.parse::<libc::pid_t>().ok())
                         .is_some_and(|pid| !process_alive(pid))
             });
+            // Those of killed workers of other names: removed where no process is left.
+            flotilla_exec::remove_empty_stale_cgroups(&base, |folder| {
+                folder
+                    .strip_prefix("worker-")
+                    .and_then(|rest| rest.rsplit_once('.'))
+                    .and_then(|(_, pid)| pid.parse::<libc::pid_t>().ok())
+                    .is_some_and(|pid| !process_alive(pid))
+            });
             base.join(format!("{own}.{}", std::process::id()))
         });
         if cgroups.is_none() {
@@ -962,10 +970,13 @@ pub fn run_worker(
         std::fs::create_dir_all(&config.work_dir)
             .map_err(|e| ClusterError::io(&config.work_dir, e))?;
         // Held for the worker's life: one worker per folder, and what an earlier one left
-        // there (killed, its attempts' folders never removed) is removed now.
-        let _work_lock = lock_work_dir(&config.work_dir)?;
-        remove_left_sandboxes(&config.work_dir);
+        // there (killed, its attempts' folders never removed) is removed once its cgroups
+        // (and the processes left in them) are (`Sandboxing::find`).
+        let work_lock = lock_work_dir(&config.work_dir)?;
         let sandboxing = Sandboxing::find(&config)?;
+        if work_lock.is_some() {
+            remove_left_sandboxes(&config.work_dir);
+        }
         let objects = Arc::new(ObjectStore::open_capped(
             &config.work_dir.join("objects"),
             config
@@ -1143,8 +1154,11 @@ pub fn run_worker(
 const DEFAULT_WORK_PREFIX: &str = "flotilla-worker-";
 
 /// Takes `.lock` in a worker's work folder exclusively (released when the process ends,
-/// however it ends), or says another worker uses the folder.
-fn lock_work_dir(dir: &Path) -> Result<std::fs::File> {
+/// however it ends), or says another worker uses the folder; then writes who holds it
+/// (`owner`: host and boot, read by [`remove_gone_workers_folders`]). `None` where the
+/// file system has no locks (a shared one mounted without them): said, and the worker
+/// goes on unguarded (nothing is removed from its folder at start).
+fn lock_work_dir(dir: &Path) -> Result<Option<std::fs::File>> {
     let at = dir.join(".lock");
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -1154,12 +1168,30 @@ fn lock_work_dir(dir: &Path) -> Result<std::fs::File> {
         .open(&at)
         .map_err(|e| ClusterError::io(&at, e))?;
     match file.try_lock() {
-        Ok(()) => Ok(file),
+        Ok(()) => {
+            let _ = std::fs::write(dir.join("owner"), this_boot());
+            Ok(Some(file))
+        }
         Err(std::fs::TryLockError::WouldBlock) => Err(ClusterError::WorkDirInUse {
             dir: dir.display().to_string(),
         }),
-        Err(std::fs::TryLockError::Error(e)) => Err(ClusterError::io(&at, e)),
+        Err(std::fs::TryLockError::Error(e)) => {
+            tracing::warn!(
+                "{}: {e}: this file system takes no locks; nothing keeps another worker out of \
+                 this work folder",
+                at.display()
+            );
+            Ok(None)
+        }
     }
+}
+
+/// This machine's name and boot: a worker's process id means something only on the host,
+/// and in the boot, where it was taken.
+fn this_boot() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{} {}", host.trim(), boot.trim())
 }
 
 /// Removes the attempt folders an earlier worker of this work folder left (it was killed
@@ -1192,8 +1224,9 @@ fn remove_left_sandboxes(work: &Path) {
 
 /// Removes the default work folders (`flotilla-worker-PID` in `tmp`, owned by this user) of
 /// workers that are gone: killed, they never removed theirs (their object stores with them).
-/// A folder whose worker still holds its lock, or whose process lives, is kept. The ones
-/// removed.
+/// Only a folder whose `owner` names this host and boot (a temporary folder shared by hosts
+/// holds others'), whose process is not alive and whose lock nobody holds; one without an
+/// owner (an older version's, or a worker still starting) is kept. The ones removed.
 pub fn remove_gone_workers_folders(tmp: &Path) -> Vec<PathBuf> {
     use std::os::unix::fs::MetadataExt as _;
     // SAFETY: geteuid has no preconditions.
@@ -1214,6 +1247,10 @@ pub fn remove_gone_workers_folders(tmp: &Path) -> Vec<PathBuf> {
         let path = e.path();
         let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir() && m.uid() == me);
         if !ours || pid == std::process::id() as libc::pid_t || process_alive(pid) {
+            continue;
+        }
+        let here = std::fs::read_to_string(path.join("owner")).is_ok_and(|o| o == this_boot());
+        if !here {
             continue;
         }
         // Its lock, when it has one, tells a worker alive in another PID namespace.
@@ -1937,10 +1974,11 @@ fn execute(
             );
             // Said, as "no retries left" is of an exit code: the task ran to its end, and
             // would again without writing what it declares.
-            let message = if retryable {
-                e.to_string()
-            } else {
+            let missing = matches!(&e, ClusterError::Rpc(m) if m.contains("declared output"));
+            let message = if missing {
                 format!("{e} (not retried: the task ran to its end without it)")
+            } else {
+                e.to_string()
             };
             end(AttemptOutcome::Failed { retryable, message })
         }

@@ -184,6 +184,36 @@ pub fn cleanup_stale_cgroups(parent: &Path, stale: impl Fn(&str) -> bool) {
     }
 }
 
+/// Removes the cgroup folders directly under `parent` (relative) whose names `stale`
+/// accepts, with the cgroups under them, where no process is left in them: killing nothing
+/// (what workers of other names left when they were killed; the kernel refuses to remove a
+/// cgroup that holds a process, so one of a live worker, seen as gone from another PID
+/// namespace, stays).
+pub fn remove_empty_stale_cgroups(parent: &Path, stale: impl Fn(&str) -> bool) {
+    fn rmdir_tree(dir: &Path) {
+        if let Ok(entries) = fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    rmdir_tree(&e.path());
+                }
+            }
+        }
+        let _ = fs::remove_dir(dir);
+    }
+    for root in roots_of(parent) {
+        let Ok(entries) = fs::read_dir(&root) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let stale_one = e.file_type().is_ok_and(|t| t.is_dir())
+                && e.file_name().to_str().is_some_and(&stale);
+            if stale_one {
+                rmdir_tree(&e.path());
+            }
+        }
+    }
+}
+
 /// Kills every process in the cgroups under `parent` (relative), removes them, then `parent`
 /// itself where it is empty.
 pub fn remove_cgroup_tree(parent: &Path) {

@@ -48,7 +48,8 @@ mod wasm_spec;
 pub use cancel::CancelHandle;
 pub use cgroup::{
     cgroup_available, cleanup_cgroups, cleanup_stale_cgroups, drain_cgroup_pool, hierarchy,
-    is_cgroup2, remove_cgroup_tree, CgroupSpec, Controller, Hierarchy, CGROUP_ROOT,
+    is_cgroup2, remove_cgroup_tree, remove_empty_stale_cgroups, CgroupSpec, Controller, Hierarchy,
+    CGROUP_ROOT,
 };
 pub use error::{Error, Result};
 pub use guard::{guard_main, Guard, GUARD_VAR};

@@ -1319,6 +1319,14 @@ fn print_summary(
             }
         }
     }
+    let failed = status.counts.failed;
+    if failed > 10 {
+        outln!(
+            "  … and {} more failed: `flotilla status {} --state failed` lists them all",
+            failed - 10,
+            status.id.0
+        );
+    }
     // Tasks that had failed too, cancelled while they waited to retry: fixing the first
     // failure alone would not do.
     let also: Vec<&str> = status
@@ -1871,7 +1879,11 @@ fn print_tasks(s: &JobStatus) -> Result<()> {
 
 /// `--state failed`: a task state as the status documents write it.
 fn task_state(s: &str) -> std::result::Result<TaskState, String> {
-    s.trim().parse()
+    let s = s.trim().to_ascii_lowercase();
+    s.parse().map_err(|e| match s.as_str() {
+        "succeeded" | "success" => format!("{e} (a task that succeeded is done)"),
+        _ => e,
+    })
 }
 
 pub(crate) async fn status(a: StatusArgs) -> Result<()> {
@@ -2184,7 +2196,10 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
                     loop {
                         match s.message().await {
                             Ok(Some(c)) => {
-                                if a.attempt.is_some_and(|n| c.attempt != n && c.attempt != 0) {
+                                // (Coordinators before attempts were named send 0 with the data.)
+                                if a.attempt.is_some_and(|n| {
+                                    c.attempt != n && (c.attempt != 0 || !c.data.is_empty())
+                                }) {
                                     break Err(flotilla::cluster::ClusterError::Rpc(
                                         "the coordinator runs an older flotilla, which gives \
                                          only the latest attempt's output (it sent attempt \

@@ -399,9 +399,29 @@ fn a_workers_default_work_folder_goes_with_it() {
     let killed = tmp.path().join(format!("flotilla-worker-{dead}"));
     std::fs::create_dir_all(killed.join("objects")).unwrap();
     std::fs::write(killed.join("objects").join("x"), "left").unwrap();
+    // Its owner: this host and boot (a folder of another host's is kept).
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let here = format!(
+        "{} {}",
+        read("/proc/sys/kernel/hostname"),
+        read("/proc/sys/kernel/random/boot_id")
+    );
+    std::fs::write(killed.join("owner"), &here).unwrap();
+    let elsewhere = tmp
+        .path()
+        .join(format!("flotilla-worker-{}", dead + 1_000_000));
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("owner"), "another-host 0").unwrap();
     let (mut w, lines) = kit::spawn_logged(worker(&c.token), "scratch");
     c.wait_workers(1);
     assert!(!killed.exists(), "a killed worker's folder is left");
+    assert!(elsewhere.exists(), "another host's folder was removed");
+    std::fs::remove_dir_all(&elsewhere).unwrap();
     // It says on its terminal that it registered (tracing's info lines are off by default).
     let said = lines
         .iter()

@@ -866,7 +866,7 @@ cmd = ["sh", "-c", "i=0; while [ $i -lt 500 ]; do echo 0123456789; i=$((i+1)); d
     assert!(shown.starts_with("0123456789\n0123456789\n"), "{shown}");
     assert!(
         shown.contains(
-            "[flotilla: output over 750 bytes: the rest is dropped but for its last 250 bytes"
+            "[flotilla: output over the cap of 1000 bytes (--max-log-bytes): its first 750 are above; the rest is dropped but for its last 250 bytes"
         ),
         "{shown}"
     );

@@ -445,7 +445,9 @@ async fn watch_features(
         let all = asked.iter().fold(network::FEATURES, |all, r| match r {
             Ok(f) => all & f,
             Err(network::NoAnswer::Older) => 0,
-            Err(network::NoAnswer::Unreachable(_)) => all & !network::FEATURE_JOB_RETRIED,
+            Err(network::NoAnswer::Unreachable(_)) => {
+                all & !network::FEATURE_JOB_RETRIED & !network::FEATURE_PLACEHOLDER_ESCAPES
+            }
         });
         // From the first round on, known (before it no bit is set: none is taken as read).
         let before = features.swap(all | FEATURES_KNOWN, std::sync::atomic::Ordering::AcqRel);
@@ -1165,6 +1167,20 @@ impl Node {
         } else {
             None
         }
+    }
+
+    /// Why the leader may not take a job file with `${i}` or `{{i}}` now, if so: a member
+    /// answers as an older version, which expands them otherwise, or does not answer.
+    pub fn placeholder_refusal(&self) -> Option<&'static str> {
+        let f = self.features.load(std::sync::atomic::Ordering::Acquire);
+        if f & FEATURES_KNOWN != 0 && f & network::FEATURE_PLACEHOLDER_ESCAPES != 0 {
+            return None;
+        }
+        Some(
+            "`${i}` and `{{i}}` are kept as written only by the newer coordinators, and a \
+             coordinator of the group runs an older flotilla (or does not answer, or has not \
+             been asked yet), which would expand them otherwise: upgrade every member first",
+        )
     }
 
     /// The group as this node sees it.

@@ -64,11 +64,14 @@ enum Reply {
 }
 
 /// What this version reads in the group's log that earlier ones did not, a bit each.
-pub(super) const FEATURES: u32 = FEATURE_JOURNAL_CLOCK | FEATURE_JOB_RETRIED;
+pub(super) const FEATURES: u32 =
+    FEATURE_JOURNAL_CLOCK | FEATURE_JOB_RETRIED | FEATURE_PLACEHOLDER_ESCAPES;
 /// It reads [`JournalRecord::Clock`](crate::state::JournalRecord::Clock).
 pub(super) const FEATURE_JOURNAL_CLOCK: u32 = 1;
 /// It reads [`JournalRecord::JobRetried`](crate::state::JournalRecord::JobRetried).
 pub(super) const FEATURE_JOB_RETRIED: u32 = 2;
+/// It expands a job file's `${i}` and `{{i}}` as written (older versions replace them).
+pub(super) const FEATURE_PLACEHOLDER_ESCAPES: u32 = 4;
 
 /// A client of the group port at `addr` (TLS when `ca` is given, verifying against it).
 async fn connect(addr: &str, ca: Option<&[u8]>) -> Result<GroupClient<Channel>, String> {

@@ -1023,6 +1023,10 @@ impl Core {
                 }
                 self.apply(req, &mut cmds, &mut records, &mut after);
             }
+            if stop && !self.log_tails.is_empty() {
+                // What was kept of outputs' ends is written before the coordinator goes.
+                self.flush_log_tails(|_, _| true);
+            }
             self.settle_handoffs(&mut cmds, &mut records);
             for w in std::mem::take(&mut self.overflowed) {
                 self.last_seen.remove(&w);
@@ -2183,7 +2187,7 @@ impl Core {
     ) {
         if self.senders.remove(&worker).is_some() {
             self.last_seen.remove(&worker);
-            tracing::warn!(%worker, "worker's session closed: declared lost (its attempts are placed again)");
+            tracing::info!(%worker, "worker left");
             let ev = Event::WorkerLost {
                 worker,
                 reason: LEFT.into(),
@@ -2200,6 +2204,7 @@ impl Core {
     ) {
         if self.senders.remove(&worker).is_some() {
             self.last_seen.remove(&worker);
+            tracing::warn!(%worker, "worker's session closed: declared lost (its attempts are placed again)");
             let ev = Event::WorkerLost {
                 worker,
                 reason: "its session closed".into(),
@@ -2275,6 +2280,11 @@ impl Core {
             .or_insert_with(|| (worker, super::logcap::Tail::new(cap)))
             .1
             .push(rest);
+        // An attempt whose finish came first (re-sent on a reconnect, before the output
+        // that waited with it): nothing more comes, its end is written now.
+        if !self.coord.in_flight(task, attempt) {
+            self.flush_log_tails(|k, _| *k == key);
+        }
     }
 
     /// Appends `data` to the log at `path` (and, in a group, to the other nodes' copies).

@@ -23,8 +23,9 @@ pub(super) fn split(have: u64, cap: u64, data: &[u8]) -> (Cow<'_, [u8]>, &[u8]) 
     let head = cap - tail_room(cap);
     let note = || {
         format!(
-            "\n[flotilla: output over {head} bytes: the rest is dropped but for its last {} \
-             bytes, written here when the attempt ends]\n",
+            "\n[flotilla: output over the cap of {cap} bytes (--max-log-bytes): its first {head} \
+             are above; the rest is dropped but for its last {} bytes, written below when the \
+             attempt ends]\n",
             tail_room(cap)
         )
         .into_bytes()
@@ -130,7 +131,10 @@ mod tests {
             kept.starts_with("line 00\nline 01\nline 02\nline 0"),
             "{kept}"
         );
-        assert!(kept.contains("[flotilla: output over 30 bytes"), "{kept}");
+        assert!(
+            kept.contains("[flotilla: output over the cap of 40 bytes (--max-log-bytes): its first 30 are above"),
+            "{kept}"
+        );
         assert!(
             kept.contains("bytes dropped here; the last 10 follow]\n"),
             "{kept}"
@@ -148,7 +152,7 @@ mod tests {
         // cap 8: a head of 6.
         let kept = keep(8, &[b"123456", b"7", b"89"]);
         assert!(
-            kept.starts_with("123456\n[flotilla: output over 6 bytes"),
+            kept.starts_with("123456\n[flotilla: output over the cap of 8 bytes"),
             "{kept}"
         );
         assert!(

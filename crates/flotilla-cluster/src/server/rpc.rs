@@ -257,6 +257,20 @@ impl CoordinatorRpc for Api {
             ));
         }
         let request_id = (!r.request_id.is_empty()).then(|| r.request_id.clone());
+        // `${i}` and `{{i}}` read otherwise by older versions (replaced, or refused outside
+        // arrays): a group takes such a job only while every member reads them as written.
+        let escapes = r.toml.contains("${i}") || r.toml.contains("{{i}}");
+        if let Some(why) = self
+            .group
+            .as_ref()
+            .filter(|_| escapes)
+            .and_then(|g| g.placeholder_refusal())
+        {
+            return Err(Status::failed_precondition(format!(
+                "{}: {why}",
+                r.file_name
+            )));
+        }
         // Parsing a large job and hashing uploads into the store are CPU and disk work:
         // off the async threads.
         let store = self.store.clone();

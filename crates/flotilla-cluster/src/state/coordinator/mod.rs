@@ -404,6 +404,17 @@ impl Coordinator {
         }
     }
 
+    /// Whether attempt `attempt` of `task` is its current one, still assigned or running.
+    pub fn in_flight(&self, task: TaskRef, attempt: u32) -> bool {
+        self.jobs
+            .get(&task.job)
+            .and_then(|j| j.tasks.get(task.task.index()))
+            .is_some_and(|rt| {
+                rt.attempt == attempt
+                    && matches!(rt.state, TaskState::Assigned | TaskState::Running)
+            })
+    }
+
     /// Whether attempt `attempt` of `task` is the task's current one and was given to
     /// `worker`: what that worker may send about it (its output included).
     pub fn gave(&self, worker: WorkerId, task: TaskRef, attempt: u32) -> bool {
@@ -813,11 +824,15 @@ impl Coordinator {
                     TaskState::Backoff => {
                         // It had failed too: said, or a sweep fixed for its first failure
                         // fails again on this one.
-                        let before = j.tasks[i]
+                        let mut before = j.tasks[i]
                             .ext
                             .as_ref()
                             .and_then(|e| e.message.clone())
                             .unwrap_or_default();
+                        // The retry it waited for will not come.
+                        if let Some(at) = before.rfind(" (retry ") {
+                            before.truncate(at);
+                        }
                         let m = format!("{message}; {}{before}", super::FAILED_BEFORE_END);
                         j.set_state(t, TaskState::Cancelled, Some(m), out);
                     }
@@ -838,6 +853,9 @@ impl Coordinator {
                                 // started: cancelled now, with the reason (the worker's
                                 // answer finds it ended, and only frees its slot).
                                 if st == TaskState::Assigned && j.tasks[i].unmet > 0 {
+                                    // Never started: no worker ran it (its attempt number
+                                    // stays, for the worker's answer to the cancel).
+                                    j.tasks[i].worker = None;
                                     j.set_state(
                                         t,
                                         TaskState::Cancelled,

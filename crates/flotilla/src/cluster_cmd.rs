@@ -1844,10 +1844,25 @@ fn print_tasks(s: &JobStatus) -> Result<()> {
         let (flag, said) = (names.join(","), names.join(" or "));
         let n = s.tasks.len();
         let tasks = if n == 1 { "task" } else { "tasks" };
+        let c = &s.counts;
+        let all: u64 = s
+            .tasks_in
+            .iter()
+            .map(|t| match t {
+                TaskState::Waiting => c.waiting,
+                TaskState::Ready => c.ready,
+                TaskState::Assigned => c.assigned,
+                TaskState::Running => c.running,
+                TaskState::Done => c.done,
+                TaskState::Failed => c.failed,
+                TaskState::Cancelled => c.cancelled,
+                TaskState::Backoff => c.backoff,
+            })
+            .sum();
         match s.tasks_next {
             Some(next) => outln!(
-                "\n{n} {tasks} listed ({said}); the next page: flotilla status {} --state \
-                 {flag} --tasks-from {next} (--tasks-limit N for more at once)",
+                "\n{n} {tasks} listed ({said}, of {all}); the next page: flotilla status {} \
+                 --state {flag} --tasks-from {next} (--tasks-limit N for more at once)",
                 s.id.0
             ),
             None => outln!(
@@ -2207,7 +2222,13 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
                                             .replace("{}", &c.attempt.to_string()),
                                     ));
                                 }
+                                let before = resume.printed;
                                 let new = resume.unprinted(c.attempt, &c.data);
+                                if !new.is_empty() && before.1 > 0 && before.0 != c.attempt {
+                                    // Followed on to a retry: said between the two (on
+                                    // stderr: stdout holds the task's own output).
+                                    eprintln!("[flotilla: {} attempt {}]", a.task, c.attempt);
+                                }
                                 if !new.is_empty() {
                                     let mut out = std::io::stdout().lock();
                                     out.write_all(new)?;

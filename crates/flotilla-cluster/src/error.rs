@@ -19,6 +19,9 @@ pub enum ClusterError {
     /// Bad configuration or arguments.
     #[error("{0}")]
     Config(String),
+    /// A task ended without writing a file it declares (`outputs`), or wrote a folder there.
+    #[error("{0}")]
+    MissingOutput(String),
     /// Another worker holds this work folder.
     #[error("{dir}: another worker uses this work folder; give each worker its own (--work-dir)")]
     WorkDirInUse {

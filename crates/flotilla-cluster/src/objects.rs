@@ -710,14 +710,14 @@ pub(crate) fn collect_outputs(
         };
         if matches.is_empty() {
             if full.is_dir() {
-                return Err(ClusterError::Rpc(format!(
+                return Err(ClusterError::MissingOutput(format!(
                     "declared output {pat:?} is a folder, not a file (in {}): declare the \
                      files in it, e.g. \"{}/*\"",
                     root.display(),
                     pat.trim_end_matches('/')
                 )));
             }
-            return Err(ClusterError::Rpc(format!(
+            return Err(ClusterError::MissingOutput(format!(
                 "missing declared output {pat:?} (looked in {})",
                 root.display()
             )));

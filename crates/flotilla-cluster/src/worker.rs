@@ -1234,6 +1234,7 @@ pub fn remove_gone_workers_folders(tmp: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(tmp) else {
         return Vec::new();
     };
+    let boot = this_boot();
     let mut removed = Vec::new();
     for e in entries.flatten() {
         let name = e.file_name();
@@ -1249,7 +1250,7 @@ pub fn remove_gone_workers_folders(tmp: &Path) -> Vec<PathBuf> {
         if !ours || pid == std::process::id() as libc::pid_t || process_alive(pid) {
             continue;
         }
-        let here = std::fs::read_to_string(path.join("owner")).is_ok_and(|o| o == this_boot());
+        let here = std::fs::read_to_string(path.join("owner")).is_ok_and(|o| o == boot);
         if !here {
             continue;
         }
@@ -1974,8 +1975,7 @@ fn execute(
             );
             // Said, as "no retries left" is of an exit code: the task ran to its end, and
             // would again without writing what it declares.
-            let missing = matches!(&e, ClusterError::Rpc(m) if m.contains("declared output"));
-            let message = if missing {
+            let message = if matches!(e, ClusterError::MissingOutput(_)) {
                 format!("{e} (not retried: the task ran to its end without it)")
             } else {
                 e.to_string()

@@ -852,7 +852,7 @@ async fn watch_never_fits(
             continue;
         }
         let j = s.jobs.iter().find(|j| j.id == job)?;
-        if j.state != flotilla_cluster::state::JobState::Running {
+        if j.state != JobState::Running {
             return None;
         }
         if let Some(why) = &j.never_fits {
@@ -1144,10 +1144,7 @@ async fn settled(client: &mut Client, job: JobId) -> Result<JobStatus> {
             Err(e) => return Err(e.into()),
         };
         let stopping = s.counts.running + s.counts.assigned > 0;
-        if s.state == flotilla_cluster::state::JobState::Running
-            || !stopping
-            || Instant::now() >= until
-        {
+        if s.state == JobState::Running || !stopping || Instant::now() >= until {
             return Ok(s);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1169,9 +1166,8 @@ fn shown_state(
     counts: &flotilla_cluster::state::TaskCounts,
     waiting: Option<&str>,
 ) -> String {
-    let held = state == flotilla_cluster::state::JobState::Running
-        && waiting.is_some()
-        && counts.assigned + counts.running == 0;
+    let held =
+        state == JobState::Running && waiting.is_some() && counts.assigned + counts.running == 0;
     if held {
         "waiting".to_string()
     } else {
@@ -1197,7 +1193,7 @@ fn print_summary(
     if let Ok(serde_json::Value::Object(c)) = serde_json::to_value(&status.counts) {
         // A job that ended while some of its tasks ran: they are being stopped (they end
         // cancelled once their workers have), not running on.
-        let ended = status.state != flotilla_cluster::state::JobState::Running;
+        let ended = status.state != JobState::Running;
         let parts: Vec<String> = c
             .iter()
             .filter(|(_, v)| v.as_u64().is_some_and(|n| n > 0))
@@ -1513,11 +1509,11 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     let unfinished = leftover
         .jobs
         .iter()
-        .filter(|j| j.state == flotilla_cluster::state::JobState::Running);
+        .filter(|j| j.state == JobState::Running);
     // The newest of this name whose job folder is this file's (a --state shared by jobs of
-    // several folders holds others).
-    // Of a job submitted by a run, which file it came from (another file of the same name
-    // in the folder is another job) and whether that file changed since.
+    // several folders holds others) and, for a job a run of this version submitted, whose
+    // file is this one (another file of the same name in the folder is another job); and
+    // whether that file changed since.
     let this_file = RunSource::of(&job_path)?;
     let mut resumed = None;
     let mut edited = None;
@@ -1554,7 +1550,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         Some(false) => "",
         None => " (edits to the job file since are not taken: run without --resume for them)",
     };
-    if let Some(j) = resumed.filter(|j| j.state == flotilla_cluster::state::JobState::Succeeded) {
+    if let Some(j) = resumed.filter(|j| j.state == JobState::Succeeded) {
         eprintln!(
             "--resume: job {} ({}) in {} succeeded already, all {} tasks done: nothing to \
              run{}",
@@ -1588,7 +1584,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         );
     }
     // One that ended failed or cancelled: its failed and cancelled tasks run again.
-    if let Some(j) = resumed.filter(|j| j.state != flotilla_cluster::state::JobState::Running) {
+    if let Some(j) = resumed.filter(|j| j.state != JobState::Running) {
         let again = match client.retry(j.id).await {
             Ok(n) => n,
             Err(e) => {
@@ -1844,21 +1840,7 @@ fn print_tasks(s: &JobStatus) -> Result<()> {
         let (flag, said) = (names.join(","), names.join(" or "));
         let n = s.tasks.len();
         let tasks = if n == 1 { "task" } else { "tasks" };
-        let c = &s.counts;
-        let all: u64 = s
-            .tasks_in
-            .iter()
-            .map(|t| match t {
-                TaskState::Waiting => c.waiting,
-                TaskState::Ready => c.ready,
-                TaskState::Assigned => c.assigned,
-                TaskState::Running => c.running,
-                TaskState::Done => c.done,
-                TaskState::Failed => c.failed,
-                TaskState::Cancelled => c.cancelled,
-                TaskState::Backoff => c.backoff,
-            })
-            .sum();
+        let all: u64 = s.tasks_in.iter().map(|t| s.counts.get(*t)).sum();
         match s.tasks_next {
             Some(next) => outln!(
                 "\n{n} {tasks} listed ({said}, of {all}); the next page: flotilla status {} \
@@ -2215,12 +2197,12 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
                                 if a.attempt.is_some_and(|n| {
                                     c.attempt != n && (c.attempt != 0 || !c.data.is_empty())
                                 }) {
-                                    break Err(flotilla::cluster::ClusterError::Rpc(
+                                    break Err(flotilla::cluster::ClusterError::Rpc(format!(
                                         "the coordinator runs an older flotilla, which gives \
                                          only the latest attempt's output (it sent attempt \
-                                         {}): drop --attempt"
-                                            .replace("{}", &c.attempt.to_string()),
-                                    ));
+                                         {}): drop --attempt",
+                                        c.attempt
+                                    )));
                                 }
                                 let before = resume.printed;
                                 let new = resume.unprinted(c.attempt, &c.data);
@@ -2264,7 +2246,7 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
                 .job_status_range(JobId::new(a.job), 0, Some(0))
                 .await
                 .ok()
-                .filter(|s| s.state != flotilla_cluster::state::JobState::Running);
+                .filter(|s| s.state != JobState::Running);
             match ended {
                 Some(s) => eprintln!(
                     "({} never ran: job {} ended ({}) before it started)",

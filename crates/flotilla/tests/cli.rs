@@ -595,14 +595,17 @@ fn run_warns_as_a_dry_run_does() {
          [[task]]\nid = \"sum\"\ncmd = [\"sh\", \"-c\", \"cat part*.txt > sum.txt\"]\ninputs = [\"part*.txt\"]\noutputs = [\"sum.txt\"]\n",
     )
     .unwrap();
-    let (_, _, err) = flotilla(&[
-        "run",
-        "--cpus",
-        "1",
-        "--gpus",
-        "none",
-        file.to_str().unwrap(),
-    ]);
+    let run = || {
+        flotilla(&[
+            "run",
+            "--cpus",
+            "1",
+            "--gpus",
+            "none",
+            file.to_str().unwrap(),
+        ])
+    };
+    let (_, _, err) = run();
     assert!(
         err.contains("warning: task \"sum\": input pattern \"part*.txt\" matches \"part0.txt\", an output of task \"make[0]\", which does not run before it"),
         "{err}"
@@ -628,14 +631,7 @@ fn run_warns_as_a_dry_run_does() {
     let said = "warning: task \"sim\": \"{index}\" in its cmd is passed as written (only \"{i}\" is replaced); did you mean \"{i}\"";
     let (ok, _, err) = flotilla(&["run", "--dry-run", file.to_str().unwrap()]);
     assert!(ok && err.contains(said), "{err}");
-    let (ok, _, err) = flotilla(&[
-        "run",
-        "--cpus",
-        "1",
-        "--gpus",
-        "none",
-        file.to_str().unwrap(),
-    ]);
+    let (ok, _, err) = run();
     assert!(ok && err.matches(said).count() == 1, "{err}");
     let written = std::fs::read_to_string(dir.path().join("out1.txt")).unwrap();
     assert_eq!(written.trim(), "{index}");

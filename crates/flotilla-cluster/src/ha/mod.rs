@@ -1151,36 +1151,42 @@ impl Node {
     /// [`JournalRecord::JobRetried`](crate::state::JournalRecord::JobRetried)) now, if so: a
     /// member answers as an older version or does not answer, or the members have not been
     /// asked yet (see [`watch_features`]).
-    pub fn retry_refusal(&self) -> Option<&'static str> {
+    pub fn retry_refusal(&self) -> Option<String> {
+        self.lacks(
+            network::FEATURE_JOB_RETRIED,
+            "cannot read a retry in the group's log",
+        )
+    }
+
+    /// Why the leader may not take a job file with `${i}` or `{{i}}` now, if so: as for
+    /// [`Node::retry_refusal`] (an older version expands them otherwise).
+    pub fn placeholder_refusal(&self) -> Option<String> {
+        self.lacks(
+            network::FEATURE_PLACEHOLDER_ESCAPES,
+            "would expand `${i}` and `{{i}}` otherwise (only newer versions keep them as \
+             written)",
+        )
+    }
+
+    /// What stops the group from taking what needs feature `bit` of every member, if it is
+    /// not known that every member has it: `older` says what an older version would do.
+    fn lacks(&self, bit: u32, older: &str) -> Option<String> {
         let f = self.features.load(std::sync::atomic::Ordering::Acquire);
         if f & FEATURES_KNOWN == 0 {
             Some(
                 "this coordinator has not yet asked the group's other members what they read \
-                 in the group's log: try again in a moment",
+                 in the group's log: try again in a moment"
+                    .into(),
             )
-        } else if f & network::FEATURE_JOB_RETRIED == 0 {
-            Some(
-                "a coordinator of the group runs an older flotilla, which cannot read a retry \
-                 in the group's log, or does not answer (it could come back as one): upgrade \
-                 or restart every member first (`flotilla status` lists them)",
-            )
+        } else if f & bit == 0 {
+            Some(format!(
+                "a coordinator of the group runs an older flotilla, which {older}, or does not \
+                 answer (it could come back as one): upgrade or restart every member first \
+                 (`flotilla status` lists them)"
+            ))
         } else {
             None
         }
-    }
-
-    /// Why the leader may not take a job file with `${i}` or `{{i}}` now, if so: a member
-    /// answers as an older version, which expands them otherwise, or does not answer.
-    pub fn placeholder_refusal(&self) -> Option<&'static str> {
-        let f = self.features.load(std::sync::atomic::Ordering::Acquire);
-        if f & FEATURES_KNOWN != 0 && f & network::FEATURE_PLACEHOLDER_ESCAPES != 0 {
-            return None;
-        }
-        Some(
-            "`${i}` and `{{i}}` are kept as written only by the newer coordinators, and a \
-             coordinator of the group runs an older flotilla (or does not answer, or has not \
-             been asked yet), which would expand them otherwise: upgrade every member first",
-        )
     }
 
     /// The group as this node sees it.

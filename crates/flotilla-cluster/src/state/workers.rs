@@ -1,7 +1,8 @@
 //! The live workers, with indexes kept as they change, so that what the coordinator asks of
 //! them on every event costs O(log workers) instead of a walk over all of them: where a
 //! plain task fits (most free CPUs first, shortest queue first), whether anything is free at
-//! all, the cluster's capacity, the idle workers and the longest queues (work stealing).
+//! all, the cluster's capacity, the idle workers, the workers with room and the longest
+//! queues (work stealing).
 //!
 //! Reads go through `Deref` to the map. Every way to change a worker (`get_mut`, `insert`,
 //! `remove`) marks it, and [`Workers::refresh`] indexes the marked ones again; a reader of
@@ -32,6 +33,9 @@ struct Key {
     idle: bool,
     /// Queued attempts an idle worker may take (not started, no cancel or retraction sent).
     stealable: usize,
+    /// Busy in part, with CPUs free, nothing queued and nothing incoming: it may take
+    /// queued attempts that fit its free resources now.
+    room: bool,
 }
 
 impl Key {
@@ -39,12 +43,13 @@ impl Key {
         // Never negative, and never -0.0 (whose bits would sort before every other amount).
         let d = w.cap().cpus - w.used().cpus;
         let free = if d > 0.0 { d } else { 0.0 };
+        let idle = w.is_idle() && w.incoming == 0;
         Key {
             available: !w.unavailable,
             free: free.to_bits(),
             gpus: w.cap().gpus > 0.0,
             queued: w.queue.len(),
-            idle: w.is_idle() && w.incoming == 0,
+            idle,
             stealable: w
                 .queue
                 .values()
@@ -54,6 +59,7 @@ impl Key {
                         .is_some_and(|s| s.thief.is_none() && !s.cancel_sent && !s.started)
                 })
                 .count(),
+            room: !w.is_idle() && w.incoming == 0 && w.queue.is_empty() && free > 1e-6,
         }
     }
 }
@@ -79,6 +85,8 @@ pub(crate) struct Workers {
     stealable_total: usize,
     /// Available idle workers.
     idle: BTreeSet<WorkerId>,
+    /// Available workers with room ([`Key::room`]), most free CPUs first, then lowest id.
+    roomy: BTreeSet<(Reverse<u64>, WorkerId)>,
     /// Every worker's capacity summed: CPUs, GPUs.
     total: (f64, f64),
 }
@@ -164,6 +172,9 @@ impl Workers {
         if k.idle {
             self.idle.insert(id);
         }
+        if k.room {
+            self.roomy.insert((Reverse(k.free), id));
+        }
     }
 
     fn unindex(&mut self, id: WorkerId, k: Key) {
@@ -175,6 +186,7 @@ impl Workers {
         self.gpu_by_free.remove(&(Reverse(k.free), id));
         self.by_queue.remove(&(k.queued, id));
         self.idle.remove(&id);
+        self.roomy.remove(&(Reverse(k.free), id));
     }
 
     /// Every worker's capacity summed: (CPUs, GPUs).
@@ -231,6 +243,13 @@ impl Workers {
         self.idle.iter().copied().collect()
     }
 
+    /// Available workers busy in part, with CPUs free, nothing queued and nothing incoming:
+    /// most free CPUs first, then lowest id. Call [`Workers::refresh`] first.
+    pub(crate) fn with_room(&self) -> Vec<WorkerId> {
+        self.fresh();
+        self.roomy.iter().map(|(_, id)| *id).collect()
+    }
+
     /// Whether every available worker's CPUs are taken (within `slack`) and its queue
     /// holds `depth` attempts or more. Call [`Workers::refresh`] first.
     pub(crate) fn all_full(&self, depth: usize, slack: f64) -> bool {
@@ -258,6 +277,7 @@ impl Workers {
             && self.stealable == again.stealable
             && self.stealable_total == again.stealable_total
             && self.idle == again.idle
+            && self.roomy == again.roomy
             && (self.total.0 - again.total.0).abs() < 1e-6
             && (self.total.1 - again.total.1).abs() < 1e-6;
         if same {
@@ -265,7 +285,7 @@ impl Workers {
         } else {
             Err(format!(
                 "stale index: by_free {:?} vs {:?}, by_queue {:?} vs {:?}, queues {:?} vs {:?}, \
-                 idle {:?} vs {:?}",
+                 idle {:?} vs {:?}, roomy {:?} vs {:?}",
                 self.by_free,
                 again.by_free,
                 self.by_queue,
@@ -273,7 +293,9 @@ impl Workers {
                 self.queues,
                 again.queues,
                 self.idle,
-                again.idle
+                again.idle,
+                self.roomy,
+                again.roomy
             ))
         }
     }

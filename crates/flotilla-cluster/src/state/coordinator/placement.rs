@@ -604,10 +604,6 @@ impl Coordinator {
         self.hold_for(job, t, attempt, wid);
     }
 
-    /// An idle worker (nothing assigned or running, no retraction pending for it) takes
-    /// half (rounded up) of the stealable queued tasks of the worker with the longest queue:
-    /// `Retract` is sent; the tasks come back `Ready` on `TaskReturned` and are placed again,
-    /// on the idle worker if it fits there first.
     /// Attempts queued on a worker that leaves, not started, that would no longer end
     /// before it does (their runtime learned since they were queued, or its time run down)
     /// are taken back (`Retract`, as for stealing) and placed again elsewhere, rather than
@@ -653,6 +649,11 @@ impl Coordinator {
         }
     }
 
+    /// An idle worker (nothing assigned or running, no retraction pending for it) takes
+    /// half (rounded up) of the stealable queued tasks of the worker with the longest queue:
+    /// `Retract` is sent; the tasks come back `Ready` on `TaskReturned` and are placed again,
+    /// on the idle worker if it fits there first. Then the workers with room take what fits
+    /// it ([`Coordinator::steal_into_room`]).
     pub(super) fn steal(&mut self, out: &mut Vec<Command>) {
         if self.config.queue_depth == 0 || self.workers.len() < 2 {
             return;
@@ -714,10 +715,91 @@ impl Coordinator {
                 continue;
             };
             let take = stealable.len().div_ceil(2);
-            let v = self.workers.get_mut(&victim).expect("found above");
             // Newest first: the worker reaches them last.
             let chosen: Vec<(TaskRef, u32)> = stealable.iter().rev().take(take).copied().collect();
-            for key in &chosen {
+            self.retract_for(thief, victim, &chosen, out);
+        }
+        self.steal_into_room(out);
+    }
+
+    /// A worker busy in part, with CPUs free and nothing queued (a task of its own ended
+    /// and nothing new was ready), takes queued plain attempts of the workers with the most
+    /// stealable ones that fit its free resources now (at most half of a victim's, rounded
+    /// up, newest first): they start at once instead of waiting behind the victim's running
+    /// tasks. Only plain tasks of jobs outside the pool: placed again, they go where they
+    /// fit free (here), not back to the victim's queue by a prediction.
+    /// Thieves come most free CPUs first: once one finds nothing among the
+    /// [`ROOM_VICTIMS`] most stealable queues, one with less room would not either, and
+    /// the walk stops (a placement pass stays O(log workers) when nothing fits).
+    fn steal_into_room(&mut self, out: &mut Vec<Command>) {
+        if self.provider_workers > 0 {
+            return;
+        }
+        self.workers.refresh();
+        if self.workers.most_stealable().1 == 0 {
+            return;
+        }
+        for thief in self.workers.with_room() {
+            self.workers.refresh();
+            let (victims, left) = self.workers.most_stealable();
+            if left == 0 {
+                break;
+            }
+            let tw = &self.workers[&thief];
+            let leaving = self.leaves_at.contains_key(&thief);
+            let mut found: Option<(WorkerId, Vec<(TaskRef, u32)>)> = None;
+            for (n, v) in victims.take(ROOM_VICTIMS) {
+                if v.id == thief {
+                    continue;
+                }
+                let mut room = tw.ledger.clone();
+                let mut chosen = Vec::new();
+                // Newest first: the victim reaches them last.
+                for key in v.queue.values().rev() {
+                    if chosen.len() >= n.div_ceil(2) {
+                        break;
+                    }
+                    let Some(s) = v.slots.get(key) else {
+                        continue;
+                    };
+                    if s.thief.is_some() || s.late || s.cancel_sent || s.started {
+                        continue;
+                    }
+                    let Some(j) = self.jobs.get(&key.0.job) else {
+                        continue;
+                    };
+                    let plain = matches!(j.options(key.0.task).as_slice(), [(None, _)]);
+                    if !plain || j.pool.is_some() || (leaving && !self.in_time(j, key.0.task, tw)) {
+                        continue;
+                    }
+                    if let Some(gpus) = room.fit_free(&s.res) {
+                        room.reserve(&s.res, &gpus);
+                        chosen.push(*key);
+                    }
+                }
+                if !chosen.is_empty() {
+                    found = Some((v.id, chosen));
+                    break;
+                }
+            }
+            let Some((victim, chosen)) = found else {
+                break;
+            };
+            self.retract_for(thief, victim, &chosen, out);
+        }
+    }
+
+    /// Takes `chosen` back from `victim` on behalf of `thief`: `Retract` for each, marked
+    /// with the thief, counted as incoming there.
+    fn retract_for(
+        &mut self,
+        thief: WorkerId,
+        victim: WorkerId,
+        chosen: &[(TaskRef, u32)],
+        out: &mut Vec<Command>,
+    ) {
+        if let Some(v) = self.workers.get_mut(&victim) {
+            for key in chosen {
                 if let Some(s) = v.slots.get_mut(key) {
                     s.thief = Some(thief);
                 }
@@ -727,8 +809,12 @@ impl Coordinator {
                     attempt: key.1,
                 });
             }
-            let t = self.workers.get_mut(&thief).expect("idle worker");
+        }
+        if let Some(t) = self.workers.get_mut(&thief) {
             t.incoming += chosen.len() as u32;
         }
     }
 }
+
+/// How many of the most stealable queues a worker with room looks in.
+const ROOM_VICTIMS: usize = 16;

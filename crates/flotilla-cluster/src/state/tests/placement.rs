@@ -815,3 +815,77 @@ resources = { cpus = 1 }
     assert_eq!(assigns(&out).len(), 3);
     assert_eq!(sim.c.job_summary(job).unwrap().never_fits, None);
 }
+
+/// A worker busy in part whose own task ended with nothing new ready takes queued tasks of
+/// another worker that fit its free CPUs now, rather than leave them waiting there.
+#[test]
+fn a_worker_with_free_cpus_takes_queued_tasks_that_fit_them() {
+    let mut sim = Sim::new(3);
+    let (job, _) = sim.submit("[[task]]\nid = \"t\"\narray = \"0..4\"\ncmd = [\"x\"]\n");
+    let (w1, out) = sim.join(wspec(1.0, &[]));
+    assert_eq!(assigns(&out).len(), 4, "1 running + 3 queued");
+    // An idle worker with 2 CPUs takes 2 of the 3 queued; both start there.
+    let (w2, out) = sim.join(wspec(2.0, &[]));
+    let r = retracts(&out);
+    assert_eq!(r.len(), 2, "{out:?}");
+    let mut on_w2 = Vec::new();
+    for (w, t, a) in r {
+        let out = sim.ev(Event::TaskReturned {
+            worker: w,
+            task: t,
+            attempt: a,
+        });
+        let a2 = assigns(&out);
+        assert_eq!(a2.len(), 1);
+        assert_eq!(a2[0].0, w2);
+        sim.ev(Event::TaskStarted {
+            worker: w2,
+            task: t,
+            attempt: a2[0].1.attempt,
+        });
+        on_w2.push((t, a2[0].1.attempt));
+    }
+    // Every CPU taken: nothing moves.
+    assert!(retracts(&sim.ev(Event::Tick)).is_empty());
+    // One of w2's ends: its free CPU takes the task still queued on w1 (w1 runs t[0]).
+    let out = sim.finish(w2, on_w2[0].0, on_w2[0].1, AttemptOutcome::Succeeded);
+    let r = retracts(&out);
+    assert_eq!(r.len(), 1, "{out:?}");
+    let (w, t, a) = r[0];
+    assert_eq!(w, w1);
+    assert_ne!(sim.name(t), "t[0]");
+    // No second retraction while that one is pending.
+    assert!(retracts(&sim.ev(Event::Tick)).is_empty());
+    let out = sim.ev(Event::TaskReturned {
+        worker: w1,
+        task: t,
+        attempt: a,
+    });
+    let a2 = assigns(&out);
+    assert_eq!(a2.len(), 1, "{out:?}");
+    assert_eq!(a2[0].0, w2, "placed again where it fits free");
+    assert_eq!(a2[0].1.task, t);
+    let _ = job;
+}
+
+/// A worker with free CPUs too few for any queued task takes none.
+#[test]
+fn a_worker_whose_free_cpus_fit_no_queued_task_takes_none() {
+    let mut sim = Sim::new(3);
+    sim.submit("[[task]]\nid = \"t\"\narray = \"0..3\"\nresources = { cpus = 2 }\ncmd = [\"x\"]\n");
+    let (_, out) = sim.join(wspec(2.0, &[]));
+    assert_eq!(assigns(&out).len(), 3, "1 running + 2 queued");
+    // A 3-CPU worker takes one of them (idle, it steals half of 2), then has 1 CPU free.
+    let (w2, out) = sim.join(wspec(3.0, &[]));
+    let r = retracts(&out);
+    assert_eq!(r.len(), 1, "{out:?}");
+    let (w, t, a) = r[0];
+    let out = sim.ev(Event::TaskReturned {
+        worker: w,
+        task: t,
+        attempt: a,
+    });
+    assert_eq!(assigns(&out)[0].0, w2);
+    assert!(retracts(&out).is_empty(), "{out:?}");
+    assert!(retracts(&sim.ev(Event::Tick)).is_empty());
+}

@@ -1808,7 +1808,9 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
 const TEXT_TASKS: u64 = 50;
 
 /// A job's page of tasks as a table, and how to see the next page.
-fn print_tasks(s: &JobStatus) -> Result<()> {
+/// The job's page of tasks; `limit`: the `--tasks-limit` given, repeated in the next page's
+/// command.
+fn print_tasks(s: &JobStatus, limit: Option<u64>) -> Result<()> {
     if s.tasks.is_empty() {
         if !s.tasks_in.is_empty() {
             let states: Vec<&str> = s.tasks_in.iter().map(|t| t.as_str()).collect();
@@ -1844,8 +1846,9 @@ fn print_tasks(s: &JobStatus) -> Result<()> {
         match s.tasks_next {
             Some(next) => outln!(
                 "\n{n} {tasks} listed ({said}, of {all}); the next page: flotilla status {} \
-                 --state {flag} --tasks-from {next} (--tasks-limit N for more at once)",
-                s.id.0
+                 --state {flag} --tasks-from {next}{}",
+                s.id.0,
+                more(limit)
             ),
             None => outln!(
                 "\n{n} {tasks} listed ({said}){}",
@@ -1861,17 +1864,26 @@ fn print_tasks(s: &JobStatus) -> Result<()> {
     let end = s.tasks_from + s.tasks.len() as u64;
     if end < s.total {
         outln!(
-            "\ntasks {}–{} of {}; the next page: flotilla status {} --tasks-from {end} \
-             (--tasks-limit N for more at once)",
+            "\ntasks {}–{} of {}; the next page: flotilla status {} --tasks-from {end}{}",
             s.tasks_from,
             end - 1,
             s.total,
-            s.id.0
+            s.id.0,
+            more(limit)
         );
     } else if s.tasks_from > 0 {
         outln!("\ntasks {}–{} of {}", s.tasks_from, end - 1, s.total);
     }
     Ok(())
+}
+
+/// How the next page's command ends: the `--tasks-limit` given again, or how to ask for
+/// more at once.
+fn more(limit: Option<u64>) -> String {
+    match limit {
+        Some(n) => format!(" --tasks-limit {n}"),
+        None => " (--tasks-limit N for more at once)".into(),
+    }
 }
 
 /// `--state failed`: a task state as the status documents write it.
@@ -1902,7 +1914,7 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
             outln!("{}", serde_json::to_string_pretty(&s)?);
         } else {
             summarize(&mut client, &s).await?;
-            print_tasks(&s)?;
+            print_tasks(&s, a.tasks_limit)?;
         }
         return Ok(());
     }

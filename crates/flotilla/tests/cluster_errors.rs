@@ -590,6 +590,32 @@ fn a_failed_job_is_retried_in_place_and_its_done_tasks_are_kept() {
         "{}",
         text(&bad.stderr)
     );
+    // A page's next-page command keeps the page size asked for.
+    let page = c.cli(&["status", &n, "--tasks-limit", "2"]);
+    assert!(
+        text(&page.stdout).contains(&format!(
+            "tasks 0–1 of 5; the next page: flotilla status {n} --tasks-from 2 --tasks-limit 2"
+        )),
+        "{}",
+        text(&page.stdout)
+    );
+    let page = c.cli(&[
+        "status",
+        &n,
+        "--state",
+        "failed,cancelled",
+        "--tasks-limit",
+        "1",
+    ]);
+    assert!(
+        text(&page.stdout).contains(&format!(
+            "1 task listed (failed or cancelled, of {}); the next page: flotilla status {n} \
+             --state failed,cancelled --tasks-from ",
+            s.counts.get(TaskState::Failed) + s.counts.get(TaskState::Cancelled)
+        )) && text(&page.stdout).trim_end().ends_with("--tasks-limit 1"),
+        "{}",
+        text(&page.stdout)
+    );
     let lines = |f: &str| {
         std::fs::read_to_string(c.job_dir().join(f))
             .map(|t| t.lines().count())
@@ -623,7 +649,7 @@ fn a_failed_job_is_retried_in_place_and_its_done_tasks_are_kept() {
     let unknown = c.cli(&["retry", "999"]);
     assert!(!unknown.status.success());
     assert!(
-        text(&unknown.stderr).contains("no job 999"),
+        text(&unknown.stderr).contains("no job 999 (no job has had that id yet"),
         "{}",
         text(&unknown.stderr)
     );

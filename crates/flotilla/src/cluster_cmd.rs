@@ -420,8 +420,10 @@ pub(crate) struct SubmitArgs {
     /// nothing. The coordinator's own limits (tasks per job, quotas) are not known here.
     #[arg(long, conflicts_with = "wait")]
     dry_run: bool,
-    /// With --dry-run: print the plan as JSON.
-    #[arg(long, requires = "dry_run")]
+    /// Print JSON on stdout, one line: the submission (`{"job": 7, "name": …, "tasks": …}`);
+    /// with --wait, the job's status document at its end (as `status JOB --json`, the
+    /// progress on stderr); with --dry-run, the plan.
+    #[arg(long)]
     json: bool,
 }
 
@@ -468,6 +470,23 @@ pub(crate) struct RetryArgs {
     /// succeeded).
     #[arg(long)]
     wait: bool,
+    /// Print JSON on stdout, one line: `{"job": 7, "tasks_again": …, "done_kept": …}`; with
+    /// --wait, the job's status document at its end (as `status JOB --json`).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WaitArgs {
+    #[command(flatten)]
+    remote: RemoteArgs,
+    /// The job id: `7` or `job-7`.
+    #[arg(value_parser = crate::cluster_cmd::job_number)]
+    job: u64,
+    /// Print the job's status document at its end on stdout, one line (as `status JOB
+    /// --json`); the progress goes to stderr.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -1787,14 +1806,23 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
         s.tasks,
         if s.tasks == 1 { "" } else { "s" }
     );
+    if a.json && !a.wait {
+        let doc = serde_json::json!({ "job": s.job.0, "name": s.name, "tasks": s.tasks });
+        crate::out::after_outcome(crate::out::write(format_args!("{doc}"), true))?;
+        return Ok(true);
+    }
+    let label = format!("{} (job {})", s.name, s.job.0);
     let waited = if a.wait {
-        follow_to_end(&mut client, s.job, &format!("{} (job {})", s.name, s.job.0)).await
+        follow_to_end(&mut client, s.job, &label, a.json).await
     } else {
         Ok(true)
     };
     // The job id alone on the last line of stdout, for scripts, also when following it
-    // failed (the coordinator gone for good): the job was taken, and may still run.
-    crate::out::after_outcome(crate::out::write(format_args!("{}", s.job.0), true))?;
+    // failed (the coordinator gone for good): the job was taken, and may still run. (With
+    // --json the status document is the line, and names the job.)
+    if !a.json {
+        crate::out::after_outcome(crate::out::write(format_args!("{}", s.job.0), true))?;
+    }
     let ok = waited.with_context(|| {
         format!(
             "following job {} (it was submitted; `flotilla wait {}` follows it again)",
@@ -1807,9 +1835,8 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
 /// Tasks `flotilla status JOB` lists on the terminal without `--tasks-limit`.
 const TEXT_TASKS: u64 = 50;
 
-/// A job's page of tasks as a table, and how to see the next page.
-/// The job's page of tasks; `limit`: the `--tasks-limit` given, repeated in the next page's
-/// command.
+/// A job's page of tasks as a table, and how to see the next page (`limit`: the
+/// `--tasks-limit` given, repeated in the next page's command).
 fn print_tasks(s: &JobStatus, limit: Option<u64>) -> Result<()> {
     if s.tasks.is_empty() {
         if !s.tasks_in.is_empty() {
@@ -1987,23 +2014,35 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
     Ok(())
 }
 
-pub(crate) async fn wait(a: JobArgs) -> Result<bool> {
+pub(crate) async fn wait(a: WaitArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let job = JobId::new(a.job);
-    follow_to_end(&mut client, job, &format!("job {}", job.0)).await
+    follow_to_end(&mut client, job, &format!("job {}", job.0), a.json).await
 }
 
 /// `wait` and `submit --wait`: follows a job to its end, prints its summary (with the last
 /// lines of each failed task's stderr, even those that failed before the event stream was
 /// opened: the stream does not replay them), gathers its outputs in transfer staging;
-/// whether it succeeded. Ctrl-C says that the job goes on.
-async fn follow_to_end(client: &mut Client, job: JobId, label: &str) -> Result<bool> {
+/// whether it succeeded. Ctrl-C says that the job goes on. With `json`, the progress goes
+/// to stderr and the status document, on one line, takes the summary's place.
+async fn follow_to_end(client: &mut Client, job: JobId, label: &str, json: bool) -> Result<bool> {
     unless_interrupted(
         interrupts(),
         async {
-            let ok = follow(client, job, label, Progress::Stdout, true).await?;
+            let to = if json {
+                Progress::Stderr
+            } else {
+                Progress::Stdout
+            };
+            let ok = follow(client, job, label, to, true).await?;
             let status = settled(client, job).await?;
-            let shown = summarize(client, &status).await;
+            let shown = if json {
+                serde_json::to_string(&status)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|doc| crate::out::write(format_args!("{doc}"), true))
+            } else {
+                summarize(client, &status).await
+            };
             if status.state == JobState::Failed && status.pool.is_none() {
                 eprintln!(
                     "once the cause is fixed, `flotilla retry {}` runs its failed tasks and \
@@ -2137,8 +2176,9 @@ fn tasks_run(n: u64, kind: &str) -> String {
 pub(crate) async fn retry(a: RetryArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let job = JobId::new(a.job);
-    let again = client.retry(job).await?;
+    // Its done tasks before the retry: after it, retried ones may be done already.
     let s = client.job_status_range(job, 0, Some(0)).await?;
+    let again = client.retry(job).await?;
     eprintln!(
         "job {}: {} again ({} done kept)",
         a.job,
@@ -2146,9 +2186,18 @@ pub(crate) async fn retry(a: RetryArgs) -> Result<bool> {
         s.counts.done
     );
     if !a.wait {
+        if a.json {
+            let doc = serde_json::json!({
+                "job": a.job,
+                "tasks_again": again,
+                "done_kept": s.counts.done,
+            });
+            crate::out::after_outcome(crate::out::write(format_args!("{doc}"), true))?;
+        }
         return Ok(true);
     }
-    follow_to_end(&mut client, job, &format!("{} (job {})", s.name, job.0)).await
+    let label = format!("{} (job {})", s.name, job.0);
+    follow_to_end(&mut client, job, &label, a.json).await
 }
 
 pub(crate) async fn remove(a: JobArgs) -> Result<()> {

@@ -62,7 +62,7 @@ enum Command {
     /// Show a job's status, or every job and worker.
     Status(cluster_cmd::StatusArgs),
     /// Follow a job to its end; exit code 0 only if every task succeeded.
-    Wait(cluster_cmd::JobArgs),
+    Wait(cluster_cmd::WaitArgs),
     /// Cancel a job.
     Cancel(cluster_cmd::JobArgs),
     /// Run again a job's tasks that failed or were cancelled, its done tasks kept (a job that

@@ -1370,3 +1370,49 @@ fn a_failed_transfer_run_points_at_no_outputs() {
         );
     }
 }
+
+/// `submit`, `wait` and `retry` speak JSON for scripts: one line on stdout each, the
+/// submission or the job's status document at its end (its progress on stderr).
+#[test]
+fn submit_wait_and_retry_print_one_json_line() {
+    let c = Cluster::start(1, 2);
+    let path = c.job_dir().join("flaky.toml");
+    std::fs::write(
+        &path,
+        "name = \"flaky\"\n[defaults]\nretries = 0\n\
+         [[task]]\nid = \"a\"\ncmd = [\"true\"]\n\
+         [[task]]\nid = \"b\"\nafter = [\"a\"]\ncmd = [\"test\", \"-e\", \"fixed\"]\n",
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    let json = |out: &Output| -> serde_json::Value {
+        let text = text(&out.stdout);
+        assert_eq!(text.lines().count(), 1, "one line: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    let submitted = c.cli(&["submit", file, "--json"]);
+    assert!(submitted.status.success(), "{}", text(&submitted.stderr));
+    let doc = json(&submitted);
+    assert_eq!(doc["name"], "flaky");
+    assert_eq!(doc["tasks"], 2);
+    let n = doc["job"].as_u64().expect("a job id").to_string();
+    let waited = c.cli(&["wait", &n, "--json"]);
+    assert_eq!(waited.status.code(), Some(1), "{}", text(&waited.stderr));
+    let doc = json(&waited);
+    assert_eq!(doc["state"], "failed", "{doc}");
+    std::fs::write(c.job_dir().join("fixed"), "").unwrap();
+    let retried = c.cli(&["retry", &n, "--json"]);
+    assert!(retried.status.success(), "{}", text(&retried.stderr));
+    let doc = json(&retried);
+    assert_eq!(doc["tasks_again"], 1, "{doc}");
+    assert_eq!(doc["done_kept"], 1, "{doc}");
+    let waited = c.cli(&["wait", &n, "--json"]);
+    assert!(waited.status.success(), "{}", text(&waited.stderr));
+    assert_eq!(json(&waited)["state"], "succeeded");
+    let both = c.cli(&["submit", file, "--wait", "--json"]);
+    assert!(both.status.success(), "{}", text(&both.stderr));
+    let doc = json(&both);
+    assert_eq!(doc["state"], "succeeded", "{doc}");
+    let id = doc["id"].as_u64().expect("the job's id");
+    assert_ne!(id.to_string(), n, "a new job: {doc}");
+}

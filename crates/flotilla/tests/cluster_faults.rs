@@ -271,6 +271,69 @@ fn a_worker_sent_sigterm_drains_and_its_task_resumes_elsewhere_from_its_checkpoi
     );
 }
 
+/// A gang in transfer staging resumes together from the checkpoint its rank 0 left when
+/// rank 0's worker was drained. Rank 1, stopped with it, started from nothing before (an ML
+/// engineer's walkthrough: the ranks disagreed on the step and every restart failed).
+#[test]
+fn a_drained_gang_resumes_every_rank_from_rank_0_s_checkpoint() {
+    let mut c = Cluster::start(2, 1);
+    let progress = c.root().join("progress");
+    let job = format!(
+        "name = \"dp\"\nstaging = \"transfer\"\n[defaults]\nretries = 0\n\
+         [[task]]\nid = \"train\"\ngroup = {{ size = 2 }}\ntimeout = \"1h\"\n\
+         checkpoint = [\"state/*.ckpt\"]\noutputs = [\"out{{i}}.txt\"]\n\
+         cmd = [\"sh\", \"-c\", \"mkdir -p state; r=$FLOTILLA_RANK; \
+         n=$(cat state/n.ckpt 2>/dev/null || echo 0); from=$n; \
+         if [ $r -eq 0 ]; then trap 'echo $n > state/n.ckpt; exit 143' TERM; fi; \
+         while [ $n -lt 60 ]; do n=$((n+1)); \
+         if [ $r -eq 0 ] && [ $n -eq $((from+5)) ]; then touch {}; fi; sleep 0.1; done; \
+         echo resumed-from=$from > out$r.txt\"]\n",
+        progress.display()
+    );
+    let id = c.submit_toml("dp.toml", &job);
+    wait_until("rank 0 to make progress", Duration::from_secs(60), || {
+        progress.exists().then_some(())
+    });
+    c.add_worker(1);
+    c.wait_workers(3);
+    // The worker running rank 0 (workers are named w0, w1, … in start order).
+    let s = c.status(id).expect("the job's status");
+    let rank0 = s
+        .tasks
+        .iter()
+        .find(|t| t.name == "train[0]")
+        .and_then(|t| t.worker)
+        .expect("rank 0 runs");
+    let name = &s.workers[&rank0];
+    let i: usize = name
+        .strip_prefix('w')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a worker name: {name}"));
+    c.signal_worker(i, libc::SIGTERM);
+    let s = c.wait_job(id, Duration::from_secs(120));
+    assert_succeeded(&s);
+    let out = c.cli(&["wait", &id.0.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from = |r: u32| -> u32 {
+        let got = std::fs::read_to_string(c.job_dir().join(format!("out{r}.txt")))
+            .unwrap_or_else(|e| panic!("rank {r}'s output: {e}"));
+        got.trim()
+            .strip_prefix("resumed-from=")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{got:?}"))
+    };
+    assert!(
+        from(0) >= 5,
+        "rank 0 resumed from its checkpoint: {}",
+        from(0)
+    );
+    assert_eq!(from(1), from(0), "rank 1 resumed from rank 0's checkpoint");
+}
+
 /// A batch system ending an allocation (`scancel`, a preemption) signals every process of
 /// it: the task gets SIGTERM, from outside, just before its worker does. That is a
 /// preemption too (it was a failure, with `retries = 0` the job's end; found removing an

@@ -180,3 +180,91 @@ fn a_member_that_finished_reruns_when_its_gang_restarts() {
     sim.finish(w, r1, 2, AttemptOutcome::Succeeded);
     assert_eq!(sim.c.job_status(job).unwrap().state, JobState::Succeeded);
 }
+
+/// In transfer staging a preempted member's checkpoint is every member's to resume from:
+/// rank 0 alone writes a data-parallel job's checkpoint, and rank 1, stopped with it,
+/// started from nothing (the ranks then disagreed on the step and the job failed). A
+/// member's own files at other paths are kept; at the same path, the newer replace them.
+#[test]
+fn a_preempted_member_s_checkpoint_resumes_the_whole_gang() {
+    let mut sim = Sim::new(0);
+    let (w1, _) = sim.join(wspec(1.0, &[]));
+    let (w2, _) = sim.join(wspec(1.0, &[]));
+    let job_file = format!(
+        "staging = \"transfer\"\n{}checkpoint = [\"ckpt/*\"]\n",
+        gang_job(2, 0)
+    );
+    let (job, out) = sim.submit(&job_file);
+    let first = gangs(&out);
+    assert_eq!(first.len(), 2);
+    let on = |g: &[(WorkerId, String, GangAssignment)], rank| {
+        g.iter().find(|x| x.2.rank == rank).unwrap().0
+    };
+    let (r0, r1) = (sim.tref(job, "train[0]"), sim.tref(job, "train[1]"));
+    for (w, t) in [(on(&first, 0), r0), (on(&first, 1), r1)] {
+        sim.ev(Event::TaskStarted {
+            worker: w,
+            task: t,
+            attempt: 1,
+        });
+    }
+    let file = |path: &str, c: char| ObjectRef {
+        path: path.into(),
+        hash: c.to_string().repeat(64),
+        size: 1,
+    };
+    // Rank 1 preempted first, with a shard of its own and an older `latest`.
+    let out = sim.finish(
+        on(&first, 1),
+        r1,
+        1,
+        AttemptOutcome::Preempted {
+            checkpoint: vec![file("ckpt/rank1", 'a'), file("ckpt/latest", 'b')],
+        },
+    );
+    assert_eq!(super::tests::cancels_of(&out), vec![(on(&first, 0), r0, 1)]);
+    // Rank 0, stopping with its gang, is preempted too (its worker drained), with newer files.
+    // The gang is placed again at once, on the same two workers (in a real drain they would
+    // be others).
+    let out = sim.finish(
+        on(&first, 0),
+        r0,
+        1,
+        AttemptOutcome::Preempted {
+            checkpoint: vec![file("ckpt/rank0", 'c'), file("ckpt/latest", 'd')],
+        },
+    );
+    let _ = (w1, w2);
+    let second = assigns(&out);
+    assert_eq!(second.len(), 2, "{out:?}");
+    let resume = |rank: u32| -> Vec<(String, String)> {
+        let a = &second
+            .iter()
+            .find(|(_, a)| a.gang.as_ref().is_some_and(|g| g.rank == rank))
+            .unwrap()
+            .1;
+        let mut r: Vec<(String, String)> = a
+            .resume
+            .iter()
+            .map(|o| (o.path.clone(), o.hash[..1].to_string()))
+            .collect();
+        r.sort();
+        r
+    };
+    let want = |own: (&str, &str)| {
+        let mut v = vec![
+            ("ckpt/latest".to_string(), "d".to_string()),
+            ("ckpt/rank0".to_string(), "c".to_string()),
+        ];
+        v.push((own.0.to_string(), own.1.to_string()));
+        v.sort();
+        v.dedup();
+        v
+    };
+    assert_eq!(resume(1), want(("ckpt/rank1", "a")));
+    assert_eq!(
+        resume(0),
+        want(("ckpt/rank0", "c")),
+        "rank 0 had no rank1 file of its own"
+    );
+}

@@ -278,7 +278,13 @@ impl Coordinator {
         if j.broken.remove(&(t, attempt)) {
             // Its gang broke while it ran, or an input it read was wrong: whatever it says,
             // it runs again.
-            let why = if j.graph.task(t).gang.is_some() {
+            let gang = j.graph.task(t).gang.is_some();
+            if let (true, AttemptOutcome::Preempted { checkpoint }) = (gang, result.outcome) {
+                // Its worker was reclaimed too, as the gang stopped: the checkpoint it left
+                // is the gang's newest (a data-parallel job's rank 0 may be the one).
+                j.keep_checkpoint(t, checkpoint);
+            }
+            let why = if gang {
                 "stopped with its gang"
             } else {
                 "stopped: an input it read was computed again"
@@ -350,9 +356,7 @@ impl Coordinator {
             .expect("callers checked the job");
         let rt = &mut j.tasks[t.index()];
         rt.worker = None;
-        if !checkpoint.is_empty() {
-            rt.ext().resume = checkpoint;
-        }
+        j.keep_checkpoint(t, checkpoint);
         if !j.is_active() {
             j.set_state(t, TaskState::Cancelled, None, out);
             return;

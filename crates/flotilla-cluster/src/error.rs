@@ -174,6 +174,14 @@ impl From<tonic::Status> for ClusterError {
             tonic::Code::Unavailable => ClusterError::Unavailable(s.message().to_string()),
             tonic::Code::PermissionDenied => ClusterError::Denied(s.message().to_string()),
             tonic::Code::InvalidArgument => ClusterError::Invalid(s.message().to_string()),
+            // An HTTP server that is not a coordinator's API answered (the dashboard and
+            // metrics port, most likely): tonic's words name only the missing header.
+            _ if s.message().contains("grpc-status header missing") => ClusterError::Rpc(format!(
+                "{} (the address answers HTTP but is not a coordinator's API: the \
+                     coordinator's --http-listen port, for its dashboard and metrics, or \
+                     another server? Clients and workers use its --listen address)",
+                s.message()
+            )),
             _ => ClusterError::Rpc(s.message().to_string()),
         }
     }

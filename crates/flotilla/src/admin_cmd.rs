@@ -79,7 +79,8 @@ pub(crate) enum WorkerCmd {
 
 #[derive(Args)]
 pub(crate) struct WorkerDrainArgs {
-    /// The worker's name (`flotilla worker --name`) or id (`w3`).
+    /// The worker's name (`flotilla worker --name`; every live worker of that name) or id
+    /// (`w3`); `name:NAME` or `id:ID` when a word is one worker's id and another's name.
     name: String,
     #[command(flatten)]
     remote: RemoteArgs,

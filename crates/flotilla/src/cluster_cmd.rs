@@ -1731,6 +1731,12 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
                 if ok || status.staging == flotilla::core::Staging::Shared {
                     outln!("  outputs in {}", job_dir.display());
                 }
+                // The coordinator is gone with the run: its logs are read from its state.
+                outln!(
+                    "  a task's output: flotilla logs --state {} {} TASK",
+                    state.display(),
+                    status.id.0
+                );
                 Ok(())
             })(),
             e => e,
@@ -1857,9 +1863,12 @@ fn print_tasks(s: &JobStatus, limit: Option<u64>) -> Result<()> {
             task.state.to_string(),
             task.attempts.to_string(),
             worker,
+            // A running task's time so far.
             task.usage
                 .as_ref()
-                .map_or(String::new(), |u| fmt_secs(u.wall_seconds)),
+                .map(|u| u.wall_seconds)
+                .or(task.running_s)
+                .map_or(String::new(), fmt_secs),
             task.message.clone().unwrap_or_default(),
         ]);
     }
@@ -2017,7 +2026,9 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
 pub(crate) async fn wait(a: WaitArgs) -> Result<bool> {
     let mut client = a.remote.client().await?;
     let job = JobId::new(a.job);
-    follow_to_end(&mut client, job, &format!("job {}", job.0), a.json).await
+    // Its progress lines are labelled as `submit --wait` labels them: `NAME (job N)`.
+    let name = client.job_status_range(job, 0, Some(0)).await?.name;
+    follow_to_end(&mut client, job, &format!("{name} (job {})", job.0), a.json).await
 }
 
 /// `wait` and `submit --wait`: follows a job to its end, prints its summary (with the last

@@ -1210,8 +1210,19 @@ fn ctrl_c_of_run_leaves_a_job_to_resume_and_of_wait_says_the_job_goes_on() {
         "{err}"
     );
     drop(progress);
+    // A running task's status says how long it has run so far (its WALL was blank).
+    let ran = wait_until("the task to run", WAIT, || {
+        let s = c.status(job)?;
+        let t = s.tasks.first()?;
+        (t.state == TaskState::Running).then_some(t.running_s)?
+    });
+    assert!(ran >= 0.0, "{ran}");
+    let shown = text(&c.cli(&["status", &job.0.to_string()]).stdout);
+    assert!(shown.contains(" running "), "{shown}");
     std::fs::write(&go, "").unwrap();
-    assert_succeeded(&c.wait_job(job, WAIT));
+    let s = c.wait_job(job, WAIT);
+    assert_succeeded(&s);
+    assert_eq!(s.tasks[0].running_s, None, "only while it runs");
 }
 
 /// `flotilla run` has one worker, this machine's: a task larger than it offers would wait

@@ -113,6 +113,20 @@ fn metrics_are_served_behind_the_token_and_parse() {
     let c = Cluster::start_with(2, 2, opts);
     let http = c.http.expect("the coordinator serves HTTP");
 
+    // A client given the HTTP port by mistake is told what it reached (it said only that a
+    // gRPC header was missing).
+    let wrong = c
+        .cli_command(&["status"], &c.token)
+        .env("FLOTILLA_SERVER", http.to_string())
+        .output()
+        .expect("the flotilla binary runs");
+    assert!(!wrong.status.success());
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        err.contains("the address answers HTTP but is not a coordinator's API"),
+        "{err}"
+    );
+
     // No token, or a wrong one: 401.
     let (code, body) = get(http, "/metrics", None);
     assert_eq!(code, 401, "{body}");

@@ -155,6 +155,54 @@ pub(super) enum Req {
 /// The most outputs whose ends are kept in memory at once (64 KiB each at most).
 const MAX_LOG_TAILS: usize = 4096;
 
+/// The live workers `flotilla admin worker drain WHO` names: those named `WHO` (several
+/// workers of one host share its name), or the one with id `WHO`; `id:WHO` and `name:WHO`
+/// say which. A word that is one worker's id and another's name is refused (ids are given
+/// afresh on every registration: `w9` may well be another machine's `--name`).
+fn drained(
+    workers: &[(WorkerId, String)],
+    who: &str,
+) -> std::result::Result<Vec<WorkerId>, Status> {
+    let (by_id, by_name, word) = match who.split_once(':') {
+        Some(("id", w)) => (true, false, w),
+        Some(("name", w)) => (false, true, w),
+        _ => (true, true, who),
+    };
+    let with_id: Vec<WorkerId> = workers
+        .iter()
+        .filter(|(id, _)| by_id && id.to_string() == word)
+        .map(|(id, _)| *id)
+        .collect();
+    let named: Vec<WorkerId> = workers
+        .iter()
+        .filter(|(_, name)| by_name && name == word)
+        .map(|(id, _)| *id)
+        .collect();
+    if let (Some(id), true) = (with_id.first(), named.iter().any(|n| !with_id.contains(n))) {
+        let others: Vec<String> = named
+            .iter()
+            .filter(|n| *n != id)
+            .map(ToString::to_string)
+            .collect();
+        return Err(Status::failed_precondition(format!(
+            "{word:?} is the id of worker {id} and the name of {}: say `id:{word}` or \
+             `name:{word}`",
+            others.join(", ")
+        )));
+    }
+    // Past the refusal, the named are the worker with that id, or there is none.
+    let ids = if with_id.is_empty() { named } else { with_id };
+    if ids.is_empty() {
+        let what = match (by_id, by_name) {
+            (true, false) => "with id",
+            (false, true) => "named",
+            _ => "named, or with id,",
+        };
+        return Err(Status::not_found(format!("no live worker {what} {word:?}")));
+    }
+    Ok(ids)
+}
+
 /// What a job request answers for a job its sender does not see: exactly what it answers
 /// for a job that does not exist. "no job N", the same for a job removed and another
 /// tenant's (whose existence is not told), with what it may mean (`status` of a removed job
@@ -582,16 +630,13 @@ impl Core {
         cmds: &mut Vec<Command>,
         records: &mut Vec<JournalRecord>,
     ) -> std::result::Result<String, Status> {
-        let ids: Vec<WorkerId> = self
+        let live: Vec<(WorkerId, String)> = self
             .coord
             .workers()
             .into_iter()
-            .filter(|w| w.name == name || w.id.to_string() == name)
-            .map(|w| w.id)
+            .map(|w| (w.id, w.name))
             .collect();
-        if ids.is_empty() {
-            return Err(Status::not_found(format!("no live worker named {name:?}")));
-        }
+        let ids = drained(&live, name)?;
         for &w in &ids {
             self.handle(
                 Event::WorkerAvailability {
@@ -2558,5 +2603,51 @@ mod watch_tests {
         send_or_drop(&mut ws, &ev);
         assert_eq!(ws.len(), 1, "a full watcher is dropped");
         assert!(quick_rx.try_recv().is_ok() && quick_rx.try_recv().is_ok());
+    }
+}
+
+#[cfg(test)]
+mod drain_tests {
+    use super::*;
+
+    fn live() -> Vec<(WorkerId, String)> {
+        vec![
+            (WorkerId::new(9), "w2".into()),
+            (WorkerId::new(11), "w9".into()),
+            (WorkerId::new(12), "gpu-host".into()),
+            (WorkerId::new(13), "gpu-host".into()),
+        ]
+    }
+
+    /// `drain w9` drained both worker w9 and the worker named w9 (an operator's
+    /// walkthrough): a word that is one worker's id and another's name is refused.
+    #[test]
+    fn a_word_that_is_an_id_and_another_worker_s_name_is_refused() {
+        let e = drained(&live(), "w9").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            e.message().contains(
+                "\"w9\" is the id of worker w9 and the name of w11: say `id:w9` or `name:w9`"
+            ),
+            "{}",
+            e.message()
+        );
+        assert_eq!(drained(&live(), "id:w9").unwrap(), vec![WorkerId::new(9)]);
+        assert_eq!(
+            drained(&live(), "name:w9").unwrap(),
+            vec![WorkerId::new(11)]
+        );
+    }
+
+    #[test]
+    fn a_name_drains_every_worker_of_it_and_an_id_its_worker() {
+        let host = drained(&live(), "gpu-host").unwrap();
+        assert_eq!(host, vec![WorkerId::new(12), WorkerId::new(13)]);
+        assert_eq!(drained(&live(), "w12").unwrap(), vec![WorkerId::new(12)]);
+        assert_eq!(drained(&live(), "w2").unwrap(), vec![WorkerId::new(9)]);
+        let none = drained(&live(), "id:gpu-host").unwrap_err();
+        assert_eq!(none.message(), "no live worker with id \"gpu-host\"");
+        let none = drained(&live(), "nope").unwrap_err();
+        assert_eq!(none.message(), "no live worker named, or with id, \"nope\"");
     }
 }

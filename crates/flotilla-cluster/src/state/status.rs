@@ -116,6 +116,9 @@ pub struct TaskStatus {
     /// A verified task's result: the providers whose results agreed (its cost paid each).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub agreed: Vec<String>,
+    /// A running task: seconds since its worker said its attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_s: Option<f64>,
 }
 
 /// A job's pool accounts and deadline, as `flotilla status` shows them.
@@ -902,6 +905,13 @@ impl Coordinator {
                 .and_then(|p| p.agreed.get(&id))
                 .map(|(a, _)| a.clone())
                 .unwrap_or_default(),
+            running_s: rt
+                .worker
+                .filter(|_| rt.state == TaskState::Running)
+                .and_then(|w| self.workers_map().get(&w))
+                .and_then(|w| w.slots.get(&(j.tref(id), rt.attempt)))
+                .and_then(|s| s.started_at)
+                .map(|at| self.now().saturating_sub(at) as f64 / 1000.0),
         }
     }
 

@@ -84,10 +84,12 @@ pub enum ClusterError {
         source: crate::state::StateError,
     },
     /// A listening socket could not be opened.
-    #[error("cannot listen on {addr}: {source}{}", bind_hint(.source))]
+    #[error("cannot listen on {addr}{}: {source}{}", flag_of(.flag), bind_hint(.source))]
     Bind {
         /// The address.
         addr: String,
+        /// The flag that gave it (`--data-listen`), when known.
+        flag: Option<&'static str>,
         /// Why.
         #[source]
         source: std::io::Error,
@@ -158,6 +160,24 @@ impl ClusterError {
 
 /// What a port already taken may mean (a second `flotilla server` on the port said only
 /// "Address already in use").
+fn flag_of(flag: &Option<&'static str>) -> String {
+    flag.map(|f| format!(" ({f})")).unwrap_or_default()
+}
+
+impl ClusterError {
+    /// A [`ClusterError::Bind`] says which flag gave the address.
+    pub fn bind_for(self, flag: &'static str) -> ClusterError {
+        match self {
+            ClusterError::Bind { addr, source, .. } => ClusterError::Bind {
+                addr,
+                flag: Some(flag),
+                source,
+            },
+            e => e,
+        }
+    }
+}
+
 fn bind_hint(e: &std::io::Error) -> &'static str {
     if e.kind() == std::io::ErrorKind::AddrInUse {
         " (another process listens there, such as a flotilla server or worker already \

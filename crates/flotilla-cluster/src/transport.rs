@@ -370,6 +370,7 @@ pub(crate) async fn bind(
         .await
         .map_err(|source| ClusterError::Bind {
             addr: addr.to_string(),
+            flag: None,
             source,
         })?;
     let local = listener

@@ -1001,7 +1001,8 @@ pub fn run_worker(
             crate::framed::Gate::Tickets(data_keys.clone()),
             data_tls,
         )
-        .await?;
+        .await
+        .map_err(|e| e.bind_for("--data-listen"))?;
         let sandbox_watch = match config.max_sandbox {
             Some(cap) => Some(crate::sandbox_watch::SandboxWatch::start(cap).map_err(|e| {
                 ClusterError::Config(format!("cannot start the sandbox size watcher: {e}"))

@@ -137,6 +137,26 @@ impl fmt::Display for JobError {
 
 impl std::error::Error for JobError {}
 
+fn did_you_mean(near: &Option<String>) -> String {
+    near.as_ref()
+        .map(|k| format!(" (did you mean `{k}`?)"))
+        .unwrap_or_default()
+}
+
+/// The key among `expected` (backquoted words, as the TOML reader lists them) that `key` is
+/// likely a typo of: the most alike, if alike enough (Jaro-Winkler above 0.8, as `resource`
+/// is to `resources`).
+pub(crate) fn nearest_key(key: &str, expected: &str) -> Option<String> {
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(|k| (strsim::jaro_winkler(key, k), k))
+        .filter(|(score, k)| *score > 0.8 && *k != key)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, k)| k.to_string())
+}
+
 /// What is wrong with a job.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Problem {
@@ -144,10 +164,12 @@ pub enum Problem {
     #[error("{0}")]
     Toml(String),
     /// A key the job format does not have.
-    #[error("unknown key, expected one of {expected}")]
+    #[error("unknown key{}, expected one of {expected}", did_you_mean(.near))]
     UnknownKey {
         /// The keys allowed there, as the TOML reader lists them.
         expected: String,
+        /// The allowed key it is nearest to, if one is near (a typo: `resource`).
+        near: Option<String>,
     },
     /// A required key is absent.
     #[error("missing")]

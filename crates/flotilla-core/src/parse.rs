@@ -130,7 +130,8 @@ fn toml_error(e: &toml::de::Error, lines: &LineIndex<'_>, file: &str) -> CoreErr
             Some(table) if table != key => format!("{table}.{key}"),
             _ => key.to_string(),
         };
-        JobError::new(Problem::UnknownKey { expected }).field(field)
+        let near = crate::error::nearest_key(key, &expected);
+        JobError::new(Problem::UnknownKey { expected, near }).field(field)
     } else {
         let text = message
             .lines()
@@ -460,6 +461,7 @@ impl Cx<'_> {
                             &field,
                             Problem::UnknownKey {
                                 expected: "`cpu`, `gpu`, `mem_gb`".into(),
+                                near: crate::error::nearest_key(k, "`cpu`, `gpu`, `mem_gb`"),
                             },
                         ))
                     }
@@ -692,10 +694,11 @@ impl Cx<'_> {
                     .map(|a| format!("`{a}`"))
                     .collect::<Vec<_>>()
                     .join(", ");
+                let near = crate::error::nearest_key(k, &expected);
                 Err(self.err(
                     v.span(),
                     &format!("{field}.{k}"),
-                    Problem::UnknownKey { expected },
+                    Problem::UnknownKey { expected, near },
                 ))
             }
             None => Ok(()),

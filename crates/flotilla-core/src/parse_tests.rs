@@ -264,6 +264,21 @@ fn unknown_keys_are_rejected_with_key_and_line() {
         e.to_string().contains("`cmd`"),
         "the message lists the keys: {e}"
     );
+    // A typo is told the key it is nearest to; a word like none of them is not.
+    check(
+        "[[task]]\nid = \"a\"\ncmd = [\"x\"]\nresource = { cpus = 2 }\n",
+        4,
+        Some("a"),
+        Some("resource"),
+        "unknown key (did you mean `resources`?), expected one of",
+    );
+    check(
+        "[[task]]\nid = \"a\"\ncmd = [\"x\"]\nzzz = 1\n",
+        4,
+        Some("a"),
+        Some("zzz"),
+        "unknown key, expected one of",
+    );
     check("version = 1\n", 1, None, Some("version"), "unknown key");
     check(
         "[defaults]\nretry = 1\n",
@@ -277,7 +292,7 @@ fn unknown_keys_are_rejected_with_key_and_line() {
         2,
         None,
         Some("pool.budgit"),
-        "unknown key, expected one of `budget`",
+        "unknown key (did you mean `budget`?), expected one of `budget`",
     );
     // A table after the tasks is not part of the last task.
     check(
@@ -307,7 +322,7 @@ fn unknown_keys_are_rejected_with_key_and_line() {
         3,
         Some("a"),
         Some("wasm.fule"),
-        "unknown key, expected one of `module`, `entry`, `args`, `fuel`, `memory`",
+        "unknown key (did you mean `fuel`?), expected one of `module`, `entry`, `args`, `fuel`, `memory`",
     );
     check(
         "[[task]]\nid = \"a\"\ncmd = [\"x\"]\ngroup = { size = 2, gang = 1 }\n",

@@ -1343,7 +1343,7 @@ fn a_server_whose_port_is_taken_says_so_and_leaves_no_state_behind() {
         assert!(!out.status.success(), "{flag}");
         let err = text(&out.stderr);
         assert!(
-            err.contains(&format!("cannot listen on {addr}"))
+            err.contains(&format!("cannot listen on {addr} ({flag})"))
                 && err.contains("in use")
                 && err.contains("another process listens there"),
             "{flag}: {err}"
@@ -1353,6 +1353,18 @@ fn a_server_whose_port_is_taken_says_so_and_leaves_no_state_behind() {
             "{flag}: a state folder for a server that never ran"
         );
     }
+    // A worker's data port: the flag is named too.
+    let c = Cluster::start(0, 1);
+    let out = c
+        .cli_command(&["worker", "--cpus", "1", "--data-listen", &addr], &c.token)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("cannot listen on {addr} (--data-listen)")),
+        "{err}"
+    );
 }
 
 /// A failed `flotilla run` of a transfer job gathered nothing: its summary does not point at

@@ -657,6 +657,7 @@ impl Node {
             .await
             .map_err(|e| ClusterError::Bind {
                 addr: at.to_string(),
+                flag: Some("--peers"),
                 source: e,
             })?;
         let store = Arc::new(crate::objects::ObjectStore::open_capped(

@@ -180,10 +180,10 @@ impl Server {
             // A port another process holds is the commonest start-up failure: say so before
             // a state folder and an admin token are made for a coordinator that never ran.
             if config.group.is_none() {
-                probe_port(config.listen)?;
+                probe_port(config.listen).map_err(|e| e.bind_for("--listen"))?;
             }
             if let Some(at) = config.http_listen {
-                probe_port(at)?;
+                probe_port(at).map_err(|e| e.bind_for("--http-listen"))?;
             }
             // TLS files that cannot serve: the same.
             if let Some(tls) = &config.tls {
@@ -525,7 +525,9 @@ async fn serve(
             .map_err(|e| ClusterError::Config(format!("cannot start the core thread: {e}")))?;
     }
 
-    let (listener, addr) = crate::transport::bind(config.listen).await?;
+    let (listener, addr) = crate::transport::bind(config.listen)
+        .await
+        .map_err(|e| e.bind_for("--listen"))?;
     let http_addr = match config.http_listen {
         Some(at) => Some(
             serve_http(
@@ -680,6 +682,7 @@ fn probe_port(at: SocketAddr) -> Result<()> {
         .map(drop)
         .map_err(|source| ClusterError::Bind {
             addr: at.to_string(),
+            flag: None,
             source,
         })
 }
@@ -832,6 +835,7 @@ async fn serve_http(
         .await
         .map_err(|e| ClusterError::Bind {
             addr: at.to_string(),
+            flag: Some("--http-listen"),
             source: e,
         })?;
     let addr = listener

@@ -649,7 +649,7 @@ fn a_failed_job_is_retried_in_place_and_its_done_tasks_are_kept() {
     let unknown = c.cli(&["retry", "999"]);
     assert!(!unknown.status.success());
     assert!(
-        text(&unknown.stderr).contains("no job 999 (no job has had that id yet"),
+        text(&unknown.stderr).contains("no job 999 (never submitted, or removed"),
         "{}",
         text(&unknown.stderr)
     );

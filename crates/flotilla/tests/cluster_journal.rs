@@ -169,7 +169,8 @@ fn rm_forgets_a_finished_job_across_a_restart_and_refuses_a_running_one() {
     // Said with what it may mean: removed (ids are never given twice).
     assert!(
         String::from_utf8_lossy(&out.stderr).contains(&format!(
-            "no job {} (ids are never given twice: a job removed with `flotilla rm`",
+            "no job {} (never submitted, or removed: by `flotilla rm` or the retention of \
+             finished jobs; ids are never given twice)",
             job.0
         )),
         "{}",

@@ -204,20 +204,13 @@ fn drained(
 }
 
 /// What a job request answers for a job its sender does not see: exactly what it answers
-/// for a job that does not exist. "no job N", the same for a job removed and another
-/// tenant's (whose existence is not told), with what it may mean (`status` of a removed job
-/// said "no job 2", as of one never made); an id not given yet (`next`: the next to be
-/// given) says so.
-pub(super) fn no_job(job: JobId, next: JobId) -> Status {
-    if job.0 >= next.0 {
-        return Status::not_found(format!(
-            "no job {} (no job has had that id yet: ids are given in order, from 1)",
-            job.0
-        ));
-    }
+/// for a job that does not exist. "no job N", the same for an id never given, a job removed
+/// and another tenant's (whose existence is not told, nor how many jobs were submitted),
+/// with what it may mean (`status` of a removed job said "no job 2", as of one never made).
+pub(super) fn no_job(job: JobId) -> Status {
     Status::not_found(format!(
-        "no job {} (ids are never given twice: a job removed with `flotilla rm`, or by the \
-         retention of finished jobs, is gone for good)",
+        "no job {} (never submitted, or removed: by `flotilla rm` or the retention of \
+         finished jobs; ids are never given twice)",
         job.0
     ))
 }
@@ -243,28 +236,28 @@ impl Req {
     }
 
     /// Answers "no job" (the request's job is not in its sender's scope).
-    fn refuse(self, job: JobId, next: JobId) {
+    fn refuse(self, job: JobId) {
         match self {
             Req::Cancel { reply, .. } | Req::Remove { reply, .. } => {
-                let _ = reply.send(Err(no_job(job, next)));
+                let _ = reply.send(Err(no_job(job)));
             }
             Req::Outputs { reply, .. } => {
-                let _ = reply.send(Err(no_job(job, next)));
+                let _ = reply.send(Err(no_job(job)));
             }
             Req::Budget { reply, .. } => {
-                let _ = reply.send(Err(no_job(job, next)));
+                let _ = reply.send(Err(no_job(job)));
             }
             Req::Retry { reply, .. } => {
-                let _ = reply.send(Err(no_job(job, next)));
+                let _ = reply.send(Err(no_job(job)));
             }
             Req::Status { reply, .. } => {
-                let _ = reply.send(Err(no_job(job, next)));
+                let _ = reply.send(Err(no_job(job)));
             }
             Req::LogInfo { reply, .. } => {
-                let _ = reply.send(Err(no_job(job, next)));
+                let _ = reply.send(Err(no_job(job)));
             }
             Req::Watch { tx, .. } => {
-                let _ = tx.try_send(Err(no_job(job, next)));
+                let _ = tx.try_send(Err(no_job(job)));
             }
             _ => {}
         }
@@ -854,7 +847,7 @@ impl Core {
     /// address of a live worker holding it.
     fn outputs(&self, job: JobId) -> std::result::Result<Vec<proto::Input>, Status> {
         let Some(j) = self.coord.jobs_map().get(&job) else {
-            return Err(no_job(job, self.coord.next_job_id()));
+            return Err(no_job(job));
         };
         let workers = self.coord.workers_map();
         let mut tasks: Vec<TaskId> = j.outputs.keys().copied().collect();
@@ -1296,7 +1289,7 @@ impl Core {
                 .get(&job)
                 .is_some_and(|j| scope.sees(&j.tenant));
             if !seen {
-                req.refuse(job, self.coord.next_job_id());
+                req.refuse(job);
                 return;
             }
         }
@@ -1607,7 +1600,7 @@ impl Core {
         after: &mut Vec<AfterCommit>,
     ) {
         if self.coord.job_summary(job).is_none() {
-            let _ = reply.send(Err(no_job(job, self.coord.next_job_id())));
+            let _ = reply.send(Err(no_job(job)));
             return;
         }
         self.handle(Event::JobCancelled { job }, cmds, records);
@@ -1634,7 +1627,7 @@ impl Core {
                 }));
             }
             Err(state::StateError::UnknownJob(_)) => {
-                let _ = reply.send(Err(no_job(job, self.coord.next_job_id())));
+                let _ = reply.send(Err(no_job(job)));
             }
             Err(e) => {
                 let _ = reply.send(Err(Status::failed_precondition(e.to_string())));
@@ -1654,7 +1647,7 @@ impl Core {
     ) {
         match self.try_handle(Event::JobRemoved { job }, cmds, records) {
             Err(state::StateError::UnknownJob(_)) => {
-                let _ = reply.send(Err(no_job(job, self.coord.next_job_id())));
+                let _ = reply.send(Err(no_job(job)));
             }
             Err(e) => {
                 let _ = reply.send(Err(Status::failed_precondition(e.to_string())));
@@ -1797,8 +1790,7 @@ impl Core {
         (limit, from, states): (Option<usize>, usize, &[state::TaskState]),
         reply: Reply<String>,
     ) {
-        let next = self.coord.next_job_id();
-        let json = |doc: Option<String>, j: JobId| doc.ok_or_else(|| no_job(j, next));
+        let json = |doc: Option<String>, j: JobId| doc.ok_or_else(|| no_job(j));
         let _ = reply.send(match (trace, job, limit) {
             (true, Some(j), _) => json(
                 self.coord
@@ -1820,7 +1812,7 @@ impl Core {
     /// A new watcher: the job's state now, then (while it runs) its events.
     fn on_watch(&mut self, job: JobId, tx: Watcher) {
         let Some(s) = self.coord.job_summary(job) else {
-            let _ = tx.try_send(Err(no_job(job, self.coord.next_job_id())));
+            let _ = tx.try_send(Err(no_job(job)));
             return;
         };
         let (done, total) = (s.done as u32, s.total as u32);
@@ -1852,9 +1844,7 @@ impl Core {
         pinned: Option<u32>,
     ) -> std::result::Result<LogInfo, Status> {
         match self.coord.task_status(job, task) {
-            None if self.coord.job_summary(job).is_none() => {
-                Err(no_job(job, self.coord.next_job_id()))
-            }
+            None if self.coord.job_summary(job).is_none() => Err(no_job(job)),
             None => {
                 // `map` for the array `map[0..N]`: name one of its tasks.
                 let first = format!("{task}[0]");

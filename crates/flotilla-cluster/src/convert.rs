@@ -205,6 +205,10 @@ pub(crate) fn assignment(a: state::Assignment) -> proto::Assignment {
             rank: g.rank,
             size: g.size,
             key: g.key,
+            local_rank: g.local_rank,
+            local_size: g.local_size,
+            master_addr: g.master_addr,
+            master_port: u32::from(g.master_port),
         }),
         ..Default::default()
     };

@@ -1718,6 +1718,12 @@ fn execute(
             size: g.size,
             rendezvous: format!("{}:{port}/{}", sh.config.remote.host(), g.key),
             rendezvous_cert: sh.rendezvous_cert.lock().clone(),
+            // Zero: a coordinator that does not send them.
+            local: (g.local_size > 0).then_some((g.local_rank, g.local_size)),
+            master: u16::try_from(g.master_port)
+                .ok()
+                .filter(|p| *p > 0 && !g.master_addr.is_empty())
+                .map(|p| (g.master_addr.clone(), p)),
         }
     });
     // A worker that manages GPUs hides them from a task given none.

@@ -181,6 +181,12 @@ pub struct GangEnv {
     /// The fingerprint of the rendezvous's TLS certificate (`FLOTILLA_RENDEZVOUS_CERT`);
     /// empty when it is plain TCP.
     pub rendezvous_cert: String,
+    /// Its rank among the members on its host and how many they are (`LOCAL_RANK`,
+    /// `LOCAL_WORLD_SIZE`); `None` from a coordinator that does not send them.
+    pub local: Option<(u32, u32)>,
+    /// Where rank 0 listens for PyTorch's `env://` (`MASTER_ADDR`, `MASTER_PORT`); `None`
+    /// from a coordinator that does not send it.
+    pub master: Option<(String, u16)>,
 }
 
 impl TaskEnv<'_> {
@@ -204,6 +210,18 @@ impl TaskEnv<'_> {
                     "FLOTILLA_RENDEZVOUS_CERT".to_owned(),
                     g.rendezvous_cert.clone(),
                 ));
+            }
+            // PyTorch's `env://` and torchrun's names, so that `init_process_group` needs no
+            // launcher (a job's own `env` may still set them otherwise).
+            env.push(("RANK".to_owned(), g.rank.to_string()));
+            env.push(("WORLD_SIZE".to_owned(), g.size.to_string()));
+            if let Some((rank, size)) = g.local {
+                env.push(("LOCAL_RANK".to_owned(), rank.to_string()));
+                env.push(("LOCAL_WORLD_SIZE".to_owned(), size.to_string()));
+            }
+            if let Some((addr, port)) = &g.master {
+                env.push(("MASTER_ADDR".to_owned(), addr.clone()));
+                env.push(("MASTER_PORT".to_owned(), port.to_string()));
             }
         }
         if let Some(gpus) = self.gpus {
@@ -795,12 +813,30 @@ mod tests {
                 size: 2,
                 rendezvous: "h:1/k".into(),
                 rendezvous_cert: String::new(),
+                local: Some((0, 1)),
+                master: Some(("10.0.0.5".into(), 29517)),
             }),
             ..plain
         };
+        let vars = gang.vars();
         assert_eq!(
-            gang.vars()[6],
+            vars[6],
             ("FLOTILLA_RENDEZVOUS".to_owned(), "h:1/k".to_owned())
+        );
+        let torch: Vec<(&str, &str)> = vars[7..]
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            torch,
+            [
+                ("RANK", "1"),
+                ("WORLD_SIZE", "2"),
+                ("LOCAL_RANK", "0"),
+                ("LOCAL_WORLD_SIZE", "1"),
+                ("MASTER_ADDR", "10.0.0.5"),
+                ("MASTER_PORT", "29517"),
+            ]
         );
 
         // A cleared environment holds exactly what the spec sets.

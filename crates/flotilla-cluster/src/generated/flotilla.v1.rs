@@ -697,7 +697,9 @@ pub struct Assignment {
     pub checkpoint: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
 }
 /// A gang member: the worker sets FLOTILLA_RANK, FLOTILLA_WORLD_SIZE and
-/// FLOTILLA_RENDEZVOUS = "SERVER_HOST:RENDEZVOUS_PORT/KEY".
+/// FLOTILLA_RENDEZVOUS = "SERVER_HOST:RENDEZVOUS_PORT/KEY"; and, for PyTorch's env://
+/// (torchrun's names), RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and, when master_addr
+/// is set (a coordinator that sends it), MASTER_ADDR and MASTER_PORT.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct GangInfo {
     #[prost(uint32, tag = "1")]
@@ -706,6 +708,18 @@ pub struct GangInfo {
     pub size: u32,
     #[prost(string, tag = "3")]
     pub key: ::prost::alloc::string::String,
+    /// its rank among the members on its host
+    #[prost(uint32, tag = "4")]
+    pub local_rank: u32,
+    /// the members on its host
+    #[prost(uint32, tag = "5")]
+    pub local_size: u32,
+    /// where rank 0 runs, as the other members reach it
+    #[prost(string, tag = "6")]
+    pub master_addr: ::prost::alloc::string::String,
+    /// a port for rank 0 to listen on, chosen from the gang's key
+    #[prost(uint32, tag = "7")]
+    pub master_port: u32,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct FetchRequest {

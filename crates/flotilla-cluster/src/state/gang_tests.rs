@@ -268,3 +268,51 @@ fn a_preempted_member_s_checkpoint_resumes_the_whole_gang() {
         "rank 0 had no rank1 file of its own"
     );
 }
+
+/// A gang's members get PyTorch's `env://` settings: their rank among the members on their
+/// host, and where rank 0 is reached (loopback when they share one host, else rank 0's
+/// data address or host name) on a port from the gang's key, another on each restart.
+#[test]
+fn gang_members_are_told_their_local_rank_and_where_rank_0_listens() {
+    let mut sim = Sim::new(0);
+    let host = |name: &str, data: &str| WorkerSpec {
+        hostname: name.into(),
+        data_addr: data.into(),
+        ..wspec(2.0, &[])
+    };
+    sim.join(host("a", "10.1.0.7:7001"));
+    sim.join(host("b", "127.0.0.1:7002"));
+    // 2 CPUs on each host: a gang of 4 one-CPU members fills both, two per host.
+    let (job, out) = sim.submit(&gang_job(4, 1));
+    let mut g: Vec<GangAssignment> = gangs(&out).into_iter().map(|x| x.2).collect();
+    g.sort_by_key(|m| m.rank);
+    assert_eq!(g.len(), 4);
+    let on: Vec<(u32, u32)> = g.iter().map(|m| (m.local_rank, m.local_size)).collect();
+    assert!(on.iter().all(|(_, n)| *n == 2), "{on:?}");
+    let mut locals: Vec<u32> = on.iter().map(|(r, _)| *r).collect();
+    locals.sort_unstable();
+    assert_eq!(locals, vec![0, 0, 1, 1]);
+    assert_eq!(g[0].local_rank, 0, "rank 0 is first on its host");
+    assert!(g.iter().all(|m| m.master_addr == g[0].master_addr));
+    assert!(
+        ["10.1.0.7", "b"].contains(&g[0].master_addr.as_str()),
+        "rank 0's data address, or its host name where that is loopback: {}",
+        g[0].master_addr
+    );
+    assert!(g.iter().all(|m| m.master_port == g[0].master_port));
+    assert_eq!(g[0].master_port, gang_port(&g[0].key));
+    assert!((GANG_PORT_BASE..GANG_PORT_BASE + GANG_PORTS).contains(&g[0].master_port));
+    // Another incarnation, another port (the key names it).
+    assert_ne!(gang_port("job-1-t0-1"), gang_port("job-1-t0-2"));
+    let _ = job;
+
+    // One host for the whole gang: loopback.
+    let mut sim = Sim::new(0);
+    sim.join(host("solo", "10.1.0.9:7001"));
+    let (_, out) = sim.submit(&gang_job(2, 0));
+    let g = gangs(&out);
+    assert_eq!(g.len(), 2);
+    assert!(g
+        .iter()
+        .all(|x| x.2.master_addr == "127.0.0.1" && x.2.local_size == 2));
+}

@@ -1115,7 +1115,8 @@ pub struct Assignment {
 
 /// A gang member's part of an [`Assignment`]: the worker sets `FLOTILLA_RANK`,
 /// `FLOTILLA_WORLD_SIZE` and `FLOTILLA_RENDEZVOUS` (`HOST:PORT/KEY`, the coordinator's
-/// rendezvous service) from it.
+/// rendezvous service) from it, and PyTorch's `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+/// `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GangAssignment {
     /// `0..size`.
@@ -1125,6 +1126,34 @@ pub struct GangAssignment {
     /// Names this incarnation of the gang at the rendezvous: `job-first-attempt`, where
     /// `attempt` is rank 0's attempt (every restart of the gang gets a new key).
     pub key: String,
+    /// Its rank among the members on its host (`LOCAL_RANK`).
+    pub local_rank: u32,
+    /// How many members are on its host (`LOCAL_WORLD_SIZE`).
+    pub local_size: u32,
+    /// Where rank 0 runs, as the other members reach it (`MASTER_ADDR`): `127.0.0.1` when
+    /// every member is on one host, else rank 0's worker's data address's host (its
+    /// `--data-listen`, when that is not a loopback or unspecified address) or host name.
+    pub master_addr: String,
+    /// A port for rank 0 to listen on (`MASTER_PORT`), from the key:
+    /// [`GANG_PORTS`] wide from [`GANG_PORT_BASE`] (every restart gets another).
+    pub master_port: u16,
+}
+
+/// The first port a gang's rank 0 may be told to listen on (`MASTER_PORT`; PyTorch's own
+/// default is 29500).
+pub const GANG_PORT_BASE: u16 = 29500;
+/// How many ports from [`GANG_PORT_BASE`] (to 39499).
+pub const GANG_PORTS: u16 = 10000;
+
+/// `MASTER_PORT` for the gang incarnation `key`: FNV-1a of the key in the gang port range,
+/// the same on every member's worker and after a replay.
+pub fn gang_port(key: &str) -> u16 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in key.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    GANG_PORT_BASE + (h % u32::from(GANG_PORTS)) as u16
 }
 
 /// Why a task was placed where it was (the placement's own type, from `flotilla-sched`).

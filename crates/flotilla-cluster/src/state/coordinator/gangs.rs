@@ -146,15 +146,56 @@ impl Coordinator {
         let size = members.len() as u32;
         let attempt = self.jobs[&job].tasks[leader.index()].attempt + 1;
         let key = format!("{}-{}-{attempt}", job, leader);
-        for ((m, d), (_, inputs)) in members.zip(decisions).zip(staged) {
+        let hosts: Vec<&str> = decisions
+            .iter()
+            .map(|d| {
+                self.workers
+                    .get(&d.worker)
+                    .map_or("", |w| w.spec.hostname.as_str())
+            })
+            .collect();
+        let master_addr = self.master_addr(&decisions, &hosts);
+        let master_port = super::super::gang_port(&key);
+        let local: Vec<(u32, u32)> = hosts
+            .iter()
+            .enumerate()
+            .map(|(r, h)| {
+                let before = hosts[..r].iter().filter(|o| *o == h).count() as u32;
+                let all = hosts.iter().filter(|o| *o == h).count() as u32;
+                (before, all)
+            })
+            .collect();
+        for (((m, d), (_, inputs)), (local_rank, local_size)) in
+            members.zip(decisions).zip(staged).zip(local)
+        {
             let gang = GangAssignment {
                 rank: m - leader.0,
                 size,
                 key: key.clone(),
+                local_rank,
+                local_size,
+                master_addr: master_addr.clone(),
+                master_port,
             };
             self.assign_member(job, TaskId::new(m), d, inputs, Some(gang), None, out);
         }
         Placed::Yes
+    }
+
+    /// Where a gang's rank 0 is reached by the other members (`MASTER_ADDR`): loopback when
+    /// they all share its host; else the host of its worker's data address when that is
+    /// one other machines reach (`--data-listen`), else its worker's host name.
+    fn master_addr(&self, decisions: &[Decision], hosts: &[&str]) -> String {
+        if hosts.iter().all(|h| *h == hosts[0]) {
+            return "127.0.0.1".into();
+        }
+        let Some(w) = decisions.first().and_then(|d| self.workers.get(&d.worker)) else {
+            return String::new();
+        };
+        match w.spec.data_addr.parse::<std::net::SocketAddr>() {
+            Ok(a) if !a.ip().is_loopback() && !a.ip().is_unspecified() => a.ip().to_string(),
+            _ => w.spec.hostname.clone(),
+        }
     }
 
     /// A member of a gang failed, was cancelled or lost its worker (its own state is already

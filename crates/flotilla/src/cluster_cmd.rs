@@ -496,7 +496,8 @@ pub(crate) struct LogsArgs {
     /// The job id: `7` or `job-7`.
     #[arg(value_parser = crate::cluster_cmd::job_number)]
     job: u64,
-    /// The task's name, e.g. tile[3].
+    /// The task's name, e.g. tile[3]; an array's or a gang's id alone (tile) prints every
+    /// instance's output, each under a header (with --follow, each line behind its name).
     task: String,
     /// Keep printing until the task ends: from its start when it is still queued, and on
     /// with each new attempt after a failed one.
@@ -2251,93 +2252,48 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
         None => a.remote.client().await?,
     };
     let printed = async {
-        let mut resume = LogResume::default();
-        let mut outage = flotilla::cluster::Outage::default();
-        loop {
-            resume.stream_opening();
-            let ended = match client
-                .logs_of(JobId::new(a.job), &a.task, (a.follow, a.stderr), a.attempt)
-                .await
-            {
-                Ok(mut s) => {
-                    resume.opened = true;
-                    outage.answered();
-                    loop {
-                        match s.message().await {
-                            Ok(Some(c)) => {
-                                // (Coordinators before attempts were named send 0 with the data.)
-                                if a.attempt.is_some_and(|n| {
-                                    c.attempt != n && (c.attempt != 0 || !c.data.is_empty())
-                                }) {
-                                    break Err(flotilla::cluster::ClusterError::Rpc(format!(
-                                        "the coordinator runs an older flotilla, which gives \
-                                         only the latest attempt's output (it sent attempt \
-                                         {}): drop --attempt",
-                                        c.attempt
-                                    )));
-                                }
-                                let before = resume.printed;
-                                let new = resume.unprinted(c.attempt, &c.data);
-                                if !new.is_empty() && before.1 > 0 && before.0 != c.attempt {
-                                    // Followed on to a retry: said between the two (on
-                                    // stderr: stdout holds the task's own output).
-                                    eprintln!("[flotilla: {} attempt {}]", a.task, c.attempt);
-                                }
-                                if !new.is_empty() {
-                                    let mut out = std::io::stdout().lock();
-                                    out.write_all(new)?;
-                                    out.flush()?;
-                                }
-                            }
-                            Ok(None) => break Ok(()),
-                            Err(st) => break Err(client.stream_error(st)),
-                        }
+        let job = JobId::new(a.job);
+        let names = instances_of(&mut client, job, &a.task).await?;
+        let tail = local.is_none();
+        match names.as_slice() {
+            [] => follow_logs(&mut client, &a, &a.task, tail, &mut Sink::Raw).await,
+            [one] => follow_logs(&mut client, &a, one, tail, &mut Sink::Raw).await,
+            many if a.follow => {
+                if many.len() > MAX_FOLLOWED {
+                    anyhow::bail!(
+                        "{} has {} instances: --follow follows at most {MAX_FOLLOWED} at once \
+                         (name one, such as {}, or leave out --follow)",
+                        a.task,
+                        many.len(),
+                        many[0]
+                    );
+                }
+                // Each instance's lines as they come, behind its name.
+                let all = many.iter().map(|name| {
+                    let mut c = client.clone();
+                    let a = &a;
+                    async move {
+                        let mut sink = Sink::labelled(name);
+                        let r = follow_logs(&mut c, a, name, tail, &mut sink).await;
+                        sink.finish()?;
+                        r
                     }
+                });
+                futures::future::join_all(all)
+                    .await
+                    .into_iter()
+                    .collect::<Result<Vec<()>>>()
+                    .map(drop)
+            }
+            many => {
+                // One after another, each under a header, as `tail` prints several files.
+                for (i, name) in many.iter().enumerate() {
+                    outln!("{}==> {name} <==", if i > 0 { "\n" } else { "" });
+                    follow_logs(&mut client, &a, name, tail, &mut Sink::Raw).await?;
                 }
-                // A coordinator that answered before and breaks the connection now (it is
-                // being killed, or stopping, right after the reconnection) is lost, not
-                // one that wants TLS: it failed CI once, as "the server may speak TLS".
-                Err(e) if resume.opened_any() => Err(Client::lost_after_answer(e)),
-                Err(e) => Err(e),
-            };
-            match ended {
-                Ok(()) => break,
-                Err(e) if a.follow && local.is_none() && e.is_transient() => {
-                    tracing::info!("following the logs of {}: {e}; connecting again", a.task);
-                    client = client
-                        .follow_again(&mut outage, resume.stream_carried(), e)
-                        .await?;
-                }
-                Err(e) => return Err(e.into()),
+                Ok(())
             }
         }
-        let wrote = resume.printed_any();
-        // Said on stderr, so that stdout holds the task's own output only.
-        if !wrote && resume.last_attempt == Some(0) {
-            let ended = client
-                .job_status_range(JobId::new(a.job), 0, Some(0))
-                .await
-                .ok()
-                .filter(|s| s.state != JobState::Running);
-            match ended {
-                Some(s) => eprintln!(
-                    "({} never ran: job {} ended ({}) before it started)",
-                    a.task, a.job, s.state
-                ),
-                None => eprintln!(
-                    "({} has not started yet; --follow waits for its output)",
-                    a.task
-                ),
-            }
-        } else if !wrote && a.stderr {
-            eprintln!("({} wrote nothing to stderr)", a.task);
-        } else if !wrote {
-            eprintln!(
-                "({} wrote nothing to stdout; --stderr shows its stderr)",
-                a.task
-            );
-        }
-        anyhow::Ok(())
     }
     .await;
     if let Some(server) = local {
@@ -2345,6 +2301,179 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
         server.wait().await?;
     }
     printed
+}
+
+/// `flotilla logs --follow` of several instances follows at most this many at once.
+const MAX_FOLLOWED: usize = 64;
+
+/// The instances `task` names in `job`: itself, or, for an array's or a gang's id without an
+/// index (`train`), each `train[i]` in order (every rank's or index's output); empty when
+/// the job lists no such task (the coordinator then says what it has).
+async fn instances_of(client: &mut Client, job: JobId, task: &str) -> Result<Vec<String>> {
+    if task.contains('[') {
+        return Ok(vec![task.to_string()]);
+    }
+    let prefix = format!("{task}[");
+    let mut found = Vec::new();
+    let mut from = 0;
+    loop {
+        let s = client.job_status_range(job, from, None).await?;
+        for t in &s.tasks {
+            if t.name == task {
+                return Ok(vec![task.to_string()]);
+            }
+            if t.name.starts_with(&prefix) {
+                found.push(t.name.clone());
+            } else if !found.is_empty() {
+                return Ok(found); // an array's instances are consecutive
+            }
+        }
+        let end = from + s.tasks.len() as u64;
+        if s.tasks.is_empty() || end >= s.total {
+            return Ok(found);
+        }
+        from = end;
+    }
+}
+
+/// Where one instance's output goes: to stdout as it comes, or line by line behind its
+/// name (several instances followed at once).
+enum Sink {
+    Raw,
+    Labelled { label: String, partial: Vec<u8> },
+}
+
+impl Sink {
+    fn labelled(name: &str) -> Sink {
+        Sink::Labelled {
+            label: format!("[{name}] "),
+            partial: Vec::new(),
+        }
+    }
+
+    fn write(&mut self, data: &[u8]) -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        match self {
+            Sink::Raw => out.write_all(data)?,
+            Sink::Labelled { label, partial } => {
+                partial.extend_from_slice(data);
+                // Whole lines only, each in one write: lines of instances do not mix.
+                while let Some(n) = partial.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = partial.drain(..=n).collect();
+                    out.write_all(label.as_bytes())?;
+                    out.write_all(&line)?;
+                }
+            }
+        }
+        out.flush()?;
+        Ok(())
+    }
+
+    /// The last line, when it has no newline.
+    fn finish(&mut self) -> Result<()> {
+        if let Sink::Labelled { label, partial } = self {
+            if !partial.is_empty() {
+                let mut out = std::io::stdout().lock();
+                out.write_all(label.as_bytes())?;
+                out.write_all(partial)?;
+                out.write_all(b"\n")?;
+                out.flush()?;
+                partial.clear();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One instance's output (`flotilla logs`): its latest attempt's, or `--attempt N`'s; with
+/// `--follow`, until it ends, through a coordinator's restart when `reconnect` (not a local
+/// run's state, whose coordinator is this process's).
+async fn follow_logs(
+    client: &mut Client,
+    a: &LogsArgs,
+    task: &str,
+    reconnect: bool,
+    sink: &mut Sink,
+) -> Result<()> {
+    let mut resume = LogResume::default();
+    let mut outage = flotilla::cluster::Outage::default();
+    loop {
+        resume.stream_opening();
+        let ended = match client
+            .logs_of(JobId::new(a.job), task, (a.follow, a.stderr), a.attempt)
+            .await
+        {
+            Ok(mut s) => {
+                resume.opened = true;
+                outage.answered();
+                loop {
+                    match s.message().await {
+                        Ok(Some(c)) => {
+                            // (Coordinators before attempts were named send 0 with the data.)
+                            if a.attempt.is_some_and(|n| {
+                                c.attempt != n && (c.attempt != 0 || !c.data.is_empty())
+                            }) {
+                                break Err(flotilla::cluster::ClusterError::Rpc(format!(
+                                    "the coordinator runs an older flotilla, which gives \
+                                     only the latest attempt's output (it sent attempt \
+                                     {}): drop --attempt",
+                                    c.attempt
+                                )));
+                            }
+                            let before = resume.printed;
+                            let new = resume.unprinted(c.attempt, &c.data);
+                            if !new.is_empty() && before.1 > 0 && before.0 != c.attempt {
+                                // Followed on to a retry: said between the two (on
+                                // stderr: stdout holds the task's own output).
+                                eprintln!("[flotilla: {task} attempt {}]", c.attempt);
+                            }
+                            if !new.is_empty() {
+                                sink.write(new)?;
+                            }
+                        }
+                        Ok(None) => break Ok(()),
+                        Err(st) => break Err(client.stream_error(st)),
+                    }
+                }
+            }
+            // A coordinator that answered before and breaks the connection now (it is
+            // being killed, or stopping, right after the reconnection) is lost, not
+            // one that wants TLS: it failed CI once, as "the server may speak TLS".
+            Err(e) if resume.opened_any() => Err(Client::lost_after_answer(e)),
+            Err(e) => Err(e),
+        };
+        match ended {
+            Ok(()) => break,
+            Err(e) if a.follow && reconnect && e.is_transient() => {
+                tracing::info!("following the logs of {task}: {e}; connecting again");
+                *client = client
+                    .follow_again(&mut outage, resume.stream_carried(), e)
+                    .await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let wrote = resume.printed_any();
+    // Said on stderr, so that stdout holds the task's own output only.
+    if !wrote && resume.last_attempt == Some(0) {
+        let ended = client
+            .job_status_range(JobId::new(a.job), 0, Some(0))
+            .await
+            .ok()
+            .filter(|s| s.state != JobState::Running);
+        match ended {
+            Some(s) => eprintln!(
+                "({task} never ran: job {} ended ({}) before it started)",
+                a.job, s.state
+            ),
+            None => eprintln!("({task} has not started yet; --follow waits for its output)"),
+        }
+    } else if !wrote && a.stderr {
+        eprintln!("({task} wrote nothing to stderr)");
+    } else if !wrote {
+        eprintln!("({task} wrote nothing to stdout; --stderr shows its stderr)");
+    }
+    anyhow::Ok(())
 }
 
 /// What `flotilla logs` printed, so that a stream opened again (`--follow` through a

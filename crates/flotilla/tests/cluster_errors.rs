@@ -751,15 +751,23 @@ cmd = ["true"]
         "{}",
         text(&none.stderr)
     );
-    // An array's name alone: the error says to name one of its tasks.
+    // An array's name alone: every instance's output, each under a header (it was an
+    // error; a gang's ranks had to be read one by one), and with --follow, each line behind
+    // its instance's name.
     let array = c.cli(&["logs", &job, "talker"]);
-    assert!(!array.status.success());
-    assert!(
-        text(&array.stderr).contains(
-            "talker has several instances, an array's or a gang's: name one, such as talker[0]"
-        ),
-        "{}",
-        text(&array.stderr)
+    assert!(array.status.success(), "{}", text(&array.stderr));
+    assert_eq!(
+        text(&array.stdout),
+        "==> talker[0] <==\nhello from talker 0\nline two\n\n\
+         ==> talker[1] <==\nhello from talker 1\nline two\n"
+    );
+    let followed = c.cli(&["logs", &job, "talker", "--follow", "--stderr"]);
+    assert!(followed.status.success(), "{}", text(&followed.stderr));
+    let mut lines: Vec<String> = text(&followed.stdout).lines().map(String::from).collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        ["[talker[0]] complaint 0", "[talker[1]] complaint 1"]
     );
 }
 

@@ -338,6 +338,14 @@ pub enum Problem {
         /// How many capacities were offered.
         offered: usize,
     },
+    /// A gang's members together exceed the one machine offered (`flotilla run`).
+    #[error("a gang of {size} needs {needs} for each member, all at once, side by side")]
+    GangTooLarge {
+        /// Its members.
+        size: u32,
+        /// What each member asks for (defaults merged; its smallest variant's).
+        needs: Resources,
+    },
     /// No variant of a task fits any capacity offered.
     #[error("no variant fits any capacity offered{}: {}", capacities_note(.offered),
         needs.iter().map(|(n, r)| format!("{n} needs {r}")).collect::<Vec<_>>().join("; "))]

@@ -409,6 +409,50 @@ impl JobSpec {
         Ok(())
     }
 
+    /// Checks that every gang's members fit side by side in `offer`, the one machine of
+    /// `flotilla run` (its CPUs, memory and whole GPUs: a gang is never queued, its members
+    /// start together). A gang with variants fits if one variant's members do. The error
+    /// names the task and what each member needs.
+    pub fn check_gangs_fit(&self, offer: &Resources) -> Result<()> {
+        let loc = Locator {
+            source: self.source.as_ref(),
+        };
+        let fit = |n: u32, r: &Resources| {
+            let n = f64::from(n);
+            n * r.cpus <= offer.cpus + 1e-9
+                && u128::from(r.mem) * n as u128 <= u128::from(offer.mem)
+                && (r.gpus <= 0.0 || (n * r.gpus).ceil() <= offer.gpus + 1e-9)
+        };
+        for (t, task) in self.tasks.iter().enumerate() {
+            let Some(size) = task.group.map(|g| g.size).filter(|s| *s > 1) else {
+                continue;
+            };
+            let base = self.defaults.resources.overlay(&task.resources);
+            let needs: Vec<Resources> = match &task.body {
+                TaskBody::Variants(vs) => vs
+                    .iter()
+                    .map(|v| base.overlay(&v.resources).resolve())
+                    .collect(),
+                TaskBody::Command(_) | TaskBody::Wasm(_) => vec![base.resolve()],
+            };
+            if needs.iter().any(|r| fit(size, r)) {
+                continue;
+            }
+            let smallest = needs
+                .into_iter()
+                .min_by(|a, b| a.cpus.total_cmp(&b.cpus))
+                .unwrap_or_default();
+            let e = JobError::new(Problem::GangTooLarge {
+                size,
+                needs: smallest,
+            })
+            .task(&task.id)
+            .field("group");
+            return Err(loc.task(e, t, "group").into());
+        }
+        Ok(())
+    }
+
     /// Writes the job as TOML that [`parse_job`](crate::parse_job) reads back into an equal
     /// spec.
     pub fn to_toml(&self) -> String {

@@ -1267,3 +1267,29 @@ fn a_shell_s_dollar_brace_i_and_a_doubled_placeholder_are_kept_as_written() {
     assert_eq!(cmd, vec!["echo", "1", "${i}", "{i}", "x1y1"]);
     assert_eq!(env.get("N").map(String::as_str), Some("{i}-1"));
 }
+
+#[test]
+fn a_gang_too_large_for_one_machine_is_named() {
+    let spec = parse_job(
+        "[[task]]\nid = \"g\"\ngroup = { size = 4 }\nresources = { cpus = 1, mem = \"1GiB\" }\ncmd = [\"x\"]\n",
+        "job.toml",
+    )
+    .expect("a valid job");
+    let machine = |cpus: f64, mem: u64| Resources {
+        cpus,
+        mem,
+        ..Resources::default()
+    };
+    assert!(spec.check_gangs_fit(&machine(4.0, 4 << 30)).is_ok());
+    let e = spec.check_gangs_fit(&machine(3.0, 64 << 30)).unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "task \"g\": field \"group\": a gang of 4 needs cpus=1 mem=1GiB for each member"
+        ),
+        "{e}"
+    );
+    assert!(
+        spec.check_gangs_fit(&machine(8.0, 3 << 30)).is_err(),
+        "memory too"
+    );
+}

@@ -1457,8 +1457,40 @@ fn print_warnings(plan: &flotilla_cluster::plan::Plan) {
     }
 }
 
+/// `flotilla run`'s one worker, as it will offer itself (its coordinator's address and its
+/// guard come later).
+fn local_worker(a: &RunArgs) -> Result<WorkerConfig> {
+    let mut wcfg = WorkerConfig::local(Remote::new(String::new(), String::new()));
+    if let Some(c) = a.cpus {
+        wcfg.cpus = c;
+    }
+    wcfg.gpus = gpus_from(&a.gpus)?;
+    wcfg.name = "local".into();
+    wcfg.isolation = a.isolation;
+    wcfg.allow_network = a.allow_network;
+    Ok(wcfg)
+}
+
+/// A task, or a gang's members side by side, that `flotilla run`'s one worker can never
+/// take is refused before anything runs: it was cancelled only once the tasks before it had
+/// run (a whole sweep, before its reduce); `--dry-run` says the same.
+fn refuse_unfit(spec: &flotilla::core::JobSpec, wcfg: &WorkerConfig) -> Result<()> {
+    let offer = wcfg.offer();
+    spec.check_fits(std::slice::from_ref(&offer))
+        .and_then(|()| spec.check_gangs_fit(&offer))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e}: it can never run on this machine's worker, so nothing was run (flotilla \
+                 run's one worker offers {offer}, what --cpus, --gpus and --allow-network give \
+                 it, and no custom resources: for more, run the job on a cluster whose workers \
+                 offer what the task needs)"
+            )
+        })
+}
+
 pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     if a.dry_run {
+        refuse_unfit(&check_job_file(&a.job, false)?, &local_worker(&a)?)?;
         return dry_run(&a.job, a.json);
     }
     // Heard from now: a Ctrl-C before the job is followed is one too (the default action
@@ -1480,26 +1512,9 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     flotilla_cluster::plan::check_job_dir(&job_dir.display().to_string())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     // The one worker, as it will offer itself (its coordinator's address comes below).
-    let mut wcfg = WorkerConfig::local(Remote::new(String::new(), String::new()));
+    let mut wcfg = local_worker(&a)?;
     wcfg.guard = flotilla::guard_command();
-    if let Some(c) = a.cpus {
-        wcfg.cpus = c;
-    }
-    wcfg.gpus = gpus_from(&a.gpus)?;
-    wcfg.name = "local".into();
-    wcfg.isolation = a.isolation;
-    wcfg.allow_network = a.allow_network;
-    // A task that worker can never take is refused before anything runs: it was cancelled
-    // only once the tasks before it had run (a whole sweep, before its reduce).
-    spec.check_fits(&[wcfg.offer()]).map_err(|e| {
-        anyhow::anyhow!(
-            "{e}: it can never run on this machine's worker, so nothing was run (flotilla \
-                 run's one worker offers {}, what --cpus, --gpus and --allow-network give it, \
-                 and no custom resources: for more, run the job on a cluster whose workers \
-                 offer what the task needs)",
-            wcfg.offer()
-        )
-    })?;
+    refuse_unfit(&spec, &wcfg)?;
     let state = a.state.clone().unwrap_or_else(|| job_dir.join(".flotilla"));
     let mut scfg = ServerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), &state);
     scfg.http_listen = a.dashboard;

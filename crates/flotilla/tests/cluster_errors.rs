@@ -1236,8 +1236,8 @@ fn ctrl_c_of_run_leaves_a_job_to_resume_and_of_wait_says_the_job_goes_on() {
 /// `flotilla run` has one worker, this machine's: a task larger than it offers would wait
 /// forever ("0/2 tasks done", no word why). The run refuses the job before anything runs
 /// (it ran the tasks before the large one first, a whole sweep before its reduce), naming
-/// the task, the line and what it needs; a gang that cannot fit side by side is found once
-/// it is ready, and the job cancelled, saying why (in the JSON document too).
+/// the task, the line and what it needs; so is a gang whose members cannot fit side by side
+/// (it was found only once ready, after what came before it had run), with --dry-run too.
 #[test]
 fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1263,22 +1263,24 @@ fn run_of_a_task_larger_than_the_machine_fails_naming_it() {
         assert!(!dir.join(".flotilla").exists(), "a state folder was made");
     }
 
-    // A gang of three on two CPUs: each member fits, not all three at once.
+    // A gang of three on two CPUs: each member fits, not all three at once. Refused before
+    // anything runs, and by --dry-run (it ran what came before, then was cancelled once
+    // ready; a dry run said nothing).
     std::fs::write(
         dir.join("job.toml"),
         "name = \"gang\"\n[[task]]\nid = \"g\"\ngroup = { size = 3 }\ncmd = [\"true\"]\n",
     )
     .unwrap();
-    let out = local_run(dir, "2", &["--json"]).output().unwrap();
-    assert!(!out.status.success());
-    let doc: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
-    assert_eq!(doc["state"], "cancelled", "{doc}");
-    assert!(
-        doc["cancelled_because"]
-            .as_str()
-            .is_some_and(|w| w.contains("the gang of task g") && w.contains("needs 3 members")),
-        "{doc}"
-    );
+    for more in [&["--json"][..], &["--dry-run"]] {
+        let out = local_run(dir, "2", more).output().unwrap();
+        assert!(!out.status.success(), "{more:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("task \"g\": field \"group\": a gang of 3 needs cpus=1 for each member")
+                && err.contains("it can never run on this machine's worker"),
+            "{more:?}: {err}"
+        );
+    }
 
     // A task that needs the network: refused the same way, and run with --allow-network.
     std::fs::write(

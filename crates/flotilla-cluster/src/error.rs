@@ -158,8 +158,7 @@ impl ClusterError {
     }
 }
 
-/// What a port already taken may mean (a second `flotilla server` on the port said only
-/// "Address already in use").
+/// How a [`ClusterError::Bind`] names its flag: ` (--data-listen)`.
 fn flag_of(flag: &Option<&'static str>) -> String {
     flag.map(|f| format!(" ({f})")).unwrap_or_default()
 }
@@ -178,6 +177,8 @@ impl ClusterError {
     }
 }
 
+/// What a port already taken may mean (a second `flotilla server` on the port said only
+/// "Address already in use").
 fn bind_hint(e: &std::io::Error) -> &'static str {
     if e.kind() == std::io::ErrorKind::AddrInUse {
         " (another process listens there, such as a flotilla server or worker already \

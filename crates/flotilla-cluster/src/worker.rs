@@ -881,6 +881,18 @@ fn keep_checkpoint(sh: &Shared, a: &Assignment, key: &TaskKey) -> Vec<proto::Che
             let Ok(data) = std::fs::read(&p) else {
                 continue;
             };
+            let path = rel.display().to_string();
+            let hash = blake3::hash(&data).to_hex().to_string();
+            // A file as it was staged (the checkpoint it resumed from, unchanged) is not
+            // new: shipped again, it could stand for a newer one a gang's peer kept.
+            let staged = a.inputs.iter().any(|i| {
+                i.object
+                    .as_ref()
+                    .is_some_and(|o| o.path == path && o.hash == hash)
+            });
+            if staged {
+                continue;
+            }
             total += data.len() as u64;
             if total > MAX_CHECKPOINT_BYTES {
                 tracing::warn!(
@@ -890,8 +902,8 @@ fn keep_checkpoint(sh: &Shared, a: &Assignment, key: &TaskKey) -> Vec<proto::Che
                 return Vec::new();
             }
             files.push(proto::CheckpointFile {
-                path: rel.display().to_string(),
-                hash: blake3::hash(&data).to_hex().to_string(),
+                path,
+                hash,
                 size: data.len() as u64,
                 data,
             });

@@ -419,9 +419,18 @@ impl JobSpec {
         };
         let fit = |n: u32, r: &Resources| {
             let n = f64::from(n);
+            // GPUs as the ledger charges them: whole ones rounded up per member; shares of
+            // one GPU only as many to a GPU as fit in it (0.6 takes one of its own).
+            let gpus = if r.gpus <= 0.0 {
+                0.0
+            } else if r.gpus >= 1.0 {
+                n * r.gpus.ceil()
+            } else {
+                (n / (1.0 / r.gpus + 1e-9).floor()).ceil()
+            };
             n * r.cpus <= offer.cpus + 1e-9
                 && u128::from(r.mem) * n as u128 <= u128::from(offer.mem)
-                && (r.gpus <= 0.0 || (n * r.gpus).ceil() <= offer.gpus + 1e-9)
+                && gpus <= offer.gpus + 1e-9
         };
         for (t, task) in self.tasks.iter().enumerate() {
             let Some(size) = task.group.map(|g| g.size).filter(|s| *s > 1) else {

@@ -1292,4 +1292,22 @@ fn a_gang_too_large_for_one_machine_is_named() {
         spec.check_gangs_fit(&machine(8.0, 3 << 30)).is_err(),
         "memory too"
     );
+    // GPUs as charged: 1.5 takes 2 whole ones; 0.6 cannot share a GPU; 0.5 can.
+    let gang = |gpus: &str| {
+        parse_job(
+            &format!("[[task]]\nid = \"g\"\ngroup = {{ size = 2 }}\nresources = {{ gpus = {gpus} }}\ncmd = [\"x\"]\n"),
+            "job.toml",
+        )
+        .expect("a valid job")
+    };
+    let with_gpus = |gpus: f64| Resources {
+        cpus: 8.0,
+        gpus,
+        mem: 64 << 30,
+        ..Resources::default()
+    };
+    assert!(gang("1.5").check_gangs_fit(&with_gpus(3.0)).is_err());
+    assert!(gang("1.5").check_gangs_fit(&with_gpus(4.0)).is_ok());
+    assert!(gang("0.6").check_gangs_fit(&with_gpus(1.0)).is_err());
+    assert!(gang("0.5").check_gangs_fit(&with_gpus(1.0)).is_ok());
 }

@@ -1525,7 +1525,10 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
     // may still list as running, is gone for good (they waited 30 s for it to rejoin).
     scfg.coordinator.reconcile_grace_ms = 0;
     let name = spec.name;
-    let server = Server::start(scfg).await?;
+    // Its API port is any free one: a port that cannot be listened on is the dashboard's.
+    let server = Server::start(scfg)
+        .await
+        .map_err(|e| e.bind_for("--dashboard"))?;
     if let Some(http) = server.http_addr() {
         eprintln!(
             "dashboard: http://{http}/?token={} (the token is exchanged for a session)",
@@ -1828,9 +1831,9 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
         s.tasks,
         if s.tasks == 1 { "" } else { "s" }
     );
+    let submission = serde_json::json!({ "job": s.job.0, "name": s.name, "tasks": s.tasks });
     if a.json && !a.wait {
-        let doc = serde_json::json!({ "job": s.job.0, "name": s.name, "tasks": s.tasks });
-        crate::out::after_outcome(crate::out::write(format_args!("{doc}"), true))?;
+        crate::out::after_outcome(crate::out::write(format_args!("{submission}"), true))?;
         return Ok(true);
     }
     let label = format!("{} (job {})", s.name, s.job.0);
@@ -1841,9 +1844,12 @@ pub(crate) async fn submit(a: SubmitArgs) -> Result<bool> {
     };
     // The job id alone on the last line of stdout, for scripts, also when following it
     // failed (the coordinator gone for good): the job was taken, and may still run. (With
-    // --json the status document is the line, and names the job.)
+    // --json the status document is the line, and names the job; the submission's when
+    // following failed.)
     if !a.json {
         crate::out::after_outcome(crate::out::write(format_args!("{}", s.job.0), true))?;
+    } else if waited.is_err() {
+        crate::out::after_outcome(crate::out::write(format_args!("{submission}"), true))?;
     }
     let ok = waited.with_context(|| {
         format!(
@@ -2268,11 +2274,17 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
     };
     let printed = async {
         let job = JobId::new(a.job);
-        let names = instances_of(&mut client, job, &a.task).await?;
         let tail = local.is_none();
+        // One instance, as named; an array's or a gang's id alone is answered with the
+        // coordinator's "several instances" (its words, across the RPC): then each of them.
+        let one = follow_logs(&mut client, &a, &a.task, tail, &mut Sink::Raw).await;
+        let several = matches!(&one, Err(e) if e.to_string().contains("has several instances"));
+        if !several {
+            return one;
+        }
+        let names = instances_of(&mut client, job, &a.task).await?;
         match names.as_slice() {
-            [] => follow_logs(&mut client, &a, &a.task, tail, &mut Sink::Raw).await,
-            [one] => follow_logs(&mut client, &a, one, tail, &mut Sink::Raw).await,
+            [] => one,
             many if a.follow => {
                 if many.len() > MAX_FOLLOWED {
                     anyhow::bail!(
@@ -2294,11 +2306,8 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
                         r
                     }
                 });
-                futures::future::join_all(all)
-                    .await
-                    .into_iter()
-                    .collect::<Result<Vec<()>>>()
-                    .map(drop)
+                // The first error (stdout closed, the job gone) ends them all.
+                futures::future::try_join_all(all).await.map(drop)
             }
             many => {
                 // One after another, each under a header, as `tail` prints several files.
@@ -2321,13 +2330,10 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
 /// `flotilla logs --follow` of several instances follows at most this many at once.
 const MAX_FOLLOWED: usize = 64;
 
-/// The instances `task` names in `job`: itself, or, for an array's or a gang's id without an
-/// index (`train`), each `train[i]` in order (every rank's or index's output); empty when
-/// the job lists no such task (the coordinator then says what it has).
+/// The instances of an array's or a gang's id without an index (`train`) in `job`: each
+/// `train[i]` in order (every rank's or index's output), paging through the job's tasks
+/// until they are past.
 async fn instances_of(client: &mut Client, job: JobId, task: &str) -> Result<Vec<String>> {
-    if task.contains('[') {
-        return Ok(vec![task.to_string()]);
-    }
     let prefix = format!("{task}[");
     let mut found = Vec::new();
     let mut from = 0;

@@ -183,8 +183,8 @@ fn a_member_that_finished_reruns_when_its_gang_restarts() {
 
 /// In transfer staging a preempted member's checkpoint is every member's to resume from:
 /// rank 0 alone writes a data-parallel job's checkpoint, and rank 1, stopped with it,
-/// started from nothing (the ranks then disagreed on the step and the job failed). A
-/// member's own files at other paths are kept; at the same path, the newer replace them.
+/// started from nothing (the ranks then disagreed on the step and the job failed). Every
+/// member gets the union; at one path, the files kept last (the newer) win.
 #[test]
 fn a_preempted_member_s_checkpoint_resumes_the_whole_gang() {
     let mut sim = Sim::new(0);
@@ -261,12 +261,9 @@ fn a_preempted_member_s_checkpoint_resumes_the_whole_gang() {
         v.dedup();
         v
     };
+    // Every member resumes from the union, the newer `latest` winning.
     assert_eq!(resume(1), want(("ckpt/rank1", "a")));
-    assert_eq!(
-        resume(0),
-        want(("ckpt/rank0", "c")),
-        "rank 0 had no rank1 file of its own"
-    );
+    assert_eq!(resume(0), want(("ckpt/rank1", "a")));
 }
 
 /// A gang's members get PyTorch's `env://` settings: their rank among the members on their
@@ -306,13 +303,45 @@ fn gang_members_are_told_their_local_rank_and_where_rank_0_listens() {
     assert_ne!(gang_port("job-1-t0-1"), gang_port("job-1-t0-2"));
     let _ = job;
 
-    // One host for the whole gang: loopback.
+    // One machine for the whole gang: loopback, unless its data address is one others reach.
+    for (data, master) in [
+        ("127.0.0.1:7001", "127.0.0.1"),
+        ("10.1.0.9:7001", "10.1.0.9"),
+    ] {
+        let mut sim = Sim::new(0);
+        sim.join(host("solo", data));
+        let (_, out) = sim.submit(&gang_job(2, 0));
+        let g = gangs(&out);
+        assert_eq!(g.len(), 2);
+        assert!(
+            g.iter()
+                .all(|x| x.2.master_addr == master && x.2.local_size == 2),
+            "{data}: {g:?}"
+        );
+    }
+    // Two pods of one node: the node's name, two networks (data addresses): not local to
+    // each other, and rank 0 is reached at its own IP.
     let mut sim = Sim::new(0);
-    sim.join(host("solo", "10.1.0.9:7001"));
+    sim.join(WorkerSpec {
+        hostname: "node-1".into(),
+        data_addr: "10.2.0.4:7001".into(),
+        ..wspec(1.0, &[])
+    });
+    sim.join(WorkerSpec {
+        hostname: "node-1".into(),
+        data_addr: "10.2.0.5:7001".into(),
+        ..wspec(1.0, &[])
+    });
     let (_, out) = sim.submit(&gang_job(2, 0));
     let g = gangs(&out);
     assert_eq!(g.len(), 2);
-    assert!(g
-        .iter()
-        .all(|x| x.2.master_addr == "127.0.0.1" && x.2.local_size == 2));
+    assert!(
+        g.iter().all(|x| x.2.local_size == 1 && x.2.local_rank == 0),
+        "{g:?}"
+    );
+    let rank0 = g.iter().find(|x| x.2.rank == 0).unwrap();
+    assert!(
+        ["10.2.0.4", "10.2.0.5"].contains(&rank0.2.master_addr.as_str()),
+        "{g:?}"
+    );
 }

@@ -352,30 +352,32 @@ impl Job {
         self.classes.partition_point(|c| c.first <= t.0) - 1
     }
 
-    /// A task's placement options: `(variant name, resources)` per variant, or one unnamed
-    /// entry for a plain task.
-    /// Keeps the checkpoint files a preempted attempt of `t` left (transfer staging) for its
-    /// next attempt. A gang resumes together: every member's next attempt gets them too
-    /// (rank 0 alone writes a data-parallel job's checkpoint; the others, stopped with it,
-    /// would start from nothing). A member's files at the same paths are replaced (these
-    /// are newer), its others kept (its own shards).
+    /// Keeps the checkpoint files a preempted attempt of `t` left (transfer staging; the
+    /// worker ships only those that changed since they were staged) for its next attempt.
+    /// A gang resumes together: every member's next attempt gets them too (rank 0 alone
+    /// writes a data-parallel job's checkpoint; the others, stopped with it, would start
+    /// from nothing). Each member's files at the same paths are replaced (these are newer),
+    /// its others kept (its own shards, or files that did not change).
     pub(crate) fn keep_checkpoint(&mut self, t: TaskId, files: Vec<ObjectRef>) {
         if files.is_empty() {
             return;
         }
-        if let Some(g) = self.graph.task(t).gang {
-            for m in g.first.0..g.first.0 + g.size {
-                let Some(rt) = self.tasks.get_mut(m as usize).filter(|_| m != t.0) else {
-                    continue;
-                };
-                let theirs = &mut rt.ext().resume;
-                theirs.retain(|o| !files.iter().any(|c| c.path == o.path));
-                theirs.extend(files.iter().cloned());
-            }
+        let members = match self.graph.task(t).gang {
+            Some(g) => g.first.0..g.first.0 + g.size,
+            None => t.0..t.0 + 1,
+        };
+        for m in members {
+            let Some(rt) = self.tasks.get_mut(m as usize) else {
+                continue;
+            };
+            let theirs = &mut rt.ext().resume;
+            theirs.retain(|o| !files.iter().any(|c| c.path == o.path));
+            theirs.extend(files.iter().cloned());
         }
-        self.tasks[t.index()].ext().resume = files;
     }
 
+    /// A task's placement options: `(variant name, resources)` per variant, or one unnamed
+    /// entry for a plain task.
     pub(crate) fn options(&self, t: TaskId) -> Vec<(Option<&str>, &flotilla_core::Resources)> {
         let inst = self.graph.task(t);
         match &inst.kind {

@@ -1126,23 +1126,26 @@ pub struct GangAssignment {
     /// Names this incarnation of the gang at the rendezvous: `job-first-attempt`, where
     /// `attempt` is rank 0's attempt (every restart of the gang gets a new key).
     pub key: String,
-    /// Its rank among the members on its host (`LOCAL_RANK`).
+    /// Its rank among the members on its machine (`LOCAL_RANK`): same host name and same
+    /// data address IP.
     pub local_rank: u32,
-    /// How many members are on its host (`LOCAL_WORLD_SIZE`).
+    /// How many members are on its machine (`LOCAL_WORLD_SIZE`).
     pub local_size: u32,
-    /// Where rank 0 runs, as the other members reach it (`MASTER_ADDR`): `127.0.0.1` when
-    /// every member is on one host, else rank 0's worker's data address's host (its
-    /// `--data-listen`, when that is not a loopback or unspecified address) or host name.
+    /// Where rank 0 runs, as the other members reach it (`MASTER_ADDR`): the IP of rank 0's
+    /// worker's data address when that is not a loopback or unspecified one (its
+    /// `--data-listen`), else `127.0.0.1` when every member shares its machine, else its
+    /// host name.
     pub master_addr: String,
     /// A port for rank 0 to listen on (`MASTER_PORT`), from the key:
     /// [`GANG_PORTS`] wide from [`GANG_PORT_BASE`] (every restart gets another).
     pub master_port: u16,
 }
 
-/// The first port a gang's rank 0 may be told to listen on (`MASTER_PORT`; PyTorch's own
-/// default is 29500).
-pub const GANG_PORT_BASE: u16 = 29500;
-/// How many ports from [`GANG_PORT_BASE`] (to 39499).
+/// The first port a gang's rank 0 may be told to listen on (`MASTER_PORT`): below Linux's
+/// ephemeral ports (32768 on), which outgoing connections take.
+pub const GANG_PORT_BASE: u16 = 20000;
+/// How many ports from [`GANG_PORT_BASE`] (to 29999; PyTorch's own default, 29500, among
+/// them).
 pub const GANG_PORTS: u16 = 10000;
 
 /// `MASTER_PORT` for the gang incarnation `key`: FNV-1a of the key in the gang port range,

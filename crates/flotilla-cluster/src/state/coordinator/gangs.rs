@@ -146,12 +146,14 @@ impl Coordinator {
         let size = members.len() as u32;
         let attempt = self.jobs[&job].tasks[leader.index()].attempt + 1;
         let key = format!("{}-{}-{attempt}", job, leader);
-        let hosts: Vec<&str> = decisions
+        // A member's machine: its worker's host name and the IP of its data address (two
+        // pods of one node share the node's name, not a network).
+        let hosts: Vec<(&str, Option<std::net::IpAddr>)> = decisions
             .iter()
             .map(|d| {
-                self.workers
-                    .get(&d.worker)
-                    .map_or("", |w| w.spec.hostname.as_str())
+                self.workers.get(&d.worker).map_or(("", None), |w| {
+                    (w.spec.hostname.as_str(), reachable_ip(&w.spec.data_addr))
+                })
             })
             .collect();
         let master_addr = self.master_addr(&decisions, &hosts);
@@ -182,20 +184,24 @@ impl Coordinator {
         Placed::Yes
     }
 
-    /// Where a gang's rank 0 is reached by the other members (`MASTER_ADDR`): loopback when
-    /// they all share its host; else the host of its worker's data address when that is
-    /// one other machines reach (`--data-listen`), else its worker's host name.
-    fn master_addr(&self, decisions: &[Decision], hosts: &[&str]) -> String {
+    /// Where a gang's rank 0 is reached by the other members (`MASTER_ADDR`): the IP of
+    /// its worker's data address when other machines reach it (`--data-listen`); else
+    /// loopback when every member shares its machine; else its worker's host name.
+    fn master_addr(
+        &self,
+        decisions: &[Decision],
+        hosts: &[(&str, Option<std::net::IpAddr>)],
+    ) -> String {
+        if let Some((_, Some(ip))) = hosts.first() {
+            return ip.to_string();
+        }
         if hosts.iter().all(|h| *h == hosts[0]) {
             return "127.0.0.1".into();
         }
-        let Some(w) = decisions.first().and_then(|d| self.workers.get(&d.worker)) else {
-            return String::new();
-        };
-        match w.spec.data_addr.parse::<std::net::SocketAddr>() {
-            Ok(a) if !a.ip().is_loopback() && !a.ip().is_unspecified() => a.ip().to_string(),
-            _ => w.spec.hostname.clone(),
-        }
+        decisions
+            .first()
+            .and_then(|d| self.workers.get(&d.worker))
+            .map_or_else(String::new, |w| w.spec.hostname.clone())
     }
 
     /// A member of a gang failed, was cancelled or lost its worker (its own state is already
@@ -268,4 +274,14 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// The IP of a data address (`IP:PORT`) when other machines may reach it: not loopback,
+/// not unspecified.
+fn reachable_ip(data_addr: &str) -> Option<std::net::IpAddr> {
+    data_addr
+        .parse::<std::net::SocketAddr>()
+        .ok()
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
 }

@@ -728,9 +728,9 @@ impl Coordinator {
     /// up, newest first): they start at once instead of waiting behind the victim's running
     /// tasks. Only plain tasks of jobs outside the pool: placed again, they go where they
     /// fit free (here), not back to the victim's queue by a prediction.
-    /// Thieves come most free CPUs first: once one finds nothing among the
-    /// [`ROOM_VICTIMS`] most stealable queues, one with less room would not either, and
-    /// the walk stops (a placement pass stays O(log workers) when nothing fits).
+    /// Thieves come most free CPUs first; each looks in the [`ROOM_VICTIMS`] most stealable
+    /// queues holding a task it may take, and once that many thieves found nothing the pass
+    /// stops (a pass stays bounded when nothing fits anywhere).
     fn steal_into_room(&mut self, out: &mut Vec<Command>) {
         if self.provider_workers > 0 {
             return;
@@ -739,21 +739,26 @@ impl Coordinator {
         if self.workers.most_stealable().1 == 0 {
             return;
         }
+        let mut failed = 0;
         for thief in self.workers.with_room() {
             self.workers.refresh();
             let (victims, left) = self.workers.most_stealable();
-            if left == 0 {
+            if left == 0 || failed >= ROOM_VICTIMS {
                 break;
             }
             let tw = &self.workers[&thief];
             let leaving = self.leaves_at.contains_key(&thief);
             let mut found: Option<(WorkerId, Vec<(TaskRef, u32)>)> = None;
-            for (n, v) in victims.take(ROOM_VICTIMS) {
+            // Victims with a task it may take (plain, outside the pool) count against the
+            // bound; those holding only others are passed over, up to a wider bound.
+            let mut looked = 0;
+            for (n, v) in victims.take(4 * ROOM_VICTIMS) {
                 if v.id == thief {
                     continue;
                 }
                 let mut room = tw.ledger.clone();
                 let mut chosen = Vec::new();
+                let mut eligible = false;
                 // Newest first: the victim reaches them last.
                 for key in v.queue.values().rev() {
                     if chosen.len() >= n.div_ceil(2) {
@@ -769,7 +774,11 @@ impl Coordinator {
                         continue;
                     };
                     let plain = matches!(j.options(key.0.task).as_slice(), [(None, _)]);
-                    if !plain || j.pool.is_some() || (leaving && !self.in_time(j, key.0.task, tw)) {
+                    if !plain || j.pool.is_some() {
+                        continue;
+                    }
+                    eligible = true;
+                    if leaving && !self.in_time(j, key.0.task, tw) {
                         continue;
                     }
                     if let Some(gpus) = room.fit_free(&s.res) {
@@ -781,9 +790,16 @@ impl Coordinator {
                     found = Some((v.id, chosen));
                     break;
                 }
+                looked += usize::from(eligible);
+                if looked >= ROOM_VICTIMS {
+                    break;
+                }
             }
+            // Nothing fits it: another thief may fit what this one does not (less CPU but
+            // more memory, no leaving time), up to a bound of such thieves per pass.
             let Some((victim, chosen)) = found else {
-                break;
+                failed += 1;
+                continue;
             };
             self.retract_for(thief, victim, &chosen, out);
         }
@@ -816,5 +832,6 @@ impl Coordinator {
     }
 }
 
-/// How many of the most stealable queues a worker with room looks in.
+/// How many of the most stealable queues (holding a task it may take) a worker with room
+/// looks in, and how many such workers may find nothing in one pass.
 const ROOM_VICTIMS: usize = 16;

@@ -367,10 +367,17 @@ impl Coordinator {
         // with the whole run left, as one that restarts from nothing).
         let shared_checkpoint =
             j.staging != Staging::Transfer && !j.graph.task(t).checkpoint.is_empty();
+        let kept = j.tasks[t.index()]
+            .ext
+            .as_ref()
+            .map_or(0, |e| e.resume.len());
         let from = if files > 0 {
             // It moved on: what it needs now is less than it ran.
             j.cut.remove(&t);
             format!("; resumes from its {files} checkpoint file(s)")
+        } else if kept > 0 {
+            // It wrote nothing new since it was given its checkpoint (or a gang's peer's).
+            format!("; resumes from the {kept} checkpoint file(s) it was given (none changed)")
         } else if shared_checkpoint {
             j.cut.remove(&t);
             "; resumes from the checkpoint files it left in the job's folder".to_string()

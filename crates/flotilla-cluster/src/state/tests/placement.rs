@@ -889,3 +889,55 @@ fn a_worker_whose_free_cpus_fit_no_queued_task_takes_none() {
     assert!(retracts(&out).is_empty(), "{out:?}");
     assert!(retracts(&sim.ev(Event::Tick)).is_empty());
 }
+
+/// A worker with more free CPUs but too little memory finds nothing to take; one with fewer
+/// CPUs but the memory still takes the queued task (the walk stopped at the first that found
+/// nothing: a review).
+#[test]
+fn a_worker_with_room_takes_what_a_roomier_one_could_not() {
+    let mut sim = Sim::new(1);
+    let gib = 1u64 << 30;
+    let spec = |cpus: f64, mem: u64| WorkerSpec {
+        resources: Resources {
+            cpus,
+            mem,
+            ..Resources::default()
+        },
+        ..wspec(cpus, &[])
+    };
+    let (v, _) = sim.join(spec(1.0, 16 * gib));
+    let (a, _) = sim.join(spec(8.0, 3 * gib));
+    let (b, _) = sim.join(spec(2.0, 16 * gib));
+    let task = |id: &str, extra: &str, mem: &str| {
+        format!(
+            "[[task]]\nid = \"{id}\"\n{extra}resources = {{ cpus = 1, mem = \"{mem}\" }}\ncmd = [\"x\"]\n"
+        )
+    };
+    let (mid, out) = sim.submit(&task("mid", "", "8GiB"));
+    assert_eq!(assigns(&out)[0].0, b);
+    let (_, out) = sim.submit(&task("small", "", "1GiB"));
+    assert_eq!(assigns(&out)[0].0, a);
+    let (big, out) = sim.submit(&task("big", "array = \"0..3\"\n", "4GiB"));
+    let on_v: Vec<TaskRef> = assigns(&out)
+        .iter()
+        .filter(|(w, _)| *w == v)
+        .map(|(_, x)| x.task)
+        .collect();
+    let on_b = assigns(&out).iter().filter(|(w, _)| *w == b).count();
+    assert_eq!(
+        (on_v.len(), on_b),
+        (2, 1),
+        "one on b, one on v, one queued on v"
+    );
+    let queued = on_v[1];
+    let _ = big;
+    // `mid` ends: b has a CPU and the memory free; a, with 7 CPUs free, has no memory.
+    sim.ev(Event::TaskStarted {
+        worker: b,
+        task: sim.tref(mid, "mid"),
+        attempt: 1,
+    });
+    let out = sim.finish(b, sim.tref(mid, "mid"), 1, AttemptOutcome::Succeeded);
+    let r = retracts(&out);
+    assert_eq!(r, vec![(v, queued, 1)], "{out:?}");
+}

@@ -1997,7 +1997,12 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
             j.tenant.clone(),
             shown_state(j.state, &j.counts, j.waiting.as_deref()),
             format!("{}/{}", j.done, j.total),
-            fmt_secs(j.makespan_s),
+            // A job none of whose tasks ran has no makespan, only a wait.
+            if j.ran {
+                fmt_secs(j.makespan_s)
+            } else {
+                "-".into()
+            },
             j.waiting.clone().unwrap_or_default(),
         ]);
     }
@@ -2008,6 +2013,7 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         "HOST",
         ">CPUS",
         ">CPUS USED",
+        ">MEM USED",
         ">GPUS",
         ">QUEUED",
         ">UTIL",
@@ -2015,6 +2021,7 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         "HW CLASS",
         "PROVIDER",
     ]);
+    let size = flotilla::core::size::format_size_readable;
     for w in &s.workers {
         workers.add_row([
             w.id.to_string(),
@@ -2022,6 +2029,8 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
             w.hostname.clone(),
             w.resources.cpus.to_string(),
             w.used.cpus.to_string(),
+            // What its attempts reserve, of what it offers (`--mem`).
+            format!("{} of {}", size(w.used.mem), size(w.resources.mem)),
             w.resources.gpus.to_string(),
             w.queued.to_string(),
             format!("{:.0}%", w.utilization * 100.0),

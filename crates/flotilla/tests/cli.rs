@@ -201,6 +201,7 @@ fn a_client_waits_for_a_restarting_coordinator_and_says_where_it_looked() {
         "WORKER",
         "HOST",
         "CPUS USED",
+        "MEM USED",
         "HW CLASS",
     ] {
         assert!(table.contains(h), "{h} missing from\n{table}");

@@ -1449,3 +1449,37 @@ fn submit_wait_and_retry_print_one_json_line() {
     let id = doc["id"].as_u64().expect("the job's id");
     assert_ne!(id.to_string(), n, "a new job: {doc}");
 }
+
+/// A job none of whose tasks ran shows no makespan in the overview (it showed the time it
+/// had waited as one), and the worker table shows memory.
+#[test]
+fn the_overview_shows_no_makespan_for_a_job_that_never_ran() {
+    let c = Cluster::start(1, 1);
+    let job = c.submit_toml(
+        "big.toml",
+        "name = \"toobig\"\n[[task]]\nid = \"t\"\nresources = { cpus = 8 }\ncmd = [\"true\"]\n",
+    );
+    let doc = wait_until("the job in the overview", WAIT, || {
+        let out = c.cli(&["status", "--json"]);
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        doc["jobs"]
+            .as_array()?
+            .iter()
+            .find(|j| j["name"] == "toobig")
+            .cloned()
+    });
+    assert_eq!(doc["ran"], false, "{doc}");
+    let table = text(&c.cli(&["status"]).stdout);
+    let row = table
+        .lines()
+        .find(|l| l.contains("toobig"))
+        .unwrap_or_else(|| panic!("{table}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert!(cells.contains(&"-"), "no makespan: {row}");
+    assert!(
+        table.contains("MEM USED") && table.contains(" of "),
+        "{table}"
+    );
+    let out = c.cli(&["cancel", &job.0.to_string()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}

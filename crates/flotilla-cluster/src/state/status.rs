@@ -294,6 +294,10 @@ pub struct JobSummary {
     /// `waiting` when nothing else holds the job back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub never_fits: Option<String>,
+    /// Whether any of its tasks ran (or runs): without, its makespan is only how long it
+    /// has waited (true from a coordinator that does not say).
+    #[serde(default = "yes")]
+    pub ran: bool,
 }
 
 /// Every job and live worker, as `flotilla status` shows them.
@@ -757,6 +761,7 @@ impl Coordinator {
             pool: self.pool_status(j),
             eta_s: self.eta(j),
             never_fits,
+            ran: !j.busy.is_empty() || j.counts[TaskState::Running.index()] > 0,
         }
     }
 

@@ -912,6 +912,41 @@ cmd = ["sh", "-c", "i=0; while [ $i -lt 500 ]; do echo 0123456789; i=$((i+1)); d
     assert!(shown.len() < 1300, "{} bytes kept", shown.len());
 }
 
+/// The end kept of an output past the cap outlives a coordinator killed before the
+/// attempt ends: saved beside the log, it is written to it when the coordinator starts
+/// again (it was only in memory, and a crashed coordinator lost a failed task's last lines).
+#[test]
+fn the_kept_end_of_an_output_survives_the_coordinator_s_crash() {
+    let mut c = Cluster::start_with(
+        1,
+        1,
+        kit::Opts {
+            server_args: vec!["--max-log-bytes".into(), "1000".into()],
+            ..kit::Opts::default()
+        },
+    );
+    let (job, go) = c.submit_gated(
+        "chatty",
+        "i=0; while [ $i -lt 500 ]; do echo 0123456789; i=$((i+1)); done; echo the last words",
+        "",
+    );
+    // Saved within seconds of being written, beside the log (job 1's task 0, attempt 1).
+    let saved = c.root().join(format!("state/logs/{}/0.1.out.tail", job.0));
+    wait_until("the kept end to be saved", WAIT, || {
+        std::fs::read_to_string(&saved)
+            .ok()
+            .filter(|t| t.contains("the last words"))
+    });
+    c.kill_server();
+    c.restart_server();
+    std::fs::write(&go, "").unwrap();
+    assert_succeeded(&c.wait_job(job, WAIT));
+    let shown = text(&c.cli(&["logs", &job.0.to_string(), "t"]).stdout);
+    assert!(shown.starts_with("0123456789\n"), "{shown}");
+    assert!(shown.contains("0123456789\nthe last words\n"), "{shown}");
+    assert!(!saved.exists(), "written and removed");
+}
+
 #[test]
 fn a_wasm_module_is_held_to_the_workers_maxima() {
     // Modules without a memory maximum grew until the worker died; the job could not be

@@ -154,6 +154,67 @@ pub(super) enum Req {
 
 /// The most outputs whose ends are kept in memory at once (64 KiB each at most).
 const MAX_LOG_TAILS: usize = 4096;
+/// Where the kept end of the output logged at `log` is saved while its attempt runs.
+fn saved_tail(log: &std::path::Path) -> PathBuf {
+    let mut name = log.as_os_str().to_owned();
+    name.push(".tail");
+    PathBuf::from(name)
+}
+
+fn remove_quietly(path: &std::path::Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!("{}: {e}", path.display());
+        }
+    }
+}
+
+/// At start: the kept ends a coordinator saved and did not write (it was killed before
+/// their attempts ended) are appended to their logs, as their flush would have; output that
+/// comes after keeps an end of its own, written after them. Returns how many.
+pub(super) fn recover_log_tails(logs_dir: &std::path::Path) -> usize {
+    let mut n = 0;
+    let Ok(jobs) = std::fs::read_dir(logs_dir) else {
+        return 0;
+    };
+    for job in jobs.flatten() {
+        let Ok(files) = std::fs::read_dir(job.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            let path = f.path();
+            if path.extension().is_some_and(|e| e == "tmp") {
+                remove_quietly(&path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "tail") {
+                continue;
+            }
+            let log = path.with_extension("");
+            let r = std::fs::read(&path).and_then(|saved| {
+                use std::io::Write;
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)?
+                    .write_all(&saved)
+            });
+            match r {
+                Ok(()) => {
+                    remove_quietly(&path);
+                    n += 1;
+                }
+                Err(e) => tracing::warn!("{}: {e}", path.display()),
+            }
+        }
+    }
+    n
+}
+
+/// How often the outputs' kept ends are saved beside their logs (`.tail` files).
+const TAIL_SAVE: Duration = Duration::from_secs(5);
+/// The most bytes of kept ends one save writes (the rest wait for the next).
+const TAIL_SAVE_BYTES: usize = 16 << 20;
 
 /// The live workers `flotilla admin worker drain WHO` names: those named `WHO` (several
 /// workers of one host share its name), or the one with id `WHO`; `id:WHO` and `name:WHO`
@@ -339,6 +400,9 @@ pub(super) struct Core {
     /// The ends of outputs past their head (see [`super::logcap`]), by attempt and stream,
     /// with the worker that runs it: written when the attempt ends or its worker goes.
     log_tails: HashMap<(TaskRef, u32, bool), (WorkerId, super::logcap::Tail)>,
+    /// When the outputs' kept ends were last saved beside their logs (a coordinator killed
+    /// before their attempts end loses at most [`TAIL_SAVE`] of them).
+    tails_saved: Instant,
     heartbeat: Duration,
     heartbeat_timeout: Duration,
     /// Transfer staging: files uploaded with each job, by path.
@@ -939,6 +1003,7 @@ impl Core {
             logs_dir: config.state_dir.join("logs"),
             max_log_bytes: config.max_log_bytes,
             log_tails: HashMap::new(),
+            tails_saved: Instant::now(),
             heartbeat: config.heartbeat,
             heartbeat_timeout: config.heartbeat_timeout,
             uploads: HashMap::new(),
@@ -1034,6 +1099,13 @@ impl Core {
         if n > 0 {
             tracing::info!(records = n, "recovered from the journal");
         }
+        let tails = recover_log_tails(&core.logs_dir);
+        if tails > 0 {
+            tracing::info!(
+                tails,
+                "outputs' ends saved before a stop were written to their logs"
+            );
+        }
         Ok(core)
     }
 
@@ -1087,6 +1159,10 @@ impl Core {
             }
             if last_tick.elapsed() >= tick {
                 last_tick = Instant::now();
+                if self.tails_saved.elapsed() >= TAIL_SAVE {
+                    self.tails_saved = Instant::now();
+                    self.save_log_tails();
+                }
                 self.retire_finished(&mut cmds, &mut records, &mut after);
                 self.check_heartbeats(&mut cmds, &mut records);
                 self.handle(Event::Tick, &mut cmds, &mut records);
@@ -2369,7 +2445,41 @@ impl Core {
             if let Some((_, tail)) = self.log_tails.remove(&key) {
                 let (task, attempt, stderr) = key;
                 let (out, err) = self.log_paths(task.job, task.task, attempt);
-                self.append_log(if stderr { &err } else { &out }, &tail.flush());
+                let path = if stderr { &err } else { &out };
+                self.append_log(path, &tail.flush());
+                remove_quietly(&saved_tail(path));
+            }
+        }
+    }
+
+    /// Saves the changed kept ends beside their logs (`LOG.tail`, replaced whole), at most
+    /// [`TAIL_SAVE_BYTES`] a time: a coordinator killed before an attempt ends appends them
+    /// to the log when it starts again ([`recover_log_tails`]), and a chatty task's last
+    /// lines (why it failed) survive its crash.
+    fn save_log_tails(&mut self) {
+        let mut budget = TAIL_SAVE_BYTES;
+        let keys: Vec<(TaskRef, u32, bool)> = self
+            .log_tails
+            .iter()
+            .filter(|(_, (_, t))| t.dirty)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in keys {
+            let (task, attempt, stderr) = key;
+            let (out, err) = self.log_paths(task.job, task.task, attempt);
+            let path = saved_tail(if stderr { &err } else { &out });
+            let Some((_, tail)) = self.log_tails.get_mut(&key) else {
+                continue;
+            };
+            let bytes = tail.saved();
+            let tmp = path.with_extension("tail.tmp");
+            let r = std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &path));
+            if let Err(e) = r {
+                tracing::warn!("{}: {e}", path.display());
+            }
+            budget = budget.saturating_sub(bytes.len());
+            if budget == 0 {
+                break;
             }
         }
     }

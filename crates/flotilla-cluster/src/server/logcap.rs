@@ -51,6 +51,8 @@ pub(super) struct Tail {
     room: usize,
     ring: VecDeque<u8>,
     dropped: u64,
+    /// Changed since it was last saved ([`Tail::saved`]).
+    pub(super) dirty: bool,
 }
 
 impl Tail {
@@ -59,11 +61,34 @@ impl Tail {
             room: usize::try_from(tail_room(cap)).unwrap_or(usize::MAX),
             ring: VecDeque::new(),
             dropped: 0,
+            dirty: false,
         }
+    }
+
+    /// What [`Tail::flush`] would write now, for a file beside the log that outlives a
+    /// coordinator killed before the attempt ends (appended to the log when it starts
+    /// again); it is no longer dirty.
+    pub(super) fn saved(&mut self) -> Vec<u8> {
+        self.dirty = false;
+        let mut w = self.header();
+        let (a, b) = self.ring.as_slices();
+        w.extend_from_slice(a);
+        w.extend_from_slice(b);
+        w
+    }
+
+    fn header(&self) -> Vec<u8> {
+        format!(
+            "[flotilla: {} bytes dropped here; the last {} follow]\n",
+            self.dropped,
+            self.ring.len()
+        )
+        .into_bytes()
     }
 
     /// Takes the next bytes past the head, dropping the oldest beyond its room.
     pub(super) fn push(&mut self, data: &[u8]) {
+        self.dirty = true;
         let data = if data.len() > self.room {
             let skip = data.len() - self.room;
             self.dropped += skip as u64;
@@ -82,12 +107,7 @@ impl Tail {
     /// What is written after the head when the attempt ends: how much was dropped, then
     /// the last bytes.
     pub(super) fn flush(self) -> Vec<u8> {
-        let mut w = format!(
-            "[flotilla: {} bytes dropped here; the last {} follow]\n",
-            self.dropped,
-            self.ring.len()
-        )
-        .into_bytes();
+        let mut w = self.header();
         w.extend(self.ring);
         w
     }
@@ -112,6 +132,17 @@ mod tests {
             file.extend(t.flush());
         }
         String::from_utf8(file).unwrap()
+    }
+
+    #[test]
+    fn what_is_saved_is_what_the_flush_writes() {
+        let mut t = Tail::new(40);
+        assert!(!t.dirty);
+        t.push(b"0123456789abc");
+        assert!(t.dirty);
+        let saved = t.saved();
+        assert!(!t.dirty);
+        assert_eq!(saved, t.flush());
     }
 
     #[test]

@@ -1779,18 +1779,40 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
 /// Transfer staging: when the job succeeded, fetches its outputs from the workers holding
 /// them into the job folder (the `dir` of its status document).
 async fn gather_if_transfer(client: &mut Client, status: &JobStatus, ok: bool) -> Result<()> {
-    if !ok || status.staging != flotilla::core::Staging::Transfer {
+    let done = status.counts.done;
+    if status.staging != flotilla::core::Staging::Transfer || (!ok && done == 0) {
         return Ok(());
     }
     let (job, dir) = (status.id, &status.dir);
-    let got = client
+    // A job that did not succeed still has its done tasks' outputs (a sweep with
+    // `keep_going` where a few points failed): gathered too, as far as they can be (they
+    // stayed on the workers, unsaid, and `retry` alone brought them).
+    let got = match client
         .gather_with(job, Path::new(dir), |why| eprintln!("gathering: {why}"))
         .await
-        .with_context(|| format!("gathering the outputs of {job} into {dir}"))?;
+    {
+        Ok(got) => got,
+        Err(e) if !ok => {
+            eprintln!("gathering the done tasks' outputs of {job} into {dir}: {e}");
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(e).with_context(|| format!("gathering the outputs of {job} into {dir}"))
+        }
+    };
     let bytes: u64 = got.iter().map(|o| o.size).sum();
     let n = got.len();
     let s = if n == 1 { "" } else { "s" };
-    eprintln!("gathered {n} output{s} ({bytes} bytes) into {dir}");
+    if ok {
+        eprintln!("gathered {n} output{s} ({bytes} bytes) into {dir}");
+    } else {
+        eprintln!(
+            "gathered {n} output{s} ({bytes} bytes) of its {done} done task{} into {dir}; \
+             the job {}: the others' are not there",
+            if done == 1 { "" } else { "s" },
+            status.state.as_str()
+        );
+    }
     Ok(())
 }
 

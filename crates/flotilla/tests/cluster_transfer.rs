@@ -144,6 +144,40 @@ fn outputs_lost_after_the_job_ended_are_rebuilt_from_lineage_at_gather() {
     assert!(!stdout.contains("(?)"), "{stdout}");
 }
 
+/// A sweep with `keep_going` where a few points fail: the done points' outputs are
+/// gathered too, and it is said which (they stayed on the workers, unsaid, until a retry
+/// made every task succeed: a scientist's walkthrough).
+#[test]
+fn a_failed_transfer_job_gathers_its_done_tasks_outputs() {
+    let c = two_workers();
+    let file = c.job_dir().join("sweep.toml");
+    std::fs::write(
+        &file,
+        "name = \"sweep\"\nstaging = \"transfer\"\nkeep_going = true\n[defaults]\nretries = 0\n\
+         [[task]]\nid = \"sim\"\narray = \"0..4\"\noutputs = [\"res/{i}.txt\"]\n\
+         cmd = [\"sh\", \"-c\", \"[ {i} -ne 2 ] && mkdir -p res && echo {i} > res/{i}.txt\"]\n",
+    )
+    .unwrap();
+    let out = c.cli(&["submit", "--wait", &file.display().to_string()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("gathered 3 outputs")
+            && err.contains("of its 3 done tasks")
+            && err.contains("the job failed: the others' are not there"),
+        "{err}"
+    );
+    for i in [0, 1, 3] {
+        let got = std::fs::read_to_string(c.job_dir().join(format!("res/{i}.txt")));
+        assert_eq!(
+            got.ok().as_deref(),
+            Some(format!("{i}\n").as_str()),
+            "res/{i}.txt"
+        );
+    }
+    assert!(!c.job_dir().join("res/2.txt").exists());
+}
+
 #[test]
 fn a_worker_killed_mid_job_loses_no_output_of_a_transfer_job() {
     // Regression, as a new user found it: 80 independent tasks on 2 workers, one worker

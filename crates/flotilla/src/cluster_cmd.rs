@@ -448,6 +448,10 @@ pub(crate) struct StatusArgs {
     /// `--state failed,cancelled` (its counts stay whole).
     #[arg(long, requires = "job", value_delimiter = ',', value_parser = task_state)]
     state: Vec<TaskState>,
+    /// Read a finished `flotilla run`'s status from its state directory (`.flotilla` beside
+    /// its job file, or its --state) instead of asking a coordinator.
+    #[arg(long, value_name = "DIR")]
+    run_state: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -508,7 +512,7 @@ pub(crate) struct LogsArgs {
     stderr: bool,
     /// Read a finished `flotilla run`'s logs from its state directory (`.flotilla` beside
     /// its job file, or its --state) instead of asking a coordinator.
-    #[arg(long)]
+    #[arg(long, alias = "run-state", value_name = "DIR")]
     state: Option<PathBuf>,
     /// One attempt's output (1 for the first; `flotilla status JOB` counts a task's
     /// attempts), e.g. an earlier failure of a task retried since. Without it, the latest
@@ -1172,10 +1176,16 @@ async fn settled(client: &mut Client, job: JobId) -> Result<JobStatus> {
 }
 
 /// The summary of a job with the stderr tails of its failed tasks.
-async fn summarize(client: &mut Client, status: &JobStatus) -> Result<()> {
+/// `run_state`: the job is a finished `flotilla run`'s, read from this state directory
+/// (the commands it points at say so).
+async fn summarize(
+    client: &mut Client,
+    status: &JobStatus,
+    run_state: Option<&Path>,
+) -> Result<()> {
     let cluster = client.cluster_status().await.ok();
     let tails = failure_tails(client, status).await;
-    print_summary(status, cluster.as_ref(), &tails)
+    print_summary(status, cluster.as_ref(), &tails, run_state)
 }
 
 /// A job's state as the tables show it: a running job none of whose tasks has a worker,
@@ -1199,6 +1209,7 @@ fn print_summary(
     status: &JobStatus,
     cluster: Option<&ClusterStatus>,
     tails: &[(String, Vec<String>)],
+    run_state: Option<&Path>,
 ) -> Result<()> {
     outln!(
         "job {} ({}, tenant {}): {}",
@@ -1338,9 +1349,10 @@ fn print_summary(
     let failed = status.counts.failed;
     if failed > 10 {
         outln!(
-            "  … and {} more failed: `flotilla status {} --state failed` lists them all",
+            "  … and {} more failed: `flotilla status {} --state failed{}` lists them all",
             failed - 10,
-            status.id.0
+            status.id.0,
+            run_state.map_or(String::new(), |d| format!(" --run-state {}", d.display()))
         );
     }
     // Tasks that had failed too, cancelled while they waited to retry: fixing the first
@@ -1742,7 +1754,7 @@ pub(crate) async fn run(a: RunArgs) -> Result<bool> {
         }
         crate::out::write(format_args!("{}", serde_json::to_string(&doc)?), true)
     } else {
-        match summarize(&mut client, &status).await {
+        match summarize(&mut client, &status, Some(&state)).await {
             Ok(()) => (|| {
                 outln!("  wall time: {}", fmt_secs(started.elapsed().as_secs_f64()));
                 // A failed transfer job gathered nothing: no outputs to point at. (In shared
@@ -1887,7 +1899,11 @@ const TEXT_TASKS: u64 = 50;
 
 /// A job's page of tasks as a table, and how to see the next page (`limit`: the
 /// `--tasks-limit` given, repeated in the next page's command).
-fn print_tasks(s: &JobStatus, limit: Option<u64>) -> Result<()> {
+fn print_tasks(s: &JobStatus, limit: Option<u64>, run_state: Option<&Path>) -> Result<()> {
+    let more = |limit| {
+        let dir = run_state.map_or(String::new(), |d| format!(" --run-state {}", d.display()));
+        format!("{dir}{}", more(limit))
+    };
     if s.tasks.is_empty() {
         if !s.tasks_in.is_empty() {
             let states: Vec<&str> = s.tasks_in.iter().map(|t| t.as_str()).collect();
@@ -1976,7 +1992,16 @@ fn task_state(s: &str) -> std::result::Result<TaskState, String> {
 }
 
 pub(crate) async fn status(a: StatusArgs) -> Result<()> {
-    let mut client = a.remote.client().await?;
+    let (local, mut client) = client_for(&a.remote, a.run_state.as_deref()).await?;
+    let shown = show_status(&a, &mut client).await;
+    if let Some(server) = local {
+        server.stop();
+        server.wait().await?;
+    }
+    shown
+}
+
+async fn show_status(a: &StatusArgs, client: &mut Client) -> Result<()> {
     if let Some(job) = a.job.map(JobId::new) {
         // On the terminal, a page of TEXT_TASKS tasks unless asked for more.
         let limit = if a.json {
@@ -1993,8 +2018,8 @@ pub(crate) async fn status(a: StatusArgs) -> Result<()> {
         if a.json {
             outln!("{}", serde_json::to_string_pretty(&s)?);
         } else {
-            summarize(&mut client, &s).await?;
-            print_tasks(&s, a.tasks_limit)?;
+            summarize(client, &s, a.run_state.as_deref()).await?;
+            print_tasks(&s, a.tasks_limit, a.run_state.as_deref())?;
         }
         return Ok(());
     }
@@ -2105,7 +2130,7 @@ async fn follow_to_end(client: &mut Client, job: JobId, label: &str, json: bool)
                     .map_err(anyhow::Error::from)
                     .and_then(|doc| crate::out::write(format_args!("{doc}"), true))
             } else {
-                summarize(client, &status).await
+                summarize(client, &status, None).await
             };
             if status.state == JobState::Failed && status.pool.is_none() {
                 eprintln!(
@@ -2272,37 +2297,7 @@ pub(crate) async fn remove(a: JobArgs) -> Result<()> {
 }
 
 pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
-    // A local run's coordinator is gone: one is started on its state directory, on a
-    // loopback port of its own, for as long as the logs take to read.
-    let local = match &a.state {
-        Some(state) => {
-            if !state.join("journal.log").is_file() {
-                anyhow::bail!(
-                    "{}: no journal here; --state takes the state directory of a `flotilla \
-                     run` (.flotilla beside its job file, or its --state)",
-                    state.display()
-                );
-            }
-            let server = Server::start(ServerConfig::new(
-                SocketAddr::from(([127, 0, 0, 1], 0)),
-                state,
-            ))
-            .await
-            .with_context(|| format!("opening {}", state.display()))?;
-            Some(server)
-        }
-        None => None,
-    };
-    let mut client = match &local {
-        Some(server) => {
-            Client::connect(&Remote::new(
-                server.addr().to_string(),
-                server.token().to_string(),
-            ))
-            .await?
-        }
-        None => a.remote.client().await?,
-    };
+    let (local, mut client) = client_for(&a.remote, a.state.as_deref()).await?;
     let printed = async {
         let job = JobId::new(a.job);
         let tail = local.is_none();
@@ -2356,6 +2351,42 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
         server.wait().await?;
     }
     printed
+}
+
+/// A client of the coordinator, or, with `state`, of one started on a finished `flotilla
+/// run`'s state directory (its coordinator is gone with the run), on a loopback port of its
+/// own, which the caller stops when done.
+async fn client_for(remote: &RemoteArgs, state: Option<&Path>) -> Result<(Option<Server>, Client)> {
+    let local = match state {
+        Some(state) => {
+            if !state.join("journal.log").is_file() {
+                anyhow::bail!(
+                    "{}: no journal here: not the state directory of a `flotilla run` \
+                     (.flotilla beside its job file, or its --state)",
+                    state.display()
+                );
+            }
+            let server = Server::start(ServerConfig::new(
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                state,
+            ))
+            .await
+            .with_context(|| format!("opening {}", state.display()))?;
+            Some(server)
+        }
+        None => None,
+    };
+    let client = match &local {
+        Some(server) => {
+            Client::connect(&Remote::new(
+                server.addr().to_string(),
+                server.token().to_string(),
+            ))
+            .await?
+        }
+        None => remote.client().await?,
+    };
+    Ok((local, client))
 }
 
 /// `flotilla logs --follow` of several instances follows at most this many at once.

@@ -1518,3 +1518,41 @@ fn the_overview_shows_no_makespan_for_a_job_that_never_ran() {
     let out = c.cli(&["cancel", &job.0.to_string()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+/// A finished `flotilla run` with more failures than its summary lists points at a command
+/// that works: `status --run-state DIR` reads the run's state (it pointed at `flotilla
+/// status 1 --state failed`, which needs a coordinator that is gone with the run).
+#[test]
+fn a_run_s_status_is_read_from_its_state_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("job.toml"),
+        "name = \"many\"\nkeep_going = true\n[defaults]\nretries = 0\n\
+         [[task]]\nid = \"t\"\narray = \"0..14\"\ncmd = [\"sh\", \"-c\", \"[ {i} -lt 2 ]\"]\n",
+    )
+    .unwrap();
+    let out = local_run(dir, "2", &[]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let summary = text(&out.stdout);
+    let state = dir.join(".flotilla");
+    let hint = format!(
+        "… and 2 more failed: `flotilla status 1 --state failed --run-state {}` lists them all",
+        state.display()
+    );
+    assert!(summary.contains(&hint), "{summary}");
+    let listed = Command::new(kit::BIN)
+        .args(["status", "1", "--state", "failed", "--run-state"])
+        .arg(&state)
+        .current_dir(dir)
+        .env("FLOTILLA_HOME", dir.join(".home"))
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{}", text(&listed.stderr));
+    let shown = text(&listed.stdout);
+    assert!(shown.contains("12 tasks listed (failed)"), "{shown}");
+    assert!(
+        shown.contains("t[13]") && !shown.contains("t[1] "),
+        "{shown}"
+    );
+}

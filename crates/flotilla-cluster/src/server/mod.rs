@@ -468,6 +468,42 @@ struct Served {
     core: queue::CoreQueue,
 }
 
+/// How long a node that comes to lead a group tries to open its API port while it is
+/// taken: a client retrying the group's addresses may hold it for a moment (a connection
+/// from the port to itself, when the API port lies among the kernel's ephemeral ports).
+const GROUP_BIND_PATIENCE: Duration = Duration::from_secs(20);
+
+/// Opens the API port; in a group (`patient`), a port in use is tried again for
+/// [`GROUP_BIND_PATIENCE`] before the node gives up (it exited at once: an operator's
+/// walkthrough).
+async fn bind_api(at: SocketAddr, patient: bool) -> Result<(tokio::net::TcpListener, SocketAddr)> {
+    bind_retrying(at, patient, || {}).await
+}
+
+/// [`bind_api`], calling `waiting` before each wait (tests).
+async fn bind_retrying(
+    at: SocketAddr,
+    patient: bool,
+    mut waiting: impl FnMut(),
+) -> Result<(tokio::net::TcpListener, SocketAddr)> {
+    let until = std::time::Instant::now() + GROUP_BIND_PATIENCE;
+    loop {
+        match crate::transport::bind(at).await {
+            Ok(x) => return Ok(x),
+            Err(ClusterError::Bind { source, .. })
+                if patient
+                    && source.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < until =>
+            {
+                tracing::warn!("cannot listen on {at} yet ({source}): trying again");
+                waiting();
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e.bind_for("--listen")),
+        }
+    }
+}
+
 /// Recovers the core from `journal`, starts its thread, binds, and serves until `stop`;
 /// `done` gets the outcome.
 async fn serve(
@@ -525,9 +561,7 @@ async fn serve(
             .map_err(|e| ClusterError::Config(format!("cannot start the core thread: {e}")))?;
     }
 
-    let (listener, addr) = crate::transport::bind(config.listen)
-        .await
-        .map_err(|e| e.bind_for("--listen"))?;
+    let (listener, addr) = bind_api(config.listen, node.is_some()).await?;
     let http_addr = match config.http_listen {
         Some(at) => Some(
             serve_http(

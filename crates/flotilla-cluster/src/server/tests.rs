@@ -749,3 +749,31 @@ async fn the_logs_of_a_task_are_its_latest_attempt_that_ran() {
     server.stop();
     server.wait().await.expect("a clean stop");
 }
+
+/// A node that comes to lead a group while its API port is held for a moment (a client's
+/// connection from the port to itself) waits for it rather than exit: it did exit, and the
+/// group lost a node (an operator's walkthrough). A lone coordinator says at once.
+#[tokio::test]
+async fn a_leader_waits_for_its_api_port_and_a_lone_coordinator_does_not() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let at = held.local_addr().expect("its address");
+    let e = bind_retrying(at, false, || panic!("a lone coordinator waits for nothing"))
+        .await
+        .expect_err("the port is taken");
+    assert!(
+        e.to_string()
+            .contains(&format!("cannot listen on {at} (--listen)")),
+        "{e}"
+    );
+    // The port is let go once the node waits for it.
+    let mut held = Some(held);
+    let mut waits = 0;
+    let (_, bound) = bind_retrying(at, true, || {
+        waits += 1;
+        held = None;
+    })
+    .await
+    .expect("bound once the port is free");
+    assert_eq!(bound, at);
+    assert_eq!(waits, 1);
+}

@@ -2303,14 +2303,27 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
         let tail = local.is_none();
         // One instance, as named; an array's or a gang's id alone is answered with the
         // coordinator's "several instances" (its words, across the RPC): then each of them.
-        let one = follow_logs(&mut client, &a, &a.task, tail, &mut Sink::Raw).await;
+        let one = follow_logs(&mut client, &a, &a.task, tail, &mut Sink::Raw, false).await;
         let several = matches!(&one, Err(e) if e.to_string().contains("has several instances"));
         if !several {
-            return one;
+            return one.map(drop);
         }
         let names = instances_of(&mut client, job, &a.task).await?;
+        let stream = if a.stderr { "stderr" } else { "stdout" };
+        // The instances that printed nothing (or never ran), counted in one line: one
+        // line each was hundreds of lines for a sweep.
+        let silent = |wrote: &[bool]| {
+            let n = wrote.iter().filter(|w| !**w).count();
+            if n > 0 {
+                eprintln!(
+                    "({n} of the {} instances of {} wrote nothing to {stream}, or have not run)",
+                    wrote.len(),
+                    a.task
+                );
+            }
+        };
         match names.as_slice() {
-            [] => one,
+            [] => one.map(drop),
             many if a.follow => {
                 if many.len() > MAX_FOLLOWED {
                     anyhow::bail!(
@@ -2327,20 +2340,28 @@ pub(crate) async fn logs(a: LogsArgs) -> Result<()> {
                     let a = &a;
                     async move {
                         let mut sink = Sink::labelled(name);
-                        let r = follow_logs(&mut c, a, name, tail, &mut sink).await;
+                        let r = follow_logs(&mut c, a, name, tail, &mut sink, true).await;
                         sink.finish()?;
                         r
                     }
                 });
                 // The first error (stdout closed, the job gone) ends them all.
-                futures::future::try_join_all(all).await.map(drop)
+                let wrote = futures::future::try_join_all(all).await?;
+                silent(&wrote);
+                Ok(())
             }
             many => {
                 // One after another, each under a header, as `tail` prints several files.
-                for (i, name) in many.iter().enumerate() {
-                    outln!("{}==> {name} <==", if i > 0 { "\n" } else { "" });
-                    follow_logs(&mut client, &a, name, tail, &mut Sink::Raw).await?;
+                let mut wrote = Vec::with_capacity(many.len());
+                for name in many {
+                    let gap = if wrote.contains(&true) { "\n" } else { "" };
+                    let mut sink = Sink::Headed {
+                        header: format!("{gap}==> {name} <==\n"),
+                        shown: false,
+                    };
+                    wrote.push(follow_logs(&mut client, &a, name, tail, &mut sink, true).await?);
                 }
+                silent(&wrote);
                 Ok(())
             }
         }
@@ -2423,7 +2444,16 @@ async fn instances_of(client: &mut Client, job: JobId, task: &str) -> Result<Vec
 /// name (several instances followed at once).
 enum Sink {
     Raw,
-    Labelled { label: String, partial: Vec<u8> },
+    /// Raw, after a header line printed before its first bytes (none for an instance that
+    /// wrote nothing).
+    Headed {
+        header: String,
+        shown: bool,
+    },
+    Labelled {
+        label: String,
+        partial: Vec<u8>,
+    },
 }
 
 impl Sink {
@@ -2434,21 +2464,28 @@ impl Sink {
         }
     }
 
+    /// Writes to stdout; a reader gone (`| head`) is [`crate::out::StdoutClosed`], a quiet
+    /// end.
     fn write(&mut self, data: &[u8]) -> Result<()> {
-        let mut out = std::io::stdout().lock();
         match self {
-            Sink::Raw => out.write_all(data)?,
+            Sink::Raw => crate::out::write_all(data)?,
+            Sink::Headed { header, shown } => {
+                if !*shown {
+                    crate::out::write_all(header.as_bytes())?;
+                    *shown = true;
+                }
+                crate::out::write_all(data)?;
+            }
             Sink::Labelled { label, partial } => {
                 partial.extend_from_slice(data);
                 // Whole lines only, each in one write: lines of instances do not mix.
                 while let Some(n) = partial.iter().position(|b| *b == b'\n') {
-                    let line: Vec<u8> = partial.drain(..=n).collect();
-                    out.write_all(label.as_bytes())?;
-                    out.write_all(&line)?;
+                    let mut line = label.as_bytes().to_vec();
+                    line.extend(partial.drain(..=n));
+                    crate::out::write_all(&line)?;
                 }
             }
         }
-        out.flush()?;
         Ok(())
     }
 
@@ -2456,12 +2493,10 @@ impl Sink {
     fn finish(&mut self) -> Result<()> {
         if let Sink::Labelled { label, partial } = self {
             if !partial.is_empty() {
-                let mut out = std::io::stdout().lock();
-                out.write_all(label.as_bytes())?;
-                out.write_all(partial)?;
-                out.write_all(b"\n")?;
-                out.flush()?;
-                partial.clear();
+                let mut line = label.as_bytes().to_vec();
+                line.append(partial);
+                line.push(b'\n');
+                crate::out::write_all(&line)?;
             }
         }
         Ok(())
@@ -2471,13 +2506,15 @@ impl Sink {
 /// One instance's output (`flotilla logs`): its latest attempt's, or `--attempt N`'s; with
 /// `--follow`, until it ends, through a coordinator's restart when `reconnect` (not a local
 /// run's state, whose coordinator is this process's).
+/// Whether it printed anything; `quiet`: no note on stderr when it did not.
 async fn follow_logs(
     client: &mut Client,
     a: &LogsArgs,
     task: &str,
     reconnect: bool,
     sink: &mut Sink,
-) -> Result<()> {
+    quiet: bool,
+) -> Result<bool> {
     let mut resume = LogResume::default();
     let mut outage = flotilla::cluster::Outage::default();
     loop {
@@ -2537,7 +2574,11 @@ async fn follow_logs(
         }
     }
     let wrote = resume.printed_any();
-    // Said on stderr, so that stdout holds the task's own output only.
+    // Said on stderr, so that stdout holds the task's own output only; of several
+    // instances (`quiet`), counted by the caller instead.
+    if quiet {
+        return Ok(wrote);
+    }
     if !wrote && resume.last_attempt == Some(0) {
         let ended = client
             .job_status_range(JobId::new(a.job), 0, Some(0))
@@ -2556,7 +2597,7 @@ async fn follow_logs(
     } else if !wrote {
         eprintln!("({task} wrote nothing to stdout; --stderr shows its stderr)");
     }
-    anyhow::Ok(())
+    Ok(wrote)
 }
 
 /// What `flotilla logs` printed, so that a stream opened again (`--follow` through a

@@ -1238,7 +1238,13 @@ fn run_local(command: Command) -> Result<()> {
                 flotilla::sched::simulate(&dag, a.policy, a.seed)?
             };
             print(a.json, &s, |s| {
-                let mut out = format!("policy {}: makespan {}\n", s.policy, s.makespan);
+                // In the DAG's own time unit (seconds for the workflow traces).
+                let mut out = format!(
+                    "policy {}: makespan {:.3} ({} tasks)\n",
+                    s.policy,
+                    s.makespan,
+                    s.placements.len()
+                );
                 for p in &s.placements {
                     out.push_str(&format!(
                         "  {:<12} on {:<8} {:>10.3} .. {:>10.3}\n",

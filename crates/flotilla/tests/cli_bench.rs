@@ -41,6 +41,13 @@ fn simulate_reproduces_the_heft_paper_example() {
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["policy"], "heft");
     assert_eq!(v["makespan"], 80.0);
+    // As text, rounded (it printed `2499.6240000000003`), with the task count.
+    let (ok, text, err) = flotilla(&["simulate", "--dag", &paper_dag(), "--policy", "heft"]);
+    assert!(ok, "{err}");
+    assert!(
+        text.starts_with("policy heft: makespan 80.000 (10 tasks)\n"),
+        "{text}"
+    );
     assert_eq!(v["placements"].as_array().unwrap().len(), 10);
     for p in v["placements"].as_array().unwrap() {
         assert!(p["task"].is_string() && p["processor"].is_string());

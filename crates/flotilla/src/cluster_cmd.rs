@@ -1021,6 +1021,25 @@ async fn follow(
             bar.clone(),
         ))
     });
+    // A task that failed, waits to retry, or goes back to be placed again for a reason
+    // outside it (its worker lost, its machine reclaimed, its gang stopped): one line each
+    // (a lost worker showed only as progress going back). Not a task taken back to move to
+    // a worker with room ("returned by"): that is the scheduler's own business.
+    let told = |ev: &proto::JobEvent| -> Option<String> {
+        // (The coordinator sends such events only for these reasons.)
+        let moved = (ev.state == "ready" || ev.state == "waiting")
+            && ev.attempt > 0
+            && !ev.message.is_empty();
+        let state = match ev.state.as_str() {
+            "failed" | "backoff" => ev.state.as_str(),
+            _ if moved => "placed again",
+            _ => return None,
+        };
+        Some(format!(
+            "  {} {state} (attempt {}): {}",
+            ev.name, ev.attempt, ev.message
+        ))
+    };
     let finished = client
         .wait(job, |ev: &proto::JobEvent| {
             if let Some(b) = &bar {
@@ -1031,8 +1050,8 @@ async fn follow(
                     b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
                     b.enable_steady_tick(Duration::from_millis(120));
                 }
-                if ev.state == "failed" || ev.state == "backoff" {
-                    b.println(format!("  {} {}: {}", ev.name, ev.state, ev.message));
+                if let Some(l) = told(ev) {
+                    b.println(l);
                 }
             } else if shown.is_ok() {
                 let mut line = |args: std::fmt::Arguments<'_>| match to {
@@ -1040,11 +1059,8 @@ async fn follow(
                     Progress::Stdout => {}
                     Progress::Stderr => eprintln!("{args}"),
                 };
-                if ev.state == "failed" || ev.state == "backoff" {
-                    line(format_args!(
-                        "  {} {} (attempt {}): {}",
-                        ev.name, ev.state, ev.attempt, ev.message
-                    ));
+                if let Some(l) = told(ev) {
+                    line(format_args!("{l}"));
                 }
                 if ev.job_finished || last_line.elapsed() >= Duration::from_secs(1) {
                     last_line = Instant::now();

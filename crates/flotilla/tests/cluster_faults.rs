@@ -471,3 +471,52 @@ cmd = ["sh", "-c", "echo run >> runs-{i}.txt; while [ ! -e go ]; do sleep 0.05; 
         assert_eq!(runs.lines().count(), 1, "slow[{i}] ran {runs:?}");
     }
 }
+
+/// A task placed again because its worker was lost is said in `wait`'s progress (the
+/// count of done tasks only went back, unexplained: a scientist's walkthrough).
+#[test]
+fn wait_says_when_a_task_is_placed_again_after_its_worker_is_lost() {
+    let mut c = Cluster::start(2, 1);
+    let job = c.submit_toml(
+        "two.toml",
+        "name = \"two\"\n[[task]]\nid = \"t\"\narray = \"0..2\"\n\
+         cmd = [\"sh\", \"-c\", \"touch started{i}; while [ ! -e go ]; do sleep 0.05; done\"]\n",
+    );
+    let dir = c.job_dir();
+    wait_until("both tasks to run", Duration::from_secs(60), || {
+        (dir.join("started0").exists() && dir.join("started1").exists()).then_some(())
+    });
+    let mut wait = c.cli_piped(&["wait", &job.0.to_string()]);
+    // Lines as they come, on a thread: a line that never comes fails the test, not hangs it.
+    let stdout = wait.stdout.take().expect("its stdout");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let next = |what: &str| {
+        lines
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("no line saying {what}"))
+    };
+    let first = next("the progress");
+    assert!(first.contains("0/2 tasks done"), "{first}");
+    c.kill_worker(0);
+    let said = loop {
+        let l = next("the task placed again");
+        if l.contains("placed again") {
+            break l;
+        }
+    };
+    assert!(
+        said.contains("placed again (attempt 1): worker w") && said.contains("lost"),
+        "{said}"
+    );
+    std::fs::write(dir.join("go"), "").unwrap();
+    let status = wait.wait().expect("wait exits");
+    assert!(status.success(), "{said}");
+    assert_succeeded(&c.wait_job(job, Duration::from_secs(60)));
+}

@@ -2591,12 +2591,24 @@ impl Core {
                 if !self.watchers.contains_key(&task.job) {
                     return;
                 }
-                if matches!(
-                    state,
-                    state::TaskState::Failed
-                        | state::TaskState::Backoff
-                        | state::TaskState::Cancelled
-                ) {
+                // Placed again for a reason outside it (its worker lost, its machine
+                // reclaimed, its gang stopped, its inputs lost): said to watchers too. Not a
+                // task taken back to move to a worker with room, nor one retried by
+                // `flotilla retry` (said once by the command).
+                let placed_again =
+                    matches!(state, state::TaskState::Ready | state::TaskState::Waiting)
+                        && attempt > 0
+                        && message
+                            .as_deref()
+                            .is_some_and(|m| !m.starts_with("returned by") && m != "retried");
+                if placed_again
+                    || matches!(
+                        state,
+                        state::TaskState::Failed
+                            | state::TaskState::Backoff
+                            | state::TaskState::Cancelled
+                    )
+                {
                     let (done, total) = self.progress_of(task.job);
                     let ev = proto::JobEvent {
                         job: task.job.0,

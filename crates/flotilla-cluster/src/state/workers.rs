@@ -245,9 +245,10 @@ impl Workers {
 
     /// Available workers busy in part, with CPUs free, nothing queued and nothing incoming:
     /// most free CPUs first, then lowest id. Call [`Workers::refresh`] first.
-    pub(crate) fn with_room(&self) -> Vec<WorkerId> {
+    /// At most `limit` of them: a pass needs no more than can take or fail.
+    pub(crate) fn with_room(&self, limit: usize) -> Vec<WorkerId> {
         self.fresh();
-        self.roomy.iter().map(|(_, id)| *id).collect()
+        self.roomy.iter().take(limit).map(|(_, id)| *id).collect()
     }
 
     /// Whether every available worker's CPUs are taken (within `slack`) and its queue

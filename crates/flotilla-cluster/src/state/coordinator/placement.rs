@@ -736,11 +736,13 @@ impl Coordinator {
             return;
         }
         self.workers.refresh();
-        if self.workers.most_stealable().1 == 0 {
+        let stealable = self.workers.most_stealable().1;
+        if stealable == 0 {
             return;
         }
         let mut failed = 0;
-        for thief in self.workers.with_room() {
+        // Each thief takes a stealable task or counts as failed: no more are looked at.
+        for thief in self.workers.with_room(stealable + ROOM_VICTIMS) {
             self.workers.refresh();
             let (victims, left) = self.workers.most_stealable();
             if left == 0 || failed >= ROOM_VICTIMS {
@@ -773,7 +775,8 @@ impl Coordinator {
                     let Some(j) = self.jobs.get(&key.0.job) else {
                         continue;
                     };
-                    let plain = matches!(j.options(key.0.task).as_slice(), [(None, _)]);
+                    // (Queued tasks are never gang members: a variant task is the one left.)
+                    let plain = !matches!(j.graph.task(key.0.task).kind, TaskKind::Variants(_));
                     if !plain || j.pool.is_some() {
                         continue;
                     }
